@@ -1,0 +1,50 @@
+# Two entry points on a fresh machine: `make demo` and `make test`. Both create .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+DEMO := demo-out
+export DPSYNTH_LEDGER := $(CURDIR)/$(DEMO)/ledger.jsonl
+
+.PHONY: demo test lint format bench clean install
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# The registry's regular torch build (it runs on CPU too); never the CPU-only wheel, which
+# breaks torchvision on these machines.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check dpsynth tests bench
+	$(BIN)/ruff format --check dpsynth tests bench
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(BIN)/dpsynth data inspect digits
+	$(BIN)/dpsynth calibrate --epsilon 10 --delta 1e-5 --batch-size 128 --dataset-size 1437 --steps 300
+	$(BIN)/dpsynth train --method pge --data digits --epsilon 10 --preset small --out $(DEMO)/run-pge --device cpu
+	$(BIN)/dpsynth sample $(DEMO)/run-pge --n 2000 --out $(DEMO)/synth-pge --device cpu
+	$(BIN)/dpsynth evaluate --synthetic $(DEMO)/synth-pge --real digits:test --metrics fid,accuracy --classifier cnn --seeds 3 --report $(DEMO)/report-pge --device cpu
+	$(BIN)/dpsynth ledger show
+	$(BIN)/dpsynth ledger verify
+	@echo "report: $(DEMO)/report-pge/report.md"
+
+lint: $(STAMP)
+	$(BIN)/ruff check dpsynth tests bench
+
+format: $(STAMP)
+	$(BIN)/ruff format dpsynth tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/calibrate.py
+	$(BIN)/python bench/dpsgd.py
+
+clean:
+	rm -rf $(DEMO) .pytest_cache .ruff_cache

@@ -1,0 +1,120 @@
+"""In-memory image data sets: uint8 pixels, integer labels, and their public description."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What is public about a data set: its size, shape and label set, and its identity.
+
+    `dataset_id` keys the ledger's per-dataset composition; `fingerprint` proves which bytes
+    were used. Neither the pixels nor anything computed from them beyond these fields is here.
+    """
+
+    spec: str
+    kind: str
+    n: int
+    shape: tuple[int, int, int]
+    classes: tuple[str, ...]
+    fingerprint: str
+    dataset_id: str
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict (shape and classes as lists)."""
+        return {
+            "spec": self.spec,
+            "kind": self.kind,
+            "n": self.n,
+            "shape": list(self.shape),
+            "classes": list(self.classes),
+            "fingerprint": self.fingerprint,
+            "dataset_id": self.dataset_id,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> DataInfo:
+        """Inverse of `to_json`."""
+        return cls(
+            spec=obj["spec"],
+            kind=obj["kind"],
+            n=int(obj["n"]),
+            shape=tuple(obj["shape"]),  # type: ignore[arg-type]
+            classes=tuple(obj["classes"]),
+            fingerprint=obj["fingerprint"],
+            dataset_id=obj["dataset_id"],
+        )
+
+
+def image_fingerprint(x: torch.Tensor, y: torch.Tensor, classes: tuple[str, ...]) -> str:
+    """SHA-256 of the canonical bytes: shape, class names, uint8 pixels (N,C,H,W), int64 labels."""
+    h = hashlib.sha256()
+    h.update(("dpsynth-images-v1|" + ",".join(map(str, x.shape)) + "|").encode())
+    h.update(("\x1f".join(classes) + "|").encode())
+    h.update(np.ascontiguousarray(x.numpy(), dtype=np.uint8).tobytes())
+    h.update(np.ascontiguousarray(y.numpy(), dtype="<i8").tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class ImageData:
+    """A labelled image data set held in memory.
+
+    x: uint8 tensor [N, C, H, W]; y: int64 tensor [N] with values in range(len(classes)).
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    classes: tuple[str, ...]
+    spec: str
+    kind: str
+    dataset_id: str = ""
+    _fingerprint: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.dataset_id:
+            self.dataset_id = self.spec
+
+    @property
+    def n(self) -> int:
+        """Number of records."""
+        return int(self.x.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Per-record shape (C, H, W)."""
+        c, h, w = self.x.shape[1:]
+        return (int(c), int(h), int(w))
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of the canonical image and label bytes (cached)."""
+        if self._fingerprint is None:
+            self._fingerprint = image_fingerprint(self.x, self.y, self.classes)
+        return self._fingerprint
+
+    def info(self) -> DataInfo:
+        """The public description of this data set."""
+        return DataInfo(
+            spec=self.spec,
+            kind=self.kind,
+            n=self.n,
+            shape=self.shape,
+            classes=tuple(self.classes),
+            fingerprint=self.fingerprint,
+            dataset_id=self.dataset_id,
+        )
+
+    def as_float(self) -> torch.Tensor:
+        """Pixels as float32 in [-1, 1], the scale every generator trains on."""
+        return self.x.float().div(127.5).sub(1.0)
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """Map float images in [-1, 1] back to uint8 pixels (clamped)."""
+    return images.add(1.0).mul(127.5).round().clamp(0, 255).to(torch.uint8)

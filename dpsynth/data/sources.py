@@ -1,0 +1,155 @@
+"""Data specs: turn `digits`, `mnist-5k:test`, `mnist:DIR`, `folder:DIR`, `npz:FILE` into images.
+
+Built-in data sets are named as they are (`NAME` is the train split, `NAME:test` the held-out
+split); the user's own data is `KIND:PATH`, and `mnist:DIR:test` reads the `t10k-*` files.
+The canonical spec and default dataset id of user data is `KIND:ABSOLUTE_PATH[:test]`, so the
+same files reached through another relative path still compose in one ledger account.
+`image_size` is a preprocessing choice and deliberately not part of the id: resized records
+are still the same people.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dpsynth.data.builtin import BUILTINS, list_builtin
+from dpsynth.data.images import ImageData
+from dpsynth.data.readers import RawImages, read_idx, read_image_folder, read_npz, resize_uint8
+from dpsynth.errors import UsageError
+
+__all__ = ["KINDS", "DataSpec", "inspect_data", "list_builtin", "load_data", "parse_spec"]
+
+KINDS: tuple[str, ...] = ("mnist", "folder", "npz")
+SPLIT_KINDS = frozenset({"builtin", "mnist"})
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """A parsed data spec: kind (`builtin`, `mnist`, `folder`, `npz`), target and split.
+
+    `target` is the built-in name or the absolute path; `given` is the path as the user wrote
+    it (for error messages).
+    """
+
+    kind: str
+    target: str
+    split: str = "train"
+    given: str = ""
+
+    @property
+    def canonical(self) -> str:
+        """`NAME[:test]` for built-ins, `KIND:ABSOLUTE_PATH[:test]` for user data."""
+        base = self.target if self.kind == "builtin" else f"{self.kind}:{self.target}"
+        return f"{base}:test" if self.split == "test" else base
+
+
+def _usage_hint() -> str:
+    names = ", ".join(BUILTINS)
+    kinds = ", ".join(f"{kind}:PATH" for kind in KINDS)
+    return f"built-in: {names} (NAME:test for the held-out split); your data: {kinds}"
+
+
+def _split_suffix(text: str) -> tuple[str, str]:
+    for split in ("test", "train"):
+        if text.endswith(f":{split}"):
+            return text[: -len(split) - 1], split
+    return text, "train"
+
+
+def parse_spec(spec: str) -> DataSpec:
+    """Parse a data spec without touching the file system beyond resolving the path."""
+    text = spec.strip()
+    name, split = _split_suffix(text)
+    if name in BUILTINS:
+        return DataSpec("builtin", name, split, name)
+    kind, sep, rest = text.partition(":")
+    if not sep:
+        hint = ""
+        if Path(text).expanduser().is_dir():
+            hint = f"; did you mean folder:{text} or mnist:{text}?"
+        elif Path(text).expanduser().is_file():
+            hint = f"; did you mean npz:{text}?"
+        raise UsageError(f"unknown data set {text!r}{hint} ({_usage_hint()})")
+    if kind == "csv":
+        raise UsageError(f"{text!r} is a table; this command needs image data ({_usage_hint()})")
+    if kind not in KINDS:
+        raise UsageError(f"unknown data kind {kind!r} in {text!r} ({_usage_hint()})")
+    path_text, split = _split_suffix(rest) if kind == "mnist" else (rest, "train")
+    if not path_text:
+        raise UsageError(f"{text!r} names no path ({_usage_hint()})")
+    absolute = Path(path_text).expanduser().resolve()
+    return DataSpec(kind, str(absolute), split, path_text)
+
+
+def _check_path(parsed: DataSpec) -> Path:
+    path = Path(parsed.target)
+    if not path.exists():
+        hint = ""
+        base, split = _split_suffix(parsed.given)
+        if split == "test" and Path(base).expanduser().exists():
+            hint = " (:test applies to built-in data and mnist:DIR; give the test data's own path)"
+        raise UsageError(f"no such file or folder: {parsed.given}{hint}")
+    if parsed.kind == "npz" and not path.is_file():
+        raise UsageError(f"npz:{parsed.given}: not a file")
+    if parsed.kind in ("mnist", "folder") and not path.is_dir():
+        raise UsageError(f"{parsed.kind}:{parsed.given}: not a folder")
+    return path
+
+
+def _read(parsed: DataSpec, image_size: int | None) -> RawImages:
+    if parsed.kind == "builtin":
+        from dpsynth.data.builtin import load_builtin
+
+        x, y = load_builtin(parsed.target, parsed.split)
+        return RawImages(x, y, BUILTINS[parsed.target].classes)
+    path = _check_path(parsed)
+    if parsed.kind == "mnist":
+        return read_idx(path, parsed.split)
+    if parsed.kind == "folder":
+        return read_image_folder(path, image_size)
+    return read_npz(path)
+
+
+def _check_image_size(image_size: int | None) -> None:
+    if image_size is None:
+        return
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+        raise UsageError(f"image size must be a positive integer, got {image_size!r}")
+
+
+def load_data(spec: str, image_size: int | None = None, dataset_id: str | None = None) -> ImageData:
+    """Load a data spec as uint8 images [N, C, H, W] with int64 labels and class names.
+
+    Specs: `digits`, `mnist-5k` (train splits; `NAME:test` held out), `mnist:DIR[:test]`,
+    `folder:DIR`, `npz:FILE`. `image_size` resizes every image to image_size x image_size
+    (bilinear, antialiased). `dataset_id` overrides the ledger id (default: the canonical spec).
+    Raises UsageError for a bad spec or a missing path, DataError for unreadable or malformed
+    files (one line naming the file).
+    """
+    _check_image_size(image_size)
+    parsed = parse_spec(spec)
+    raw = _read(parsed, image_size)
+    pixels = raw.x if image_size is None else resize_uint8(raw.x, image_size)
+    return ImageData(
+        # copy: builtin arrays are shared read-only cache entries
+        x=torch.from_numpy(pixels.copy()),
+        y=torch.from_numpy(raw.y.copy()),
+        classes=tuple(raw.classes),
+        spec=parsed.canonical,
+        kind=parsed.kind,
+        dataset_id=dataset_id or parsed.canonical,
+    )
+
+
+def inspect_data(spec: str, image_size: int | None = None) -> dict:
+    """The public description of a data spec: spec, kind, n, shape [C,H,W], classes,
+    fingerprint, dataset_id.
+
+    Per-class counts and pixel statistics are deliberately absent: this runs on private data
+    and its output is not differentially private, so it shows only what the privacy model
+    treats as public (record count, shape, label set) plus the SHA-256 fingerprint.
+    """
+    return load_data(spec, image_size=image_size).info().to_json()

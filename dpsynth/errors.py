@@ -1,0 +1,33 @@
+"""Error classes of dpsynth and the exit code each maps to on the command line."""
+
+from __future__ import annotations
+
+
+class DpsynthError(Exception):
+    """Base class: an expected failure that the CLI reports as one line."""
+
+    exit_code: int = 1
+
+
+class UsageError(DpsynthError):
+    """Invalid flags or values given by the user (exit 2)."""
+
+    exit_code = 2
+
+
+class BudgetExceededError(DpsynthError):
+    """The privacy budget cap for a dataset would be exceeded (exit 3)."""
+
+    exit_code = 3
+
+
+class DataError(DpsynthError):
+    """Unreadable or malformed data (exit 4)."""
+
+    exit_code = 4
+
+
+class LedgerIntegrityError(DpsynthError):
+    """The ledger file was edited, truncated or reordered (exit 1)."""
+
+    exit_code = 1

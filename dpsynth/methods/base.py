@@ -1,0 +1,216 @@
+"""The interface every generator backend implements, and the plan all of them share.
+
+A backend is three objects:
+- a `Method` (stateless): presets, `config` (preset + overrides, validated), `plan` (the
+  privacy plan, computed before any data access) and factories for the two objects below;
+- a `Trainer` (stateful, one per run): `step` consumes one Poisson batch that the training
+  loop in `dpsynth.training` drew, and exposes its state for checkpoints and `--resume`;
+- a `Generator` (loaded from a run dir): `sample` yields batches of uint8 images.
+
+The training loop, not the backend, owns Poisson sampling, the ledger, checkpoints and logs,
+so that every backend gets the same privacy plumbing.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from dpsynth.data.images import DataInfo
+from dpsynth.errors import UsageError
+
+
+@dataclass(frozen=True)
+class PrivacyTarget:
+    """What the user asked for: ε (math.inf for a non-private baseline) and δ."""
+
+    epsilon: float
+    delta: float
+
+    @property
+    def private(self) -> bool:
+        """False for the `--epsilon inf` baseline."""
+        return math.isfinite(self.epsilon)
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """The mechanisms a run will apply, fixed before the first read of private data.
+
+    `events` are ledger mechanism events (e.g. one `poisson_gaussian`). `epsilon_bound` is the
+    accountant's upper bound for this run alone; `total_epsilon_bound` composes it with the
+    dataset's earlier spends. For a non-private plan the noise is 0, clipping is off and both
+    bounds are inf.
+    """
+
+    private: bool
+    target_epsilon: float
+    delta: float
+    noise_multiplier: float
+    sampling_rate: float
+    steps: int
+    max_grad_norm: float
+    expected_batch_size: float
+    events: tuple[dict[str, Any], ...]
+    epsilon_bound: float
+    total_epsilon_bound: float
+    accountant: str
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (inf written as the string "inf")."""
+        out = asdict(self)
+        out["events"] = [dict(e) for e in self.events]
+        out["notes"] = list(self.notes)
+        for key in ("target_epsilon", "epsilon_bound", "total_epsilon_bound"):
+            if not math.isfinite(out[key]):
+                out[key] = "inf"
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> PrivacyPlan:
+        """Inverse of `to_json`."""
+        data = dict(obj)
+        for key in ("target_epsilon", "epsilon_bound", "total_epsilon_bound"):
+            data[key] = float(data[key])
+        data["events"] = tuple(dict(e) for e in data["events"])
+        data["notes"] = tuple(data.get("notes", ()))
+        return cls(**data)
+
+
+class Generator(ABC):
+    """A trained generator that can be sampled without any private data."""
+
+    classes: tuple[str, ...]
+    shape: tuple[int, int, int]
+
+    @abstractmethod
+    def sample(
+        self, labels: torch.Tensor, batch_size: int, generator: torch.Generator
+    ) -> Iterator[torch.Tensor]:
+        """Yield uint8 image batches [b, C, H, W] for `labels` (int64 [n]) in order, b ≤ batch_size."""
+
+
+class Trainer(ABC):
+    """The mutable training state of one run."""
+
+    @abstractmethod
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """One private update from a Poisson batch (x float in [-1, 1] [b,C,H,W], y int64 [b]).
+
+        b may be 0: an empty batch is still a step (noise only). Returns scalars to log.
+        """
+
+    @abstractmethod
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """All tensors needed to resume exactly (weights, optimizer, EMA, RNG states)."""
+
+    @abstractmethod
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `state_tensors` returned."""
+
+    @abstractmethod
+    def generator(self) -> Generator:
+        """The generator as of now (EMA weights where the method keeps them)."""
+
+
+class Method(ABC):
+    """A generator backend: presets, planning and factories."""
+
+    name: ClassVar[str]
+    presets: ClassVar[Mapping[str, Mapping[str, Any]]]
+    description: ClassVar[str] = ""
+
+    def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
+        """The run's hyper-parameters: the preset with `--set key=value` overrides applied.
+
+        Unknown keys and preset names are a UsageError; override values are cast to the
+        preset value's type.
+        """
+        if preset not in self.presets:
+            raise UsageError(
+                f"unknown preset {preset!r} for --method {self.name}; "
+                f"choose from {', '.join(self.presets)}"
+            )
+        merged = dict(self.presets[preset])
+        for key, value in overrides.items():
+            if key not in merged:
+                raise UsageError(
+                    f"unknown setting {key!r} for --method {self.name}; "
+                    f"known: {', '.join(sorted(merged))}"
+                )
+            merged[key] = _cast_like(merged[key], value, key)
+        merged["preset"] = preset
+        return merged
+
+    def plan(
+        self,
+        info: DataInfo,
+        target: PrivacyTarget,
+        config: Mapping[str, Any],
+        prior_events: tuple[dict[str, Any], ...] = (),
+    ) -> PrivacyPlan:
+        """Default plan: one Poisson-subsampled Gaussian over `config['steps']` steps.
+
+        Uses config keys `batch_size` (expected), `steps`, `max_grad_norm`.
+        """
+        from dpsynth.privacy.accounting import plan_poisson_gaussian
+
+        return plan_poisson_gaussian(
+            target=target,
+            n=info.n,
+            expected_batch_size=float(config["batch_size"]),
+            steps=int(config["steps"]),
+            max_grad_norm=float(config["max_grad_norm"]),
+            prior_events=prior_events,
+        )
+
+    @abstractmethod
+    def trainer(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        plan: PrivacyPlan,
+        device: torch.device,
+        seed: int,
+    ) -> Trainer:
+        """A fresh trainer (weights initialised from `seed`, never from the data)."""
+
+    @abstractmethod
+    def generator_from_state(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+    ) -> Generator:
+        """Rebuild the generator from saved weights (as `Trainer.state_tensors` wrote them)."""
+
+
+def _cast_like(template: Any, value: Any, key: str) -> Any:
+    """Cast a `--set` string to the type of the preset's value."""
+    if not isinstance(value, str):
+        return value
+    try:
+        if isinstance(template, bool):
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if isinstance(template, int):
+            return int(value)
+        if isinstance(template, float):
+            return float(value)
+        if isinstance(template, (list, tuple)):
+            parts = [p for p in value.replace(";", ",").split(",") if p.strip()]
+            elem = template[0] if template else value
+            return type(template)(_cast_like(elem, p.strip(), key) for p in parts)
+    except ValueError:
+        raise UsageError(f"--set {key}={value}: expected {type(template).__name__}") from None
+    return value

@@ -1,0 +1,517 @@
+"""PGE (Liu et al., ACM MM 2024) under DP-SGD: sliced score matching + Hamiltonian sampling.
+
+What runs (spec `pge.md` sections 2, 3.3, 4.5):
+- training: a class-conditional, noise-conditional score U-Net (GroupNorm only) is fitted with
+  the sliced score-matching loss of the paper's Eq. 8 over `n_levels` noise levels, K random
+  projections per record, the residual enhancement module (a frozen, seeded random-conv
+  encoder that never learns from data, masked and fed into the bottleneck through a
+  zero-initialised projection), and DP-SGD: Poisson batches, per-record clipping, Gaussian
+  noise, division by the expected batch size (`dpsynth.privacy.dpsgd`);
+- sampling: annealed HMC (leapfrog with the learned score as the force, momentum refreshed each
+  round, path-integral energy accept/reject, box reflection, final Tweedie denoise) from
+  uniform noise, with balanced labels chosen by the caller; it never touches data.
+
+Privacy: the ε of a run is the accountant's bound for the DP-SGD steps that actually ran. The
+paper's randomized response on projection vectors (`rr`) may be switched on as a variance knob,
+but it privatizes nothing (the vectors are data-independent noise) and changes no ε.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from dpsynth.data.images import DataInfo, to_uint8
+from dpsynth.errors import UsageError
+from dpsynth.methods.base import Generator, Method, PrivacyPlan, Trainer
+from dpsynth.methods.hmc import MH_MODES, annealed_hmc, step_schedule
+from dpsynth.methods.nets import RandomConvEncoder, ScoreUNet
+from dpsynth.methods.ssm import make_record_loss, randomized_response
+
+_COMMON: dict[str, Any] = {
+    "max_grad_norm": 1.0,
+    "lr": 3e-4,
+    "ema": 0.999,
+    "ssm_variant": "plain",
+    "divergence": "jvp",
+    "sigma_max": 2.0,
+    "sigma_min": 0.02,
+    "n_levels": 10,
+    "projections": 1,
+    "nf": 32,
+    "ch_mult": [1, 2, 2],
+    "num_res_blocks": 2,
+    "attn_levels": [2],
+    "mid_attention": True,
+    "residual": "random-conv",
+    "residual_channels": 4,
+    "mask_ratio": 0.75,
+    "residual_noise_prob": 0.5,
+    "feature_noise": 1.0,
+    "label_dropout": 0.1,
+    "guidance": 0.0,
+    "rr": False,
+    "rr_k": 10,
+    "rr_epsilon": 1.0,
+    "sampler_rounds": 10,
+    "sampler_steps": 100,
+    "lambda0": 0.005,
+    "step_schedule": "sigma",
+    "mh": "path",
+    "box": 1.0,
+    "final_denoise": True,
+    "image_size": 0,
+    "resize": "pad",
+    "micro_batch_size": 256,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CPU tests: seconds on digits (8x8).
+    "tiny": {
+        **_COMMON,
+        "batch_size": 32,
+        "steps": 20,
+        "lr": 1e-3,
+        "ema": 0.99,
+        "sigma_max": 1.0,
+        "sigma_min": 0.1,
+        "n_levels": 3,
+        "nf": 8,
+        "ch_mult": [1, 2],
+        "num_res_blocks": 1,
+        "attn_levels": [],
+        "mid_attention": False,
+        "sampler_rounds": 3,
+        "sampler_steps": 5,
+        "lambda0": 0.02,
+        "micro_batch_size": 64,
+    },
+    # The CPU demo: digits in a few minutes on 2 cores.
+    "small": {
+        **_COMMON,
+        "batch_size": 256,
+        "steps": 300,
+        "lr": 2e-3,
+        "ema": 0.99,
+        "sigma_max": 2.0,
+        "sigma_min": 0.05,
+        "n_levels": 8,
+        "nf": 16,
+        "ch_mult": [1, 2],
+        "num_res_blocks": 1,
+        "attn_levels": [],
+        "mid_attention": False,
+        "sampler_rounds": 8,
+        "sampler_steps": 20,
+        "lambda0": 0.01,
+        "micro_batch_size": 256,
+    },
+    # Spec section 10.4 budget run: DPDM's NCSN++ sizes for 28x28 / 32x32 on one GPU.
+    "paper": {
+        **_COMMON,
+        "batch_size": 1024,
+        "steps": 1800,
+        "projections": 2,
+        "micro_batch_size": 256,
+    },
+}
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "ssm_variant": ("plain", "vr"),
+    "divergence": ("jvp", "fd"),
+    "residual": ("random-conv", "none"),
+    "step_schedule": ("sigma", "paper"),
+    "mh": MH_MODES,
+    "resize": ("pad", "resize"),
+}
+
+
+def noise_levels(config: Mapping[str, Any]) -> torch.Tensor:
+    """The σ levels, geometric from sigma_max down to sigma_min (fixed constants, not data)."""
+    n = int(config["n_levels"])
+    if n == 1:
+        return torch.tensor([float(config["sigma_min"])])
+    return torch.logspace(
+        math.log10(float(config["sigma_max"])), math.log10(float(config["sigma_min"])), n
+    )
+
+
+def working_shape(config: Mapping[str, Any], data_shape: tuple[int, int, int]) -> tuple[int, int]:
+    """The (H, W) the network works at: `image_size` if set, else the data size padded up to a
+    multiple of the U-Net's down-sampling factor."""
+    factor = 2 ** (len(config["ch_mult"]) - 1)
+    size = int(config["image_size"])
+    if size > 0:
+        if size % factor:
+            raise UsageError(f"image_size {size} must be a multiple of {factor} for ch_mult")
+        return size, size
+    _, h, w = data_shape
+    return -(-h // factor) * factor, -(-w // factor) * factor
+
+
+def describe_transform(config: Mapping[str, Any], data_shape: tuple[int, int, int]) -> str:
+    """A one-line statement of how data is mapped to the working resolution and back."""
+    _, h, w = data_shape
+    wh, ww = working_shape(config, data_shape)
+    if (wh, ww) == (h, w):
+        return f"none ({h}x{w} used as is)"
+    if config["resize"] == "pad":
+        if wh < h or ww < w:
+            raise UsageError(
+                f"image_size {wh} is smaller than the data ({h}x{w}); use resize=resize"
+            )
+        return (
+            f"pad {h}x{w} -> {wh}x{ww} with -1 (black) on the bottom/right; "
+            "samples are cropped back"
+        )
+    return f"bilinear resize {h}x{w} -> {wh}x{ww}; samples are resized back"
+
+
+def to_working(
+    x: torch.Tensor, config: Mapping[str, Any], data_shape: tuple[int, int, int]
+) -> torch.Tensor:
+    """Map data-shaped images [b,C,H,W] in [-1,1] to the working resolution."""
+    _, h, w = data_shape
+    wh, ww = working_shape(config, data_shape)
+    if (wh, ww) == (h, w):
+        return x
+    if config["resize"] == "pad":
+        return F.pad(x, (0, ww - w, 0, wh - h), value=-1.0)
+    return F.interpolate(x, size=(wh, ww), mode="bilinear", align_corners=False, antialias=True)
+
+
+def from_working(
+    x: torch.Tensor, config: Mapping[str, Any], data_shape: tuple[int, int, int]
+) -> torch.Tensor:
+    """Inverse of `to_working` (crop, or resize back)."""
+    _, h, w = data_shape
+    if tuple(x.shape[-2:]) == (h, w):
+        return x
+    if config["resize"] == "pad":
+        return x[..., :h, :w]
+    return F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False, antialias=True)
+
+
+def build_score_net(config: Mapping[str, Any], info: DataInfo) -> ScoreUNet:
+    """The score U-Net for this config and data shape (weights from the current torch RNG)."""
+    return ScoreUNet(
+        channels=info.shape[0],
+        num_classes=len(info.classes),
+        nf=int(config["nf"]),
+        ch_mult=[int(m) for m in config["ch_mult"]],
+        num_res_blocks=int(config["num_res_blocks"]),
+        attn_levels=[int(a) for a in config["attn_levels"]],
+        mid_attention=bool(config["mid_attention"]),
+        residual_channels=int(config["residual_channels"])
+        if config["residual"] == "random-conv"
+        else 0,
+    )
+
+
+def build_encoder(config: Mapping[str, Any], info: DataInfo) -> RandomConvEncoder | None:
+    """The residual module's frozen encoder (seeded constant, data-independent), or None."""
+    if config["residual"] != "random-conv":
+        return None
+    return RandomConvEncoder(
+        info.shape[0], int(config["residual_channels"]), len(config["ch_mult"]) - 1
+    )
+
+
+class PGEMethod(Method):
+    """`--method pge`: DP-SGD sliced score matching with an HMC sampler."""
+
+    name = "pge"
+    presets = PRESETS
+    description = (
+        "PGE's score network (sliced score matching, residual module, HMC sampler) trained "
+        "with DP-SGD; the paper's randomized response gives no privacy and earns no credit"
+    )
+
+    def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
+        """The preset with overrides, validated, plus the resolved working resolution."""
+        merged = super().config(preset, overrides, info)
+        for key, allowed in _CHOICES.items():
+            if merged[key] not in allowed:
+                raise UsageError(f"{key}={merged[key]!r}: choose from {', '.join(allowed)}")
+        for key in ("n_levels", "projections", "sampler_rounds", "batch_size", "steps"):
+            if int(merged[key]) < 1:
+                raise UsageError(f"{key} must be at least 1")
+        if not 0 < float(merged["sigma_min"]) <= float(merged["sigma_max"]):
+            raise UsageError("need 0 < sigma_min <= sigma_max")
+        if not 0.0 <= float(merged["mask_ratio"]) <= 1.0:
+            raise UsageError("mask_ratio must be in [0, 1]")
+        merged["working_size"] = list(working_shape(merged, info.shape))
+        merged["input_transform"] = describe_transform(merged, info.shape)
+        merged["rr_privacy"] = "none: RR on data-independent projections is a variance knob only"
+        return merged
+
+    def trainer(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        plan: PrivacyPlan,
+        device: torch.device,
+        seed: int,
+    ) -> PGETrainer:
+        """A fresh trainer; weights from `seed`, never from the data."""
+        return PGETrainer(info, config, plan, torch.device(device), seed)
+
+    def generator_from_state(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+    ) -> PGEGenerator:
+        """The sampler around the saved EMA score network."""
+        device = torch.device(device)
+        net = build_score_net(config, info)
+        net.load_state_dict(_subdict(tensors, "ema."))
+        encoder = build_encoder(config, info)
+        if encoder is not None and any(k.startswith("encoder.") for k in tensors):
+            encoder.load_state_dict(_subdict(tensors, "encoder."))
+        return PGEGenerator(info, config, net.to(device), encoder, device)
+
+
+def _subdict(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+class PGETrainer(Trainer):
+    """Mutable state of one PGE run: score net, EMA copy, Adam, and two seeded RNGs."""
+
+    def __init__(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        plan: PrivacyPlan,
+        device: torch.device,
+        seed: int,
+    ) -> None:
+        from dpsynth.privacy.dpsgd import PrivateGradient
+
+        self.info = info
+        self.config = dict(config)
+        self.plan = plan
+        self.device = device
+        torch.manual_seed(seed)
+        self.model = build_score_net(config, info).to(device)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False)
+        self.encoder = build_encoder(config, info)
+        if self.encoder is not None:
+            self.encoder = self.encoder.to(device)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=float(config["lr"]), betas=(0.9, 0.999)
+        )
+        # Per-record randomness (levels, perturbations, projections, RR, masks) and the DP
+        # noise come from separate seeded generators, both saved for an exact resume.
+        self.rng = torch.Generator(device=device).manual_seed(seed * 2 + 1)
+        self.noise_rng = torch.Generator(device=device).manual_seed(seed * 2 + 2)
+        self.sigmas = noise_levels(config).to(device)
+        self.steps_done = 0
+        self.private_gradient = PrivateGradient(
+            self.model,
+            make_record_loss(self.model, str(config["ssm_variant"]), str(config["divergence"])),
+            noise_multiplier=plan.noise_multiplier,
+            max_grad_norm=plan.max_grad_norm,
+            expected_batch_size=plan.expected_batch_size,
+            generator=self.noise_rng,
+            micro_batch_size=int(config["micro_batch_size"]),
+            private=plan.private,
+        )
+
+    def record_randomness(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Draw every per-record random input of the loss for a working-size batch x.
+
+        Returns (y_in, sigma, noise, v, r, z) with a leading batch dim; y_in has dropped labels
+        replaced by the "no label" token. Only z depends on x (the masked encoder features).
+        """
+        cfg, g, dev = self.config, self.rng, self.device
+        b, k = x.shape[0], int(cfg["projections"])
+        shape = (b, k, *x.shape[1:])
+        levels = torch.randint(0, len(self.sigmas), (b, k), generator=g, device=dev)
+        sigma = self.sigmas[levels]
+        noise = torch.randn(shape, generator=g, device=dev)
+        v = torch.randn(shape, generator=g, device=dev)
+        if cfg["rr"]:
+            r, _ = randomized_response(v, int(cfg["rr_k"]), float(cfg["rr_epsilon"]), g)
+        else:
+            r = v
+        drop = torch.rand(b, generator=g, device=dev) < float(cfg["label_dropout"])
+        y_in = torch.where(drop, torch.full_like(y, len(self.info.classes)), y)
+        if self.encoder is None:
+            z = torch.zeros(b, k, 1, device=dev)
+        else:
+            with torch.no_grad():
+                feats = self.encoder(x)  # [b, c_z, h, w]
+            zshape = (b, k, *feats.shape[1:])
+            keep = torch.rand((b, k, 1, *feats.shape[2:]), generator=g, device=dev) >= float(
+                cfg["mask_ratio"]
+            )
+            xi = float(cfg["feature_noise"]) * torch.randn(zshape, generator=g, device=dev)
+            use_noise = torch.rand((b, k, 1, 1, 1), generator=g, device=dev) < float(
+                cfg["residual_noise_prob"]
+            )
+            z = torch.where(use_noise, xi, keep * feats.unsqueeze(1))
+        return y_in, sigma, noise, v, r, z
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """One DP-SGD step of the SSM loss on a Poisson batch, then Adam and the EMA update."""
+        x = to_working(x.to(self.device, torch.float32), self.config, self.info.shape)
+        y = y.to(self.device, torch.int64)
+        batch = self.record_randomness(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = self.private_gradient.compute(x, *batch)
+        self.optimizer.step()
+        self.steps_done += 1
+        self._update_ema()
+        out = {"loss": float(stats.get("mean_loss", float("nan")))}
+        for key in ("batch_size", "clip_fraction", "mean_grad_norm"):
+            if key in stats:
+                out[key] = float(stats[key])
+        return out
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        # Warm-up so short runs are not dominated by the random initialisation.
+        t = self.steps_done
+        decay = min(float(self.config["ema"]), (1.0 + t) / (10.0 + t))
+        for e, p in zip(self.ema.parameters(), self.model.parameters(), strict=True):
+            e.mul_(decay).add_(p.detach(), alpha=1.0 - decay)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Weights, EMA, Adam moments and steps, both RNG states, the step count."""
+        out: dict[str, torch.Tensor] = {}
+        for key, t in self.model.state_dict().items():
+            out[f"model.{key}"] = t
+        for key, t in self.ema.state_dict().items():
+            out[f"ema.{key}"] = t
+        if self.encoder is not None:
+            for key, t in self.encoder.state_dict().items():
+                out[f"encoder.{key}"] = t
+        for idx, state in self.optimizer.state_dict()["state"].items():
+            for key, t in state.items():
+                out[f"opt.{idx}.{key}"] = torch.as_tensor(t)
+        out["rng.records"] = self.rng.get_state()
+        out["rng.noise"] = self.noise_rng.get_state()
+        out["trainer.steps"] = torch.tensor(self.steps_done, dtype=torch.int64)
+        return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `state_tensors` wrote."""
+        self.model.load_state_dict(_subdict(tensors, "model."))
+        self.ema.load_state_dict(_subdict(tensors, "ema."))
+        if self.encoder is not None and any(k.startswith("encoder.") for k in tensors):
+            self.encoder.load_state_dict(_subdict(tensors, "encoder."))
+        opt_state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, t in _subdict(tensors, "opt.").items():
+            idx, name = key.split(".", 1)
+            opt_state.setdefault(int(idx), {})[name] = t
+        state_dict = self.optimizer.state_dict()
+        state_dict["state"] = opt_state
+        self.optimizer.load_state_dict(state_dict)
+        self.rng.set_state(tensors["rng.records"].cpu())
+        self.noise_rng.set_state(tensors["rng.noise"].cpu())
+        self.steps_done = int(tensors["trainer.steps"])
+
+    def generator(self) -> PGEGenerator:
+        """The sampler around a copy of the current EMA weights."""
+        return PGEGenerator(
+            self.info, self.config, copy.deepcopy(self.ema), self.encoder, self.device
+        )
+
+
+class PGEGenerator(Generator):
+    """Annealed HMC with the EMA score network; labels are given by the caller."""
+
+    def __init__(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        net: ScoreUNet,
+        encoder: RandomConvEncoder | None,
+        device: torch.device,
+    ) -> None:
+        self.info = info
+        self.config = dict(config)
+        self.net = net.to(device).eval()
+        self.encoder = encoder
+        self.device = device
+        self.classes = tuple(info.classes)
+        self.shape = tuple(info.shape)  # type: ignore[assignment]
+        self.sigmas = noise_levels(config).to(device)
+        self.last_acceptance: list[float] = []
+
+    def sample(
+        self, labels: torch.Tensor, batch_size: int, generator: torch.Generator
+    ) -> Iterator[torch.Tensor]:
+        """Yield uint8 images [b, C, H, W] in the data's shape for `labels`, in order."""
+        for chunk in labels.split(max(1, int(batch_size))):
+            yield self._sample_batch(chunk.to(self.device, torch.int64), generator)
+
+    def _round_levels(self) -> list[int]:
+        rounds, n_levels = int(self.config["sampler_rounds"]), len(self.sigmas)
+        if rounds == 1:
+            return [n_levels - 1]
+        return [round(m * (n_levels - 1) / (rounds - 1)) for m in range(rounds)]
+
+    def _score_fn(self, y: torch.Tensor, level: int, z: torch.Tensor | None):
+        sigma = self.sigmas[level].expand(y.shape[0])
+        guidance = float(self.config["guidance"])
+        null = torch.full_like(y, len(self.classes))
+
+        def score(x: torch.Tensor) -> torch.Tensor:
+            out = self.net(x, sigma, y, z)
+            if guidance:
+                out = (1.0 + guidance) * out - guidance * self.net(x, sigma, null, z)
+            return out / sigma[:, None, None, None]
+
+        return score
+
+    @torch.no_grad()
+    def _sample_batch(self, y: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        cfg = self.config
+        b = y.shape[0]
+        h, w = working_shape(cfg, self.info.shape)
+        shape = (b, self.info.shape[0], h, w)
+        gdev = generator.device
+        x = (torch.rand(shape, generator=generator, device=gdev) * 2 - 1).to(self.device)
+        levels = self._round_levels()
+        z_shape = None
+        if self.net.residual_channels > 0:
+            f = self.net.downsample_factor
+            z_shape = (b, self.net.residual_channels, h // f, w // f)
+
+        def score_at_round(m: int):
+            z = None
+            if z_shape is not None:  # fresh feature noise per round, fixed within it
+                z = float(cfg["feature_noise"]) * torch.randn(
+                    z_shape, generator=generator, device=gdev
+                ).to(self.device)
+            return self._score_fn(y, levels[m], z)
+
+        steps = step_schedule(
+            str(cfg["step_schedule"]),
+            float(cfg["lambda0"]),
+            [float(self.sigmas[lv]) for lv in levels],
+        )
+        box = float(cfg["box"]) if float(cfg["box"]) > 0 else None
+        x, stats = annealed_hmc(
+            score_at_round, x, steps, int(cfg["sampler_steps"]), str(cfg["mh"]), generator, box
+        )
+        self.last_acceptance = stats.acceptance
+        if cfg["final_denoise"]:
+            last = len(self.sigmas) - 1
+            z = None
+            if z_shape is not None:
+                z = float(cfg["feature_noise"]) * torch.randn(
+                    z_shape, generator=generator, device=gdev
+                ).to(self.device)
+            x = x + self.sigmas[last] ** 2 * self._score_fn(y, last, z)(x)
+        x = from_working(x.clamp(-1.0, 1.0), cfg, self.info.shape)
+        return to_uint8(x).cpu()

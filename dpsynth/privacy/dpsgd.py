@@ -1,0 +1,344 @@
+"""DP-SGD core: Poisson batches, per-record gradients, clipping and calibrated Gaussian noise.
+
+The privacy argument of a training run rests on this module doing exactly what the
+accountant assumes for a `poisson_gaussian` event:
+
+- each record joins each step's batch independently with probability q (`PoissonSampler`);
+  an empty batch is still a step;
+- each record's gradient, flattened over ALL trainable parameters, is clipped to L2 norm
+  ≤ C, so adding or removing one record moves the sum by at most C;
+- ONE Gaussian draw of std σ·C per coordinate is added to the clipped sum;
+- the result is divided by the expected batch size qN, a public constant (dividing by the
+  realised size would leak it).
+
+Per-record gradients use `torch.func` (vmap over grad), never a Python loop over records,
+so losses that themselves differentiate w.r.t. the input (score matching) work too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import grad_and_value, vmap
+
+from dpsynth.errors import UsageError
+
+__all__ = [
+    "LossFn",
+    "PoissonSampler",
+    "PrivateGradient",
+    "add_noise",
+    "clip_per_sample",
+    "functional_state",
+    "per_sample_grads",
+]
+
+LossFn = Callable[..., Tensor]
+"""`loss_fn(params, buffers, *record) -> scalar`: the loss of ONE record (no batch dim).
+
+Call the model as `functional_call(model, (params, buffers), (x.unsqueeze(0),))`.
+"""
+
+_NORM_EPS = 1e-6
+
+
+class PoissonSampler:
+    """Poisson subsampling: each of `n` records joins each batch independently with prob q."""
+
+    def __init__(self, n: int, sampling_rate: float, generator: torch.Generator) -> None:
+        if n < 0:
+            raise UsageError(f"record count must be ≥ 0, got {n}")
+        if not 0.0 <= sampling_rate <= 1.0:
+            raise UsageError(f"sampling rate must be in [0, 1], got {sampling_rate}")
+        self.n = int(n)
+        self.sampling_rate = float(sampling_rate)
+        self.generator = generator
+
+    def next(self) -> torch.LongTensor:
+        """The next batch: sorted int64 indices (on the generator's device); may be empty."""
+        # float64 draws: with float32 both the draw grid (2^-24) and q itself (rounded to
+        # float32) could make the realised rate exceed the q the accountant was given.
+        draws = torch.rand(
+            self.n, generator=self.generator, device=self.generator.device, dtype=torch.float64
+        )
+        return torch.nonzero(draws < self.sampling_rate).flatten()
+
+    def state(self) -> Tensor:
+        """The generator state (a uint8 CPU tensor) for an exact resume."""
+        return self.generator.get_state()
+
+    def load_state(self, state: Tensor) -> None:
+        """Restore a state from `state()`; the following batches repeat the saved sequence."""
+        self.generator.set_state(state.to("cpu", torch.uint8))
+
+
+def functional_state(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Split a model into (trainable params, everything else) as detached tensors.
+
+    Frozen parameters go with the buffers so that `functional_call` still sees them while
+    only trainable ones are differentiated (and clipped).
+    """
+    params: dict[str, Tensor] = {}
+    fixed: dict[str, Tensor] = {}
+    for name, p in model.named_parameters():
+        (params if p.requires_grad else fixed)[name] = p.detach()
+    for name, b in model.named_buffers():
+        fixed[name] = b.detach()
+    return params, fixed
+
+
+def _per_sample_grads_and_losses(
+    loss_fn: LossFn,
+    params: Mapping[str, Tensor],
+    buffers: Mapping[str, Tensor],
+    batch: tuple[Tensor, ...],
+    chunk_size: int | None,
+) -> tuple[dict[str, Tensor], Tensor]:
+    """Per-record gradients (leading dim = batch) and per-record losses."""
+    in_dims = (None, None, *([0] * len(batch)))
+    fn = vmap(grad_and_value(loss_fn), in_dims=in_dims, chunk_size=chunk_size)
+    grads, losses = fn(dict(params), dict(buffers), *batch)
+    return grads, losses
+
+
+def per_sample_grads(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batch: tuple[Tensor, ...],
+    chunk_size: int | None = None,
+) -> dict[str, Tensor]:
+    """Each record's gradient of `loss_fn` w.r.t. every trainable parameter of `model`.
+
+    Returns `{param name: tensor [B, *param.shape]}`. `chunk_size` bounds vmap's working
+    memory (the result still holds all B gradients). Randomness the loss needs must be drawn
+    by the caller from a seeded generator and passed in as batch tensors.
+    """
+    params, buffers = functional_state(model)
+    grads, _ = _per_sample_grads_and_losses(loss_fn, params, buffers, batch, chunk_size)
+    return grads
+
+
+def per_sample_norms(grads: Mapping[str, Tensor]) -> Tensor:
+    """Each record's L2 norm over all parameters flattened together, shape [B]."""
+    per_param = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()])
+    return per_param.norm(dim=0)
+
+
+def _clip_factors(norms: Tensor, max_norm: float) -> Tensor:
+    """min(1, C / (norm + 1e-6)) per record."""
+    return (max_norm / (norms + _NORM_EPS)).clamp(max=1.0)
+
+
+def clip_per_sample(
+    grads: Mapping[str, Tensor], max_norm: float
+) -> tuple[dict[str, Tensor], Tensor]:
+    """Scale each record's gradient so its flat L2 norm over all parameters is ≤ `max_norm`.
+
+    Returns (clipped per-record gradients, the norms before clipping [B]).
+    """
+    norms = per_sample_norms(grads)
+    factors = _clip_factors(norms, max_norm)
+    clipped = {
+        name: g * factors.view(-1, *([1] * (g.dim() - 1))).to(g.dtype) for name, g in grads.items()
+    }
+    return clipped, norms
+
+
+def _clipped_sum(grads: Mapping[str, Tensor], max_norm: float) -> tuple[dict[str, Tensor], Tensor]:
+    """Σ_i clip(g_i) without materialising the clipped per-record copies; also the norms."""
+    norms = per_sample_norms(grads)
+    factors = _clip_factors(norms, max_norm)
+    summed = {name: torch.tensordot(factors.to(g.dtype), g, dims=1) for name, g in grads.items()}
+    return summed, norms
+
+
+def add_noise(
+    summed: Mapping[str, Tensor], std: float, generator: torch.Generator
+) -> dict[str, Tensor]:
+    """`summed` plus ONE N(0, std²) draw per coordinate from `generator`.
+
+    All coordinates come from a single draw on the generator's device (moved to each
+    tensor's device), in the order of `summed`, so a seed fixes the noise exactly.
+    """
+    if std < 0 or not math.isfinite(std):
+        raise UsageError(f"noise std must be finite and ≥ 0, got {std}")
+    tensors = list(summed.values())
+    if not tensors:
+        return {}
+    dtype = _widest_float(tensors)
+    total = sum(t.numel() for t in tensors)
+    flat = torch.randn(total, generator=generator, device=generator.device, dtype=dtype)
+    flat = flat * std
+    out: dict[str, Tensor] = {}
+    for (name, t), piece in zip(
+        summed.items(), flat.split([t.numel() for t in tensors]), strict=True
+    ):
+        out[name] = t + piece.view_as(t).to(device=t.device, dtype=t.dtype)
+    return out
+
+
+def _widest_float(tensors: list[Tensor]) -> torch.dtype:
+    """The widest floating dtype among `tensors` (float32 if none is floating)."""
+    dtypes = [t.dtype for t in tensors if t.is_floating_point()]
+    if not dtypes:
+        return torch.float32
+    return max(dtypes, key=lambda d: torch.finfo(d).bits)
+
+
+class PrivateGradient:
+    """Writes a DP-SGD gradient into each trainable parameter's `.grad`.
+
+    `compute(*batch)` takes one Poisson batch (tensors with a common leading dim B ≥ 0),
+    computes each record's gradient of `loss_fn`, clips it to `max_grad_norm`, sums, adds
+    Gaussian noise of std `noise_multiplier * max_grad_norm` per coordinate from
+    `generator`, and divides by `expected_batch_size`. Any torch optimizer can then step.
+
+    `micro_batch_size` processes the batch in chunks (each chunk's gradients are clipped and
+    added to the sum right away), so memory is bounded by the chunk, not the batch; the
+    result is the same. `private=False` is the non-private baseline: the plain mean gradient
+    over the realised batch, no clipping and no noise.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        *,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        expected_batch_size: float,
+        generator: torch.Generator,
+        micro_batch_size: int | None = None,
+        private: bool = True,
+    ) -> None:
+        if private:
+            if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+                raise UsageError(f"noise multiplier must be finite and ≥ 0, got {noise_multiplier}")
+            if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+                raise UsageError(f"max grad norm must be finite and > 0, got {max_grad_norm}")
+            if not (math.isfinite(expected_batch_size) and expected_batch_size > 0):
+                raise UsageError(
+                    f"expected batch size must be finite and > 0, got {expected_batch_size}"
+                )
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise UsageError(f"micro batch size must be ≥ 1, got {micro_batch_size}")
+        self.model = model
+        self.loss_fn = loss_fn
+        self.noise_multiplier = float(noise_multiplier)
+        self.max_grad_norm = float(max_grad_norm)
+        self.expected_batch_size = float(expected_batch_size)
+        self.generator = generator
+        self.micro_batch_size = micro_batch_size
+        self.private = private
+
+    @property
+    def noise_std(self) -> float:
+        """Std of the noise added to the clipped SUM (before dividing by qN)."""
+        return self.noise_multiplier * self.max_grad_norm
+
+    def compute(self, *batch: Tensor) -> dict[str, float]:
+        """Write the gradient of one batch into `.grad`; return monitoring stats.
+
+        Stats (`batch_size`, `mean_loss`, `clip_fraction`, `mean_grad_norm`) are NOT
+        differentially private: they are for the data owner's eyes and must not drive any
+        decision (early stopping, tuning) or be released.
+        """
+        size = _batch_size(batch)
+        params, buffers = functional_state(self.model)
+        if not self.private:
+            grads, stats = self._mean_gradient(params, buffers, batch, size)
+        else:
+            grads, stats = self._private_gradient(params, buffers, batch, size)
+        named = dict(self.model.named_parameters())
+        for name, g in grads.items():
+            named[name].grad = g.detach()
+        return stats
+
+    def _chunks(self, batch: tuple[Tensor, ...], size: int) -> list[tuple[Tensor, ...]]:
+        step = self.micro_batch_size or max(size, 1)
+        return [tuple(t[start : start + step] for t in batch) for start in range(0, size, step)]
+
+    def _private_gradient(
+        self,
+        params: dict[str, Tensor],
+        buffers: dict[str, Tensor],
+        batch: tuple[Tensor, ...],
+        size: int,
+    ) -> tuple[dict[str, Tensor], dict[str, float]]:
+        summed = {name: torch.zeros_like(p) for name, p in params.items()}
+        # [loss sum, norm sum, clipped count], kept on the device: one sync per step, not per chunk
+        totals = torch.zeros(3, dtype=torch.float64, device=_device_of(params))
+        for chunk in self._chunks(batch, size):
+            grads, losses = _per_sample_grads_and_losses(self.loss_fn, params, buffers, chunk, None)
+            chunk_sum, norms = _clipped_sum(grads, self.max_grad_norm)
+            del grads
+            for name, s in chunk_sum.items():
+                summed[name] += s
+            totals += torch.stack(
+                [losses.detach().sum(), norms.sum(), (norms > self.max_grad_norm).sum()]
+            ).to(totals.dtype)
+        noisy = add_noise(summed, self.noise_std, self.generator)
+        grads_out = {name: g / self.expected_batch_size for name, g in noisy.items()}
+        loss_sum, norm_sum, clipped_count = totals.tolist()
+        return grads_out, _stats(size, loss_sum, int(clipped_count), norm_sum)
+
+    def _mean_gradient(
+        self,
+        params: dict[str, Tensor],
+        buffers: dict[str, Tensor],
+        batch: tuple[Tensor, ...],
+        size: int,
+    ) -> tuple[dict[str, Tensor], dict[str, float]]:
+        summed = {name: torch.zeros_like(p) for name, p in params.items()}
+        loss_sum = 0.0
+        names = list(params)
+        for chunk in self._chunks(batch, size):
+            leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+            in_dims = (None, None, *([0] * len(chunk)))
+            losses = vmap(self.loss_fn, in_dims=in_dims)(leaves, buffers, *chunk)
+            total = losses.sum()
+            parts = torch.autograd.grad(
+                total, [leaves[n] for n in names], allow_unused=True, materialize_grads=True
+            )
+            for name, g in zip(names, parts, strict=True):
+                summed[name] += g
+            loss_sum += float(total.detach())
+        scale = 1.0 / size if size else 0.0
+        grads_out = {name: g * scale for name, g in summed.items()}
+        return grads_out, _stats(size, loss_sum, 0, math.nan)
+
+
+def _device_of(params: Mapping[str, Tensor]) -> torch.device:
+    """The device of the first parameter (CPU for a model without trainable parameters)."""
+    return next(iter(params.values())).device if params else torch.device("cpu")
+
+
+def _batch_size(batch: tuple[Tensor, ...]) -> int:
+    """The common leading dimension of the batch tensors."""
+    if not batch:
+        raise UsageError("a batch needs at least one tensor")
+    sizes = {int(t.shape[0]) for t in batch}
+    if len(sizes) != 1:
+        raise UsageError(f"batch tensors disagree on the batch size: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def _stats(size: int, loss_sum: float, clipped: int, norm_sum: float) -> dict[str, Any]:
+    """Monitoring stats of one step (nan where the batch is empty)."""
+    if size == 0:
+        return {
+            "batch_size": 0,
+            "mean_loss": math.nan,
+            "clip_fraction": math.nan,
+            "mean_grad_norm": math.nan,
+        }
+    return {
+        "batch_size": size,
+        "mean_loss": loss_sum / size,
+        "clip_fraction": clipped / size,
+        "mean_grad_norm": norm_sum / size,
+    }

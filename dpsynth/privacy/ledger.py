@@ -1,0 +1,739 @@
+"""The privacy ledger: an append-only, hash-chained JSON Lines record of every privacy spend.
+
+One file is shared by all commands. Each line is one JSON object with `seq` (0, 1, 2, ...),
+`time` (UTC), `kind`, `prev_hash` (the previous line's `hash`, 64 zeros for the first line) and
+`hash` (SHA-256 of the line's canonical JSON without `hash`). Kinds:
+
+- `spend`: a reservation written (and fsynced) before a command reads private data; it carries
+  the mechanism events, δ, this spend's ε, the dataset's composed total after it, and
+  `status: "reserved"`.
+- `status`: closes a spend (`ref` = its seq) as `completed` or `aborted`, with the events
+  actually spent.
+- `release`: a zero-cost post-processing output (sampling, evaluation on synthetic data) with
+  the SHA-256 of what was written.
+- `budget`: a per-dataset cap (ε at a δ) that later reservations are checked against.
+
+Counting rule: a spend counts with its reserved events until a status line closes it; then it
+counts with the status line's events (for an abort without events, the reserved ones in full).
+A crash therefore leaves the whole reservation counted. Totals are always recomputed by
+composing the counting events (heterogeneous PRV composition), never by adding ε values.
+
+Infinite ε (a non-private run) is stored as the string "inf", since JSON has no infinity.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import fcntl
+import hashlib
+import json
+import math
+import numbers
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from dpsynth import __version__
+from dpsynth.errors import BudgetExceededError, DpsynthError, LedgerIntegrityError, UsageError
+from dpsynth.privacy.accounting import compose_epsilon
+
+LEDGER_ENV_VAR = "DPSYNTH_LEDGER"
+DEFAULT_LEDGER_NAME = "dpsynth-ledger.jsonl"
+GENESIS_HASH = "0" * 64
+KINDS = ("spend", "status", "release", "budget")
+_REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    "spend": ("dataset_id", "fingerprint", "run_id", "events", "delta", "epsilon", "total_epsilon"),
+    "status": ("ref", "status", "dataset_id", "events", "delta", "epsilon", "total_epsilon"),
+    "release": ("dataset_id", "fingerprint", "run_id", "output_sha256", "events"),
+    "budget": ("dataset_id", "epsilon", "delta"),
+}
+_TOTAL_RTOL = 1e-6
+_OTHER_ACCOUNTANT_RTOL = 0.05
+_TORN_REASON = (
+    "incomplete last line (no trailing newline: a write was interrupted); what it would have "
+    "recorded never took effect, so removing that partial line is safe"
+)
+
+
+def default_ledger_path() -> Path:
+    """`$DPSYNTH_LEDGER` if set, else `./dpsynth-ledger.jsonl`."""
+    return Path(os.environ.get(LEDGER_ENV_VAR) or DEFAULT_LEDGER_NAME)
+
+
+def json_safe(obj: Any) -> Any:
+    """A copy of `obj` that JSON can hold: non-finite floats become "inf"/"-inf"/"nan" strings,
+    tuples become lists and numpy scalars plain numbers."""
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, (bool, str)) or obj is None:
+        return obj
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    if isinstance(obj, numbers.Real):
+        value = float(obj)
+        return value if math.isfinite(value) else str(value)
+    if hasattr(obj, "item"):  # zero-dimensional arrays and tensors
+        return json_safe(obj.item())
+    raise UsageError(f"cannot record a value of type {type(obj).__name__} in the ledger")
+
+
+def as_float(value: float | str) -> float:
+    """Read an ε as the ledger stores it (a number, or "inf")."""
+    return float(value)
+
+
+def canonical_json(obj: Any) -> str:
+    """The canonical text that hashes are taken over (sorted keys, no spaces, ASCII)."""
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+
+
+def entry_hash(entry: Mapping[str, Any]) -> str:
+    """SHA-256 hex of the entry's canonical JSON without its `hash` key."""
+    body = {k: v for k, v in entry.items() if k != "hash"}
+    return hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
+
+
+def _epsilon_field(value: float) -> float | str:
+    return value if math.isfinite(value) else "inf"
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _compose(events: Sequence[Mapping[str, Any]], delta: float) -> tuple[float, str]:
+    """(ε upper bound, accountant) of `events` at `delta` (the accountant caches by events)."""
+    bound = compose_epsilon(events, delta)
+    return float(bound.epsilon), bound.accountant
+
+
+def _check_delta(delta: float) -> float:
+    delta = float(delta)
+    if not (0.0 < delta < 1.0):
+        raise UsageError(f"delta must be in (0, 1), got {delta}")
+    return delta
+
+
+def _check_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(events, (str, bytes, Mapping)):
+        raise UsageError("events must be a list of mechanism event dicts")
+    out = []
+    for event in events:
+        if not isinstance(event, Mapping) or not isinstance(event.get("type"), str):
+            raise UsageError(f"a mechanism event needs a string 'type', got {event!r}")
+        out.append(json_safe(event))
+    return out
+
+
+@dataclass
+class _State:
+    """What the lines read so far say: spends, their closing status lines and budgets."""
+
+    path: Path
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    spends: dict[int, dict[str, Any]] = field(default_factory=dict)
+    closing: dict[int, dict[str, Any]] = field(default_factory=dict)
+    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    spends_by_dataset: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def head_hash(self) -> str:
+        return self.entries[-1]["hash"] if self.entries else GENESIS_HASH
+
+    def fail(self, line: int, reason: str) -> LedgerIntegrityError:
+        return LedgerIntegrityError(f"ledger {self.path}: line {line}: {reason}")
+
+    def add_line(self, raw: bytes, line: int) -> dict[str, Any]:
+        """Parse, check against the chain so far, and record one line (1-based `line`)."""
+        try:
+            entry = json.loads(raw.decode("ascii"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise self.fail(line, "not valid JSON (edited or corrupted)") from None
+        if not isinstance(entry, dict):
+            raise self.fail(line, "not a JSON object (edited or corrupted)")
+        if entry.get("hash") != entry_hash(entry):
+            raise self.fail(line, "hash mismatch (the line was edited)")
+        expected_seq = len(self.entries)
+        seq = entry.get("seq")
+        if seq != expected_seq:
+            raise self.fail(
+                line,
+                f"seq {seq} where {expected_seq} was expected (a line was removed or reordered)",
+            )
+        if entry.get("prev_hash") != self.head_hash:
+            raise self.fail(
+                line, "prev_hash does not match the previous line (a line was removed or reordered)"
+            )
+        self._record(entry, line)
+        return entry
+
+    def _record(self, entry: dict[str, Any], line: int) -> None:
+        kind = entry.get("kind")
+        if kind not in KINDS:
+            raise self.fail(line, f"unknown kind {kind!r}")
+        missing = [name for name in _REQUIRED_FIELDS[kind] if name not in entry]
+        if missing:
+            raise self.fail(line, f"{kind} line lacks {', '.join(missing)}")
+        if kind == "spend":
+            self.spends[entry["seq"]] = entry
+            self.spends_by_dataset.setdefault(entry["dataset_id"], []).append(entry["seq"])
+        elif kind == "status":
+            ref = entry["ref"]
+            spend = self.spends.get(ref) if isinstance(ref, int) else None
+            if spend is None:
+                raise self.fail(line, f"status line refers to unknown spend seq {ref!r}")
+            if ref in self.closing:
+                raise self.fail(line, f"spend seq {ref} was already closed")
+            if entry["status"] not in ("completed", "aborted"):
+                raise self.fail(line, f"unknown status {entry['status']!r}")
+            if entry["dataset_id"] != spend["dataset_id"]:
+                raise self.fail(line, f"status line names another dataset than spend seq {ref}")
+            self.closing[ref] = entry
+        elif kind == "budget":
+            self.budgets[entry["dataset_id"]] = entry
+        self.entries.append(entry)
+
+    def spent_events(self, seq: int) -> list[dict[str, Any]]:
+        """The events spend `seq` counts with under the counting rule."""
+        closing = self.closing.get(seq)
+        if closing is not None and closing.get("events") is not None:
+            return closing["events"]
+        return self.spends[seq]["events"]
+
+    def counting_events(
+        self, dataset_id: str, replace: Mapping[int, list[dict[str, Any]]] | None = None
+    ) -> list[dict[str, Any]]:
+        """All counting events of the dataset (optionally with some spends' events replaced)."""
+        replace = replace or {}
+        events: list[dict[str, Any]] = []
+        for seq in self.spends_by_dataset.get(dataset_id, []):
+            events.extend(replace[seq] if seq in replace else self.spent_events(seq))
+        return events
+
+    def merged_spend(self, seq: int) -> dict[str, Any]:
+        """The spend line with its current status and spent events merged in."""
+        spend = copy.deepcopy(self.spends[seq])
+        closing = self.closing.get(seq)
+        spend["reserved_events"] = spend["events"]
+        spend["reserved_epsilon"] = spend["epsilon"]
+        spend["events"] = copy.deepcopy(self.spent_events(seq))
+        spend["status_seq"] = None
+        if closing is not None:
+            spend["status"] = closing["status"]
+            spend["epsilon"] = closing["epsilon"]
+            spend["status_seq"] = closing["seq"]
+            spend["closed_time"] = closing["time"]
+        return spend
+
+
+class Ledger:
+    """The append-only privacy ledger at `path` (a missing file is an empty ledger)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self._state = _State(self.path)
+        self._offset = 0
+        self._file_id: tuple[int, int] | None = None
+
+    # ----------------------------------------------------------------- writing
+
+    def reserve(
+        self,
+        *,
+        dataset_id: str,
+        fingerprint: str,
+        command: str,
+        method: str,
+        run_id: str,
+        events: Sequence[Mapping[str, Any]],
+        delta: float,
+        private: bool = True,
+        max_total_epsilon: float | None = None,
+    ) -> dict[str, Any]:
+        """Record a spend before any private data is read; return the written line.
+
+        Raises BudgetExceededError (and writes nothing) if the dataset has a budget and the
+        composed total at the budget's δ, this spend included, would exceed its ε; or if the
+        total at `delta` would exceed `max_total_epsilon` (the run's target, planned from
+        `events_for` earlier: this catches spends that other processes recorded since).
+        """
+        events_list = _check_events(events)
+        delta = _check_delta(delta)
+        epsilon, accountant = _compose(events_list, delta)
+        is_private = bool(private) and math.isfinite(epsilon)
+        # Warm the accountant's cache outside the lock; under the lock it is then a lookup
+        # unless another process appended a spend for this dataset in between.
+        self._totals_for_reserve(self._read_state(), dataset_id, events_list, delta)
+
+        def build(state: _State) -> dict[str, Any]:
+            total, budget_total = self._totals_for_reserve(state, dataset_id, events_list, delta)
+            budget = state.budgets.get(dataset_id)
+            if budget is not None and budget_total > as_float(budget["epsilon"]):
+                raise BudgetExceededError(
+                    f"dataset {dataset_id!r}: this run would bring the total to "
+                    f"ε ≤ {budget_total:.4g} at δ={float(budget['delta']):g}, over the budget cap "
+                    f"ε={as_float(budget['epsilon']):g} (nothing was run or recorded)"
+                )
+            if max_total_epsilon is not None and total > max_total_epsilon:
+                raise BudgetExceededError(
+                    f"dataset {dataset_id!r}: spends recorded since this run was planned bring "
+                    f"the total to ε ≤ {total:.4g} at δ={delta:g}, over the target "
+                    f"ε={max_total_epsilon:g}; plan again (nothing was run or recorded)"
+                )
+            return {
+                "kind": "spend",
+                "dataset_id": dataset_id,
+                "fingerprint": fingerprint,
+                "command": command,
+                "method": method,
+                "run_id": run_id,
+                "events": events_list,
+                "delta": delta,
+                "epsilon": _epsilon_field(epsilon),
+                "total_epsilon": _epsilon_field(total),
+                "accountant": accountant,
+                "status": "reserved",
+                "private": is_private,
+            }
+
+        return self._append(build)
+
+    def complete(self, seq: int, events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Close spend `seq` as completed with the events actually spent; return the line."""
+        return self._close(seq, "completed", _check_events(events))
+
+    def abort(self, seq: int, events: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+        """Close spend `seq` as aborted, counting `events` (the part actually spent) or, when
+        None, the reserved events in full; return the line."""
+        return self._close(seq, "aborted", None if events is None else _check_events(events))
+
+    def record_release(
+        self,
+        *,
+        dataset_id: str,
+        fingerprint: str,
+        command: str,
+        method: str,
+        run_id: str,
+        output_sha256: str,
+        details: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Record a zero-cost post-processing output (its SHA-256 and details); return the line."""
+        safe_details = json_safe(dict(details))
+
+        def build(state: _State) -> dict[str, Any]:
+            return {
+                "kind": "release",
+                "dataset_id": dataset_id,
+                "fingerprint": fingerprint,
+                "command": command,
+                "method": method,
+                "run_id": run_id,
+                "output_sha256": output_sha256,
+                "details": safe_details,
+                "events": [],
+                "epsilon": 0.0,
+            }
+
+        return self._append(build)
+
+    def set_budget(self, dataset_id: str, epsilon: float, delta: float) -> dict[str, Any]:
+        """Set the dataset's cap (ε at δ; ε = inf lifts it); return the line, which also holds
+        the total spent so far at that δ and what is left (negative if already over)."""
+        epsilon = float(epsilon)
+        if math.isnan(epsilon) or epsilon <= 0:
+            raise UsageError(f"a budget ε must be positive, got {epsilon}")
+        delta = _check_delta(delta)
+        self._warm(dataset_id, delta)
+
+        def build(state: _State) -> dict[str, Any]:
+            total, accountant = _compose(state.counting_events(dataset_id), delta)
+            return {
+                "kind": "budget",
+                "dataset_id": dataset_id,
+                "epsilon": _epsilon_field(epsilon),
+                "delta": delta,
+                "total_epsilon": _epsilon_field(total),
+                "remaining": _epsilon_field(epsilon - total) if math.isfinite(total) else "-inf",
+                "accountant": accountant,
+            }
+
+        return self._append(build)
+
+    # ----------------------------------------------------------------- reading
+
+    def entries(self) -> list[dict[str, Any]]:
+        """All lines, in order, as stored (ε values may be the string "inf")."""
+        return copy.deepcopy(self._read_state().entries)
+
+    def budget_for(self, dataset_id: str) -> dict[str, Any] | None:
+        """The dataset's latest budget line, or None if it has none."""
+        budget = self._read_state().budgets.get(dataset_id)
+        return copy.deepcopy(budget)
+
+    def events_for(self, dataset_id: str) -> tuple[dict[str, Any], ...]:
+        """The dataset's counting events (the `prior_events` of its next plan)."""
+        return tuple(copy.deepcopy(self._read_state().counting_events(dataset_id)))
+
+    def total_epsilon(self, dataset_id: str, delta: float) -> float:
+        """The composed ε upper bound at `delta` of all counting events of the dataset."""
+        return _compose(self.events_for(dataset_id), _check_delta(delta))[0]
+
+    def spend(self, seq: int) -> dict[str, Any]:
+        """Spend `seq` with its current status merged in: `status`, the spent `events` and their
+        `epsilon`, plus `reserved_events`, `reserved_epsilon` and `status_seq`."""
+        state = self._read_state()
+        if seq not in state.spends:
+            raise UsageError(f"the ledger {self.path} has no spend with seq {seq}")
+        return state.merged_spend(seq)
+
+    def spends_for_fingerprint(self, fingerprint: str) -> list[dict[str, Any]]:
+        """All spends (merged as in `spend`) on data with this fingerprint, in order."""
+        state = self._read_state()
+        return [
+            state.merged_spend(seq)
+            for seq, spend in state.spends.items()
+            if spend["fingerprint"] == fingerprint
+        ]
+
+    def summary(self, delta: float | None = None) -> dict[str, Any]:
+        """Per-dataset totals for `ledger show` (ε values are floats, possibly inf).
+
+        The total is at `delta` if given, else at the budget's δ, else at the largest δ among
+        the dataset's spends. One composition per dataset.
+        """
+        state = self._read_state()
+        datasets: dict[str, dict[str, Any]] = {}
+        for entry in state.entries:
+            row = datasets.setdefault(entry["dataset_id"], _empty_row(entry["dataset_id"]))
+            row["entries"] += 1
+            row["last_time"] = entry["time"]
+            if entry.get("fingerprint") and entry["fingerprint"] not in row["fingerprints"]:
+                row["fingerprints"].append(entry["fingerprint"])
+            if entry["kind"] == "spend":
+                row["spends"] += 1
+                row["private"] = row["private"] and bool(entry.get("private", True))
+                row["deltas"].append(float(entry["delta"]))
+                if entry["seq"] not in state.closing:
+                    row["open_spends"] += 1
+            elif entry["kind"] == "release":
+                row["releases"] += 1
+        for dataset_id, row in datasets.items():
+            events = state.counting_events(dataset_id)
+            budget = state.budgets.get(dataset_id)
+            at = delta
+            if at is None:
+                at = float(budget["delta"]) if budget else max(row["deltas"], default=None)
+            row["delta"] = at
+            row["total_epsilon"], row["accountant"] = (
+                _compose(events, at) if at is not None else (0.0, None)
+            )
+            if budget is not None:
+                cap, cap_delta = as_float(budget["epsilon"]), float(budget["delta"])
+                spent = _compose(events, cap_delta)[0]
+                row["budget"] = {"epsilon": cap, "delta": cap_delta}
+                row["budget_spent"] = spent
+                row["remaining"] = cap - spent if math.isfinite(spent) else -math.inf
+            del row["deltas"]
+        return {"path": str(self.path), "entries": len(state.entries), "datasets": datasets}
+
+    def verify(
+        self, anchors: Mapping[int, str] | None = None, *, recompute: bool = True
+    ) -> dict[str, Any]:
+        """Re-read the whole file and check it; raise LedgerIntegrityError with a one-line
+        reason at the first problem, else return counts and per-dataset totals.
+
+        Checks: every line is complete JSON, its hash is right (no edit), seqs run 0, 1, 2, ...
+        (no removal), each prev_hash is the previous line's hash (no reordering), status lines
+        close a known open spend, and every recorded ε and total ε equals the recomputation
+        (relative tolerance 1e-6; lines written by another dpsynth version or accountant only
+        must not under-report by more than 5%, and their seqs are listed in
+        `other_accountant_seqs`). That is one accountant call per spend line, skipped with
+        `recompute=False`. `anchors` (seq → hash, e.g. from run directories) must all be
+        present, which also catches lines cut off the end.
+        """
+        raw = b""
+        if self.path.exists():
+            with self._locked(exclusive=False):
+                raw = self._read_bytes()
+        state = _State(self.path)
+        lines = raw.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
+        elif lines:
+            raise state.fail(len(lines), _TORN_REASON)
+        other_accountant = []
+        for number, line in enumerate(lines, start=1):
+            entry = state.add_line(line, number)
+            if recompute and not self._check_recorded_epsilons(state, entry, number):
+                other_accountant.append(entry["seq"])
+        for seq, expected in (anchors or {}).items():
+            seq = int(seq)
+            if seq >= len(state.entries) or state.entries[seq]["hash"] != expected:
+                raise LedgerIntegrityError(
+                    f"ledger {self.path}: entry seq {seq} known from a run is missing or differs "
+                    "(lines were cut off or the file was rewritten)"
+                )
+        counts = {kind: 0 for kind in KINDS}
+        for entry in state.entries:
+            counts[entry["kind"]] += 1
+        open_spends = [seq for seq in state.spends if seq not in state.closing]
+        totals = {}
+        for dataset_id, seqs in state.spends_by_dataset.items():
+            budget = state.budgets.get(dataset_id)
+            at = float(budget["delta"]) if budget else max(state.spends[s]["delta"] for s in seqs)
+            totals[dataset_id] = {
+                "delta": at,
+                "total_epsilon": _compose(state.counting_events(dataset_id), at)[0],
+            }
+        return {
+            "path": str(self.path),
+            "ok": True,
+            "entries": len(state.entries),
+            "counts": counts,
+            "open_spends": open_spends,
+            "head_hash": state.head_hash,
+            "datasets": totals,
+            "recomputed": recompute,
+            "other_accountant_seqs": other_accountant,
+        }
+
+    # ----------------------------------------------------------------- internals
+
+    @staticmethod
+    def _totals_for_reserve(
+        state: _State, dataset_id: str, events: list[dict[str, Any]], delta: float
+    ) -> tuple[float, float]:
+        """(total at the spend's δ, total at the budget's δ) after adding `events`."""
+        combined = [*state.counting_events(dataset_id), *events]
+        total = _compose(combined, delta)[0]
+        budget = state.budgets.get(dataset_id)
+        if budget is None or not math.isfinite(as_float(budget["epsilon"])):
+            return total, -math.inf
+        budget_delta = float(budget["delta"])
+        return total, total if budget_delta == delta else _compose(combined, budget_delta)[0]
+
+    def _warm(self, dataset_id: str, delta: float) -> None:
+        _compose(self._read_state().counting_events(dataset_id), delta)
+
+    def _close(self, seq: int, status: str, events: list[dict[str, Any]] | None) -> dict[str, Any]:
+        def build(state: _State) -> dict[str, Any]:
+            spend = state.spends.get(seq)
+            if spend is None:
+                raise UsageError(f"the ledger {self.path} has no spend with seq {seq}")
+            if seq in state.closing:
+                raise DpsynthError(
+                    f"spend seq {seq} in {self.path} is already {state.closing[seq]['status']}"
+                )
+            spent = copy.deepcopy(spend["events"]) if events is None else events
+            delta = float(spend["delta"])
+            epsilon, accountant = _compose(spent, delta)
+            dataset_id = spend["dataset_id"]
+            total = _compose(state.counting_events(dataset_id, {seq: spent}), delta)[0]
+            return {
+                "kind": "status",
+                "ref": seq,
+                "status": status,
+                "dataset_id": dataset_id,
+                "fingerprint": spend["fingerprint"],
+                "run_id": spend["run_id"],
+                "events": spent,
+                "delta": delta,
+                "epsilon": _epsilon_field(epsilon),
+                "total_epsilon": _epsilon_field(total),
+                "accountant": accountant,
+                "private": bool(spend.get("private", True)) and math.isfinite(epsilon),
+            }
+
+        return self._append(build)
+
+    def _check_recorded_epsilons(self, state: _State, entry: dict[str, Any], line: int) -> bool:
+        """Recompute a line's `epsilon` and `total_epsilon` as of that line and compare.
+
+        Lines written by this dpsynth version with the same accountant must match to 1e-6
+        (relative); lines from another version or accountant only must not under-report by more
+        than 5%. Returns False for such a line.
+        """
+        kind = entry["kind"]
+        if kind in ("spend", "status"):
+            delta = float(entry["delta"])
+            own = entry["events"] if kind == "spend" else state.spent_events(entry["ref"])
+            checks = {
+                "epsilon": own,
+                "total_epsilon": state.counting_events(entry["dataset_id"]),
+            }
+        elif kind == "budget" and "total_epsilon" in entry:
+            delta = float(entry["delta"])
+            checks = {"total_epsilon": state.counting_events(entry["dataset_id"])}
+        else:
+            if kind == "release" and (entry["events"] or as_float(entry.get("epsilon", 0)) != 0):
+                raise state.fail(line, "release line carries a privacy cost")
+            return True
+        same_accountant = entry.get("dpsynth_version") == __version__
+        for name, events in checks.items():
+            recorded = as_float(entry[name])
+            recomputed, accountant = _compose(events, delta)
+            if name == "epsilon" or kind == "budget":
+                same_accountant = same_accountant and entry.get("accountant") == accountant
+            if same_accountant:
+                ok = recorded == recomputed or math.isclose(
+                    recorded, recomputed, rel_tol=_TOTAL_RTOL, abs_tol=1e-12
+                )
+            else:
+                # Another accountant gives another valid upper bound: only a clearly smaller
+                # recorded value (an under-report) is a fault.
+                ok = recorded >= recomputed * (1.0 - _OTHER_ACCOUNTANT_RTOL)
+            if not ok:
+                raise state.fail(
+                    line, f"recorded {name} {recorded:.6g} differs from recomputed {recomputed:.6g}"
+                )
+        return same_accountant
+
+    def _read_state(self) -> _State:
+        """Bring the in-memory state up to date with the file (reads only new bytes)."""
+        if not self.path.exists() and not self._state.entries:
+            return self._state  # an empty ledger; no lock file is created just to read
+        with self._locked(exclusive=False):
+            self._refresh()
+        return self._state
+
+    def _refresh(self) -> None:
+        """Parse lines appended since the last read; call with the lock held."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            if self._state.entries:
+                raise LedgerIntegrityError(f"ledger {self.path} has disappeared") from None
+            return
+        try:
+            stat = os.fstat(fd)
+            file_id = (stat.st_dev, stat.st_ino)
+            if file_id != self._file_id and self._file_id is not None:
+                raise LedgerIntegrityError(f"ledger {self.path} was replaced while in use")
+            if stat.st_size < self._offset:
+                raise LedgerIntegrityError(
+                    f"ledger {self.path} shrank from {self._offset} to {stat.st_size} bytes "
+                    "(lines were removed)"
+                )
+            self._file_id = file_id
+            os.lseek(fd, self._offset, os.SEEK_SET)
+            new = _read_all(fd)
+        finally:
+            os.close(fd)
+        if not new:
+            return
+        first_line = len(self._state.entries) + 1
+        complete, _, torn = new.rpartition(b"\n")
+        if torn:
+            raise self._state.fail(first_line + new.count(b"\n"), _TORN_REASON)
+        for number, line in enumerate(complete.split(b"\n"), start=first_line):
+            self._state.add_line(line, number)
+        self._offset += len(new)
+
+    def _read_bytes(self) -> bytes:
+        try:
+            with open(self.path, "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return b""
+
+    def _append(self, build: Callable[[_State], dict[str, Any]]) -> dict[str, Any]:
+        """Under the exclusive lock: re-read, build the line, write it in one call, fsync."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._locked(exclusive=True):
+            self._refresh()
+            body = build(self._state)
+            entry = {
+                "seq": len(self._state.entries),
+                "time": _utc_now(),
+                **body,
+                "dpsynth_version": __version__,
+                "prev_hash": self._state.head_hash,
+            }
+            entry["hash"] = entry_hash(entry)
+            data = (canonical_json(entry) + "\n").encode("ascii")
+            created = not self.path.exists()
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                _write_line(fd, data, self._offset)
+            finally:
+                os.close(fd)
+            if created:
+                _fsync_dir(self.path.parent)
+            if self._file_id is None:
+                stat = os.stat(self.path)
+                self._file_id = (stat.st_dev, stat.st_ino)
+            self._state.add_line(data[:-1], entry["seq"] + 1)
+            self._offset += len(data)
+        return copy.deepcopy(entry)
+
+    @contextmanager
+    def _locked(self, *, exclusive: bool) -> Iterator[None]:
+        """Hold flock on the sidecar `PATH.lock` (shared for reads, exclusive for appends)."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if exclusive or exc.errno not in (errno.EACCES, errno.EROFS, errno.ENOENT):
+                raise
+            yield  # reading a ledger in a read-only place: nobody can be appending there
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+
+def _empty_row(dataset_id: str) -> dict[str, Any]:
+    return {
+        "dataset_id": dataset_id,
+        "fingerprints": [],
+        "entries": 0,
+        "spends": 0,
+        "open_spends": 0,
+        "releases": 0,
+        "private": True,
+        "deltas": [],
+        "budget": None,
+        "budget_spent": None,
+        "remaining": None,
+        "last_time": None,
+    }
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _write_line(fd: int, data: bytes, size_before: int) -> None:
+    """Write `data` with one os.write and fsync; on failure cut the file back to its old size
+    so that no half line is left behind."""
+    try:
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+        os.fsync(fd)
+    except OSError as exc:
+        os.ftruncate(fd, size_before)
+        raise DpsynthError(f"could not append to the ledger: {exc}") from exc
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

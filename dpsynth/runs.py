@@ -1,0 +1,149 @@
+"""The run directory: config, checkpoints (safetensors), training log, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from dpsynth.errors import DataError, UsageError
+
+CONFIG_FILE = "config.json"
+STATE_FILE = "state.json"
+WEIGHTS_FILE = "checkpoint.safetensors"
+LOG_FILE = "train-log.jsonl"
+PREVIEW_FILE = "preview.png"
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, fsync it, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write `obj` as indented JSON, atomically."""
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file; a malformed one is a DataError naming it."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {path}") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: unreadable JSON ({exc})") from None
+
+
+class RunDir:
+    """A run directory as DESIGN.md section 6 lays it out."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    @property
+    def config_path(self) -> Path:
+        """`config.json`: method, preset, hyper-parameters, data info, privacy plan, ledger ids."""
+        return self.path / CONFIG_FILE
+
+    @property
+    def log_path(self) -> Path:
+        """`train-log.jsonl`: one line per logged step (step, loss, ε spent)."""
+        return self.path / LOG_FILE
+
+    @property
+    def preview_path(self) -> Path:
+        """`preview.png`: a grid of samples written at the end of training."""
+        return self.path / PREVIEW_FILE
+
+    def exists(self) -> bool:
+        """True when the directory holds a run (has a config)."""
+        return self.config_path.is_file()
+
+    def check_new(self) -> None:
+        """Refuse to start a new run in a folder that already has content."""
+        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            hint = "use --resume to continue it" if self.exists() else "choose another --out"
+            raise UsageError(f"{self.path} exists and is not empty; {hint}")
+
+    def read_config(self) -> dict[str, Any]:
+        """The run's config; UsageError if this is not a run directory."""
+        if not self.exists():
+            raise UsageError(f"{self.path} is not a dpsynth run directory (no {CONFIG_FILE})")
+        return read_json(self.config_path)
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        """Write `config.json` atomically."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.config_path, dict(config))
+
+    def append_log(self, record: Mapping[str, Any]) -> None:
+        """Append one JSON line to the training log."""
+        with self.log_path.open("a") as handle:
+            handle.write(json.dumps(dict(record)) + "\n")
+
+    def truncate_log(self, after_step: int) -> None:
+        """Drop log lines past `after_step` (steps redone after resuming from a checkpoint)."""
+        if not self.log_path.exists():
+            return
+        kept = [
+            line
+            for line in self.log_path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= after_step
+        ]
+        write_bytes_atomic(self.log_path, "".join(line + "\n" for line in kept).encode())
+
+    def save_checkpoint(
+        self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]
+    ) -> None:
+        """Write weights and resume state atomically; the step lives in both, and must agree."""
+        payload = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        metadata = {"state": json.dumps(dict(state))}
+        fd, tmp = tempfile.mkstemp(prefix=f".{WEIGHTS_FILE}.", suffix=".tmp", dir=self.path)
+        os.close(fd)
+        try:
+            save_file(payload, tmp, metadata=metadata)
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path / WEIGHTS_FILE)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        write_json_atomic(self.path / STATE_FILE, dict(state))
+
+    def has_checkpoint(self) -> bool:
+        """True when a checkpoint has been written."""
+        return (self.path / WEIGHTS_FILE).is_file()
+
+    def load_checkpoint(
+        self, device: torch.device | str = "cpu"
+    ) -> tuple[dict[str, torch.Tensor], dict]:
+        """Tensors and state of the last checkpoint (the state is read from the weights file)."""
+        path = self.path / WEIGHTS_FILE
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as handle:
+                state = json.loads((handle.metadata() or {})["state"])
+            tensors = load_file(str(path), device=str(device))
+        except FileNotFoundError:
+            raise UsageError(f"{self.path} has no checkpoint yet") from None
+        except Exception as exc:
+            raise DataError(f"{path}: unreadable checkpoint ({exc})") from None
+        return tensors, state

@@ -1,0 +1,272 @@
+"""The DP-Kernel backend: private read, plan, trainer, resume, generator and end-to-end run."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import sys
+from typing import ClassVar
+
+import pytest
+import torch
+
+from dpsynth.data.images import DataInfo
+from dpsynth.errors import UsageError
+from dpsynth.methods.base import PrivacyTarget
+from dpsynth.methods.dpkernel import (
+    DPKernelMethod,
+    VectorGenerator,
+    private_embedding_gradient,
+)
+
+DIGITS_INFO = DataInfo(
+    spec="digits",
+    kind="images",
+    n=1000,
+    shape=(1, 8, 8),
+    classes=tuple(str(c) for c in range(10)),
+    fingerprint="test",
+    dataset_id="digits",
+)
+
+
+def _digits(n: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.images[:n], dtype=torch.float32)[:, None] / 8.0 - 1.0
+    return x, torch.tensor(bunch.target[:n], dtype=torch.int64)
+
+
+def _trainer(epsilon: float, seed: int = 0, **overrides):
+    method = DPKernelMethod()
+    config = method.config("tiny", overrides, DIGITS_INFO)
+    plan = method.plan(DIGITS_INFO, PrivacyTarget(epsilon, 1e-5), config)
+    return (
+        method,
+        config,
+        plan,
+        method.trainer(DIGITS_INFO, config, plan, torch.device("cpu"), seed),
+    )
+
+
+def _poisson_batches(x, y, q: float, steps: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        mask = torch.rand(len(y), generator=gen) < q
+        yield x[mask], y[mask]
+
+
+def test_private_gradient_matches_autograd_of_the_embedding():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(9, 2, 3, 2, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 3, (9,), generator=gen)
+    points = torch.randn(4, 12, generator=gen, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([0, 1, 2, 1])
+    bandwidths, normalizer = (1.0, 3.0), 5.0
+    flat = x.reshape(9, -1)
+    same = (y[:, None] == labels[None, :]).double()
+    sq = (flat[:, None, :] - points[None, :, :]).pow(2).sum(-1)
+    f_values = (same * sum(torch.exp(-sq / (2 * b * b)) for b in bandwidths)).sum(0) / normalizer
+    (expected,) = torch.autograd.grad(f_values.sum(), points)
+    got = private_embedding_gradient(x, y, points, labels, bandwidths, normalizer)
+    assert torch.allclose(got, expected, atol=1e-12)
+    empty = private_embedding_gradient(x[:0], y[:0], points, labels, bandwidths, normalizer)
+    assert empty.shape == (4, 12) and empty.abs().max() == 0
+
+
+def test_config_derives_sensitivity_and_refuses_unsafe_overrides():
+    method = DPKernelMethod()
+    config = method.config("tiny", {"bandwidths": "8,16", "sensitivity": "add_remove"}, DIGITS_INFO)
+    assert config["bandwidths"] == [8.0, 16.0]
+    assert config["max_grad_norm"] == pytest.approx(math.sqrt(2))
+    with pytest.raises(UsageError):
+        method.config("tiny", {"max_grad_norm": "0.1"}, DIGITS_INFO)
+    with pytest.raises(UsageError):
+        method.config("tiny", {"bandwidths": "-1"}, DIGITS_INFO)
+    assert set(method.presets) >= {"tiny", "small", "paper"}
+
+
+def test_plan_events_are_within_target_under_dp_accounting():
+    dp_event = pytest.importorskip("dp_accounting.dp_event")
+    pld = pytest.importorskip("dp_accounting.pld.pld_privacy_accountant")
+    method = DPKernelMethod()
+    config = method.config("tiny", {}, DIGITS_INFO)
+    for epsilon in (1.0, 10.0):
+        plan = method.plan(DIGITS_INFO, PrivacyTarget(epsilon, 1e-5), config)
+        assert plan.sampling_rate == pytest.approx(config["batch_size"] / DIGITS_INFO.n)
+        assert plan.max_grad_norm == pytest.approx(math.sqrt(2 * 3))
+        (event,) = plan.events
+        assert event["type"] == "poisson_gaussian"
+        assert event["noise_multiplier"] == plan.noise_multiplier
+        accountant = pld.PLDAccountant()
+        accountant.compose(
+            dp_event.PoissonSampledDpEvent(
+                event["sampling_rate"], dp_event.GaussianDpEvent(event["noise_multiplier"])
+            ),
+            event["steps"],
+        )
+        assert accountant.get_epsilon(1e-5) <= epsilon
+
+
+class _Tracked(torch.Tensor):
+    """A tensor that records the Python call stack of every torch operation on it."""
+
+    stacks: ClassVar[list[list[str]]] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        names, frame = [], sys._getframe(1)
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        cls.stacks.append(names)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+def test_only_the_private_function_reads_the_batch():
+    x, y = _digits(40)
+    for epsilon in (1.0, math.inf):
+        _, _, _, trainer = _trainer(epsilon)
+        _Tracked.stacks.clear()
+        trainer.step(x.as_subclass(_Tracked), y.as_subclass(_Tracked))
+        assert _Tracked.stacks, "the batch was never read"
+        assert all("private_embedding_gradient" in names for names in _Tracked.stacks)
+
+
+def test_huge_noise_makes_the_update_independent_of_the_batch():
+    # With σ → ∞ the released gradient is pure noise: two different batches give the same
+    # update for the same seed; at the planned σ they do not.
+    x, y = _digits(200)
+    method = DPKernelMethod()
+    config = method.config("tiny", {}, DIGITS_INFO)
+    plan = method.plan(DIGITS_INFO, PrivacyTarget(1.0, 1e-5), config)
+    for sigma, should_match in ((1e9, True), (plan.noise_multiplier, False)):
+        params = []
+        for batch in (slice(0, 100), slice(100, 200)):
+            noisy = dataclasses.replace(plan, noise_multiplier=sigma)
+            trainer = method.trainer(DIGITS_INFO, config, noisy, torch.device("cpu"), 0)
+            trainer.step(x[batch], y[batch])
+            params.append(torch.cat([p.flatten() for p in trainer.net.parameters()]))
+        assert torch.allclose(params[0], params[1], rtol=0, atol=1e-7) == should_match
+
+
+def test_resume_continues_exactly():
+    x, y = _digits()
+    batches = list(_poisson_batches(x, y, 16 / 1000, 6))
+    _, _, _, straight = _trainer(2.0, optimizer="rmsprop")
+    for bx, by in batches:
+        straight.step(bx, by)
+    method, config, plan, first = _trainer(2.0, optimizer="rmsprop")
+    for bx, by in batches[:3]:
+        first.step(bx, by)
+    saved = {k: v.clone() for k, v in first.state_tensors().items()}
+    resumed = method.trainer(DIGITS_INFO, config, plan, torch.device("cpu"), seed=123)
+    resumed.load_state_tensors(saved)
+    for bx, by in batches[3:]:
+        resumed.step(bx, by)
+    a, b = straight.state_tensors(), resumed.state_tensors()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_generator_shapes_and_paper_parameter_counts():
+    conditional = VectorGenerator((1, 32, 32), 10, 10, 64, "conv", "batch")
+    unconditional = VectorGenerator((1, 32, 32), 0, 10, 64, "conv", "batch")
+    assert sum(p.numel() for p in conditional.parameters()) == 698_450  # spec §2.4
+    assert sum(p.numel() for p in unconditional.parameters()) == 698_240
+    mnist = VectorGenerator((1, 28, 28), 10, 10, 8, "conv", "group")
+    assert mnist(torch.randn(3, 10), torch.eye(10)[:3]).shape == (3, 784)
+    table_row = VectorGenerator((13,), 2, 4, 16, "mlp", "none")
+    out = table_row(torch.randn(5, 4), torch.eye(2)[[0, 1, 0, 1, 0]])
+    assert out.shape == (5, 13) and out.abs().max() <= 1
+
+    method, config, _, trainer = _trainer(1.0)
+    sampler = method.generator_from_state(
+        DIGITS_INFO, config, trainer.state_tensors(), torch.device("cpu")
+    )
+    labels = torch.arange(23) % 10
+    batches = list(sampler.sample(labels, 10, torch.Generator().manual_seed(0)))
+    assert [b.shape[0] for b in batches] == [10, 10, 3]
+    assert all(b.dtype == torch.uint8 and b.shape[1:] == (1, 8, 8) for b in batches)
+
+
+def _mmd2(a: torch.Tensor, b: torch.Tensor, bandwidths=(4.0, 8.0)) -> float:
+    def mean_kernel(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        sq = torch.cdist(u, v).pow(2)
+        return sum(torch.exp(-sq / (2 * w * w)) for w in bandwidths).mean()
+
+    return float(mean_kernel(a, a) + mean_kernel(b, b) - 2 * mean_kernel(a, b))
+
+
+def test_non_private_training_lowers_mmd_on_digits():
+    x, y = _digits()
+    _, _, _, trainer = _trainer(math.inf, steps=60)
+
+    def mmd() -> float:
+        labels = torch.arange(300) % 10
+        probe = torch.Generator().manual_seed(5)
+        fake = torch.cat(list(trainer.generator().sample(labels, 300, probe)))
+        return _mmd2(x[:300].flatten(1), fake.float().div(127.5).sub(1).flatten(1))
+
+    before = mmd()
+    for bx, by in _poisson_batches(x, y, 16 / 1000, 60):
+        trainer.step(bx, by)
+    assert mmd() < 0.7 * before
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("dpsynth.training") is None, reason="training loop not present"
+)
+def test_end_to_end_train_resume_and_sample(tmp_path):
+    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.runs import RunDir
+    from dpsynth.sampling import sample_run
+    from dpsynth.training import train_run
+
+    common = {
+        "method": "dpkernel",
+        "data": "digits",
+        "epsilon": 5.0,
+        "preset": "tiny",
+        "device": "cpu",
+        "seed": 0,
+        "overrides": {"steps": "12"},
+    }
+    train_run(out=tmp_path / "a", ledger_path=tmp_path / "a.jsonl", **common)
+    train_run(out=tmp_path / "b", ledger_path=tmp_path / "b.jsonl", stop_after_steps=5, **common)
+    train_run(out=tmp_path / "b", ledger_path=tmp_path / "b.jsonl", resume=True, **common)
+
+    (straight, straight_state), (resumed, resumed_state) = (
+        RunDir(tmp_path / name).load_checkpoint() for name in ("a", "b")
+    )
+    assert straight_state["step"] == resumed_state["step"] == 12
+    trainer_keys = [k for k in straight if k.startswith("trainer/")]
+    assert any("generator." in k for k in trainer_keys)
+    for key in trainer_keys:
+        assert torch.equal(straight[key], resumed[key]), key
+
+    # One spend for the interrupted-and-resumed run, within the target under dp-accounting.
+    dp_event = pytest.importorskip("dp_accounting.dp_event")
+    pld = pytest.importorskip("dp_accounting.pld.pld_privacy_accountant")
+    delta = RunDir(tmp_path / "b").read_config()["privacy"]["delta"]
+    events = Ledger(tmp_path / "b.jsonl").events_for("digits")
+    assert [e["type"] for e in events] == ["poisson_gaussian"]
+    assert events[0]["steps"] == 12
+    accountant = pld.PLDAccountant()
+    accountant.compose(
+        dp_event.PoissonSampledDpEvent(
+            events[0]["sampling_rate"], dp_event.GaussianDpEvent(events[0]["noise_multiplier"])
+        ),
+        events[0]["steps"],
+    )
+    assert accountant.get_epsilon(delta) <= 5.0
+
+    out = tmp_path / "synth"
+    sample_run(tmp_path / "a", 25, out, ledger_path=tmp_path / "a.jsonl", device="cpu")
+    assert len(list(out.rglob("*.png"))) == 25
+    assert len((out / "labels.csv").read_text().strip().splitlines()) == 26
+    assert (out / "manifest.json").exists()
