@@ -59,6 +59,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--channels", type=int, default=16)
     parser.add_argument(
+        "--norm-before-pool",
+        action="store_true",
+        help="SmallCNN in the conv → GroupNorm → ReLU → pool order (GroupNorm at full size)",
+    )
+    parser.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads (0: torch's default)"
     )
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "dpsgd.json")
@@ -161,11 +166,15 @@ def peak_since_reset(device: torch.device) -> int:
 def setup(variant: str, args: argparse.Namespace, device: torch.device):
     """A fresh model and step closure for `variant`, and the batch (x, y) it trains on."""
     torch.manual_seed(0)
-    model = SmallCNN(channels=args.channels).to(device)
+    model = small_cnn(args).to(device)
     data = torch.Generator().manual_seed(1)
     x = torch.randn(args.batch_size, 1, 28, 28, generator=data).to(device)
     y = torch.randint(0, 10, (args.batch_size,), generator=data).to(device)
     return make_step(variant, model, args.batch_size, device), x, y
+
+
+def small_cnn(args: argparse.Namespace) -> SmallCNN:
+    return SmallCNN(channels=args.channels, norm_after_pool=not args.norm_before_pool)
 
 
 def timed(step, x: Tensor, y: Tensor, device: torch.device) -> float:
@@ -224,6 +233,8 @@ def memory_in_fresh_process(variant: str, args: argparse.Namespace) -> float:
     cmd = [sys.executable, __file__, "--only", variant, "--device", args.device]
     for flag in ("batch_size", "channels", "threads"):
         cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if args.norm_before_pool:
+        cmd.append("--norm-before-pool")
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return float(json.loads(done.stdout.strip().splitlines()[-1])["peak_memory_mib"])
 
@@ -247,8 +258,8 @@ def main() -> None:
     }
     result = {
         "benchmark": "dpsgd-step",
-        "model": f"SmallCNN(channels={args.channels})",
-        "parameters": sum(p.numel() for p in SmallCNN(channels=args.channels).parameters()),
+        "model": f"SmallCNN(channels={args.channels}, norm_after_pool={not args.norm_before_pool})",
+        "parameters": sum(p.numel() for p in small_cnn(args).parameters()),
         "batch_size": args.batch_size,
         "steps": args.steps,
         "warmup": args.warmup,

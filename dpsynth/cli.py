@@ -302,17 +302,19 @@ def ledger_show(
         stdout.print(f"{path}: no entries" + (f" for {dataset}" if dataset else ""))
         return
     table = Table(title=f"privacy ledger {path}", title_justify="left")
-    for column in ("dataset", "spends", "total ε", "δ", "budget ε", "left ε"):
+    for column in ("dataset", "spends (open)", "releases", "total ε", "δ", "budget ε", "left ε"):
         table.add_column(column)
     for name, row in datasets.items():
         budget = row.get("budget") or {}
+        private = row.get("private", True)
         table.add_row(
             name,
-            str(row.get("spends", row.get("entries", ""))),
-            _fmt_eps(row.get("total_epsilon")),
-            f"{row.get('delta', '')}",
+            f"{row.get('spends', 0)} ({row.get('open_spends', 0)})",
+            str(row.get("releases", 0)),
+            _fmt_eps(row.get("total_epsilon")) if private else "∞ (NOT PRIVATE)",
+            f"{row['delta']:g}" if row.get("delta") is not None else "-",
             _fmt_eps(budget.get("epsilon")) if budget else "-",
-            _fmt_eps(row.get("remaining_epsilon")) if budget else "-",
+            _fmt_eps(row.get("remaining")) if budget else "-",
         )
     stdout.print(table)
     detail = Table(title="entries", title_justify="left")
@@ -336,6 +338,9 @@ def ledger_show(
 @ledger_app.command("verify")
 @handle_errors
 def ledger_verify(
+    quick: Annotated[
+        bool, typer.Option(help="Check the hash chain only, not the recorded totals.")
+    ] = False,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
@@ -344,11 +349,21 @@ def ledger_verify(
     from dpsynth.privacy.ledger import Ledger
 
     path = _ledger_path(ledger)
-    result = Ledger(path).verify()
+    result = Ledger(path).verify(recompute=not quick)
     if as_json:
-        _emit_json({"ledger": str(path), "ok": True, **result})
+        _emit_json({"ledger": str(path), **result})
         return
-    stdout.print(f"[green]ok[/green]: {path} is intact ({result.get('entries', 0)} entries)")
+    what = "chain intact" + ("" if quick else ", totals recomputed")
+    stdout.print(f"[green]ok[/green]: {path}: {result.get('entries', 0)} entries, {what}")
+    for dataset, row in result.get("datasets", {}).items():
+        stdout.print(
+            f"  {dataset}: ε ≤ {_fmt_eps(row.get('total_epsilon'))} at δ={row.get('delta')}"
+        )
+    if result.get("other_accountant_seqs"):
+        stdout.print(
+            "  lines written by another accountant version, checked not to under-report: "
+            + ", ".join(map(str, result["other_accountant_seqs"]))
+        )
 
 
 @ledger_app.command("budget")

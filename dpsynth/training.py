@@ -60,11 +60,18 @@ def resolve_device(device: str) -> torch.device:
     """`auto` → CUDA when present, else CPU; `cuda` without a GPU is a UsageError."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for, but no CUDA device is available")
-    if device not in ("cpu",) and not device.startswith("cuda"):
-        raise UsageError(f"--device must be auto, cpu or cuda, got {device!r}")
-    return torch.device(device)
+    try:
+        chosen = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device must be auto, cpu or cuda[:N], got {device!r}") from None
+    if chosen.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda was asked for, but no CUDA device is available")
+        if chosen.index is not None and chosen.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA devices")
+    elif chosen.type != "cpu":
+        raise UsageError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
+    return chosen
 
 
 def parse_epsilon(value: str | float) -> float:
@@ -140,6 +147,8 @@ def train_run(
         events=list(plan.events),
         delta=plan.delta,
         private=plan.private,
+        # Another process may have spent on this dataset since the plan was made.
+        max_total_epsilon=plan.target_epsilon if plan.private else None,
     )
     run_config = {
         "run_id": run_id,
@@ -149,7 +158,11 @@ def train_run(
         "data": {**info.to_json(), "image_size": image_size},
         "privacy": plan.to_json(),
         "private": plan.private,
-        "ledger": {"path": str(Path(ledger_path).resolve()), "spend_seq": entry["seq"]},
+        "ledger": {
+            "path": str(Path(ledger_path).resolve()),
+            "spend_seq": entry["seq"],
+            "spend_hash": entry["hash"],
+        },
         "seed": seed,
         "device": str(torch_device),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -263,14 +276,21 @@ class _EpsilonCurve:
         if step <= 0:
             return 0.0
         mark = next((m for m in self.marks if m >= step), self.plan.steps)
+        if mark >= self.plan.steps:
+            # The plan's certified (fine-mesh) bound for the whole run.
+            return self.plan.epsilon_bound
         if mark not in self.cache:
-            self.cache[mark] = epsilon_for(
-                self.plan.noise_multiplier,
-                self.plan.sampling_rate,
-                mark,
-                self.plan.delta,
-                rel_error=_PROGRESS_REL_ERROR,
-            ).epsilon
+            # ε grows with the number of steps, so the whole run's bound caps every prefix.
+            self.cache[mark] = min(
+                self.plan.epsilon_bound,
+                epsilon_for(
+                    self.plan.noise_multiplier,
+                    self.plan.sampling_rate,
+                    mark,
+                    self.plan.delta,
+                    rel_error=_PROGRESS_REL_ERROR,
+                ).epsilon,
+            )
         return self.cache[mark]
 
 

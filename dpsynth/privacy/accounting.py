@@ -35,8 +35,6 @@ from prv_accountant.privacy_random_variables import (
 from dpsynth.errors import BudgetExceededError, UsageError
 
 PRV_VERSION = version("prv-accountant")
-ACCOUNTANT_PRV = f"prv-accountant {PRV_VERSION} PRV (upper bound)"
-ACCOUNTANT_RDP = f"prv-accountant {PRV_VERSION} RDP (fallback upper bound)"
 
 # Relative ε discretisation error of the PRV accountant. The reported bound includes it, so a
 # smaller value gives a tighter (smaller) bound at the cost of a finer mesh.
@@ -46,6 +44,10 @@ _MIN_EPS_ERROR = 1e-3
 _SIGMA_RTOL = 0.004
 # The coarse mesh used only to locate σ before the fine bound certifies it.
 _COARSE_REL_ERROR = 0.05
+# The accountant's name records its settings: a ledger line is re-verified against the same
+# ones, and lines written under other settings are recognised as such.
+ACCOUNTANT_PRV = f"prv-accountant {PRV_VERSION} PRV upper bound (eps_error {_REL_EPS_ERROR:g}·ε)"
+ACCOUNTANT_RDP = f"prv-accountant {PRV_VERSION} RDP upper bound (PRV fallback, integer orders)"
 
 
 @dataclass(frozen=True)

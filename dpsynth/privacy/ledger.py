@@ -102,6 +102,10 @@ def entry_hash(entry: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
 
 
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not allowed in the ledger")
+
+
 def _epsilon_field(value: float) -> float | str:
     return value if math.isfinite(value) else "inf"
 
@@ -155,8 +159,8 @@ class _State:
     def add_line(self, raw: bytes, line: int) -> dict[str, Any]:
         """Parse, check against the chain so far, and record one line (1-based `line`)."""
         try:
-            entry = json.loads(raw.decode("ascii"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+            entry = json.loads(raw.decode("ascii"), parse_constant=_reject_constant)
+        except (UnicodeDecodeError, ValueError):
             raise self.fail(line, "not valid JSON (edited or corrupted)") from None
         if not isinstance(entry, dict):
             raise self.fail(line, "not a JSON object (edited or corrupted)")

@@ -1,0 +1,453 @@
+"""The `evaluate` command: run FID / accuracy on synthetic images against real held-out data,
+and write the report (JSON, Markdown, sample grid, per-class chart, ε curve).
+
+The real data read here is supposed to be held out from training. Its fingerprint is looked up
+in the privacy ledger, and a loud warning is added when a DP run spent budget on it: a metric
+computed on training data is a non-private statistic of that data. Evaluating synthetic data
+is post-processing, recorded in the ledger as a zero-cost release with the hash of the report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dpsynth.data.images import ImageData
+from dpsynth.errors import UsageError
+from dpsynth.evaluate import downstream, fid, folders
+
+METRICS = ("fid", "accuracy", "precision", "recall")
+SMALL_FID_N = 2048
+GRID_PER_SIDE = 8
+
+Progress = Callable[[str, int, int], None]
+
+
+def run_evaluation(
+    *,
+    synthetic: str,
+    real: str,
+    metrics: Sequence[str],
+    classifier: str = "cnn",
+    seeds: int = 3,
+    n: int | None = None,
+    report_dir: str | os.PathLike[str] | None = None,
+    inception_weights: str | os.PathLike[str] | None = None,
+    device: str = "auto",
+    real_train: str | None = None,
+    ledger_path: str | os.PathLike[str] | None = None,
+    progress: Progress | None = None,
+    cnn_schedule: downstream.CnnSchedule | None = None,
+    fid_batch_size: int = fid.DEFAULT_BATCH_SIZE,
+) -> dict:
+    """Evaluate synthetic images (a sample folder or a run dir) against a real data spec.
+
+    `metrics` is a subset of fid, accuracy, precision, recall. For a run dir, `n` images are
+    sampled (default: as many as the real reference set). When `ledger_path` is given, the real
+    data's fingerprint is checked against the ledger's spends (warning when it was trained on)
+    and a zero-cost release event with the SHA-256 of report.json (or of the result JSON) is
+    appended when the synthetic data's source data set is known. Returns a JSON-ready dict.
+    """
+    wanted = _parse_metrics(metrics)
+    torch_device = resolve_device(device)
+    real_data = _load(real)
+    warnings = training_data_warnings(real_data, ledger_path, "--real")
+    if n is not None and n < 1:
+        raise UsageError("--n must be at least 1")
+    synth = folders.load_synthetic(
+        synthetic,
+        tuple(real_data.classes),
+        real_data.shape,
+        n=n if n is not None or not folders.is_run_dir(Path(synthetic)) else real_data.n,
+        device=str(torch_device),
+    )
+    missing = sorted(set(range(len(real_data.classes))) - set(synth.y.unique().tolist()))
+    if missing:
+        names = ", ".join(real_data.classes[i] for i in missing)
+        warnings.append(f"the synthetic data have no images of class(es) {names}")
+
+    result_metrics: dict = {}
+    if wanted & {"fid", "precision", "recall"}:
+        fid_result = fid.compute_fid(
+            synth.x,
+            real_data.x,
+            real_fingerprint=real_data.fingerprint,
+            weights=inception_weights,
+            device=torch_device,
+            batch_size=fid_batch_size,
+            with_precision_recall=bool(wanted & {"precision", "recall"}),
+            progress=progress,
+        )
+        fid_result["reference"] = real_data.spec
+        if "fid" in wanted:
+            result_metrics["fid"] = {
+                key: fid_result[key]
+                for key in ("value", "n_synthetic", "n_real", "reference", "weights")
+                + ("weights_sha256", "real_features_cached", "pipeline")
+            }
+        for name in ("precision", "recall"):
+            if name in wanted:
+                result_metrics[name] = {
+                    "value": fid_result[name],
+                    "k": fid_result["k"],
+                    "reference": real_data.spec,
+                }
+        if min(fid_result["n_synthetic"], fid_result["n_real"]) < SMALL_FID_N:
+            warnings.append(
+                f"FID from fewer than {SMALL_FID_N} images per side is biased upwards; "
+                "compare only FIDs computed with the same n"
+            )
+
+    if "accuracy" in wanted:
+        result_metrics["accuracy"] = _accuracy(
+            synth, real_data, classifier, seeds, real_train, ledger_path, torch_device,
+            cnn_schedule or downstream.CnnSchedule(), progress, warnings,
+        )  # fmt: skip
+
+    result: dict = {
+        "synthetic": str(synth.path),
+        "synthetic_source": synth.source,
+        "n_synthetic": len(synth.y),
+        "real": real_data.spec,
+        "real_n": real_data.n,
+        "real_fingerprint": real_data.fingerprint,
+        "classes": list(real_data.classes),
+        "metrics": result_metrics,
+        "provenance": synth.provenance,
+        "device": str(torch_device),
+        "warnings": warnings,
+        "report_dir": None,
+    }
+    if report_dir is not None:
+        result["report_dir"] = str(Path(report_dir))
+        digest = write_report(result, Path(report_dir), synth, real_data)
+    else:
+        digest = hashlib.sha256(canonical_json(result)).hexdigest()
+    result["release"] = record_evaluation_release(ledger_path, result, digest)
+    return result
+
+
+def _parse_metrics(metrics: Sequence[str]) -> set[str]:
+    wanted = {m.strip().lower() for m in metrics if m.strip()}
+    unknown = sorted(wanted - set(METRICS))
+    if unknown or not wanted:
+        raise UsageError(
+            f"--metrics takes a comma-separated subset of {', '.join(METRICS)}"
+            + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+        )
+    return wanted
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto` -> CUDA when present, else CPU; `cuda` without a GPU is a usage error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda but no CUDA device is available")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise UsageError(f"--device must be auto, cpu or cuda, not {device}")
+    return torch.device(device)
+
+
+def _load(spec: str) -> ImageData:
+    from dpsynth.data.sources import load_data
+
+    return load_data(spec)
+
+
+def training_data_warnings(
+    data: ImageData, ledger_path: str | os.PathLike[str] | None, flag: str
+) -> list[str]:
+    """A loud warning when the ledger shows DP spends on exactly these bytes (training data)."""
+    if ledger_path is None or not Path(ledger_path).is_file():
+        return []
+    from dpsynth.privacy.ledger import Ledger
+
+    spends = Ledger(Path(ledger_path)).spends_for_fingerprint(data.fingerprint)
+    if not spends:
+        return []
+    runs = sorted({str(s.get("run_id") or s.get("seq")) for s in spends})
+    return [
+        f"WARNING: {flag} {data.spec} is data that DP training spent privacy budget on "
+        f"(ledger: {len(spends)} spend(s), run(s) {', '.join(runs)}). Metrics computed on "
+        "training data are NOT private and leak information about its records; evaluate on "
+        "a held-out split (e.g. NAME:test) instead."
+    ]
+
+
+def _accuracy(
+    synth: folders.SyntheticImages,
+    real_data: ImageData,
+    classifier: str,
+    seeds: int,
+    real_train: str | None,
+    ledger_path: str | os.PathLike[str] | None,
+    device: torch.device,
+    schedule: downstream.CnnSchedule,
+    progress: Progress | None,
+    warnings: list[str],
+) -> dict:
+    classes = tuple(real_data.classes)
+    test = (real_data.x, real_data.y)
+    out = downstream.accuracy_over_seeds(
+        (synth.x, synth.y), test, classes, classifier=classifier, seeds=seeds,
+        schedule=schedule, device=device, progress=progress, stage="accuracy",
+    )  # fmt: skip
+    out["reference"] = real_data.spec
+    if real_train is not None:
+        train_data = _load(real_train)
+        warnings.extend(training_data_warnings(train_data, ledger_path, "--real-train"))
+        warnings.append(
+            f"the real-trained upper bound reads {train_data.spec} without DP: it is a "
+            "non-private statistic of that data; do not publish it for private data"
+        )
+        y = folders.map_labels_by_name(train_data.y, tuple(train_data.classes), classes)
+        x = folders.match_shape(train_data.x, real_data.shape)
+        upper = downstream.accuracy_over_seeds(
+            (x, y), test, classes, classifier=classifier, seeds=seeds,
+            schedule=schedule, device=device, progress=progress, stage="accuracy-real-train",
+        )  # fmt: skip
+        out["real_train"] = train_data.spec
+        out["real_train_accuracy"] = upper["mean"]
+        out["real_train_std"] = upper["std"]
+        out["real_train_per_class"] = upper["per_class"]
+    return out
+
+
+def canonical_json(obj: dict) -> bytes:
+    """The bytes whose hash identifies a result: sorted keys, no spaces, UTF-8."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def record_evaluation_release(
+    ledger_path: str | os.PathLike[str] | None, result: dict, output_sha256: str
+) -> dict | None:
+    """Append a zero-cost `release` event for an evaluation of synthetic data.
+
+    Skipped (returns None) without a ledger path, or when the synthetic data's source data set
+    (from the run's config.json or the sample folder's manifest.json) is unknown.
+    """
+    provenance = result.get("provenance") or {}
+    if ledger_path is None or not provenance.get("dataset_id"):
+        return None
+    from dpsynth.privacy.ledger import Ledger
+
+    details = {
+        "synthetic": result["synthetic"],
+        "real": result["real"],
+        "metrics": sorted(result["metrics"]),
+        "report_dir": result.get("report_dir"),
+    }
+    return Ledger(Path(ledger_path)).record_release(
+        dataset_id=provenance["dataset_id"],
+        fingerprint=provenance.get("fingerprint", ""),
+        command="evaluate",
+        method=provenance.get("method", ""),
+        run_id=provenance.get("run_id", ""),
+        output_sha256=output_sha256,
+        details=details,
+    )
+
+
+# --- the report files -----------------------------------------------------------------------
+
+
+def write_report(
+    result: dict, report_dir: Path, synth: folders.SyntheticImages, real_data: ImageData
+) -> str:
+    """Write report.json, report.md and the PNGs into report_dir; the SHA-256 of report.json."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    images = {"samples": "samples.png"}
+    _atomic_write(report_dir / "samples.png", render_sample_grid(synth, real_data))
+    accuracy = result["metrics"].get("accuracy")
+    if accuracy:
+        images["per_class_accuracy"] = "per_class_accuracy.png"
+        _atomic_write(report_dir / "per_class_accuracy.png", render_per_class(accuracy))
+    log = folders.train_log(synth.path) if synth.source == "run" else []
+    if log:
+        images["epsilon_curve"] = "epsilon_curve.png"
+        _atomic_write(report_dir / "epsilon_curve.png", render_epsilon_curve(log))
+    result["report_files"] = {"json": "report.json", "markdown": "report.md", **images}
+    data = json.dumps(result, indent=2, ensure_ascii=False).encode() + b"\n"
+    _atomic_write(report_dir / "report.json", data)
+    _atomic_write(report_dir / "report.md", render_markdown(result, images).encode())
+    return hashlib.sha256(data).hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _figure(width: float, height: float):
+    # An explicit Agg canvas: headless, and no pyplot global state.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _png(figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def _grid_rows(
+    x: torch.Tensor, y: torch.Tensor, n_classes: int, per_row: int
+) -> list[list[np.ndarray]]:
+    rows = []
+    for c in range(n_classes):
+        picked = x[y == c][:per_row]
+        rows.append([img.permute(1, 2, 0).numpy() for img in picked])
+    return rows
+
+
+def render_sample_grid(
+    synth: folders.SyntheticImages, real_data: ImageData, per_side: int = GRID_PER_SIDE
+) -> bytes:
+    """PNG: one row per class, `per_side` synthetic images left of `per_side` real ones."""
+    classes = real_data.classes
+    channels, height, width = real_data.shape
+    fake_rows = _grid_rows(synth.x, synth.y, len(classes), per_side)
+    real_rows = _grid_rows(real_data.x, real_data.y, len(classes), per_side)
+    gap = max(2, width // 2)
+    cell_w, cell_h = width + 1, height + 1
+    canvas_w = 2 * per_side * cell_w + gap
+    canvas = np.full((len(classes) * cell_h, canvas_w, channels), 255, dtype=np.uint8)
+    for row, (fakes, reals) in enumerate(zip(fake_rows, real_rows, strict=True)):
+        top = row * cell_h
+        for i, img in enumerate(fakes):
+            canvas[top : top + height, i * cell_w : i * cell_w + width] = img
+        for i, img in enumerate(reals):
+            left = per_side * cell_w + gap + i * cell_w
+            canvas[top : top + height, left : left + width] = img
+    figure = _figure(max(6.0, canvas_w / 40), max(2.0, len(classes) * cell_h / 40))
+    ax = figure.add_subplot(1, 1, 1)
+    image = canvas[:, :, 0] if channels == 1 else canvas
+    ax.imshow(image, cmap="gray" if channels == 1 else None, vmin=0, vmax=255)
+    ax.set_yticks([r * cell_h + height / 2 for r in range(len(classes))])
+    ax.set_yticklabels(list(classes))
+    ax.set_xticks([per_side * cell_w / 2, per_side * cell_w + gap + per_side * cell_w / 2])
+    ax.set_xticklabels(["synthetic", f"real ({real_data.spec})"])
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    return _png(figure)
+
+
+def render_per_class(accuracy: dict) -> bytes:
+    """PNG bar chart: per-class accuracy of the synthetic-trained (and real-trained) classifier."""
+    names = list(accuracy["per_class"])
+    synth_values = [_nan_if_none(accuracy["per_class"][c]) for c in names]
+    figure = _figure(max(5.0, 0.5 * len(names) + 2), 3.5)
+    ax = figure.add_subplot(1, 1, 1)
+    positions = np.arange(len(names))
+    upper = accuracy.get("real_train_per_class")
+    width = 0.4 if upper else 0.8
+    ax.bar(
+        positions - (width / 2 if upper else 0), synth_values, width, label="trained on synthetic"
+    )
+    if upper:
+        real_values = [_nan_if_none(upper.get(c)) for c in names]
+        ax.bar(positions + width / 2, real_values, width, label="trained on real (upper bound)")
+    ax.set_xticks(positions)
+    ax.set_xticklabels(names)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("class")
+    ax.set_ylabel(f"accuracy on {accuracy.get('reference', 'real test')}")
+    ax.set_title(f"{accuracy['classifier']}: mean {accuracy['mean']:.3f} ± {accuracy['std']:.3f}")
+    ax.legend(loc="lower right")
+    return _png(figure)
+
+
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def render_epsilon_curve(log: list[dict]) -> bytes:
+    """PNG line plot of the ε spent (accountant upper bound) against the training step."""
+    steps = [float(row["step"]) for row in log]
+    eps = [_nan_if_none(row.get("epsilon")) for row in log]
+    figure = _figure(5.0, 3.5)
+    ax = figure.add_subplot(1, 1, 1)
+    ax.plot(steps, eps, marker="." if len(steps) < 50 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("ε spent (upper bound)")
+    ax.set_title("privacy spent during training")
+    ax.grid(alpha=0.3)
+    return _png(figure)
+
+
+def render_markdown(result: dict, images: dict[str, str]) -> str:
+    """The human-readable report page, linking the PNGs."""
+    lines = [
+        "# dpsynth evaluation report",
+        "",
+        f"- Synthetic: `{result['synthetic']}` ({result['synthetic_source']}, "
+        f"{result['n_synthetic']} images)",
+        f"- Real reference: `{result['real']}` ({result['real_n']} images, "
+        f"fingerprint `{result['real_fingerprint'][:16]}…`)",
+        "",
+    ]
+    if result["warnings"]:
+        lines += ["## Warnings", ""] + [f"- **{w}**" for w in result["warnings"]] + [""]
+    metrics = result["metrics"]
+    lines += ["## Metrics", "", "| metric | value | details |", "|---|---|---|"]
+    if "fid" in metrics:
+        m = metrics["fid"]
+        lines.append(
+            f"| FID | {m['value']:.3f} | n_synthetic={m['n_synthetic']}, n_real={m['n_real']}, "
+            f"reference `{m['reference']}`, TF-Inception pool3 |"
+        )
+    for name in ("precision", "recall"):
+        if name in metrics:
+            lines.append(f"| {name} | {metrics[name]['value']:.3f} | k={metrics[name]['k']} |")
+    if "accuracy" in metrics:
+        a = metrics["accuracy"]
+        lines.append(
+            f"| accuracy ({a['classifier']}, trained on synthetic) | {a['mean']:.4f} ± "
+            f"{a['std']:.4f} | {a['seeds']} seed(s), final model, tested on `{a['reference']}` |"
+        )
+        if "real_train_accuracy" in a:
+            lines.append(
+                f"| accuracy ({a['classifier']}, trained on `{a['real_train']}`) | "
+                f"{a['real_train_accuracy']:.4f} ± {a['real_train_std']:.4f} | upper bound |"
+            )
+        lines += ["", "### Per-class accuracy", "", "| class | synthetic-trained |", "|---|---|"]
+        for name, value in a["per_class"].items():
+            lines.append(f"| {name} | {'n/a' if value is None else f'{value:.3f}'} |")
+    lines.append("")
+    titles = {
+        "samples": "Synthetic samples (left) beside real ones (right)",
+        "per_class_accuracy": "Per-class accuracy",
+        "epsilon_curve": "ε against training step",
+    }
+    for key, file in images.items():
+        lines += [f"## {titles[key]}", "", f"![{titles[key]}]({file})", ""]
+    if "samples" in images:
+        lines.append(
+            "The right-hand images are real records of the reference set: do not publish this "
+            "report where the real data are private."
+        )
+        lines.append("")
+    return "\n".join(lines)
