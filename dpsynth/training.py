@@ -341,7 +341,10 @@ def _loop(
             if step % log_every == 0 or step == plan.steps:
                 loss = float(stats.get("loss", math.nan))
                 eps = curve.at(step)
-                run.append_log({"step": step, "loss": loss, "epsilon": _json_eps(eps)})
+                # The loss is computed on the private batch without noise: the log is for the
+                # data owner, never part of a release (see the README's privacy model).
+                logged = loss if math.isfinite(loss) else None
+                run.append_log({"step": step, "loss": logged, "epsilon": _json_eps(eps)})
                 if progress is not None:
                     progress(TrainProgress(step, plan.steps, loss, eps, int(index.numel())))
             if time.monotonic() - last_checkpoint > checkpoint_every_s:
