@@ -18,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -81,7 +82,7 @@ def handle_errors(func: F) -> F:
         except DpsynthError as exc:
             if debug:
                 raise
-            stderr.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+            stderr.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             stderr.print("interrupted", highlight=False)
@@ -90,7 +91,7 @@ def handle_errors(func: F) -> F:
             if debug:
                 raise
             stderr.print(
-                f"[red]unexpected error:[/red] {exc.__class__.__name__}: {exc} "
+                f"[red]unexpected error:[/red] {exc.__class__.__name__}: {escape(str(exc))} "
                 "(run again with --debug for the traceback)",
                 highlight=False,
             )
@@ -136,7 +137,7 @@ def _kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
 
 def _warn(lines: list[str]) -> None:
     for line in lines:
-        stderr.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
+        stderr.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False)
 
 
 # ----------------------------------------------------------------------------- calibrate

@@ -50,7 +50,6 @@ class TrainProgress:
     total_steps: int
     loss: float
     epsilon: float
-    batch_size: int
 
 
 ProgressCallback = Callable[[TrainProgress], None]
@@ -346,7 +345,7 @@ def _loop(
                 logged = loss if math.isfinite(loss) else None
                 run.append_log({"step": step, "loss": logged, "epsilon": _json_eps(eps)})
                 if progress is not None:
-                    progress(TrainProgress(step, plan.steps, loss, eps, int(index.numel())))
+                    progress(TrainProgress(step, plan.steps, loss, eps))
             if time.monotonic() - last_checkpoint > checkpoint_every_s:
                 checkpoint()
                 last_checkpoint = time.monotonic()

@@ -98,7 +98,7 @@ def test_chunked_per_sample_grads_equal_unchunked(mnist_batch):
     model = cnn()
     whole = per_sample_grads(model, ce_loss(model), (x, y))
     chunked = per_sample_grads(model, ce_loss(model), (x, y), chunk_size=5)
-    assert_grads_close(whole, chunked, rtol=1e-5, atol=1e-7)
+    assert_grads_close(whole, chunked, rtol=1e-4, atol=1e-6)
 
 
 def sliced_score_matching_loss(model: nn.Module):
@@ -125,7 +125,20 @@ def test_loss_with_inner_jvp_matches_loop():
         return (vi * jv).sum() + 0.5 * (vi * s).sum() ** 2
 
     ours = per_sample_grads(model, sliced_score_matching_loss(model), (x, v))
-    assert_grads_close(ours, loop_grads(model, reference, len(x)), rtol=1e-4, atol=1e-6)
+    looped = loop_grads(model, reference, len(x))
+    assert_grads_close(ours, looped, rtol=1e-4, atol=1e-6)
+    # the non-private baseline differentiates the same loss with ordinary autograd
+    PrivateGradient(
+        model,
+        sliced_score_matching_loss(model),
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
+        expected_batch_size=1.0,
+        generator=torch.Generator(),
+        private=False,
+    ).compute(x, v)
+    mean_of_loop = {n: g.mean(0) for n, g in looped.items()}
+    assert_grads_close(written_grads(model), mean_of_loop, rtol=1e-4, atol=1e-6)
 
 
 def test_loss_with_inner_grad_matches_loop():

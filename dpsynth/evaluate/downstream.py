@@ -38,16 +38,16 @@ class SmallCNN(nn.Module):
     def __init__(self, in_channels: int, n_classes: int, height: int, width: int) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 3, padding=1),
+            nn.Conv2d(in_channels, 16, 3, padding=1),
+            nn.GroupNorm(4, 16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
             nn.GroupNorm(8, 32),
             nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1),
-            nn.GroupNorm(8, 64),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
         )
-        flat = 64 * (height // 4) * (width // 4)
+        flat = 32 * (height // 4) * (width // 4)
         self.head = nn.Sequential(
             nn.Flatten(), nn.Linear(flat, 128), nn.ReLU(), nn.Linear(128, n_classes)
         )

@@ -17,10 +17,12 @@ feeds `[-1, 0.9921875]`, TF's `(x - 128) / 128`; we feed `[-1, 1]` as pytorch-fi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,13 +79,24 @@ def find_inception_weights(path: str | os.PathLike[str] | None = None) -> Path:
 def load_inception(path: Path, device: torch.device | str = "cpu") -> torch.jit.ScriptModule:
     """Load a TorchScript Inception feature extractor in eval mode (no pickled code is run)."""
     try:
-        model = torch.jit.load(str(path), map_location=device)
+        with warnings.catch_warnings():
+            # TorchScript is how the wheel ships the network; torch's deprecation note is noise.
+            warnings.simplefilter("ignore", FutureWarning)
+            model = torch.jit.load(str(path), map_location=device)
     except (RuntimeError, ValueError) as exc:
         raise UsageError(
             f"{path} is not a TorchScript file: --inception-weights needs a TorchScript "
             f"TF-Inception file ({exc.__class__.__name__})"
         ) from exc
     return model.eval()
+
+
+@functools.lru_cache(maxsize=2)
+def _loaded_weights(
+    path: str, mtime_ns: int, size: int, device: str
+) -> tuple[str, torch.jit.ScriptModule]:
+    # Keyed by mtime and size too, so that a replaced file is hashed and loaded again.
+    return file_sha256(Path(path)), load_inception(Path(path), device)
 
 
 def file_sha256(path: Path) -> str:
@@ -156,12 +169,36 @@ def frechet_distance(
         np.atleast_2d(sigma2).astype(np.float64),
     )
     diff = mu1 - mu2
-    covmean = scipy.linalg.sqrtm(sigma1.dot(sigma2))
-    if not np.isfinite(covmean).all():
-        offset = np.eye(sigma1.shape[0]) * eps
-        covmean = scipy.linalg.sqrtm((sigma1 + offset).dot(sigma2 + offset))
+    with warnings.catch_warnings():
+        # Singular covariances (fewer images than dimensions) are expected with small n.
+        warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
+        covmean = scipy.linalg.sqrtm(sigma1.dot(sigma2))
+        if not np.isfinite(covmean).all():
+            offset = np.eye(sigma1.shape[0]) * eps
+            covmean = scipy.linalg.sqrtm((sigma1 + offset).dot(sigma2 + offset))
     covmean = np.real(covmean)
     return float(diff.dot(diff) + np.trace(sigma1) + np.trace(sigma2) - 2.0 * np.trace(covmean))
+
+
+def frechet_distance_of_features(f1: np.ndarray, f2: np.ndarray) -> float:
+    """FID between two feature sets: `frechet_distance` of their float64 statistics.
+
+    With fewer images than dimensions (n1 + n2 < d) both covariances live in the span of
+    the centred features, so the traces, and Tr sqrtm(S1 S2), are computed exactly in an
+    orthonormal basis of that span: the same quantity, with `scipy.linalg.sqrtm` on an
+    r x r matrix instead of d x d (r <= n1 + n2). With n1 + n2 >= d it is pytorch-fid verbatim.
+    """
+    a, b = np.asarray(f1, dtype=np.float64), np.asarray(f2, dtype=np.float64)
+    if len(a) + len(b) >= a.shape[1]:
+        s1, s2 = feature_statistics(a), feature_statistics(b)
+        return frechet_distance(s1.mu, s1.sigma, s2.mu, s2.sigma)
+    mu1, mu2 = a.mean(axis=0), b.mean(axis=0)
+    c1, c2 = a - mu1, b - mu2
+    basis, _ = np.linalg.qr(np.concatenate([c1, c2]).T)  # d x (n1 + n2), orthonormal columns
+    p1, p2 = feature_statistics(c1 @ basis), feature_statistics(c2 @ basis)
+    diff = mu1 - mu2
+    zero = np.zeros(basis.shape[1])
+    return float(diff.dot(diff)) + frechet_distance(zero, p1.sigma, zero, p2.sigma)
 
 
 def precision_recall(
@@ -262,19 +299,22 @@ def compute_fid(
     weights: str | os.PathLike[str] | None = None,
     device: torch.device | str = "cpu",
     batch_size: int = DEFAULT_BATCH_SIZE,
+    with_fid: bool = True,
     with_precision_recall: bool = False,
     k: int = 3,
     progress: Progress | None = None,
 ) -> dict:
-    """FID between uint8 image sets (and optionally precision/recall on the same features).
+    """FID between uint8 image sets and/or precision/recall on the same features.
 
     Real-set features are cached by `real_fingerprint`, n and the weights file's hash.
-    Returns a JSON-ready dict: value, n_synthetic, n_real, weights, weights_sha256, cached,
-    and precision, recall, k when asked.
+    Returns a JSON-ready dict: value (None without `with_fid`), n_synthetic, n_real, weights,
+    weights_sha256, real_features_cached, and precision, recall, k when asked.
     """
     weights_path = find_inception_weights(weights)
-    weights_sha256 = file_sha256(weights_path)
-    model = load_inception(weights_path, device)
+    stat = weights_path.stat()
+    weights_sha256, model = _loaded_weights(
+        str(weights_path.resolve()), stat.st_mtime_ns, stat.st_size, str(device)
+    )
     real_feats, cached = cached_real_features(
         model,
         real,
@@ -292,11 +332,10 @@ def compute_fid(
         progress=progress,
         stage="fid-synthetic",
     )
-    real_stats, fake_stats = feature_statistics(real_feats), feature_statistics(fake_feats)
     result: dict = {
-        "value": frechet_distance(fake_stats.mu, fake_stats.sigma, real_stats.mu, real_stats.sigma),
-        "n_synthetic": fake_stats.n,
-        "n_real": real_stats.n,
+        "value": frechet_distance_of_features(fake_feats, real_feats) if with_fid else None,
+        "n_synthetic": int(fake_feats.shape[0]),
+        "n_real": int(real_feats.shape[0]),
         "weights": str(weights_path),
         "weights_sha256": weights_sha256,
         "real_features_cached": cached,

@@ -129,22 +129,29 @@ def read_folder_provenance(root: Path) -> dict:
         obj = json.loads(manifest.read_text())
     except (OSError, ValueError):
         return {}
-    return _provenance_from(obj) if isinstance(obj, dict) else {}
+    if not isinstance(obj, dict):
+        return {}
+    found = _provenance_from(obj)
+    run = obj.get("run")
+    if isinstance(run, str) and is_run_dir(Path(run)):
+        # The run's config.json names the training data set; the manifest may not.
+        found = {**read_run_provenance(Path(run)), **found}
+    return found
 
 
 def read_run_provenance(run_dir: Path) -> dict:
     """What a run directory's `config.json` says about the data it was trained on."""
     try:
         obj = json.loads((run_dir / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{run_dir / 'config.json'}: cannot read ({exc})") from exc
+    except (OSError, ValueError):
+        return {}
     return _provenance_from(obj) if isinstance(obj, dict) else {}
 
 
 def _provenance_from(obj: dict) -> dict:
-    # The data info may sit at the top level or under "data"/"data_info"/"source".
+    # A run config has the data info under "data"; a manifest has its release line under "ledger".
     found: dict = {}
-    for holder in (obj, obj.get("data"), obj.get("data_info"), obj.get("source"), obj.get("run")):
+    for holder in (obj, obj.get("data"), obj.get("ledger"), obj.get("source")):
         if not isinstance(holder, dict):
             continue
         for key in ("dataset_id", "fingerprint", "method", "run_id"):

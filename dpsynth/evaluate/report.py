@@ -59,6 +59,8 @@ def run_evaluation(
     """
     wanted = _parse_metrics(metrics)
     torch_device = resolve_device(device)
+    if wanted & {"fid", "precision", "recall"}:
+        fid.find_inception_weights(inception_weights)  # fail fast, before any slow work
     real_data = _load(real)
     warnings = training_data_warnings(real_data, ledger_path, "--real")
     if n is not None and n < 1:
@@ -84,6 +86,7 @@ def run_evaluation(
             weights=inception_weights,
             device=torch_device,
             batch_size=fid_batch_size,
+            with_fid="fid" in wanted,
             with_precision_recall=bool(wanted & {"precision", "recall"}),
             progress=progress,
         )
@@ -91,17 +94,22 @@ def run_evaluation(
         if "fid" in wanted:
             result_metrics["fid"] = {
                 key: fid_result[key]
-                for key in ("value", "n_synthetic", "n_real", "reference", "weights")
-                + ("weights_sha256", "real_features_cached", "pipeline")
+                for key in (
+                    *("value", "n_synthetic", "n_real", "reference", "weights"),
+                    *("weights_sha256", "real_features_cached", "pipeline"),
+                )
             }
         for name in ("precision", "recall"):
             if name in wanted:
                 result_metrics[name] = {
                     "value": fid_result[name],
                     "k": fid_result["k"],
+                    "n_synthetic": fid_result["n_synthetic"],
+                    "n_real": fid_result["n_real"],
                     "reference": real_data.spec,
+                    "real_features_cached": fid_result["real_features_cached"],
                 }
-        if min(fid_result["n_synthetic"], fid_result["n_real"]) < SMALL_FID_N:
+        if "fid" in wanted and min(fid_result["n_synthetic"], fid_result["n_real"]) < SMALL_FID_N:
             warnings.append(
                 f"FID from fewer than {SMALL_FID_N} images per side is biased upwards; "
                 "compare only FIDs computed with the same n"
@@ -376,7 +384,7 @@ def render_per_class(accuracy: dict) -> bytes:
     ax.set_xlabel("class")
     ax.set_ylabel(f"accuracy on {accuracy.get('reference', 'real test')}")
     ax.set_title(f"{accuracy['classifier']}: mean {accuracy['mean']:.3f} ± {accuracy['std']:.3f}")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     return _png(figure)
 
 

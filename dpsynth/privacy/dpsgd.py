@@ -35,6 +35,7 @@ __all__ = [
     "clip_per_sample",
     "functional_state",
     "per_sample_grads",
+    "per_sample_norms",
 ]
 
 LossFn = Callable[..., Tensor]
