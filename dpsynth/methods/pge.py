@@ -94,9 +94,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The CPU demo: digits in a few minutes on 2 cores.
     "small": {
         **_COMMON,
-        "batch_size": 256,
-        "steps": 300,
-        "lr": 2e-3,
+        "batch_size": 512,
+        "steps": 100,
+        "ssm_variant": "vr",
+        "lr": 3e-3,
         "ema": 0.99,
         "sigma_max": 2.0,
         "sigma_min": 0.05,
@@ -299,8 +300,9 @@ class PGETrainer(Trainer):
         self.config = dict(config)
         self.plan = plan
         self.device = device
-        torch.manual_seed(seed)
-        self.model = build_score_net(config, info).to(device)
+        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
+            torch.manual_seed(seed)
+            self.model = build_score_net(config, info).to(device)
         self.ema = copy.deepcopy(self.model).requires_grad_(False)
         self.encoder = build_encoder(config, info)
         if self.encoder is not None:
