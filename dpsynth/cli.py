@@ -190,8 +190,8 @@ def calibrate(
                 "epsilon": float(budget["epsilon"]),
                 "delta": float(budget["delta"]),
                 "spent": spent,
-                "remaining_note": "what remains is what this run may use; "
-                "ε does not subtract, so it is recomputed by composition",
+                # Composition is not additive: the σ reported is what fits; this is a guide.
+                "headroom": float(budget["epsilon"]) - spent,
             }
     delta = 1e-5 if delta is None else delta
     warnings: list[str] = []
@@ -236,7 +236,13 @@ def calibrate(
             ("ε total after this run", _fmt_eps(result.total_epsilon)),
         ]
     if budget_info is not None:
-        rows.append(("budget cap", f"ε={budget_info['epsilon']:g} at δ={budget_info['delta']:g}"))
+        rows.append(
+            (
+                "budget cap",
+                f"ε={budget_info['epsilon']:g} at δ={budget_info['delta']:g}, "
+                f"spent {_fmt_eps(budget_info['spent'])}, headroom {budget_info['headroom']:.4g}",
+            )
+        )
     rows.append(("accountant", result.accountant))
     stdout.print(_kv_table(f"calibrate ({mode.replace('_', ' ')})", rows))
     for note in result.notes:

@@ -93,7 +93,10 @@ class Generator(ABC):
     def sample(
         self, labels: torch.Tensor, batch_size: int, generator: torch.Generator
     ) -> Iterator[torch.Tensor]:
-        """Yield uint8 image batches [b, C, H, W] for `labels` (int64 [n]) in order, b ≤ batch_size."""
+        """Yield uint8 image batches [b, C, H, W] for `labels` (int64 [n]), in order.
+
+        Each batch has at most `batch_size` images.
+        """
 
 
 class Trainer(ABC):

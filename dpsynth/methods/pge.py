@@ -92,17 +92,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "micro_batch_size": 64,
     },
     # The CPU demo: digits in a few minutes on 2 cores.
+    # Noise multiplicity (4 particles per record, averaged before clipping) and a narrow net
+    # raised downstream accuracy at ε = 10 from 0.26 to 0.48 (logreg) in the same CPU time.
     "small": {
         **_COMMON,
-        "batch_size": 512,
-        "steps": 100,
+        "batch_size": 256,
+        "steps": 200,
+        "projections": 4,
         "ssm_variant": "vr",
         "lr": 3e-3,
         "ema": 0.99,
         "sigma_max": 2.0,
         "sigma_min": 0.05,
         "n_levels": 8,
-        "nf": 16,
+        "nf": 8,
         "ch_mult": [1, 2],
         "num_res_blocks": 1,
         "attn_levels": [],
