@@ -14,7 +14,6 @@ import io
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -24,6 +23,8 @@ import torch
 from dpsynth.data.images import ImageData
 from dpsynth.errors import UsageError
 from dpsynth.evaluate import downstream, fid, folders
+from dpsynth.runs import write_bytes_atomic
+from dpsynth.training import resolve_device
 
 METRICS = ("fid", "accuracy", "precision", "recall")
 SMALL_FID_N = 2048
@@ -155,17 +156,6 @@ def _parse_metrics(metrics: Sequence[str]) -> set[str]:
     return wanted
 
 
-def resolve_device(device: str) -> torch.device:
-    """`auto` -> CUDA when present, else CPU; `cuda` without a GPU is a usage error."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda but no CUDA device is available")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise UsageError(f"--device must be auto, cpu or cuda, not {device}")
-    return torch.device(device)
-
-
 def _load(spec: str) -> ImageData:
     from dpsynth.data.sources import load_data
 
@@ -275,33 +265,20 @@ def write_report(
     """Write report.json, report.md and the PNGs into report_dir; the SHA-256 of report.json."""
     report_dir.mkdir(parents=True, exist_ok=True)
     images = {"samples": "samples.png"}
-    _atomic_write(report_dir / "samples.png", render_sample_grid(synth, real_data))
+    write_bytes_atomic(report_dir / "samples.png", render_sample_grid(synth, real_data))
     accuracy = result["metrics"].get("accuracy")
     if accuracy:
         images["per_class_accuracy"] = "per_class_accuracy.png"
-        _atomic_write(report_dir / "per_class_accuracy.png", render_per_class(accuracy))
+        write_bytes_atomic(report_dir / "per_class_accuracy.png", render_per_class(accuracy))
     log = folders.train_log(synth.path) if synth.source == "run" else []
     if log:
         images["epsilon_curve"] = "epsilon_curve.png"
-        _atomic_write(report_dir / "epsilon_curve.png", render_epsilon_curve(log))
+        write_bytes_atomic(report_dir / "epsilon_curve.png", render_epsilon_curve(log))
     result["report_files"] = {"json": "report.json", "markdown": "report.md", **images}
     data = json.dumps(result, indent=2, ensure_ascii=False).encode() + b"\n"
-    _atomic_write(report_dir / "report.json", data)
-    _atomic_write(report_dir / "report.md", render_markdown(result, images).encode())
+    write_bytes_atomic(report_dir / "report.json", data)
+    write_bytes_atomic(report_dir / "report.md", render_markdown(result, images).encode())
     return hashlib.sha256(data).hexdigest()
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _figure(width: float, height: float):

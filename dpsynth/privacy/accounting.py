@@ -328,20 +328,8 @@ def calibrate_noise(
     # fine bound decides what is returned, the coarse search only saves accountant calls.
     guess = _rdp_sigma_guess(epsilon - prior, delta, sampling_rate, steps)
     located = _solve_sigma(coarse_estimate, epsilon, guess)
-    hi = _certify_sigma(bound, epsilon, located)
-    total = epsilon_for(hi, sampling_rate, steps, delta, prior_events)
-    alone = epsilon_for(hi, sampling_rate, steps, delta)
-    return Calibration(
-        noise_multiplier=hi,
-        sampling_rate=sampling_rate,
-        steps=steps,
-        delta=delta,
-        epsilon=alone.epsilon,
-        total_epsilon=total.epsilon,
-        prior_epsilon=prior,
-        accountant=total.accountant,
-        notes=total.notes,
-    )
+    sigma = _certify_sigma(bound, epsilon, located)
+    return epsilon_report(sigma, delta, sampling_rate, steps, prior_events)
 
 
 def _solve_sigma(bound: Callable[[float], float], epsilon: float, guess: float) -> float:
