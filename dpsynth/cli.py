@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -758,6 +759,11 @@ def _root(
 
 def main() -> None:
     """Console-script entry point."""
+    # torch's forward-mode AD (the score-matching loss uses jvp) loads its decompositions with
+    # torch.jit.script, which warns on every run; it is torch's internals, not ours to act on.
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning
+    )
     app()
 
 
