@@ -28,7 +28,7 @@ test: $(STAMP)
 demo: $(STAMP)
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/dpsynth data inspect digits
-	$(BIN)/dpsynth calibrate --epsilon 10 --delta 1e-5 --batch-size 128 --dataset-size 1437 --steps 300
+	$(BIN)/dpsynth calibrate --epsilon 10 --delta 1e-5 --batch-size 256 --dataset-size 1437 --steps 200
 	$(BIN)/dpsynth train --method pge --data digits --epsilon 10 --preset small --out $(DEMO)/run-pge --device cpu
 	$(BIN)/dpsynth sample $(DEMO)/run-pge --n 2000 --out $(DEMO)/synth-pge --device cpu
 	$(BIN)/dpsynth evaluate --synthetic $(DEMO)/synth-pge --real digits:test --metrics fid,accuracy --classifier cnn --seeds 3 --n 500 --report $(DEMO)/report-pge --device cpu
