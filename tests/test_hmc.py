@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
 
 from dpsynth.methods.hmc import annealed_hmc, hmc_round, leapfrog, reflect, step_schedule
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """These ops are tiny: one thread avoids OpenMP spin-waiting when the suite shares cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def standard_normal_score(x: torch.Tensor) -> torch.Tensor:

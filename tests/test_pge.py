@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -21,14 +20,7 @@ from dpsynth.methods.ssm import (
     rr_keep_probability,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """These ops are tiny: one thread avoids OpenMP spin-waiting when the suite shares cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def fake_info(shape: tuple[int, int, int] = (1, 8, 8), n: int = 400, classes: int = 3) -> DataInfo:
