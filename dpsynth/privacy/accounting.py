@@ -327,7 +327,9 @@ def calibrate_noise(
     # Locate σ on a coarse mesh (cheap), then certify it with the fine upper bound: only the
     # fine bound decides what is returned, the coarse search only saves accountant calls.
     guess = _rdp_sigma_guess(epsilon - prior, delta, sampling_rate, steps)
-    located = _solve_sigma(coarse_estimate, epsilon, guess)
+    # The fine upper bound sits about its ε error above the estimate: aim just under ε so the
+    # first certification usually passes (one fine-mesh evaluation instead of two).
+    located = _solve_sigma(coarse_estimate, epsilon * (1.0 - 1.2 * _REL_EPS_ERROR), guess)
     sigma = _certify_sigma(bound, epsilon, located)
     return epsilon_report(sigma, delta, sampling_rate, steps, prior_events)
 
@@ -384,13 +386,13 @@ def _solve_sigma(bound: Callable[[float], float], epsilon: float, guess: float) 
 
 
 def _certify_sigma(bound: Callable[[float], float], epsilon: float, located: float) -> float:
-    """The first σ on a 0.25% grid upward from `located` whose fine bound is at most ε.
+    """The first σ on a 0.5% grid upward from `located` whose fine bound is at most ε.
 
     `located` comes from the coarse estimate, so the first grid point almost always passes; a
     σ that fails is never returned.
     """
     step = 1.0025
-    sigma = located * step
+    sigma = located
     for _ in range(12):
         if bound(sigma) <= epsilon:
             return sigma
