@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prv_accountant import PRVAccountant
 from prv_accountant.domain import Domain
@@ -33,6 +33,9 @@ from prv_accountant.privacy_random_variables import (
 )
 
 from dpsynth.errors import BudgetExceededError, UsageError
+
+if TYPE_CHECKING:
+    from dpsynth.methods.base import PrivacyPlan, PrivacyTarget
 
 PRV_VERSION = version("prv-accountant")
 
@@ -155,8 +158,14 @@ def _prv(key: tuple) -> PrivacyRandomVariable:
 _RDP_ORDERS = tuple(float(a) for a in [*range(2, 65), 80, 96, 128, 192, 256, 512])
 
 
+@lru_cache(maxsize=512)
+def _rdp_accountant(keys: tuple[tuple, ...]) -> RDP:
+    """The RDP curves of a set of mechanisms (the costly part), reused across δ and counts."""
+    return RDP(prvs=[_prv(k) for k in keys], orders=list(_RDP_ORDERS))
+
+
 def _rdp_epsilon(keys: Sequence[tuple], counts: Sequence[int], delta: float) -> float:
-    rdp = RDP(prvs=[_prv(k) for k in keys], orders=list(_RDP_ORDERS))
+    rdp = _rdp_accountant(tuple(keys))
     _, _, eps = rdp.compute_epsilon(delta=delta, num_self_compositions=list(counts))
     return max(float(eps), 0.0)
 
@@ -326,7 +335,7 @@ def calibrate_noise(
 
     # Locate σ on a coarse mesh (cheap), then certify it with the fine upper bound: only the
     # fine bound decides what is returned, the coarse search only saves accountant calls.
-    guess = _rdp_sigma_guess(epsilon - prior, delta, sampling_rate, steps)
+    guess = _closed_form_sigma_guess(epsilon - prior, delta, sampling_rate, steps)
     # The fine upper bound sits about its ε error above the estimate: aim just under ε so the
     # first certification usually passes (one fine-mesh evaluation instead of two).
     located = _solve_sigma(coarse_estimate, epsilon * (1.0 - 1.2 * _REL_EPS_ERROR), guess)
@@ -400,7 +409,7 @@ def _certify_sigma(bound: Callable[[float], float], epsilon: float, located: flo
     return _solve_sigma(bound, epsilon, sigma)
 
 
-def _rdp_sigma_guess(epsilon: float, delta: float, q: float, steps: int) -> float:
+def _closed_form_sigma_guess(epsilon: float, delta: float, q: float, steps: int) -> float:
     """A σ near the answer from a closed-form approximation (only a starting point)."""
     log_term = math.log(1.0 / delta)
     eps = max(epsilon, 1e-6)
@@ -478,13 +487,13 @@ def max_steps(
 
 
 def plan_poisson_gaussian(
-    target: Any,
+    target: PrivacyTarget,
     n: int,
     expected_batch_size: float,
     steps: int,
     max_grad_norm: float,
     prior_events: Sequence[Mapping[str, Any]] = (),
-) -> Any:
+) -> PrivacyPlan:
     """The PrivacyPlan of a DP-SGD-like run: `steps` Poisson-subsampled Gaussian steps.
 
     `target.epsilon` is the data set's total budget after this run (earlier spends in
