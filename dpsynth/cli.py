@@ -298,8 +298,7 @@ def ledger_show(
 
     path = _ledger_path(ledger)
     book = Ledger(path)
-    summary = book.summary()
-    datasets = summary.get("datasets", summary)
+    datasets = book.summary()["datasets"]
     if dataset is not None:
         datasets = {k: v for k, v in datasets.items() if k == dataset}
     entries = [e for e in book.entries() if dataset is None or e.get("dataset_id") == dataset]

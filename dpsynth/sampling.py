@@ -92,20 +92,14 @@ def generate(
 def _batches(
     generator: Generator, labels: torch.Tensor, batch_size: int, seed: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    device = next(iter(_device_of(generator)), torch.device("cpu"))
-    rng = torch.Generator(device=device).manual_seed(seed)
+    rng = torch.Generator(device=generator.device).manual_seed(seed)
     done = 0
     for start in range(0, labels.numel(), batch_size):
-        chunk = labels[start : start + batch_size].to(device)
+        chunk = labels[start : start + batch_size].to(generator.device)
         for images in generator.sample(chunk, batch_size, rng):
             size = int(images.shape[0])
             yield images, labels[done : done + size]
             done += size
-
-
-def _device_of(generator: Generator) -> list[torch.device]:
-    device = getattr(generator, "device", None)
-    return [torch.device(device)] if device is not None else []
 
 
 def _png_bytes(image: np.ndarray) -> bytes:

@@ -30,6 +30,7 @@ class Templates(nn.Module):
 class TemplateGenerator(Generator):
     def __init__(self, model: Templates, info: DataInfo) -> None:
         self.model, self.classes, self.shape = model, info.classes, info.shape
+        self.device = torch.device("cpu")
 
     def sample(
         self, labels: torch.Tensor, batch_size: int, generator: torch.Generator

@@ -88,6 +88,8 @@ class Generator(ABC):
 
     classes: tuple[str, ...]
     shape: tuple[int, int, int]
+    # Where sampling runs; the caller's random generator must live on the same device.
+    device: torch.device
 
     @abstractmethod
     def sample(
