@@ -74,6 +74,10 @@ def test_folder_evaluation_writes_report_and_records_release(tmp_path) -> None:
     assert release[0]["dataset_id"] == "digits" and release[0]["command"] == "evaluate"
     expected = hashlib.sha256((report / "report.json").read_bytes()).hexdigest()
     assert release[0]["output_sha256"] == expected
+    # the report's real images are named as not covered by the spend
+    assert release[0]["details"]["non_private_contents"] == [
+        "samples.png shows real records of the reference set"
+    ]
     assert not list(report.glob(".*tmp"))  # no temporary files left behind
 
 
@@ -99,6 +103,9 @@ def test_evaluating_on_training_data_warns_loudly(tmp_path) -> None:
     upper = run_evaluation(real="digits:test", real_train="digits", ledger_path=ledger, **kwargs)
     assert upper["metrics"]["accuracy"]["real_train_accuracy"] > 0.85
     assert any("--real-train digits" in w and "NOT private" in w for w in upper["warnings"])
+    assert held_out["non_private_contents"] == []
+    assert "metrics on data that DP training spent budget on" in on_train["non_private_contents"]
+    assert any("real training data" in r for r in upper["non_private_contents"])
 
 
 def test_run_directory_is_sampled_and_gets_an_epsilon_curve(tmp_path, monkeypatch) -> None:

@@ -136,6 +136,7 @@ def run_evaluation(
         "warnings": warnings,
         "report_dir": None,
     }
+    result["non_private_contents"] = non_private_contents(result, report_dir is not None)
     if report_dir is not None:
         result["report_dir"] = str(Path(report_dir))
         digest = write_report(result, Path(report_dir), synth, real_data)
@@ -226,6 +227,22 @@ def canonical_json(obj: dict) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def non_private_contents(result: dict, with_report: bool) -> list[str]:
+    """What in this evaluation's output is computed from real records without DP.
+
+    The ledger's zero-cost release covers only post-processing of synthetic data; these parts
+    are listed in the release entry so that nobody reads them as covered by the ε spent.
+    """
+    reasons = []
+    if "real_train_accuracy" in result["metrics"].get("accuracy", {}):
+        reasons.append("real-trained accuracy: a statistic of the real training data")
+    if any(w.startswith("WARNING:") for w in result["warnings"]):
+        reasons.append("metrics on data that DP training spent budget on")
+    if with_report:
+        reasons.append("samples.png shows real records of the reference set")
+    return reasons
+
+
 def record_evaluation_release(
     ledger_path: str | os.PathLike[str] | None, result: dict, output_sha256: str
 ) -> dict | None:
@@ -244,6 +261,7 @@ def record_evaluation_release(
         "real": result["real"],
         "metrics": sorted(result["metrics"]),
         "report_dir": result.get("report_dir"),
+        "non_private_contents": result.get("non_private_contents", []),
     }
     return Ledger(Path(ledger_path)).record_release(
         dataset_id=provenance["dataset_id"],
