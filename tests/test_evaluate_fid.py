@@ -71,8 +71,12 @@ def test_preprocess_follows_pytorch_fid_definition() -> None:
     )
     assert torch.allclose(out[:, :1], expected * 2 - 1, atol=1e-6)
     # scaled to [-1, 1]: black is -1, white is +1 (not TF's 0.9921875)
-    assert torch.all(fid.preprocess(torch.zeros(1, 1, 8, 8, dtype=torch.uint8)) == -1)
-    assert torch.all(fid.preprocess(torch.full((1, 3, 8, 8), 255, dtype=torch.uint8)) == 1)
+    # (to float32 rounding: torch 2.14's bilinear weights of a constant image sum to 1 - 6e-8;
+    # TF's scaling would be 0.0078 away, far outside this tolerance)
+    black = fid.preprocess(torch.zeros(1, 1, 8, 8, dtype=torch.uint8))
+    white = fid.preprocess(torch.full((1, 3, 8, 8), 255, dtype=torch.uint8))
+    assert torch.allclose(black, torch.full_like(black, -1.0), rtol=0, atol=1e-6)
+    assert torch.allclose(white, torch.full_like(white, 1.0), rtol=0, atol=1e-6)
 
 
 def test_precision_recall_detect_identity_disjointness_and_mode_collapse() -> None:
