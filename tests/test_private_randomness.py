@@ -265,3 +265,21 @@ def test_cli_log_private_loss_flag(tmp_path):
     loud = runner.invoke(app, [*args, "--out", str(tmp_path / "loud"), "--log-private-loss"])
     assert loud.exit_code == 0, loud.output
     assert private_log(tmp_path / "loud")
+
+
+def test_the_secret_is_on_disk_before_the_first_batch_is_drawn(tmp_path, monkeypatch):
+    from dpsynth.privacy.dpsgd import PoissonSampler
+
+    seen: list[bool] = []
+    original = PoissonSampler.next
+
+    def checked_next(self):
+        secret = tmp_path / "run" / "private" / "secret.json"
+        seen.append(secret.is_file() and stat.S_IMODE(secret.stat().st_mode) == 0o600)
+        return original(self)
+
+    monkeypatch.setattr(PoissonSampler, "next", checked_next)
+    train(tmp_path, "run")
+    assert seen and all(seen)
+    state_file = tmp_path / "run" / "private" / "random-state.json"
+    assert stat.S_IMODE(state_file.stat().st_mode) == 0o600
