@@ -504,8 +504,23 @@ def train(
     ] = None,
     delta: Annotated[float | None, typer.Option(help="δ [default: below 1/N].")] = None,
     preset: Annotated[str, typer.Option(help="tiny, small or paper.")] = "small",
-    seed: Annotated[int, typer.Option(help="Seed for initialisation, batches and noise.")] = 0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="Seed for public randomness only (weight initialisation, preview). Batches "
+            "and DP noise come from a fresh secret seed kept in RUN/private/."
+        ),
+    ] = 0,
     resume: Annotated[bool, typer.Option(help="Continue the run in --out.")] = False,
+    log_private_loss: Annotated[
+        bool,
+        typer.Option(
+            "--log-private-loss",
+            help="Write the losses of private batches (computed without noise) to "
+            "RUN/private/train-loss.jsonl and show them in the progress bar. Not private: "
+            "never publish them.",
+        ),
+    ] = False,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a preset value: key=value.")
     ] = None,
@@ -542,7 +557,9 @@ def train(
             if task is None:
                 task = bar.add_task("train", total=p.total_steps, info="")
             eps = "ε=∞ (not private)" if math.isinf(p.epsilon) else f"ε≤{p.epsilon:.3g}"
-            bar.update(task, completed=p.step, info=f"loss {p.loss:.4g}  {eps}")
+            # The loss is shown only when the owner asked for it (--log-private-loss).
+            loss = "" if p.loss is None else f"loss {p.loss:.4g}  "
+            bar.update(task, completed=p.step, info=f"{loss}{eps}")
 
         result = train_run(
             method=method or "",
@@ -560,6 +577,7 @@ def train(
             dataset_id=dataset_id,
             checkpoint_every_s=checkpoint_every,
             progress=on_progress,
+            log_private_loss=log_private_loss,
         )
     if as_json:
         _emit_json(result)

@@ -1,4 +1,9 @@
-"""The run directory: config, checkpoints (safetensors), training log, atomic writes."""
+"""The run directory: config, checkpoints (safetensors), training log, atomic writes.
+
+Everything at the top level of a run may be published (see the README's privacy model);
+`private/` holds what must never leave the data owner: the run's secret privacy seed, the
+states of the generators derived from it, and the opt-in log of losses on private batches.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,10 @@ STATE_FILE = "state.json"
 WEIGHTS_FILE = "checkpoint.safetensors"
 LOG_FILE = "train-log.jsonl"
 PREVIEW_FILE = "preview.png"
+PRIVATE_DIR = "private"
+SECRET_FILE = "secret.json"
+RANDOM_STATE_FILE = "random-state.json"
+PRIVATE_LOSS_FILE = "train-loss.jsonl"
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -39,6 +48,15 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write `obj` as indented JSON, atomically."""
     write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def write_private_json_atomic(path: Path, obj: Any) -> None:
+    """Write `obj` as JSON atomically into a folder only the owner can read (0700, file 0600)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    # mkstemp creates the temporary file with mode 0600, so the secret is never world-readable.
+    write_bytes_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
+    os.chmod(path, 0o600)
 
 
 def read_json(path: Path) -> Any:
@@ -64,13 +82,37 @@ class RunDir:
 
     @property
     def log_path(self) -> Path:
-        """`train-log.jsonl`: one line per logged step (step, loss, ε spent)."""
+        """`train-log.jsonl`: one line per logged step (step, ε spent, released stats); public."""
         return self.path / LOG_FILE
 
     @property
     def preview_path(self) -> Path:
         """`preview.png`: a grid of samples written at the end of training."""
         return self.path / PREVIEW_FILE
+
+    @property
+    def private_path(self) -> Path:
+        """`private/`: the secret privacy seed, its generator states, private-batch losses."""
+        return self.path / PRIVATE_DIR
+
+    @property
+    def private_log_path(self) -> Path:
+        """`private/train-loss.jsonl`: losses on private batches (only with --log-private-loss)."""
+        return self.private_path / PRIVATE_LOSS_FILE
+
+    def write_secret(self, secret: Mapping[str, Any]) -> None:
+        """Write the run's privacy seed to `private/secret.json` (0600), atomically."""
+        write_private_json_atomic(self.private_path / SECRET_FILE, dict(secret))
+
+    def read_secret(self) -> dict[str, Any]:
+        """The run's privacy seed; a run without one (made before 0.2) cannot be resumed."""
+        path = self.private_path / SECRET_FILE
+        if not path.is_file():
+            raise UsageError(
+                f"{self.path} has no {PRIVATE_DIR}/{SECRET_FILE}: it was started by an earlier "
+                "dpsynth whose DP randomness was not secret; start a new run"
+            )
+        return read_json(path)
 
     def exists(self) -> bool:
         """True when the directory holds a run (has a config)."""
@@ -98,21 +140,38 @@ class RunDir:
         with self.log_path.open("a") as handle:
             handle.write(json.dumps(dict(record)) + "\n")
 
+    def append_private_log(self, record: Mapping[str, Any]) -> None:
+        """Append one JSON line to `private/train-loss.jsonl`."""
+        self.private_path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self.private_log_path.open("a") as handle:
+            handle.write(json.dumps(dict(record)) + "\n")
+
     def truncate_log(self, after_step: int) -> None:
         """Drop log lines past `after_step` (steps redone after resuming from a checkpoint)."""
-        if not self.log_path.exists():
-            return
-        kept = [
-            line
-            for line in self.log_path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= after_step
-        ]
-        write_bytes_atomic(self.log_path, "".join(line + "\n" for line in kept).encode())
+        for path in (self.log_path, self.private_log_path):
+            if not path.exists():
+                continue
+            kept = [
+                line
+                for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= after_step
+            ]
+            write_bytes_atomic(path, "".join(line + "\n" for line in kept).encode())
 
     def save_checkpoint(
-        self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        state: Mapping[str, Any],
+        private_state: Mapping[str, Any] | None = None,
     ) -> None:
-        """Write weights and resume state atomically; the step lives in both, and must agree."""
+        """Write weights and resume state atomically; the step lives in both, and must agree.
+
+        `private_state` (the secret generator states) goes to `private/random-state.json`,
+        written first and keyed by step, keeping the previous step's entry too: a crash
+        between the two writes leaves the weights at a step the private file still holds.
+        """
+        if private_state is not None:
+            self._save_private_state(int(state["step"]), private_state)
         payload = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         metadata = {"state": json.dumps(dict(state))}
         fd, tmp = tempfile.mkstemp(prefix=f".{WEIGHTS_FILE}.", suffix=".tmp", dir=self.path)
@@ -126,6 +185,27 @@ class RunDir:
             Path(tmp).unlink(missing_ok=True)
             raise
         write_json_atomic(self.path / STATE_FILE, dict(state))
+
+    def _save_private_state(self, step: int, private_state: Mapping[str, Any]) -> None:
+        path = self.private_path / RANDOM_STATE_FILE
+        by_step = read_json(path).get("by_step", {}) if path.is_file() else {}
+        # Keep the entry of the checkpoint now on disk, in case the weights write fails.
+        state_path = self.path / STATE_FILE
+        on_disk = str(read_json(state_path)["step"]) if state_path.is_file() else None
+        entries = {on_disk: by_step[on_disk]} if on_disk in by_step else {}
+        entries[str(step)] = dict(private_state)
+        write_private_json_atomic(path, {"by_step": entries})
+
+    def load_private_state(self, step: int) -> dict[str, Any]:
+        """The private generator states saved with the checkpoint of `step`."""
+        path = self.private_path / RANDOM_STATE_FILE
+        by_step = read_json(path).get("by_step", {}) if path.is_file() else {}
+        if str(step) not in by_step:
+            raise DataError(
+                f"{path}: no saved random state for step {step}; the private folder does not "
+                "belong to this checkpoint"
+            )
+        return dict(by_step[str(step)])
 
     def has_checkpoint(self) -> bool:
         """True when a checkpoint has been written."""

@@ -9,6 +9,12 @@ Order of events for a new run, which is the privacy contract:
 A crash after 3 leaves the reservation counted in full; `--resume` continues the same plan
 and ledger entry from the last checkpoint, with the same random streams, so the total number of
 steps (and so the ε spent) is exactly the plan's.
+
+The random streams of the mechanisms (Poisson batches, noise) come from a secret drawn from
+the OS for each run and written only to the run's `private/` folder before the first read of
+a record (`dpsynth.privacy.randomness`); `seed` drives public randomness only (initialisation,
+the preview). The publishable `train-log.jsonl` holds the step, ε so far and the stats the
+backend declares released; losses on private batches go to `private/` only on request.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ import torch
 from dpsynth import __version__
 from dpsynth.data.images import DataInfo, ImageData
 from dpsynth.data.sources import load_data
-from dpsynth.errors import DataError, UsageError
+from dpsynth.errors import DataError, DpsynthError, UsageError
 from dpsynth.methods.base import Method, PrivacyPlan, PrivacyTarget, Trainer
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting import default_delta, epsilon_for
 from dpsynth.privacy.dpsgd import PoissonSampler
 from dpsynth.privacy.ledger import Ledger
+from dpsynth.privacy.randomness import PrivateRandomness
 from dpsynth.runs import RunDir
 from dpsynth.visuals import save_grid
 
@@ -48,7 +55,9 @@ class TrainProgress:
 
     step: int
     total_steps: int
-    loss: float
+    # The mean loss of the step's private batch, computed without noise: None unless the
+    # data owner asked for it (--log-private-loss), so that no default display shows it.
+    loss: float | None
     epsilon: float
 
 
@@ -107,19 +116,32 @@ def train_run(
     checkpoint_every_s: float = 120.0,
     progress: ProgressCallback | None = None,
     stop_after_steps: int | None = None,
+    log_private_loss: bool = False,
+    privacy_seed: int | None = None,
 ) -> dict[str, Any]:
     """Train a backend on a data set under a DP guarantee and return a JSON-ready summary.
 
     `epsilon` is the data set's total budget after this run: earlier spends recorded in the
     ledger for the same dataset are composed in when σ is calibrated. `stop_after_steps` ends
     the loop early as an interruption would (checkpoint written, ledger entry left reserved);
-    tests use it to exercise `resume`.
+    tests use it to exercise `resume`. `log_private_loss` writes the noise-free losses of the
+    private batches to `RUN/private/train-loss.jsonl` (and shows them in progress reports).
+    `privacy_seed` fixes the secret of the DP randomness for tests only: a known secret
+    voids the guarantee, so the CLI never passes it (a fresh OS secret is drawn instead).
     """
     run = RunDir(out)
     ledger = Ledger(ledger_path)
     torch_device = resolve_device(device)
     if resume:
-        return _resume(run, ledger, torch_device, checkpoint_every_s, progress, stop_after_steps)
+        return _resume(
+            run,
+            ledger,
+            torch_device,
+            checkpoint_every_s,
+            progress,
+            stop_after_steps,
+            log_private_loss,
+        )
     target_epsilon = parse_epsilon(epsilon)
     backend = get_method(method)
     run.check_new()
@@ -163,19 +185,29 @@ def train_run(
             "spend_hash": entry["hash"],
         },
         "seed": seed,
+        "seed_scope": (
+            "public randomness only (initialisation, preview); the DP mechanisms draw from a "
+            "secret seed kept in private/"
+        ),
+        "log_private_loss": bool(log_private_loss),
         "device": str(torch_device),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": _package_versions(),
         "warnings": warnings,
     }
+    randomness = (
+        PrivateRandomness(privacy_seed) if privacy_seed is not None else PrivateRandomness.fresh()
+    )
     try:
         run.write_config(run_config)
+        # On disk before the first record is read, so that a crash can still be resumed.
+        run.write_secret(randomness.to_json())
     except BaseException:
         # Nothing was read yet: the reservation is closed at zero cost.
         ledger.abort(entry["seq"], events=[])
         raise
-    trainer = backend.trainer(info, config, plan, torch_device, seed)
-    sampler = PoissonSampler(info.n, plan.sampling_rate, _loop_generator(seed))
+    trainer = backend.trainer(info, config, plan, torch_device, seed, randomness)
+    sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
     return _loop(
         run,
         ledger,
@@ -186,6 +218,7 @@ def train_run(
         plan,
         trainer,
         sampler,
+        randomness,
         run_config,
         start_step=0,
         device=torch_device,
@@ -196,11 +229,6 @@ def train_run(
     )
 
 
-def _loop_generator(seed: int) -> torch.Generator:
-    # The batch sampler has its own stream, separate from the backend's noise stream.
-    return torch.Generator().manual_seed(seed * 7919 + 17)
-
-
 def _resume(
     run: RunDir,
     ledger: Ledger,
@@ -208,6 +236,7 @@ def _resume(
     checkpoint_every_s: float,
     progress: ProgressCallback | None,
     stop_after_steps: int | None,
+    log_private_loss: bool,
 ) -> dict[str, Any]:
     run_config = run.read_config()
     backend = get_method(run_config["method"])
@@ -228,16 +257,21 @@ def _resume(
         return {**_summary(run, run_config, ledger, plan, plan.steps), "already_finished": True}
     if spend.get("status") == "aborted":
         raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
-    trainer = backend.trainer(info, run_config["config"], plan, device, run_config["seed"])
-    sampler = PoissonSampler(info.n, plan.sampling_rate, _loop_generator(run_config["seed"]))
+    if log_private_loss:  # asked for at resume time: log the remaining steps' losses too
+        run_config = {**run_config, "log_private_loss": True}
+    randomness = PrivateRandomness.from_json(run.read_secret())
+    trainer = backend.trainer(
+        info, run_config["config"], plan, device, run_config["seed"], randomness
+    )
+    sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
     start = 0
     if run.has_checkpoint():
         tensors, state = run.load_checkpoint()
         trainer.load_state_tensors(
             {k.removeprefix("trainer/"): v for k, v in tensors.items() if k.startswith("trainer/")}
         )
-        sampler.load_state(tensors["loop/sampler_rng"])
         start = int(state["step"])
+        randomness.load_state(run.load_private_state(start)["generators"])
     run.truncate_log(start)
     return _loop(
         run,
@@ -249,6 +283,7 @@ def _resume(
         plan,
         trainer,
         sampler,
+        randomness,
         run_config,
         start_step=start,
         device=device,
@@ -303,6 +338,7 @@ def _loop(
     plan: PrivacyPlan,
     trainer: Trainer,
     sampler: PoissonSampler,
+    randomness: PrivateRandomness,
     run_config: dict[str, Any],
     *,
     start_step: int,
@@ -320,10 +356,22 @@ def _loop(
     step = start_step
     seq = int(run_config["ledger"]["spend_seq"])
 
+    log_private = bool(run_config.get("log_private_loss"))
+    released = tuple(type(trainer).released_stats)
+
     def checkpoint() -> None:
         tensors = {f"trainer/{k}": v for k, v in trainer.state_tensors().items()}
-        tensors["loop/sampler_rng"] = sampler.state()
-        run.save_checkpoint(tensors, {"step": step, "run_id": run_config["run_id"]})
+        for name, tensor in tensors.items():
+            if randomness.is_generator_state(tensor):
+                raise DpsynthError(
+                    f"{name} is the state of a secret random stream; backends must leave "
+                    "those to the training loop, which keeps them private"
+                )
+        run.save_checkpoint(
+            tensors,
+            {"step": step, "run_id": run_config["run_id"]},
+            private_state={"generators": randomness.state()},
+        )
 
     try:
         while step < plan.steps:
@@ -338,12 +386,15 @@ def _loop(
             stats = trainer.step(pixels[index], labels[index])
             step += 1
             if step % log_every == 0 or step == plan.steps:
-                loss = float(stats.get("loss", math.nan))
                 eps = curve.at(step)
-                # The loss is computed on the private batch without noise: the log is for the
-                # data owner, never part of a release (see the README's privacy model).
-                logged = loss if math.isfinite(loss) else None
-                run.append_log({"step": step, "loss": logged, "epsilon": _json_eps(eps)})
+                public = {k: _json_stat(v) for k, v in stats.items() if k in released}
+                run.append_log({"step": step, "epsilon": _json_eps(eps), **public})
+                loss = None
+                if log_private:
+                    # Computed on the private batch without noise: the data owner's eyes only.
+                    private = {k: _json_stat(v) for k, v in stats.items() if k not in released}
+                    run.append_private_log({"step": step, **private})
+                    loss = float(stats.get("loss", math.nan))
                 if progress is not None:
                     progress(TrainProgress(step, plan.steps, loss, eps))
             if time.monotonic() - last_checkpoint > checkpoint_every_s:
@@ -367,6 +418,12 @@ def _with_steps(event: Mapping[str, Any], steps: int) -> dict[str, Any]:
 
 def _json_eps(value: float) -> float | str:
     return value if math.isfinite(value) else "inf"
+
+
+def _json_stat(value: float) -> float | None:
+    """A logged stat; non-finite (an empty batch's mean) is written as null."""
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def _write_preview(

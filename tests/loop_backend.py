@@ -16,6 +16,7 @@ from torch.func import functional_call
 from dpsynth.data.images import DataInfo, to_uint8
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, Trainer
 from dpsynth.privacy.dpsgd import PrivateGradient
+from dpsynth.privacy.randomness import PrivateRandomness
 
 
 class Templates(nn.Module):
@@ -41,11 +42,18 @@ class TemplateGenerator(Generator):
 
 
 class TemplateTrainer(Trainer):
-    def __init__(self, info: DataInfo, config: Mapping[str, Any], plan: PrivacyPlan, seed: int):
+    def __init__(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        plan: PrivacyPlan,
+        seed: int,
+        randomness: PrivateRandomness,
+    ):
         torch.manual_seed(seed)
         self.info = info
         self.model = Templates(len(info.classes), info.shape)
-        self.rng = torch.Generator().manual_seed(seed)
+        self.rng = randomness.generator("templates/noise")
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=float(config["lr"]))
 
         def loss(params, buffers, x, y):
@@ -69,12 +77,11 @@ class TemplateTrainer(Trainer):
         return {"loss": float(stats.get("mean_loss", 0.0))}
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        return {"weight": self.model.weight.detach().clone(), "rng": self.rng.get_state()}
+        return {"weight": self.model.weight.detach().clone()}
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
             self.model.weight.copy_(tensors["weight"])
-        self.rng.set_state(tensors["rng"].to(torch.uint8))
 
     def generator(self) -> Generator:
         return TemplateGenerator(self.model, self.info)
@@ -84,8 +91,8 @@ class TemplateMethod(Method):
     name = "templates"
     presets: ClassVar = {"tiny": {"batch_size": 64, "steps": 12, "max_grad_norm": 1.0, "lr": 0.5}}
 
-    def trainer(self, info, config, plan, device, seed) -> Trainer:
-        return TemplateTrainer(info, config, plan, seed)
+    def trainer(self, info, config, plan, device, seed, randomness=None) -> Trainer:
+        return TemplateTrainer(info, config, plan, seed, randomness or PrivateRandomness.fresh())
 
     def generator_from_state(self, info, config, tensors, device) -> Generator:
         model = Templates(len(info.classes), info.shape)

@@ -20,6 +20,7 @@ from dpsynth.methods.dpkernel import (
     VectorGenerator,
     private_embedding_gradient,
 )
+from dpsynth.privacy.randomness import PrivateRandomness
 
 DIGITS_INFO = DataInfo(
     spec="digits",
@@ -48,7 +49,9 @@ def _plan(epsilon: float, steps: int):
     return method.plan(DIGITS_INFO, PrivacyTarget(epsilon, 1e-5), config)
 
 
-def _trainer(epsilon: float, seed: int = 0, **overrides):
+def _trainer(
+    epsilon: float, seed: int = 0, randomness: PrivateRandomness | None = None, **overrides
+):
     method = DPKernelMethod()
     config = method.config("tiny", overrides, DIGITS_INFO)
     plan = _plan(epsilon, config["steps"])
@@ -56,7 +59,7 @@ def _trainer(epsilon: float, seed: int = 0, **overrides):
         method,
         config,
         plan,
-        method.trainer(DIGITS_INFO, config, plan, torch.device("cpu"), seed),
+        method.trainer(DIGITS_INFO, config, plan, torch.device("cpu"), seed, randomness),
     )
 
 
@@ -156,7 +159,9 @@ def test_huge_noise_makes_the_update_independent_of_the_batch():
         params = []
         for batch in (slice(0, 100), slice(100, 200)):
             noisy = dataclasses.replace(plan, noise_multiplier=sigma)
-            trainer = method.trainer(DIGITS_INFO, config, noisy, torch.device("cpu"), 0)
+            trainer = method.trainer(
+                DIGITS_INFO, config, noisy, torch.device("cpu"), 0, PrivateRandomness(11)
+            )
             trainer.step(x[batch], y[batch])
             params.append(torch.cat([p.flatten() for p in trainer.net.parameters()]))
         assert torch.allclose(params[0], params[1], rtol=0, atol=1e-7) == should_match
@@ -165,15 +170,21 @@ def test_huge_noise_makes_the_update_independent_of_the_batch():
 def test_resume_continues_exactly():
     x, y = _digits()
     batches = list(_poisson_batches(x, y, 16 / 1000, 6))
-    _, _, _, straight = _trainer(1.0, optimizer="rmsprop")
+    _, _, _, straight = _trainer(1.0, randomness=PrivateRandomness(7), optimizer="rmsprop")
     for bx, by in batches:
         straight.step(bx, by)
-    method, config, plan, first = _trainer(1.0, optimizer="rmsprop")
+    first_randomness = PrivateRandomness(7)
+    method, config, plan, first = _trainer(1.0, randomness=first_randomness, optimizer="rmsprop")
     for bx, by in batches[:3]:
         first.step(bx, by)
     saved = {k: v.clone() for k, v in first.state_tensors().items()}
-    resumed = method.trainer(DIGITS_INFO, config, plan, torch.device("cpu"), seed=123)
+    saved_streams = first_randomness.state()  # the secret streams, saved privately by the loop
+    resumed_randomness = PrivateRandomness(8)  # a different seed and secret: all from saved
+    resumed = method.trainer(
+        DIGITS_INFO, config, plan, torch.device("cpu"), seed=123, randomness=resumed_randomness
+    )
     resumed.load_state_tensors(saved)
+    resumed_randomness.load_state(saved_streams)
     for bx, by in batches[3:]:
         resumed.step(bx, by)
     a, b = straight.state_tensors(), resumed.state_tensors()
@@ -244,6 +255,7 @@ def test_end_to_end_train_resume_and_sample(tmp_path):
         "device": "cpu",
         "seed": 0,
         "overrides": {"steps": "12"},
+        "privacy_seed": 12345,  # the same secret for both runs (injectable in tests only)
     }
     train_run(out=tmp_path / "a", ledger_path=tmp_path / "a.jsonl", **common)
     train_run(out=tmp_path / "b", ledger_path=tmp_path / "b.jsonl", stop_after_steps=5, **common)

@@ -19,6 +19,7 @@ from dpsynth.methods.ssm import (
     randomized_response,
     rr_keep_probability,
 )
+from dpsynth.privacy.randomness import PrivateRandomness
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -288,11 +289,17 @@ def test_bad_settings_are_usage_errors() -> None:
 # ---- trainer and generator (need the DP-SGD layer) ------------------------------------------
 
 
-def _trainer(info: DataInfo, epsilon: float = 10.0, seed: int = 0, **overrides):
+def _trainer(
+    info: DataInfo,
+    epsilon: float = 10.0,
+    seed: int = 0,
+    randomness: PrivateRandomness | None = None,
+    **overrides,
+):
     method = PGEMethod()
     cfg = method.config("tiny", {"micro_batch_size": 16, **overrides}, info)
     plan = method.plan(info, PrivacyTarget(epsilon, 1e-5), cfg)
-    return method, cfg, method.trainer(info, cfg, plan, torch.device("cpu"), seed)
+    return method, cfg, method.trainer(info, cfg, plan, torch.device("cpu"), seed, randomness)
 
 
 def _batches(
@@ -314,16 +321,21 @@ def _batches(
 def test_resume_continues_exactly() -> None:
     info = fake_info()
     batches = _batches(info, 4)
-    _, _, straight = _trainer(info)
+    _, _, straight = _trainer(info, randomness=PrivateRandomness(77))
     for x, y in batches:
         straight.step(x, y)
-    _, _, first = _trainer(info)
+    first_randomness = PrivateRandomness(77)
+    _, _, first = _trainer(info, randomness=first_randomness)
     for x, y in batches[:2]:
         first.step(x, y)
     saved = first.state_tensors()
+    saved_streams = first_randomness.state()  # the secret streams, saved privately by the loop
     assert all(t.is_contiguous() for t in saved.values())
-    _, _, resumed = _trainer(info, seed=123)  # a different seed: everything must come from saved
+    # A different seed and secret: everything must come from what was saved.
+    resumed_randomness = PrivateRandomness(78)
+    _, _, resumed = _trainer(info, seed=123, randomness=resumed_randomness)
     resumed.load_state_tensors(saved)
+    resumed_randomness.load_state(saved_streams)
     for x, y in batches[2:]:
         resumed.step(x, y)
     end, ref = resumed.state_tensors(), straight.state_tensors()
@@ -406,6 +418,7 @@ def test_end_to_end_train_resume_sample(tmp_path) -> None:
         device="cpu",
         seed=3,
         overrides=E2E_STEPS,
+        privacy_seed=2**127 + 5,  # the same secret for both runs (injectable in tests only)
     )
     straight = training.train_run(
         out=tmp_path / "straight", ledger_path=tmp_path / "a.jsonl", **common

@@ -51,8 +51,12 @@ def test_run_reserves_then_completes_and_writes_the_run_dir(tmp_path):
 
 
 def test_resume_after_interruption_equals_an_uninterrupted_run(tmp_path):
-    full = train(tmp_path, "full", ledger_path=tmp_path / "a.jsonl")
-    part = train(tmp_path, "part", ledger_path=tmp_path / "b.jsonl", stop_after_steps=5)
+    # The same secret privacy seed (injectable in tests only) gives the same batches and noise.
+    secret = 0x0123456789ABCDEF0123456789ABCDEF
+    full = train(tmp_path, "full", ledger_path=tmp_path / "a.jsonl", privacy_seed=secret)
+    part = train(
+        tmp_path, "part", ledger_path=tmp_path / "b.jsonl", stop_after_steps=5, privacy_seed=secret
+    )
     assert part["interrupted"] and part["steps"] == 5
     assert part["ledger_status"] == "reserved"  # an interrupted run stays counted in full
     resumed = train(tmp_path, "part", ledger_path=tmp_path / "b.jsonl", resume=True)
@@ -137,7 +141,7 @@ def test_sample_npz_and_counts(tmp_path):
 
 
 def test_epsilon_shown_while_training_never_undercounts(tmp_path):
-    train(tmp_path)
+    train(tmp_path, log_private_loss=True)
     log = [json.loads(x) for x in (tmp_path / "run" / "train-log.jsonl").read_text().splitlines()]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     plan = config["privacy"]
@@ -146,4 +150,7 @@ def test_epsilon_shown_while_training_never_undercounts(tmp_path):
             [{**plan["events"][0], "steps": record["step"]}], plan["delta"]
         ).epsilon
         assert record["epsilon"] >= exact * (1 - 1e-9)
-    assert log[-1]["loss"] is None or not math.isnan(log[-1]["loss"])
+    # The loss of private batches lives in the private folder (asked for above).
+    private_log = (tmp_path / "run" / "private" / "train-loss.jsonl").read_text().splitlines()
+    last = json.loads(private_log[-1])
+    assert last["loss"] is None or not math.isnan(last["loss"])

@@ -8,7 +8,10 @@ A backend is three objects:
 - a `Generator` (loaded from a run dir): `sample` yields batches of uint8 images.
 
 The training loop, not the backend, owns Poisson sampling, the ledger, checkpoints and logs,
-so that every backend gets the same privacy plumbing.
+so that every backend gets the same privacy plumbing. It also owns the run's secret
+randomness (`dpsynth.privacy.randomness`): a backend takes every random stream it draws while
+training (its DP noise above all) from the `PrivateRandomness` it is given, never from the
+public `seed`, and leaves saving those streams to the loop, which keeps them private.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
+from dpsynth.privacy.randomness import PrivateRandomness
 
 
 @dataclass(frozen=True)
@@ -104,16 +108,26 @@ class Generator(ABC):
 class Trainer(ABC):
     """The mutable training state of one run."""
 
+    # Keys of `step`'s stats that are functions of what the mechanism released (and of public
+    # values) only; they go to the publishable train-log. Every other stat was computed from
+    # a private batch without noise and is logged only to the private folder, on request.
+    released_stats: ClassVar[tuple[str, ...]] = ()
+
     @abstractmethod
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One private update from a Poisson batch (x float in [-1, 1] [b,C,H,W], y int64 [b]).
 
-        b may be 0: an empty batch is still a step (noise only). Returns scalars to log.
+        b may be 0: an empty batch is still a step (noise only). Returns scalars to log
+        (`loss` by convention); only the keys in `released_stats` are public.
         """
 
     @abstractmethod
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """All tensors needed to resume exactly (weights, optimizer, EMA, RNG states)."""
+        """All tensors needed to resume exactly (weights, optimizer, EMA), which are public.
+
+        Not the states of generators from `PrivateRandomness`: they are secret, and the
+        training loop saves and restores them in the run's private folder.
+        """
 
     @abstractmethod
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -183,8 +197,13 @@ class Method(ABC):
         plan: PrivacyPlan,
         device: torch.device,
         seed: int,
+        randomness: PrivateRandomness | None = None,
     ) -> Trainer:
-        """A fresh trainer (weights initialised from `seed`, never from the data)."""
+        """A fresh trainer (weights initialised from `seed`, never from the data).
+
+        Every random draw of training (noise, per-record randomness) comes from generators
+        of `randomness` (a fresh OS secret when None), never from `seed`.
+        """
 
     @abstractmethod
     def generator_from_state(

@@ -38,6 +38,7 @@ from dpsynth.privacy.functional import (
     functional_sensitivity,
     privatize_embedding_gradient,
 )
+from dpsynth.privacy.randomness import PrivateRandomness
 
 _PAPER_BANDWIDTHS = (1.0, 2.0, 4.0, 8.0, 16.0)
 
@@ -304,7 +305,10 @@ class DPKernelGenerator(Generator):
 
 
 class DPKernelTrainer(Trainer):
-    """One run's state: generator, optimiser, step count and the seeded RNG for all draws."""
+    """One run's state: generator, optimiser, step count and the secret RNG for all draws."""
+
+    # Functions of the released gradient and of generated points only (see `step`).
+    released_stats = ("yy_term", "released_grad_norm")
 
     def __init__(
         self,
@@ -313,6 +317,7 @@ class DPKernelTrainer(Trainer):
         plan: PrivacyPlan,
         device: torch.device,
         seed: int,
+        randomness: PrivateRandomness | None = None,
     ) -> None:
         self.info = info
         self.config = dict(config)
@@ -321,7 +326,9 @@ class DPKernelTrainer(Trainer):
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
             torch.manual_seed(seed)
             self.net = _build_network(info, config).to(self.device)
-        self.rng = torch.Generator().manual_seed(seed)
+        # Latents and the derivative-GP noise: the run's secret stream, never the public seed.
+        randomness = randomness if randomness is not None else PrivateRandomness.fresh()
+        self.rng = randomness.generator("dpkernel/training")
         self.bandwidths = tuple(float(b) for b in config["bandwidths"])
         self.num_generated = int(config["generated_points"])
         self.num_classes = self.net.num_classes
@@ -376,14 +383,13 @@ class DPKernelTrainer(Trainer):
         }
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Generator weights and buffers, optimiser state, step count and RNG state."""
+        """Generator weights and buffers, optimiser state, step count (no secret RNG state)."""
         out = {f"generator.{k}": v.detach().cpu().clone() for k, v in self.net.state_dict().items()}
         for index, state in self.optimizer.state_dict()["state"].items():
             for key, value in state.items():
                 tensor = value if torch.is_tensor(value) else torch.tensor(value)
                 out[f"optimizer.{index}.{key}"] = tensor.detach().cpu().clone()
         out["trainer.steps_done"] = torch.tensor(self.steps_done, dtype=torch.int64)
-        out["trainer.rng"] = self.rng.get_state().clone()
         return out
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -399,7 +405,6 @@ class DPKernelTrainer(Trainer):
         groups = self.optimizer.state_dict()["param_groups"]
         self.optimizer.load_state_dict({"state": state, "param_groups": groups})
         self.steps_done = int(tensors["trainer.steps_done"])
-        self.rng.set_state(tensors["trainer.rng"].to(torch.uint8).cpu())
 
     def generator(self) -> Generator:
         """A sampler over a copy of the current weights."""
@@ -482,9 +487,10 @@ class DPKernelMethod(Method):
         plan: PrivacyPlan,
         device: torch.device,
         seed: int,
+        randomness: PrivateRandomness | None = None,
     ) -> DPKernelTrainer:
-        """A fresh trainer; weights from `seed`, never from the data."""
-        return DPKernelTrainer(info, config, plan, device, seed)
+        """A fresh trainer; weights from `seed`, never from the data; draws from `randomness`."""
+        return DPKernelTrainer(info, config, plan, device, seed, randomness)
 
     def generator_from_state(
         self,

@@ -32,6 +32,7 @@ from dpsynth.methods.base import Generator, Method, PrivacyPlan, Trainer
 from dpsynth.methods.hmc import MH_MODES, annealed_hmc, step_schedule
 from dpsynth.methods.nets import RandomConvEncoder, ScoreUNet
 from dpsynth.methods.ssm import make_record_loss, randomized_response
+from dpsynth.privacy.randomness import PrivateRandomness
 
 _COMMON: dict[str, Any] = {
     "max_grad_norm": 1.0,
@@ -261,9 +262,10 @@ class PGEMethod(Method):
         plan: PrivacyPlan,
         device: torch.device,
         seed: int,
+        randomness: PrivateRandomness | None = None,
     ) -> PGETrainer:
-        """A fresh trainer; weights from `seed`, never from the data."""
-        return PGETrainer(info, config, plan, torch.device(device), seed)
+        """A fresh trainer; weights from `seed`, never from the data; draws from `randomness`."""
+        return PGETrainer(info, config, plan, torch.device(device), seed, randomness)
 
     def generator_from_state(
         self,
@@ -287,7 +289,7 @@ def _subdict(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torc
 
 
 class PGETrainer(Trainer):
-    """Mutable state of one PGE run: score net, EMA copy, Adam, and two seeded RNGs."""
+    """Mutable state of one PGE run: score net, EMA copy, Adam, and two secret RNG streams."""
 
     def __init__(
         self,
@@ -296,6 +298,7 @@ class PGETrainer(Trainer):
         plan: PrivacyPlan,
         device: torch.device,
         seed: int,
+        randomness: PrivateRandomness | None = None,
     ) -> None:
         from dpsynth.privacy.dpsgd import PrivateGradient
 
@@ -314,9 +317,11 @@ class PGETrainer(Trainer):
             self.model.parameters(), lr=float(config["lr"]), betas=(0.9, 0.999)
         )
         # Per-record randomness (levels, perturbations, projections, RR, masks) and the DP
-        # noise come from separate seeded generators, both saved for an exact resume.
-        self.rng = torch.Generator(device=device).manual_seed(seed * 2 + 1)
-        self.noise_rng = torch.Generator(device=device).manual_seed(seed * 2 + 2)
+        # noise come from separate streams of the run's secret randomness (never from the
+        # public seed); the training loop saves their states privately for an exact resume.
+        randomness = randomness if randomness is not None else PrivateRandomness.fresh()
+        self.rng = randomness.generator("pge/records", device)
+        self.noise_rng = randomness.generator("pge/noise", device)
         self.sigmas = noise_levels(config).to(device)
         self.steps_done = 0
         self.private_gradient = PrivateGradient(
@@ -390,7 +395,7 @@ class PGETrainer(Trainer):
             e.mul_(decay).add_(p.detach(), alpha=1.0 - decay)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Weights, EMA, Adam moments and steps, both RNG states, the step count."""
+        """Weights, EMA, Adam moments and steps, the step count (no secret RNG states)."""
         out: dict[str, torch.Tensor] = {}
         for key, t in self.model.state_dict().items():
             out[f"model.{key}"] = t
@@ -402,8 +407,6 @@ class PGETrainer(Trainer):
         for idx, state in self.optimizer.state_dict()["state"].items():
             for key, t in state.items():
                 out[f"opt.{idx}.{key}"] = torch.as_tensor(t)
-        out["rng.records"] = self.rng.get_state()
-        out["rng.noise"] = self.noise_rng.get_state()
         out["trainer.steps"] = torch.tensor(self.steps_done, dtype=torch.int64)
         return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
 
@@ -420,8 +423,6 @@ class PGETrainer(Trainer):
         state_dict = self.optimizer.state_dict()
         state_dict["state"] = opt_state
         self.optimizer.load_state_dict(state_dict)
-        self.rng.set_state(tensors["rng.records"].cpu())
-        self.noise_rng.set_state(tensors["rng.noise"].cpu())
         self.steps_done = int(tensors["trainer.steps"])
 
     def generator(self) -> PGEGenerator:
