@@ -32,6 +32,12 @@ from dpsynth.errors import DataError, UsageError
 from dpsynth.methods.base import Method, PrivacyPlan, PrivacyTarget, Trainer
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting import default_delta, epsilon_for
+from dpsynth.privacy.anchors import (
+    AnchorError,
+    SpendAnchor,
+    check_plan_parameters,
+    verified_spend,
+)
 from dpsynth.privacy.dpsgd import PoissonSampler
 from dpsynth.privacy.ledger import Ledger
 from dpsynth.runs import RunDir
@@ -135,7 +141,9 @@ def train_run(
         )
     config = backend.config(preset, overrides or {}, info)
     target = PrivacyTarget(target_epsilon, float(delta))
-    plan = backend.plan(info, target, config, ledger.events_for(info.dataset_id))
+    # Budgets follow the data: spends linked by dataset id or fingerprint are composed in.
+    prior = ledger.events_for(info.dataset_id, info.fingerprint)
+    plan = backend.plan(info, target, config, prior)
     run_id = uuid.uuid4().hex[:12]
     entry = ledger.reserve(
         dataset_id=info.dataset_id,
@@ -172,7 +180,7 @@ def train_run(
         run.write_config(run_config)
     except BaseException:
         # Nothing was read yet: the reservation is closed at zero cost.
-        ledger.abort(entry["seq"], events=[])
+        ledger.abort(entry["seq"], events=[], run_id=run_id, fingerprint=info.fingerprint)
         raise
     trainer = backend.trainer(info, config, plan, torch_device, seed)
     sampler = PoissonSampler(info.n, plan.sampling_rate, _loop_generator(seed))
@@ -210,8 +218,44 @@ def _resume(
     stop_after_steps: int | None,
 ) -> dict[str, Any]:
     run_config = run.read_config()
-    backend = get_method(run_config["method"])
-    data_cfg = run_config["data"]
+    name = str(run.path)
+    try:
+        backend = get_method(run_config["method"])
+        data_cfg = run_config["data"]
+        plan = PrivacyPlan.from_json(run_config["privacy"])
+        run_id = str(run_config["run_id"])
+        dataset_id, fingerprint = str(data_cfg["dataset_id"]), str(data_cfg["fingerprint"])
+        anchor = SpendAnchor.from_run_config(run_config, name)
+    except UsageError as exc:
+        if isinstance(exc, AnchorError):
+            raise
+        raise DataError(f"{name}: config.json is not valid for resuming ({exc})") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DataError(f"{name}: config.json is not valid for resuming ({exc!r})") from None
+    # The spend this run may close is the one its anchor points at, checked before any data
+    # is read: same hash, this run id and data, and events equal to the plan the loop will use.
+    check_plan_parameters(
+        plan.events,
+        private=plan.private,
+        noise_multiplier=plan.noise_multiplier,
+        sampling_rate=plan.sampling_rate,
+        steps=plan.steps,
+        run_name=name,
+    )
+    spend = verified_spend(
+        ledger,
+        anchor,
+        run_id=run_id,
+        dataset_id=dataset_id,
+        fingerprint=fingerprint,
+        events=plan.events,
+        run_name=name,
+    )
+    seq = anchor.seq
+    if spend.get("status") == "completed":
+        return {**_summary(run, run_config, ledger, plan, plan.steps), "already_finished": True}
+    if spend.get("status") == "aborted":
+        raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
     records = load_data(
         data_cfg["spec"], image_size=data_cfg.get("image_size"), dataset_id=data_cfg["dataset_id"]
     )
@@ -221,13 +265,6 @@ def _resume(
             f"{data_cfg['spec']}: the data changed since this run started "
             "(fingerprint differs); a resumed run must see the same records"
         )
-    plan = PrivacyPlan.from_json(run_config["privacy"])
-    seq = int(run_config["ledger"]["spend_seq"])
-    spend = ledger.spend(seq)
-    if spend.get("status") == "completed":
-        return {**_summary(run, run_config, ledger, plan, plan.steps), "already_finished": True}
-    if spend.get("status") == "aborted":
-        raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
     trainer = backend.trainer(info, run_config["config"], plan, device, run_config["seed"])
     sampler = PoissonSampler(info.n, plan.sampling_rate, _loop_generator(run_config["seed"]))
     start = 0
@@ -354,7 +391,12 @@ def _loop(
         raise
     checkpoint()
     _write_preview(run, backend, info, config, trainer, run_config["seed"], device)
-    ledger.complete(seq, [_with_steps(e, step) for e in plan.events])
+    ledger.complete(
+        seq,
+        [_with_steps(e, step) for e in plan.events],
+        run_id=run_config["run_id"],
+        fingerprint=info.fingerprint,
+    )
     return {**_summary(run, run_config, ledger, plan, step), "warnings": warnings}
 
 
