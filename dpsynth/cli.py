@@ -324,6 +324,12 @@ def ledger_show(
             _fmt_eps(row.get("remaining")) if budget else "-",
         )
     stdout.print(table)
+    for name, row in datasets.items():
+        if row.get("linked_ids"):
+            stdout.print(
+                f"{name}: total includes the linked ids {', '.join(row['linked_ids'])} "
+                "(same data by id or fingerprint)"
+            )
     detail = Table(title="entries", title_justify="left")
     for column in ("seq", "time", "kind", "dataset", "command", "method", "run", "status", "ε"):
         detail.add_column(column)
@@ -609,7 +615,12 @@ def train(
             delta=delta,
             preset=preset,
             out=out,
-            ledger_path=_ledger_path(ledger),
+            # --resume without --ledger (or $DPSYNTH_LEDGER): the run's recorded ledger.
+            ledger_path=(
+                None
+                if resume and ledger is None and not os.environ.get("DPSYNTH_LEDGER")
+                else _ledger_path(ledger)
+            ),
             device=device,
             seed=seed,
             resume=resume,

@@ -103,7 +103,7 @@ def train_run(
     delta: float | None = None,
     preset: str = "small",
     out: Path | str,
-    ledger_path: Path | str,
+    ledger_path: Path | str | None,
     device: str = "auto",
     seed: int = 0,
     resume: bool = False,
@@ -119,13 +119,18 @@ def train_run(
     `epsilon` is the data set's total budget after this run: earlier spends recorded in the
     ledger for the same dataset are composed in when σ is calibrated. `stop_after_steps` ends
     the loop early as an interruption would (checkpoint written, ledger entry left reserved);
-    tests use it to exercise `resume`.
+    tests use it to exercise `resume`. With `resume` and no `ledger_path`, the ledger the run
+    recorded is used.
     """
     run = RunDir(out)
-    ledger = Ledger(ledger_path)
     torch_device = resolve_device(device)
     if resume:
+        # Without a ledger given, the run's own (recorded) ledger; the anchor is checked anyway.
+        ledger = Ledger(ledger_path or _recorded_ledger(run))
         return _resume(run, ledger, torch_device, checkpoint_every_s, progress, stop_after_steps)
+    if ledger_path is None:
+        raise UsageError("a new run needs a ledger path")
+    ledger = Ledger(ledger_path)
     target_epsilon = parse_epsilon(epsilon)
     backend = get_method(method)
     run.check_new()
@@ -202,6 +207,14 @@ def train_run(
         stop_after_steps=stop_after_steps,
         warnings=warnings,
     )
+
+
+def _recorded_ledger(run: RunDir) -> Path:
+    recorded = run.read_config().get("ledger")
+    path = recorded.get("path") if isinstance(recorded, dict) else None
+    if not isinstance(path, str) or not path:
+        raise DataError(f"{run.path}: config.json records no ledger path; pass --ledger")
+    return Path(path)
 
 
 def _loop_generator(seed: int) -> torch.Generator:

@@ -167,6 +167,19 @@ def test_a_finished_run_is_reported_finished_only_from_its_own_entry(tmp_path: P
         resume(tmp_path)
 
 
+def test_resume_without_ledger_uses_the_runs_recorded_ledger(tmp_path: Path, monkeypatch) -> None:
+    train(tmp_path, stop_after_steps=3)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # its default ledger would be elsewhere/dpsynth-ledger.jsonl
+    monkeypatch.delenv("DPSYNTH_LEDGER", raising=False)
+    result = invoke("train", "--out", tmp_path / "run", "--resume", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["ledger_status"] == "completed"
+    assert not (elsewhere / "dpsynth-ledger.jsonl").exists()
+    assert Ledger(tmp_path / "ledger.jsonl").spend(0)["status"] == "completed"
+
+
 # ---------------------------------------------------------------- grouping by data (9.5)
 
 
@@ -216,6 +229,20 @@ def test_training_under_a_new_dataset_id_plans_with_the_earlier_spends(tmp_path:
     assert len(book.events_for("B")) == 2
     with pytest.raises(BudgetExceededError):
         train(tmp_path, "three", dataset_id="fresh-name", epsilon=float(first["epsilon"]))
+
+
+def test_calibrate_with_a_dataset_composes_its_linked_spends(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.jsonl")
+    reserve(ledger, [gaussian(2.0)], "A", "fp-1", "r1")
+    reserve(ledger, [gaussian(2.0)], "B", "fp-1", "r2")
+    ledger.set_budget("A", 50.0, DELTA)
+    args = ["calibrate", "--noise-multiplier", "1.0", "--sampling-rate", "0.01", "--steps", "10"]
+    result = invoke(*args, "--dataset", "B", "--ledger", ledger.path, "--delta", DELTA, "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    both = compose_epsilon([gaussian(2.0), gaussian(2.0)], DELTA).epsilon
+    assert out["prior_epsilon"] == pytest.approx(both, rel=1e-6)
+    assert out["budget"]["epsilon"] == 50.0  # the cap set on A covers B
 
 
 # ---------------------------------------------------------------- privacy statements (10.4)

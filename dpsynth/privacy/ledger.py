@@ -480,8 +480,13 @@ class Ledger:
         }
 
     def budget_for(self, dataset_id: str) -> dict[str, Any] | None:
-        """The dataset's latest budget line, or None if it has none."""
-        budget = self._read_state().budgets.get(dataset_id)
+        """The dataset's latest budget line; without one, the latest budget set on an id linked
+        to it (the grouping rule); None if its group has none."""
+        state = self._read_state()
+        budget = state.budgets.get(dataset_id)
+        if budget is None:
+            linked = state.group_budgets(dataset_id)
+            budget = max(linked, key=lambda line: line["seq"]) if linked else None
         return copy.deepcopy(budget)
 
     def events_for(
