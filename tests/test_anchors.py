@@ -383,3 +383,12 @@ def test_head_and_against_usage_errors(tmp_path: Path) -> None:
         "ledger", "verify", "--ledger", tmp_path / "ledger.jsonl", "--against", tmp_path
     )
     one_line_error(not_a_run, 2)
+
+
+def test_an_edited_pge_width_is_one_line_and_exit_4_not_a_state_dict_dump(tmp_path: Path) -> None:
+    train(tmp_path, method="pge", stop_after_steps=1, overrides={"steps": 2})
+    edit_config(tmp_path / "run", lambda c: c["config"].update(nf=16))
+    result = invoke("sample", tmp_path / "run", "--n", "2", "--out", tmp_path / "s")
+    line = one_line_error(result, 4)
+    assert "does not match config.json" in line and len(line) < 400
+    assert not (tmp_path / "s").exists()
