@@ -79,7 +79,9 @@ def run_privacy(run_dir: Path | str, ledger_path: Path | str | None = None) -> d
     `ledger_path` defaults to the ledger the run recorded. The anchor (seq and hash in
     config.json) is checked as for `--resume` (same hash, run id, data and events); a run that
     does not match its ledger is refused (AnchorError, exit 2), so an edited config.json or a
-    ledger from which the spend was cut can never produce a statement.
+    ledger from which the spend was cut can never produce a statement; a config.json edited
+    after the spend was reserved (method, settings, data, plan) is a RunConfigEditedError
+    (exit 4).
     """
     run = RunDir(run_dir)
     run_config = run.read_config()
@@ -102,6 +104,7 @@ def run_privacy(run_dir: Path | str, ledger_path: Path | str | None = None) -> d
         fingerprint=fingerprint,
         events=events,
         run_name=name,
+        run_config=run_config,
     )
     return {**privacy_statement(spend), "ledger": str(path.resolve())}
 

@@ -36,6 +36,7 @@ from dpsynth.privacy.anchors import (
     AnchorError,
     SpendAnchor,
     check_plan_parameters,
+    run_config_digest,
     verified_spend,
 )
 from dpsynth.privacy.dpsgd import PoissonSampler
@@ -150,6 +151,9 @@ def train_run(
     prior = ledger.events_for(info.dataset_id, info.fingerprint)
     plan = backend.plan(info, target, config, prior)
     run_id = uuid.uuid4().hex[:12]
+    data_json = {**info.to_json(), "image_size": image_size}
+    # The spend binds what config.json will say about method, settings, data and plan.
+    bound = {"method": backend.name, "config": config, "data": data_json, "privacy": plan.to_json()}
     entry = ledger.reserve(
         dataset_id=info.dataset_id,
         fingerprint=info.fingerprint,
@@ -161,13 +165,14 @@ def train_run(
         private=plan.private,
         # Another process may have spent on this dataset since the plan was made.
         max_total_epsilon=plan.target_epsilon if plan.private else None,
+        config_sha256=run_config_digest(bound),
     )
     run_config = {
         "run_id": run_id,
         "method": backend.name,
         "preset": preset,
         "config": config,
-        "data": {**info.to_json(), "image_size": image_size},
+        "data": data_json,
         "privacy": plan.to_json(),
         "private": plan.private,
         "ledger": {
@@ -263,6 +268,7 @@ def _resume(
         fingerprint=fingerprint,
         events=plan.events,
         run_name=name,
+        run_config=run_config,
     )
     seq = anchor.seq
     if spend.get("status") == "completed":

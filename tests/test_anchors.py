@@ -13,7 +13,7 @@ from dpsynth.cli import app
 from dpsynth.errors import BudgetExceededError, DataError, UsageError
 from dpsynth.methods import registry
 from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.anchors import AnchorError
+from dpsynth.privacy.anchors import AnchorError, RunConfigEditedError
 from dpsynth.privacy.ledger import GENESIS_HASH, Ledger, canonical_json, entry_hash
 from dpsynth.sampling import sample_run
 from dpsynth.training import train_run
@@ -145,6 +145,18 @@ def test_resume_refuses_an_edited_noise_multiplier(tmp_path: Path) -> None:
     assert spends == []  # nothing was closed
 
 
+def test_resume_refuses_edited_settings_bound_by_the_spend(tmp_path: Path) -> None:
+    train(tmp_path, stop_after_steps=3)
+    edit_config(tmp_path / "run", lambda c: c["config"].update(lr=50.0))
+    with pytest.raises(RunConfigEditedError):
+        resume(tmp_path)
+    result = invoke(
+        "train", "--out", tmp_path / "run", "--resume", "--ledger", tmp_path / "ledger.jsonl"
+    )
+    assert "config.json was edited" in one_line_error(result, 4)
+    assert Ledger(tmp_path / "ledger.jsonl").spend(0)["status"] == "reserved"
+
+
 def test_resume_refuses_an_anchor_moved_to_another_runs_spend(tmp_path: Path) -> None:
     train(tmp_path, "one", stop_after_steps=3)
     train(tmp_path, "two", stop_after_steps=3, epsilon=8.0)
@@ -248,17 +260,22 @@ def test_calibrate_with_a_dataset_composes_its_linked_spends(tmp_path: Path) -> 
 # ---------------------------------------------------------------- privacy statements (10.4)
 
 
-def test_sample_states_the_ledgers_epsilon_not_config_json(tmp_path: Path) -> None:
+def test_sample_states_the_ledgers_epsilon_and_refuses_an_edited_one(tmp_path: Path) -> None:
     train(tmp_path)
-    run = tmp_path / "run"
-    spend = Ledger(tmp_path / "ledger.jsonl").spend(0)
+    run, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
+    spend = Ledger(ledger).spend(0)
+    pristine = (run / "config.json").read_text()
     edit_config(run, lambda c: c["privacy"].update(epsilon_bound=0.01, target_epsilon=0.01))
-    out = sample_run(run, 10, tmp_path / "s", device="cpu", ledger_path=tmp_path / "ledger.jsonl")
+    result = invoke("sample", run, "--n", "5", "--out", tmp_path / "s")
+    assert "config.json was edited" in one_line_error(result, 4)
+    assert not (tmp_path / "s").exists()
+    (run / "config.json").write_text(pristine)
+    out = sample_run(run, 10, tmp_path / "s", device="cpu", ledger_path=ledger)
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
-    assert "0.01" not in manifest["privacy"]
-    assert f"{spend['epsilon']:.4g}" in manifest["privacy"] == out["privacy"]
-    assert manifest["privacy_source"]["ledger_seq"] == 0
-    assert manifest["privacy_source"]["ledger_hash"] == spend["hash"]
+    assert f"ε ≤ {spend['epsilon']:.4g}," in manifest["privacy"] == out["privacy"]
+    source = manifest["privacy_source"]
+    assert (source["ledger_seq"], source["ledger_hash"]) == (0, spend["hash"])
+    assert source["epsilon"] == spend["epsilon"] and source["status"] == "completed"
 
 
 def test_sample_refuses_a_ledger_without_the_runs_spend(tmp_path: Path) -> None:
@@ -307,10 +324,14 @@ def test_evaluate_of_a_run_dir_states_and_checks_its_spend(tmp_path: Path) -> No
     ids=["method", "classes", "shape", "no-config"],
 )
 def test_an_edited_run_config_is_one_line_and_exit_4(tmp_path: Path, change) -> None:
+    from dpsynth.sampling import load_generator
+
     train(tmp_path)
     edit_config(tmp_path / "run", change)
     with pytest.raises(DataError):
         sample_run(tmp_path / "run", 5, tmp_path / "s", device="cpu")
+    with pytest.raises(DataError):  # also without the ledger's digest to compare against
+        load_generator(tmp_path / "run", "cpu")
     result = invoke("sample", tmp_path / "run", "--n", "5", "--out", tmp_path / "s")
     one_line_error(result, 4)
     assert not (tmp_path / "s").exists()
@@ -386,9 +407,15 @@ def test_head_and_against_usage_errors(tmp_path: Path) -> None:
 
 
 def test_an_edited_pge_width_is_one_line_and_exit_4_not_a_state_dict_dump(tmp_path: Path) -> None:
+    from dpsynth.sampling import load_generator
+
     train(tmp_path, method="pge", stop_after_steps=1, overrides={"steps": 2})
     edit_config(tmp_path / "run", lambda c: c["config"].update(nf=16))
     result = invoke("sample", tmp_path / "run", "--n", "2", "--out", tmp_path / "s")
-    line = one_line_error(result, 4)
-    assert "does not match config.json" in line and len(line) < 400
+    assert "config.json was edited" in one_line_error(result, 4)  # the ledger's digest
     assert not (tmp_path / "s").exists()
+    # Without a digest to compare (a spend recorded before there was one), loading the
+    # checkpoint itself fails with one line.
+    with pytest.raises(DataError, match=r"does not match config\.json") as failed:
+        load_generator(tmp_path / "run", "cpu")
+    assert "\n" not in str(failed.value) and len(str(failed.value)) < 400

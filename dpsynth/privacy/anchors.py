@@ -11,17 +11,33 @@ run's seq) or another ledger (a different working directory) is refused with one
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dpsynth.errors import UsageError
+from dpsynth.errors import DataError, UsageError
 from dpsynth.privacy.ledger import Ledger, canonical_json, json_safe
 
 
 class AnchorError(UsageError):
     """A run's anchor does not match the ledger (exit 2): wrong ledger, or an edited run."""
+
+
+class RunConfigEditedError(DataError):
+    """config.json no longer matches the configuration its spend was reserved for (exit 4)."""
+
+
+# The parts of a run's config.json that its spend binds: what is trained, on what, and how.
+BOUND_CONFIG_KEYS = ("method", "config", "data", "privacy")
+
+
+def run_config_digest(run_config: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of the run's method, hyper-parameters, data description
+    and privacy plan (`BOUND_CONFIG_KEYS`), as recorded in the spend at reservation."""
+    bound = {key: run_config.get(key) for key in BOUND_CONFIG_KEYS}
+    return hashlib.sha256(canonical_json(json_safe(bound)).encode("ascii")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -103,12 +119,16 @@ def verified_spend(
     fingerprint: str,
     events: Sequence[Mapping[str, Any]] | None,
     run_name: str,
+    run_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run's spend (merged with its status, as `Ledger.spend` gives it), after checking it.
 
     The ledger line at `anchor.seq` must exist, have exactly `anchor.hash`, be a spend, and
     name this run id, dataset id and fingerprint; when `events` is given (the run's plan) the
     spend's reserved events must equal it. Raises AnchorError with one line otherwise.
+    When `run_config` is given and the spend recorded a `config_sha256`, the run's method,
+    hyper-parameters, data description and plan must still hash to it
+    (RunConfigEditedError, exit 4, otherwise).
     """
     entries = ledger.entries()
     where = f"{run_name}: its spend (ledger seq {anchor.seq}) "
@@ -139,6 +159,16 @@ def verified_spend(
         raise AnchorError(
             where + "records other mechanism events than the plan in config.json; "
             "config.json was edited"
+        )
+    recorded = line.get("config_sha256")
+    if (
+        run_config is not None
+        and recorded is not None
+        and run_config_digest(run_config) != recorded
+    ):
+        raise RunConfigEditedError(
+            f"{run_name}: config.json was edited after its spend was reserved (method, "
+            "hyper-parameters, data or plan differ from the digest in the ledger)"
         )
     return ledger.spend(anchor.seq)
 

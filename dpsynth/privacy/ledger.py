@@ -328,8 +328,12 @@ class Ledger:
         delta: float,
         private: bool = True,
         max_total_epsilon: float | None = None,
+        config_sha256: str | None = None,
     ) -> dict[str, Any]:
         """Record a spend before any private data is read; return the written line.
+
+        `config_sha256` (optional) binds the spend to the run's configuration (see
+        `dpsynth.privacy.anchors.run_config_digest`), so that a later edit is detected.
 
         Raises BudgetExceededError (and writes nothing) if a budget set on any dataset id linked
         to this spend (by id or fingerprint, see the grouping rule) would be exceeded by the
@@ -365,7 +369,7 @@ class Ledger:
                     f"the total to ε ≤ {total:.4g} at δ={delta:g}, over the target "
                     f"ε={max_total_epsilon:g}; plan again (nothing was run or recorded)"
                 )
-            return {
+            line = {
                 "kind": "spend",
                 "dataset_id": dataset_id,
                 "fingerprint": fingerprint,
@@ -380,6 +384,9 @@ class Ledger:
                 "status": "reserved",
                 "private": is_private,
             }
+            if config_sha256 is not None:
+                line["config_sha256"] = config_sha256
+            return line
 
         return self._append(build)
 
