@@ -212,6 +212,8 @@ def test_a_new_dataset_id_for_the_same_records_composes_with_the_old_one(tmp_pat
     assert row["linked_ids"] == ["B", "C"]
     report = ledger.verify()
     assert report["datasets"]["A"]["total_epsilon"] == report["datasets"]["C"]["total_epsilon"]
+    shown = invoke("ledger", "show", "--ledger", ledger.path)
+    assert shown.exit_code == 0 and "A: total includes the linked ids B, C" in shown.stdout
     # Another data set (another id and fingerprint) stays on its own.
     e = reserve(ledger, [gaussian(3.0)], "D", "fp-9", "r5")
     assert e["total_epsilon"] == e["epsilon"]
