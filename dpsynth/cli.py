@@ -324,6 +324,12 @@ def ledger_show(
             _fmt_eps(row.get("remaining")) if budget else "-",
         )
     stdout.print(table)
+    for name, row in datasets.items():
+        if row.get("linked_ids"):
+            stdout.print(
+                f"{name}: total includes the linked ids {', '.join(row['linked_ids'])} "
+                "(same data by id or fingerprint)"
+            )
     detail = Table(title="entries", title_justify="left")
     for column in ("seq", "time", "kind", "dataset", "command", "method", "run", "status", "ε"):
         detail.add_column(column)
@@ -348,15 +354,43 @@ def ledger_verify(
     quick: Annotated[
         bool, typer.Option(help="Check the hash chain only, not the recorded totals.")
     ] = False,
+    against: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--against",
+            help="Run directories whose spend (seq and hash) must be in the chain: "
+            "--against RUN [RUN ...].",
+        ),
+    ] = None,
+    more_runs: Annotated[
+        list[Path] | None, typer.Argument(help="Further run directories for --against.")
+    ] = None,
+    head: Annotated[
+        list[str] | None,
+        typer.Option("--head", help="A head hash published earlier (`ledger head`)."),
+    ] = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Recompute the hash chain and every total; exit 1 if any line was edited or moved."""
+    """Recompute the hash chain and every total; exit 1 if any line was edited or moved, or if
+    a run's spend or a published head is not in the chain (a cut or rewritten ledger)."""
+    from dpsynth.privacy.anchors import SpendAnchor
     from dpsynth.privacy.ledger import Ledger
+    from dpsynth.runs import RunDir
 
+    if more_runs and not against:
+        raise UsageError("give run directories with --against RUN [RUN ...]")
     path = _ledger_path(ledger)
-    result = Ledger(path).verify(recompute=not quick)
+    if (against or head) and not path.is_file():
+        raise UsageError(f"no ledger at {path}: nothing to check the runs or heads against")
+    runs: dict[str, tuple[int, str]] = {}
+    for run_dir in [*(against or []), *(more_runs or [])]:
+        anchor = SpendAnchor.from_run_config(RunDir(run_dir).read_config(), str(run_dir))
+        runs[str(run_dir)] = (anchor.seq, anchor.hash)
+    result = Ledger(path).verify(recompute=not quick, runs=runs, heads=list(head or []))
+    result["runs_checked"] = list(runs)
+    result["heads_checked"] = list(head or [])
     if as_json:
         _emit_json({"ledger": str(path), **result})
         return
@@ -371,6 +405,36 @@ def ledger_verify(
             "  lines written by another accountant version, checked not to under-report: "
             + ", ".join(map(str, result["other_accountant_seqs"]))
         )
+    if runs:
+        stdout.print(f"  spends of {len(runs)} run(s) found in the chain: " + ", ".join(runs))
+    if head:
+        stdout.print(f"  {len(head)} published head(s) found in the chain")
+
+
+@ledger_app.command("head")
+@handle_errors
+def ledger_head(
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Print the ledger's head (last seq and hash) after checking the chain; keep or publish it,
+    and `ledger verify --head HASH` later proves that nothing up to it was cut or rewritten."""
+    from dpsynth.privacy.ledger import Ledger
+
+    path = _ledger_path(ledger)
+    if not path.is_file():
+        raise UsageError(f"no ledger at {path}")
+    book = Ledger(path)
+    book.verify(recompute=False)  # publish only the head of an intact chain
+    found = book.head()
+    if as_json:
+        _emit_json({"ledger": str(path), **found})
+        return
+    if found["seq"] is None:
+        stdout.print(f"{path}: no entries (head {found['hash']})")
+        return
+    stdout.print(f"{found['hash']}  seq {found['seq']}  {found['time']}  {path}")
 
 
 @ledger_app.command("budget")
@@ -568,7 +632,12 @@ def train(
             delta=delta,
             preset=preset,
             out=out,
-            ledger_path=_ledger_path(ledger),
+            # --resume without --ledger (or $DPSYNTH_LEDGER): the run's recorded ledger.
+            ledger_path=(
+                None
+                if resume and ledger is None and not os.environ.get("DPSYNTH_LEDGER")
+                else _ledger_path(ledger)
+            ),
             device=device,
             seed=seed,
             resume=resume,

@@ -24,9 +24,10 @@ import torch
 from PIL import Image
 
 from dpsynth.data.images import DataInfo
-from dpsynth.errors import UsageError
+from dpsynth.errors import DataError, UsageError
 from dpsynth.methods.base import Generator
 from dpsynth.methods.registry import get_method
+from dpsynth.privacy.anchors import SpendAnchor, privacy_statement, verified_spend
 from dpsynth.privacy.ledger import Ledger
 from dpsynth.runs import RunDir, write_json_atomic
 from dpsynth.training import resolve_device
@@ -35,20 +36,77 @@ SampleProgress = Callable[[int, int], None]
 
 
 def load_generator(run_dir: Path | str, device: str = "auto") -> tuple[Generator, dict, DataInfo]:
-    """The generator of a run (from its last checkpoint), its config and its data info."""
+    """The generator of a run (from its last checkpoint), its config and its data info.
+
+    A config.json that does not describe the checkpoint (an unknown method, missing keys,
+    changed classes or layer sizes) is a DataError naming the run, never a traceback.
+    """
     run = RunDir(run_dir)
     run_config = run.read_config()
     torch_device = resolve_device(device)
+    try:
+        info = DataInfo.from_json(run_config["data"])
+        backend = get_method(run_config["method"])
+        config = run_config["config"]
+    except (UsageError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DataError(
+            f"{run.path}: config.json is not a valid run config ({_one_line(exc)})"
+        ) from None
     tensors, _ = run.load_checkpoint(torch_device)
     trainer_tensors = {
         k.removeprefix("trainer/"): v for k, v in tensors.items() if k.startswith("trainer/")
     }
-    info = DataInfo.from_json(run_config["data"])
-    backend = get_method(run_config["method"])
-    generator = backend.generator_from_state(
-        info, run_config["config"], trainer_tensors, torch_device
-    )
+    try:
+        generator = backend.generator_from_state(info, config, trainer_tensors, torch_device)
+    except (RuntimeError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise DataError(
+            f"{run.path}: the checkpoint does not match config.json (was it edited?): "
+            f"{_one_line(exc)}"
+        ) from None
     return generator, run_config, info
+
+
+def _one_line(exc: BaseException, limit: int = 160) -> str:
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def run_privacy(run_dir: Path | str, ledger_path: Path | str | None = None) -> dict[str, Any]:
+    """The privacy statement of a run's outputs, taken from the ledger spend it is anchored to.
+
+    `ledger_path` defaults to the ledger the run recorded. The anchor (seq and hash in
+    config.json) is checked as for `--resume` (same hash, run id, data and events); a run that
+    does not match its ledger is refused (AnchorError, exit 2), so an edited config.json or a
+    ledger from which the spend was cut can never produce a statement; a config.json edited
+    after the spend was reserved (method, settings, data, plan) is a RunConfigEditedError
+    (exit 4).
+    """
+    run = RunDir(run_dir)
+    run_config = run.read_config()
+    name = str(run.path)
+    anchor = SpendAnchor.from_run_config(run_config, name)
+    try:
+        data = run_config["data"]
+        run_id, dataset_id = str(run_config["run_id"]), str(data["dataset_id"])
+        fingerprint, events = str(data["fingerprint"]), list(run_config["privacy"]["events"])
+        path = Path(ledger_path or run_config["ledger"]["path"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(
+            f"{name}: config.json is not a valid run config ({_one_line(exc)})"
+        ) from None
+    spend = verified_spend(
+        Ledger(path),
+        anchor,
+        run_id=run_id,
+        dataset_id=dataset_id,
+        fingerprint=fingerprint,
+        events=events,
+        run_name=name,
+        run_config=run_config,
+    )
+    return {**privacy_statement(spend), "ledger": str(path.resolve())}
 
 
 def parse_labels(labels: str, n: int, num_classes: int) -> torch.Tensor:
@@ -145,6 +203,8 @@ def sample_run(
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise UsageError(f"{out} exists and is not empty; use --force to replace it")
+    # The statement comes from the ledger, checked before anything is generated or written.
+    privacy = run_privacy(run_dir, ledger_path)
     generator, run_config, info = load_generator(run_dir, device)
     wanted = parse_labels(labels, n, len(info.classes))
     class_dirs = [_safe_class_dir(name) for name in info.classes]
@@ -157,13 +217,17 @@ def sample_run(
         else:
             _write_npz(generator, wanted, batch_size, seed, staging, info, digest, progress)
         output_sha = digest.hexdigest()
-        release = _record_release(run_config, info, ledger_path, output_sha, n, fmt, out)
+        release = _record_release(run_config, info, privacy["ledger"], output_sha, n, fmt, out)
         manifest = {
             "run_id": run_config["run_id"],
             "run": str(Path(run_dir).resolve()),
             "method": run_config["method"],
-            "private": run_config["private"],
-            "privacy": _privacy_line(run_config),
+            "private": privacy["private"],
+            "privacy": privacy["statement"],
+            "privacy_source": {
+                key: privacy[key]
+                for key in ("ledger", "ledger_seq", "ledger_hash", "status", "epsilon", "delta")
+            },
             "n": n,
             "format": fmt,
             "classes": list(info.classes),
@@ -244,24 +308,16 @@ def _write_npz(
     digest.update(b"samples.npz\0" + hashlib.sha256(path.read_bytes()).digest())
 
 
-def _privacy_line(run_config: dict[str, Any]) -> str:
-    privacy = run_config["privacy"]
-    if not run_config["private"]:
-        return "NOT PRIVATE (trained with --epsilon inf)"
-    bound = float(privacy["epsilon_bound"])
-    return f"(ε ≤ {bound:.4g}, δ = {privacy['delta']:g})-DP, {privacy['accountant']}"
-
-
 def _record_release(
     run_config: dict[str, Any],
     info: DataInfo,
-    ledger_path: Path | str | None,
+    ledger_path: Path | str,
     output_sha: str,
     n: int,
     fmt: str,
     out: Path,
 ) -> dict[str, Any] | None:
-    path = ledger_path or run_config["ledger"]["path"]
+    path = ledger_path
     entry = Ledger(path).record_release(
         dataset_id=info.dataset_id,
         fingerprint=info.fingerprint,

@@ -38,6 +38,13 @@ from dpsynth.errors import DataError, DpsynthError, UsageError
 from dpsynth.methods.base import Method, PrivacyPlan, PrivacyTarget, Trainer
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting import default_delta, epsilon_for
+from dpsynth.privacy.anchors import (
+    AnchorError,
+    SpendAnchor,
+    check_plan_parameters,
+    run_config_digest,
+    verified_spend,
+)
 from dpsynth.privacy.dpsgd import PoissonSampler
 from dpsynth.privacy.ledger import Ledger
 from dpsynth.privacy.randomness import PrivateRandomness
@@ -106,7 +113,7 @@ def train_run(
     delta: float | None = None,
     preset: str = "small",
     out: Path | str,
-    ledger_path: Path | str,
+    ledger_path: Path | str | None,
     device: str = "auto",
     seed: int = 0,
     resume: bool = False,
@@ -124,15 +131,17 @@ def train_run(
     `epsilon` is the data set's total budget after this run: earlier spends recorded in the
     ledger for the same dataset are composed in when σ is calibrated. `stop_after_steps` ends
     the loop early as an interruption would (checkpoint written, ledger entry left reserved);
-    tests use it to exercise `resume`. `log_private_loss` writes the noise-free losses of the
+    tests use it to exercise `resume`. With `resume` and no `ledger_path`, the ledger the run
+    recorded is used. `log_private_loss` writes the noise-free losses of the
     private batches to `RUN/private/train-loss.jsonl` (and shows them in progress reports).
     `privacy_seed` fixes the secret of the DP randomness for tests only: a known secret
     voids the guarantee, so the CLI never passes it (a fresh OS secret is drawn instead).
     """
     run = RunDir(out)
-    ledger = Ledger(ledger_path)
     torch_device = resolve_device(device)
     if resume:
+        # Without a ledger given, the run's own (recorded) ledger; the anchor is checked anyway.
+        ledger = Ledger(ledger_path or _recorded_ledger(run))
         return _resume(
             run,
             ledger,
@@ -142,6 +151,9 @@ def train_run(
             stop_after_steps,
             log_private_loss,
         )
+    if ledger_path is None:
+        raise UsageError("a new run needs a ledger path")
+    ledger = Ledger(ledger_path)
     target_epsilon = parse_epsilon(epsilon)
     backend = get_method(method)
     run.check_new()
@@ -157,8 +169,13 @@ def train_run(
         )
     config = backend.config(preset, overrides or {}, info)
     target = PrivacyTarget(target_epsilon, float(delta))
-    plan = backend.plan(info, target, config, ledger.events_for(info.dataset_id))
+    # Budgets follow the data: spends linked by dataset id or fingerprint are composed in.
+    prior = ledger.events_for(info.dataset_id, info.fingerprint)
+    plan = backend.plan(info, target, config, prior)
     run_id = uuid.uuid4().hex[:12]
+    data_json = {**info.to_json(), "image_size": image_size}
+    # The spend binds what config.json will say about method, settings, data and plan.
+    bound = {"method": backend.name, "config": config, "data": data_json, "privacy": plan.to_json()}
     entry = ledger.reserve(
         dataset_id=info.dataset_id,
         fingerprint=info.fingerprint,
@@ -170,13 +187,14 @@ def train_run(
         private=plan.private,
         # Another process may have spent on this dataset since the plan was made.
         max_total_epsilon=plan.target_epsilon if plan.private else None,
+        config_sha256=run_config_digest(bound),
     )
     run_config = {
         "run_id": run_id,
         "method": backend.name,
         "preset": preset,
         "config": config,
-        "data": {**info.to_json(), "image_size": image_size},
+        "data": data_json,
         "privacy": plan.to_json(),
         "private": plan.private,
         "ledger": {
@@ -204,7 +222,7 @@ def train_run(
         run.write_secret(randomness.to_json())
     except BaseException:
         # Nothing was read yet: the reservation is closed at zero cost.
-        ledger.abort(entry["seq"], events=[])
+        ledger.abort(entry["seq"], events=[], run_id=run_id, fingerprint=info.fingerprint)
         raise
     trainer = backend.trainer(info, config, plan, torch_device, seed, randomness)
     sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
@@ -229,6 +247,14 @@ def train_run(
     )
 
 
+def _recorded_ledger(run: RunDir) -> Path:
+    recorded = run.read_config().get("ledger")
+    path = recorded.get("path") if isinstance(recorded, dict) else None
+    if not isinstance(path, str) or not path:
+        raise DataError(f"{run.path}: config.json records no ledger path; pass --ledger")
+    return Path(path)
+
+
 def _resume(
     run: RunDir,
     ledger: Ledger,
@@ -239,8 +265,45 @@ def _resume(
     log_private_loss: bool,
 ) -> dict[str, Any]:
     run_config = run.read_config()
-    backend = get_method(run_config["method"])
-    data_cfg = run_config["data"]
+    name = str(run.path)
+    try:
+        backend = get_method(run_config["method"])
+        data_cfg = run_config["data"]
+        plan = PrivacyPlan.from_json(run_config["privacy"])
+        run_id = str(run_config["run_id"])
+        dataset_id, fingerprint = str(data_cfg["dataset_id"]), str(data_cfg["fingerprint"])
+        anchor = SpendAnchor.from_run_config(run_config, name)
+    except UsageError as exc:
+        if isinstance(exc, AnchorError):
+            raise
+        raise DataError(f"{name}: config.json is not valid for resuming ({exc})") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DataError(f"{name}: config.json is not valid for resuming ({exc!r})") from None
+    # The spend this run may close is the one its anchor points at, checked before any data
+    # is read: same hash, this run id and data, and events equal to the plan the loop will use.
+    check_plan_parameters(
+        plan.events,
+        private=plan.private,
+        noise_multiplier=plan.noise_multiplier,
+        sampling_rate=plan.sampling_rate,
+        steps=plan.steps,
+        run_name=name,
+    )
+    spend = verified_spend(
+        ledger,
+        anchor,
+        run_id=run_id,
+        dataset_id=dataset_id,
+        fingerprint=fingerprint,
+        events=plan.events,
+        run_name=name,
+        run_config=run_config,
+    )
+    seq = anchor.seq
+    if spend.get("status") == "completed":
+        return {**_summary(run, run_config, ledger, plan, plan.steps), "already_finished": True}
+    if spend.get("status") == "aborted":
+        raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
     records = load_data(
         data_cfg["spec"], image_size=data_cfg.get("image_size"), dataset_id=data_cfg["dataset_id"]
     )
@@ -250,13 +313,6 @@ def _resume(
             f"{data_cfg['spec']}: the data changed since this run started "
             "(fingerprint differs); a resumed run must see the same records"
         )
-    plan = PrivacyPlan.from_json(run_config["privacy"])
-    seq = int(run_config["ledger"]["spend_seq"])
-    spend = ledger.spend(seq)
-    if spend.get("status") == "completed":
-        return {**_summary(run, run_config, ledger, plan, plan.steps), "already_finished": True}
-    if spend.get("status") == "aborted":
-        raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
     if log_private_loss:  # asked for at resume time: log the remaining steps' losses too
         run_config = {**run_config, "log_private_loss": True}
     randomness = PrivateRandomness.from_json(run.read_secret())
@@ -405,7 +461,12 @@ def _loop(
         raise
     checkpoint()
     _write_preview(run, backend, info, config, trainer, run_config["seed"], device)
-    ledger.complete(seq, [_with_steps(e, step) for e in plan.events])
+    ledger.complete(
+        seq,
+        [_with_steps(e, step) for e in plan.events],
+        run_id=run_config["run_id"],
+        fingerprint=info.fingerprint,
+    )
     return {**_summary(run, run_config, ledger, plan, step), "warnings": warnings}
 
 

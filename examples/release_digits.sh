@@ -13,5 +13,7 @@ dpsynth train --method pge --data "$DATA" --epsilon 10 --delta 1e-5 --preset sma
 dpsynth sample "$OUT/run" --n 10000 --out "$OUT/synthetic"
 dpsynth evaluate --synthetic "$OUT/synthetic" --real "$DATA:test" --metrics accuracy \
   --classifier logreg --report "$OUT/report"
-dpsynth ledger verify
+dpsynth ledger verify --against "$OUT/run"
+# Keep or publish the head: `dpsynth ledger verify --head HASH` later proves no rewrite.
+dpsynth ledger head --json > "$OUT/ledger-head.json"
 dpsynth ledger show --dataset "$DATA"

@@ -73,7 +73,7 @@ def test_calibrate_composes_earlier_spends_and_budget(tmp_path):
         dataset_id="digits", fingerprint="f" * 64, command="train", method="pge", run_id="r1",
         events=[poisson_gaussian_event(1.0, 0.02, 200)], delta=1e-5,
     )["seq"]  # fmt: skip
-    book.complete(seq, [poisson_gaussian_event(1.0, 0.02, 200)])
+    book.complete(seq, [poisson_gaussian_event(1.0, 0.02, 200)], run_id="r1", fingerprint="f" * 64)
     alone = run_json("calibrate", "--epsilon", "4", "--sampling-rate", "0.02", "--steps", "200")
     # No --epsilon: the budget cap is the target, at the budget's δ.
     out = run_json(

@@ -32,7 +32,7 @@ def filled_ledger(path) -> Ledger:
             dataset_id="digits", fingerprint="f" * 64, command="train", method="pge",
             run_id=run, events=[event], delta=1e-5,
         )["seq"]  # fmt: skip
-        book.complete(seq, [event])
+        book.complete(seq, [event], run_id=run, fingerprint="f" * 64)
     return book
 
 

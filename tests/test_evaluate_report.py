@@ -113,8 +113,23 @@ def test_run_directory_is_sampled_and_gets_an_epsilon_curve(tmp_path, monkeypatc
 
     run = tmp_path / "run"
     run.mkdir()
+    # The run is anchored to its spend: the privacy statement of the evaluation comes from it.
+    ledger = tmp_path / "ledger.jsonl"
+    events = [{"type": "gaussian", "noise_multiplier": 5.0, "count": 1}]
+    spend = Ledger(ledger).reserve(
+        dataset_id="digits", fingerprint="f" * 64, command="train", method="pge", run_id="r9",
+        events=events, delta=1e-5,
+    )  # fmt: skip
     (run / "config.json").write_text(
-        json.dumps({"run_id": "r9", "method": "pge", "data": {"dataset_id": "digits"}})
+        json.dumps(
+            {
+                "run_id": "r9",
+                "method": "pge",
+                "data": {"dataset_id": "digits", "fingerprint": "f" * 64},
+                "privacy": {"events": events},
+                "ledger": {"spend_seq": spend["seq"], "spend_hash": spend["hash"]},
+            }
+        )
     )
     log = [{"step": s, "epsilon": 0.1 * s, "loss": 1.0 / (s + 1)} for s in range(1, 21)]
     (run / "train-log.jsonl").write_text("\n".join(json.dumps(row) for row in log) + "\n")
@@ -134,11 +149,14 @@ def test_run_directory_is_sampled_and_gets_an_epsilon_curve(tmp_path, monkeypatc
         metrics=["accuracy"],
         classifier="logreg",
         report_dir=tmp_path / "report",
+        ledger_path=ledger,
     )
     assert calls == [360]  # default n: the size of the real reference set
     assert result["synthetic_source"] == "run" and result["provenance"]["run_id"] == "r9"
     assert result["metrics"]["accuracy"]["mean"] > 0.85  # labels mapped back by name
     assert (tmp_path / "report" / "epsilon_curve.png").is_file()
+    assert result["privacy"]["epsilon"] == spend["epsilon"]
+    assert result["privacy"]["ledger_seq"] == spend["seq"]
 
 
 def test_bad_metric_and_device_are_usage_errors(tmp_path) -> None:

@@ -44,6 +44,11 @@ def reserve(ledger: Ledger, events: list[dict], dataset: str = "digits", run: st
     )
 
 
+def owner(spend: dict) -> dict:
+    """The run id and fingerprint a spend must be closed with."""
+    return {"run_id": spend["run_id"], "fingerprint": spend["fingerprint"]}
+
+
 def release(ledger: Ledger, dataset: str = "digits", run: str = "r", **details) -> dict:
     return ledger.record_release(
         dataset_id=dataset,
@@ -153,7 +158,8 @@ def test_reserve_complete_abort_lifecycle_and_what_counts(tmp_path: Path) -> Non
     first = reserve(ledger, [gaussian(5.0, count=4)], run="a")
     assert ledger.events_for("digits") == (gaussian(5.0, count=4),)  # reserved counts in full
 
-    done = ledger.complete(first["seq"], [gaussian(5.0, count=2)])  # stopped after 2 of 4
+    # stopped after 2 of 4
+    done = ledger.complete(first["seq"], [gaussian(5.0, count=2)], **owner(first))
     assert done["ref"] == first["seq"] and done["status"] == "completed"
     assert ledger.events_for("digits") == (gaussian(5.0, count=2),)
     assert done["epsilon"] == compose_epsilon([gaussian(5.0, count=2)], DELTA).epsilon
@@ -161,9 +167,10 @@ def test_reserve_complete_abort_lifecycle_and_what_counts(tmp_path: Path) -> Non
 
     crashed = reserve(ledger, [gaussian(4.0)], run="b")  # never closed: a crash
     aborted_full = reserve(ledger, [gaussian(3.0)], run="c")
-    ledger.abort(aborted_full["seq"])  # nothing said about the part spent: all of it counts
+    # nothing said about the part spent: all of it counts
+    ledger.abort(aborted_full["seq"], **owner(aborted_full))
     aborted_part = reserve(ledger, [gaussian(2.0, count=3)], run="d")
-    ledger.abort(aborted_part["seq"], [gaussian(2.0, count=1)])
+    ledger.abort(aborted_part["seq"], [gaussian(2.0, count=1)], **owner(aborted_part))
     release(ledger, run="a", n=100)
 
     expected = (gaussian(5.0, count=2), gaussian(4.0), gaussian(3.0), gaussian(2.0, count=1))
@@ -179,9 +186,9 @@ def test_reserve_complete_abort_lifecycle_and_what_counts(tmp_path: Path) -> Non
     assert merged["reserved_events"] == [gaussian(2.0, count=3)]
 
     with pytest.raises(DpsynthError, match="already completed"):
-        ledger.complete(first["seq"], [gaussian(5.0)])
+        ledger.complete(first["seq"], [gaussian(5.0)], **owner(first))
     with pytest.raises(DpsynthError, match="no spend with seq"):
-        ledger.abort(99)
+        ledger.abort(99, **owner(first))
     assert ledger.verify()["open_spends"] == [crashed["seq"]]
 
 
@@ -208,7 +215,7 @@ def test_spends_for_fingerprint_lists_spends_with_their_status(tmp_path: Path) -
     a = reserve(ledger, [gaussian(5.0)], run="a")
     reserve(ledger, [gaussian(5.0)], dataset="other", run="b")
     c = reserve(ledger, [gaussian(4.0)], run="c")
-    ledger.complete(a["seq"], [gaussian(5.0)])
+    ledger.complete(a["seq"], [gaussian(5.0)], **owner(a))
     found = ledger.spends_for_fingerprint("fp-digits")
     assert [(s["run_id"], s["status"]) for s in found] == [("a", "completed"), ("c", "reserved")]
     assert found[1]["seq"] == c["seq"]
@@ -331,7 +338,7 @@ def test_non_private_spend_makes_the_total_infinite(tmp_path: Path) -> None:
     assert line["private"] is False
     assert "Infinity" not in path.read_text()
     assert math.isinf(ledger.total_epsilon("digits", DELTA))
-    ledger.complete(line["seq"], [{"type": "non_private", "steps": 10}])
+    ledger.complete(line["seq"], [{"type": "non_private", "steps": 10}], **owner(line))
     row = ledger.summary()["datasets"]["digits"]
     assert row["private"] is False and math.isinf(row["total_epsilon"])
     assert math.isinf(ledger.verify()["datasets"]["digits"]["total_epsilon"])
@@ -350,7 +357,7 @@ def intact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     first = reserve(ledger, [gaussian(5.0, count=2)], run="a")
     release(ledger, run="a")
     reserve(ledger, [gaussian(3.0)], run="b")
-    ledger.complete(first["seq"], [gaussian(5.0)])
+    ledger.complete(first["seq"], [gaussian(5.0)], **owner(first))
     ledger.set_budget("digits", 10.0, DELTA)
     release(ledger, run="b")
     return path
@@ -501,7 +508,7 @@ def _append_entries(path: str, worker: int, count: int, start) -> None:
     ledger = Ledger(path)
     start.wait()
     spend = reserve(ledger, [gaussian(5.0)], dataset=f"d{worker}", run=f"w{worker}")
-    ledger.complete(spend["seq"], [gaussian(5.0)])
+    ledger.complete(spend["seq"], [gaussian(5.0)], **owner(spend))
     for i in range(count - 2):
         release(ledger, dataset=f"d{worker}", run=f"w{worker}", i=i)
 

@@ -66,6 +66,7 @@ def run_evaluation(
     warnings = training_data_warnings(real_data, ledger_path, "--real")
     if n is not None and n < 1:
         raise UsageError("--n must be at least 1")
+    privacy = _run_privacy(synthetic, ledger_path)
     synth = folders.load_synthetic(
         synthetic,
         tuple(real_data.classes),
@@ -136,6 +137,8 @@ def run_evaluation(
         "warnings": warnings,
         "report_dir": None,
     }
+    if privacy is not None:
+        result["privacy"] = privacy
     result["non_private_contents"] = non_private_contents(result, report_dir is not None)
     if report_dir is not None:
         result["report_dir"] = str(Path(report_dir))
@@ -144,6 +147,16 @@ def run_evaluation(
         digest = hashlib.sha256(canonical_json(result)).hexdigest()
     result["release"] = record_evaluation_release(ledger_path, result, digest)
     return result
+
+
+def _run_privacy(synthetic: str, ledger_path: str | os.PathLike[str] | None) -> dict | None:
+    """For a run dir, its privacy statement from the ledger spend it is anchored to (checked;
+    refused with exit 2 when the run does not match the ledger); None for a sample folder."""
+    if not folders.is_run_dir(Path(synthetic)):
+        return None
+    from dpsynth.sampling import run_privacy
+
+    return run_privacy(synthetic, ledger_path)
 
 
 def _parse_metrics(metrics: Sequence[str]) -> set[str]:

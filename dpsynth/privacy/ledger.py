@@ -18,6 +18,13 @@ counts with the status line's events (for an abort without events, the reserved 
 A crash therefore leaves the whole reservation counted. Totals are always recomputed by
 composing the counting events (heterogeneous PRV composition), never by adding ε values.
 
+Grouping rule (budgets follow the data, not the name): spends that share a dataset id **or** a
+fingerprint are linked, and linking is transitive, so the spends form groups (connected
+components). A spend composes with every counting event of its group; the total reported for a
+dataset id, a budget cap set on a dataset id and the prior events of a new plan all cover the
+whole group. The same records under a new `--dataset-id` (same fingerprint), or a converted
+file recorded under the same id (new fingerprint), therefore never get a fresh budget.
+
 Infinite ε (a non-private run) is stored as the string "inf", since JSON has no infinity.
 """
 
@@ -148,10 +155,59 @@ class _State:
     closing: dict[int, dict[str, Any]] = field(default_factory=dict)
     budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
     spends_by_dataset: dict[str, list[int]] = field(default_factory=dict)
+    # Union-find over "id:<dataset id>" and "fp:<fingerprint>" keys: the grouping rule.
+    links: dict[str, str] = field(default_factory=dict)
 
     @property
     def head_hash(self) -> str:
         return self.entries[-1]["hash"] if self.entries else GENESIS_HASH
+
+    def _root(self, key: str) -> str:
+        while self.links.get(key, key) != key:
+            key = self.links[key]
+        return key
+
+    def _link(self, dataset_id: str, fingerprint: str) -> None:
+        if not fingerprint:
+            return  # an unknown fingerprint links nothing
+        a, b = self._root(_id_key(dataset_id)), self._root(_fp_key(fingerprint))
+        if a != b:
+            self.links[b] = a
+
+    def group_roots(self, dataset_id: str, fingerprint: str | None = None) -> set[str]:
+        """The groups a spend on (dataset_id, fingerprint) belongs to (two until it is written)."""
+        roots = {self._root(_id_key(dataset_id))}
+        if fingerprint:
+            roots.add(self._root(_fp_key(fingerprint)))
+        return roots
+
+    def group_spends(self, dataset_id: str, fingerprint: str | None = None) -> list[int]:
+        """Seqs of the spends linked to this dataset id (or fingerprint), in order."""
+        roots = self.group_roots(dataset_id, fingerprint)
+        return [
+            seq
+            for seq, spend in self.spends.items()
+            if self._root(_id_key(spend["dataset_id"])) in roots
+        ]
+
+    def group_budgets(
+        self, dataset_id: str, fingerprint: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The latest budget line of every dataset id linked to this one (or its fingerprint)."""
+        roots = self.group_roots(dataset_id, fingerprint)
+        return [b for i, b in self.budgets.items() if self._root(_id_key(i)) in roots]
+
+    def group_members(self, dataset_id: str) -> tuple[list[str], list[str]]:
+        """(dataset ids, fingerprints) of the spends linked to this dataset id."""
+        ids: list[str] = []
+        fingerprints: list[str] = []
+        for seq in self.group_spends(dataset_id):
+            spend = self.spends[seq]
+            if spend["dataset_id"] not in ids:
+                ids.append(spend["dataset_id"])
+            if spend["fingerprint"] and spend["fingerprint"] not in fingerprints:
+                fingerprints.append(spend["fingerprint"])
+        return ids, fingerprints
 
     def fail(self, line: int, reason: str) -> LedgerIntegrityError:
         return LedgerIntegrityError(f"ledger {self.path}: line {line}: {reason}")
@@ -190,6 +246,7 @@ class _State:
         if kind == "spend":
             self.spends[entry["seq"]] = entry
             self.spends_by_dataset.setdefault(entry["dataset_id"], []).append(entry["seq"])
+            self._link(entry["dataset_id"], entry["fingerprint"])
         elif kind == "status":
             ref = entry["ref"]
             spend = self.spends.get(ref) if isinstance(ref, int) else None
@@ -201,6 +258,9 @@ class _State:
                 raise self.fail(line, f"unknown status {entry['status']!r}")
             if entry["dataset_id"] != spend["dataset_id"]:
                 raise self.fail(line, f"status line names another dataset than spend seq {ref}")
+            for name in ("run_id", "fingerprint"):
+                if name in entry and entry[name] != spend[name]:
+                    raise self.fail(line, f"status line names another {name} than spend seq {ref}")
             self.closing[ref] = entry
         elif kind == "budget":
             self.budgets[entry["dataset_id"]] = entry
@@ -214,12 +274,17 @@ class _State:
         return self.spends[seq]["events"]
 
     def counting_events(
-        self, dataset_id: str, replace: Mapping[int, list[dict[str, Any]]] | None = None
+        self,
+        dataset_id: str,
+        replace: Mapping[int, list[dict[str, Any]]] | None = None,
+        fingerprint: str | None = None,
     ) -> list[dict[str, Any]]:
-        """All counting events of the dataset (optionally with some spends' events replaced)."""
+        """All counting events of the dataset's group (see the grouping rule), optionally with
+        some spends' events replaced; with `fingerprint`, also of the group of that fingerprint
+        (a spend on (dataset_id, fingerprint) about to be written joins both)."""
         replace = replace or {}
         events: list[dict[str, Any]] = []
-        for seq in self.spends_by_dataset.get(dataset_id, []):
+        for seq in self.group_spends(dataset_id, fingerprint):
             events.extend(replace[seq] if seq in replace else self.spent_events(seq))
         return events
 
@@ -263,13 +328,18 @@ class Ledger:
         delta: float,
         private: bool = True,
         max_total_epsilon: float | None = None,
+        config_sha256: str | None = None,
     ) -> dict[str, Any]:
         """Record a spend before any private data is read; return the written line.
 
-        Raises BudgetExceededError (and writes nothing) if the dataset has a budget and the
-        composed total at the budget's δ, this spend included, would exceed its ε; or if the
-        total at `delta` would exceed `max_total_epsilon` (the run's target, planned from
-        `events_for` earlier: this catches spends that other processes recorded since).
+        `config_sha256` (optional) binds the spend to the run's configuration (see
+        `dpsynth.privacy.anchors.run_config_digest`), so that a later edit is detected.
+
+        Raises BudgetExceededError (and writes nothing) if a budget set on any dataset id linked
+        to this spend (by id or fingerprint, see the grouping rule) would be exceeded by the
+        group's composed total at the budget's δ, this spend included; or if the total at
+        `delta` would exceed `max_total_epsilon` (the run's target, planned from `events_for`
+        earlier: this catches spends that other processes recorded since).
         """
         events_list = _check_events(events)
         delta = _check_delta(delta)
@@ -277,24 +347,29 @@ class Ledger:
         is_private = bool(private) and math.isfinite(epsilon)
         # Warm the accountant's cache outside the lock; under the lock it is then a lookup
         # unless another process appended a spend for this dataset in between.
-        self._totals_for_reserve(self._read_state(), dataset_id, events_list, delta)
+        self._totals_for_reserve(self._read_state(), dataset_id, fingerprint, events_list, delta)
 
         def build(state: _State) -> dict[str, Any]:
-            total, budget_total = self._totals_for_reserve(state, dataset_id, events_list, delta)
-            budget = state.budgets.get(dataset_id)
-            if budget is not None and budget_total > as_float(budget["epsilon"]):
-                raise BudgetExceededError(
-                    f"dataset {dataset_id!r}: this run would bring the total to "
-                    f"ε ≤ {budget_total:.4g} at δ={float(budget['delta']):g}, over the budget cap "
-                    f"ε={as_float(budget['epsilon']):g} (nothing was run or recorded)"
-                )
+            total, capped = self._totals_for_reserve(
+                state, dataset_id, fingerprint, events_list, delta
+            )
+            for budget, budget_total in capped:
+                if budget_total > as_float(budget["epsilon"]):
+                    linked = budget["dataset_id"]
+                    via = "" if linked == dataset_id else f" (linked to {linked!r}: same data)"
+                    raise BudgetExceededError(
+                        f"dataset {dataset_id!r}{via}: this run would bring the total to "
+                        f"ε ≤ {budget_total:.4g} at δ={float(budget['delta']):g}, over the "
+                        f"budget cap ε={as_float(budget['epsilon']):g} set on {linked!r} "
+                        "(nothing was run or recorded)"
+                    )
             if max_total_epsilon is not None and total > max_total_epsilon:
                 raise BudgetExceededError(
                     f"dataset {dataset_id!r}: spends recorded since this run was planned bring "
                     f"the total to ε ≤ {total:.4g} at δ={delta:g}, over the target "
                     f"ε={max_total_epsilon:g}; plan again (nothing was run or recorded)"
                 )
-            return {
+            line = {
                 "kind": "spend",
                 "dataset_id": dataset_id,
                 "fingerprint": fingerprint,
@@ -309,17 +384,34 @@ class Ledger:
                 "status": "reserved",
                 "private": is_private,
             }
+            if config_sha256 is not None:
+                line["config_sha256"] = config_sha256
+            return line
 
         return self._append(build)
 
-    def complete(self, seq: int, events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Close spend `seq` as completed with the events actually spent; return the line."""
-        return self._close(seq, "completed", _check_events(events))
+    def complete(
+        self, seq: int, events: Sequence[Mapping[str, Any]], *, run_id: str, fingerprint: str
+    ) -> dict[str, Any]:
+        """Close spend `seq` as completed with the events actually spent; return the line.
 
-    def abort(self, seq: int, events: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+        `run_id` and `fingerprint` must be the spend's (a run can only close its own spend),
+        and the spend must still be reserved; otherwise a UsageError and nothing is written.
+        """
+        return self._close(seq, "completed", _check_events(events), run_id, fingerprint)
+
+    def abort(
+        self,
+        seq: int,
+        events: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        run_id: str,
+        fingerprint: str,
+    ) -> dict[str, Any]:
         """Close spend `seq` as aborted, counting `events` (the part actually spent) or, when
-        None, the reserved events in full; return the line."""
-        return self._close(seq, "aborted", None if events is None else _check_events(events))
+        None, the reserved events in full; return the line. Checked as in `complete`."""
+        spent = None if events is None else _check_events(events)
+        return self._close(seq, "aborted", spent, run_id, fingerprint)
 
     def record_release(
         self,
@@ -380,17 +472,40 @@ class Ledger:
         """All lines, in order, as stored (ε values may be the string "inf")."""
         return copy.deepcopy(self._read_state().entries)
 
+    def head(self) -> dict[str, Any]:
+        """The last line's seq, hash and time (seq None and the genesis hash when empty): the
+        value to keep or publish so that a later rewrite of the ledger can be detected."""
+        state = self._read_state()
+        if not state.entries:
+            return {"seq": None, "hash": GENESIS_HASH, "time": None, "entries": 0}
+        last = state.entries[-1]
+        return {
+            "seq": last["seq"],
+            "hash": last["hash"],
+            "time": last["time"],
+            "entries": len(state.entries),
+        }
+
     def budget_for(self, dataset_id: str) -> dict[str, Any] | None:
-        """The dataset's latest budget line, or None if it has none."""
-        budget = self._read_state().budgets.get(dataset_id)
+        """The dataset's latest budget line; without one, the latest budget set on an id linked
+        to it (the grouping rule); None if its group has none."""
+        state = self._read_state()
+        budget = state.budgets.get(dataset_id)
+        if budget is None:
+            linked = state.group_budgets(dataset_id)
+            budget = max(linked, key=lambda line: line["seq"]) if linked else None
         return copy.deepcopy(budget)
 
-    def events_for(self, dataset_id: str) -> tuple[dict[str, Any], ...]:
-        """The dataset's counting events (the `prior_events` of its next plan)."""
-        return tuple(copy.deepcopy(self._read_state().counting_events(dataset_id)))
+    def events_for(
+        self, dataset_id: str, fingerprint: str | None = None
+    ) -> tuple[dict[str, Any], ...]:
+        """The counting events of every spend linked to this dataset id or fingerprint (the
+        `prior_events` of its next plan; see the grouping rule)."""
+        state = self._read_state()
+        return tuple(copy.deepcopy(state.counting_events(dataset_id, fingerprint=fingerprint)))
 
     def total_epsilon(self, dataset_id: str, delta: float) -> float:
-        """The composed ε upper bound at `delta` of all counting events of the dataset."""
+        """The composed ε upper bound at `delta` of all counting events linked to the dataset."""
         return _compose(self.events_for(dataset_id), _check_delta(delta))[0]
 
     def spend(self, seq: int) -> dict[str, Any]:
@@ -414,7 +529,10 @@ class Ledger:
         """Per-dataset totals for `ledger show` (ε values are floats, possibly inf).
 
         The total is at `delta` if given, else at the budget's δ, else at the largest δ among
-        the dataset's spends. One composition per dataset.
+        the dataset's spends. It composes every spend linked to the dataset id by id or
+        fingerprint (the grouping rule); `linked_ids` names the other ids of that group, and
+        `private` is False when any spend of the group is not private. One composition per
+        dataset.
         """
         state = self._read_state()
         datasets: dict[str, dict[str, Any]] = {}
@@ -426,18 +544,21 @@ class Ledger:
                 row["fingerprints"].append(entry["fingerprint"])
             if entry["kind"] == "spend":
                 row["spends"] += 1
-                row["private"] = row["private"] and bool(entry.get("private", True))
-                row["deltas"].append(float(entry["delta"]))
                 if entry["seq"] not in state.closing:
                     row["open_spends"] += 1
             elif entry["kind"] == "release":
                 row["releases"] += 1
         for dataset_id, row in datasets.items():
             events = state.counting_events(dataset_id)
+            group = [state.spends[seq] for seq in state.group_spends(dataset_id)]
+            row["linked_ids"] = state.group_members(dataset_id)[0]
+            row["linked_ids"] = [i for i in row["linked_ids"] if i != dataset_id]
+            row["private"] = all(bool(spend.get("private", True)) for spend in group)
             budget = state.budgets.get(dataset_id)
             at = delta
             if at is None:
-                at = float(budget["delta"]) if budget else max(row["deltas"], default=None)
+                deltas = [float(spend["delta"]) for spend in group]
+                at = float(budget["delta"]) if budget else max(deltas, default=None)
             row["delta"] = at
             row["total_epsilon"], row["accountant"] = (
                 _compose(events, at) if at is not None else (0.0, None)
@@ -448,11 +569,15 @@ class Ledger:
                 row["budget"] = {"epsilon": cap, "delta": cap_delta}
                 row["budget_spent"] = spent
                 row["remaining"] = cap - spent if math.isfinite(spent) else -math.inf
-            del row["deltas"]
         return {"path": str(self.path), "entries": len(state.entries), "datasets": datasets}
 
     def verify(
-        self, anchors: Mapping[int, str] | None = None, *, recompute: bool = True
+        self,
+        anchors: Mapping[int, str] | None = None,
+        *,
+        recompute: bool = True,
+        runs: Mapping[str, tuple[int, str]] | None = None,
+        heads: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Re-read the whole file and check it; raise LedgerIntegrityError with a one-line
         reason at the first problem, else return counts and per-dataset totals.
@@ -464,7 +589,13 @@ class Ledger:
         must not under-report by more than 5%, and their seqs are listed in
         `other_accountant_seqs`). That is one accountant call per spend line, skipped with
         `recompute=False`. `anchors` (seq → hash, e.g. from run directories) must all be
-        present, which also catches lines cut off the end.
+        present, which also catches lines cut off the end. `runs` (run name → (seq, hash) of
+        its spend, as the run directory keeps it) does the same, naming the run in the
+        failure; `heads` are head hashes published earlier (`ledger head`): each must still be
+        the hash of a line of the chain.
+
+        A chain alone cannot tell a consistent rewrite (lines dropped from the end, or the
+        file rebuilt and re-hashed) from the original; anchors kept outside the ledger can.
         """
         raw = b""
         if self.path.exists():
@@ -488,13 +619,33 @@ class Ledger:
                     f"ledger {self.path}: entry seq {seq} known from a run is missing or differs "
                     "(lines were cut off or the file was rewritten)"
                 )
+        for name, (seq, expected) in (runs or {}).items():
+            if seq >= len(state.entries):
+                raise LedgerIntegrityError(
+                    f"ledger {self.path}: run {name}: its spend (seq {seq}) is missing from the "
+                    f"chain of {len(state.entries)} entries (lines were cut off or the file was "
+                    "rewritten, or this is another ledger)"
+                )
+            if state.entries[seq]["hash"] != expected:
+                raise LedgerIntegrityError(
+                    f"ledger {self.path}: run {name}: its spend (seq {seq}) differs in the chain "
+                    "(the file was rewritten, or this is another ledger)"
+                )
+        known = {entry["hash"] for entry in state.entries}
+        for head in heads:
+            if head != GENESIS_HASH and head not in known:
+                raise LedgerIntegrityError(
+                    f"ledger {self.path}: the published head {head} is not in the chain "
+                    "(lines were cut off or the file was rewritten since it was published)"
+                )
         counts = {kind: 0 for kind in KINDS}
         for entry in state.entries:
             counts[entry["kind"]] += 1
         open_spends = [seq for seq in state.spends if seq not in state.closing]
         totals = {}
-        for dataset_id, seqs in state.spends_by_dataset.items():
+        for dataset_id in state.spends_by_dataset:
             budget = state.budgets.get(dataset_id)
+            seqs = state.group_spends(dataset_id)
             at = float(budget["delta"]) if budget else max(state.spends[s]["delta"] for s in seqs)
             totals[dataset_id] = {
                 "delta": at,
@@ -516,28 +667,50 @@ class Ledger:
 
     @staticmethod
     def _totals_for_reserve(
-        state: _State, dataset_id: str, events: list[dict[str, Any]], delta: float
-    ) -> tuple[float, float]:
-        """(total at the spend's δ, total at the budget's δ) after adding `events`."""
-        combined = [*state.counting_events(dataset_id), *events]
+        state: _State,
+        dataset_id: str,
+        fingerprint: str,
+        events: list[dict[str, Any]],
+        delta: float,
+    ) -> tuple[float, list[tuple[dict[str, Any], float]]]:
+        """(total at the spend's δ, [(budget, total at its δ)] for each finite budget of the
+        group) after adding `events` to the spend's group."""
+        combined = [*state.counting_events(dataset_id, fingerprint=fingerprint), *events]
         total = _compose(combined, delta)[0]
-        budget = state.budgets.get(dataset_id)
-        if budget is None or not math.isfinite(as_float(budget["epsilon"])):
-            return total, -math.inf
-        budget_delta = float(budget["delta"])
-        return total, total if budget_delta == delta else _compose(combined, budget_delta)[0]
+        capped = []
+        for budget in state.group_budgets(dataset_id, fingerprint):
+            if not math.isfinite(as_float(budget["epsilon"])):
+                continue
+            budget_delta = float(budget["delta"])
+            at_budget = total if budget_delta == delta else _compose(combined, budget_delta)[0]
+            capped.append((budget, at_budget))
+        return total, capped
 
     def _warm(self, dataset_id: str, delta: float) -> None:
         _compose(self._read_state().counting_events(dataset_id), delta)
 
-    def _close(self, seq: int, status: str, events: list[dict[str, Any]] | None) -> dict[str, Any]:
+    def _close(
+        self,
+        seq: int,
+        status: str,
+        events: list[dict[str, Any]] | None,
+        run_id: str,
+        fingerprint: str,
+    ) -> dict[str, Any]:
         def build(state: _State) -> dict[str, Any]:
             spend = state.spends.get(seq)
             if spend is None:
                 raise UsageError(f"the ledger {self.path} has no spend with seq {seq}")
             if seq in state.closing:
-                raise DpsynthError(
-                    f"spend seq {seq} in {self.path} is already {state.closing[seq]['status']}"
+                raise UsageError(
+                    f"spend seq {seq} in {self.path} is already {state.closing[seq]['status']}, "
+                    "not reserved; nothing was written"
+                )
+            if spend["run_id"] != run_id or spend["fingerprint"] != fingerprint:
+                raise UsageError(
+                    f"spend seq {seq} in {self.path} belongs to run {spend['run_id']!r} on data "
+                    f"{spend['fingerprint'][:12]}…, not to run {run_id!r} on data "
+                    f"{fingerprint[:12]}…; nothing was written"
                 )
             spent = copy.deepcopy(spend["events"]) if events is None else events
             delta = float(spend["delta"])
@@ -698,6 +871,14 @@ class Ledger:
             os.close(fd)  # closing releases the lock
 
 
+def _id_key(dataset_id: str) -> str:
+    return "id:" + dataset_id
+
+
+def _fp_key(fingerprint: str) -> str:
+    return "fp:" + fingerprint
+
+
 def _empty_row(dataset_id: str) -> dict[str, Any]:
     return {
         "dataset_id": dataset_id,
@@ -707,7 +888,7 @@ def _empty_row(dataset_id: str) -> dict[str, Any]:
         "open_spends": 0,
         "releases": 0,
         "private": True,
-        "deltas": [],
+        "linked_ids": [],
         "budget": None,
         "budget_spent": None,
         "remaining": None,

@@ -1,0 +1,201 @@
+"""The anchor that binds a run to its spend in the ledger, and its check.
+
+A run directory keeps the seq and hash of the ledger line that reserved its spend
+(`config.json` → `ledger.spend_seq`, `ledger.spend_hash`). Everything that acts on a run's
+privacy (resuming it, stating its ε on a sample or an evaluation) trusts the ledger line the
+anchor points at, never the run directory alone: the line must exist in the ledger used, carry
+exactly that hash, be a spend of this run id on this data (dataset id and fingerprint), and
+record the same mechanism events as the run's plan. An edited `config.json` (another σ, another
+run's seq) or another ledger (a different working directory) is refused with one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dpsynth.errors import DataError, UsageError
+from dpsynth.privacy.ledger import Ledger, canonical_json, json_safe
+
+
+class AnchorError(UsageError):
+    """A run's anchor does not match the ledger (exit 2): wrong ledger, or an edited run."""
+
+
+class RunConfigEditedError(DataError):
+    """config.json no longer matches the configuration its spend was reserved for (exit 4)."""
+
+
+# The parts of a run's config.json that its spend binds: what is trained, on what, and how.
+BOUND_CONFIG_KEYS = ("method", "config", "data", "privacy")
+
+
+def run_config_digest(run_config: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of the run's method, hyper-parameters, data description
+    and privacy plan (`BOUND_CONFIG_KEYS`), as recorded in the spend at reservation."""
+    bound = {key: run_config.get(key) for key in BOUND_CONFIG_KEYS}
+    return hashlib.sha256(canonical_json(json_safe(bound)).encode("ascii")).hexdigest()
+
+
+@dataclass(frozen=True)
+class SpendAnchor:
+    """Where a run's spend lives in the ledger: its seq and the SHA-256 hash of that line."""
+
+    seq: int
+    hash: str
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any], run_name: str) -> SpendAnchor:
+        """The anchor a run's `config.json` holds; AnchorError if it has none or a bad one."""
+        ledger = run_config.get("ledger")
+        seq = ledger.get("spend_seq") if isinstance(ledger, Mapping) else None
+        digest = ledger.get("spend_hash") if isinstance(ledger, Mapping) else None
+        if (
+            isinstance(seq, bool)
+            or not isinstance(seq, int)
+            or seq < 0
+            or not isinstance(digest, str)
+            or len(digest) != 64
+        ):
+            raise AnchorError(
+                f"{run_name}: config.json has no valid ledger anchor (ledger.spend_seq and "
+                "ledger.spend_hash); it was edited or not written by dpsynth train"
+            )
+        return cls(seq, digest)
+
+
+def _same_events(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
+    return canonical_json(json_safe(list(a))) == canonical_json(json_safe(list(b)))
+
+
+def loop_events(
+    private: bool, noise_multiplier: float, sampling_rate: float, steps: int
+) -> dict[str, Any]:
+    """The event that the shared training loop's parameters imply (σ, q, T, or non-private)."""
+    if not private:
+        return {"type": "non_private", "sampling_rate": float(sampling_rate), "steps": int(steps)}
+    return {
+        "type": "poisson_gaussian",
+        "noise_multiplier": float(noise_multiplier),
+        "sampling_rate": float(sampling_rate),
+        "steps": int(steps),
+    }
+
+
+def check_plan_parameters(
+    events: Sequence[Mapping[str, Any]],
+    *,
+    private: bool,
+    noise_multiplier: float,
+    sampling_rate: float,
+    steps: int,
+    run_name: str,
+) -> None:
+    """Refuse a plan whose loop parameters (what the trainer uses) are not among its events.
+
+    The loop runs with the plan's σ, q and T; the ledger knows only the events. An edited σ in
+    `config.json` that left the events alone would otherwise run at another noise than the one
+    accounted for.
+    """
+    if private and not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+        raise AnchorError(f"{run_name}: the plan in config.json has no valid noise multiplier")
+    expected = loop_events(private, noise_multiplier, sampling_rate, steps)
+    if not any(_same_events([expected], [event]) for event in events):
+        raise AnchorError(
+            f"{run_name}: the plan in config.json (σ={noise_multiplier:g}, q={sampling_rate:g}, "
+            f"T={steps}) does not match its mechanism events; config.json was edited"
+        )
+
+
+def verified_spend(
+    ledger: Ledger,
+    anchor: SpendAnchor,
+    *,
+    run_id: str,
+    dataset_id: str,
+    fingerprint: str,
+    events: Sequence[Mapping[str, Any]] | None,
+    run_name: str,
+    run_config: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run's spend (merged with its status, as `Ledger.spend` gives it), after checking it.
+
+    The ledger line at `anchor.seq` must exist, have exactly `anchor.hash`, be a spend, and
+    name this run id, dataset id and fingerprint; when `events` is given (the run's plan) the
+    spend's reserved events must equal it. Raises AnchorError with one line otherwise.
+    When `run_config` is given and the spend recorded a `config_sha256`, the run's method,
+    hyper-parameters, data description and plan must still hash to it
+    (RunConfigEditedError, exit 4, otherwise).
+    """
+    entries = ledger.entries()
+    where = f"{run_name}: its spend (ledger seq {anchor.seq}) "
+    if anchor.seq >= len(entries):
+        raise AnchorError(
+            where + f"is not in the ledger {ledger.path} ({len(entries)} entries): another "
+            "ledger, or lines were cut off; pass the run's --ledger"
+        )
+    line = entries[anchor.seq]
+    if line.get("hash") != anchor.hash:
+        raise AnchorError(
+            where + f"has another hash in the ledger {ledger.path}: another ledger, or it was "
+            "rewritten; pass the run's --ledger"
+        )
+    if line.get("kind") != "spend":
+        raise AnchorError(where + f"is a {line.get('kind')} line in {ledger.path}, not a spend")
+    for name, expected in (
+        ("run_id", run_id),
+        ("dataset_id", dataset_id),
+        ("fingerprint", fingerprint),
+    ):
+        if line.get(name) != expected:
+            raise AnchorError(
+                where + f"belongs to {name} {line.get(name)!r}, not this run's {expected!r}; "
+                "config.json was edited"
+            )
+    if events is not None and not _same_events(line.get("events", []), events):
+        raise AnchorError(
+            where + "records other mechanism events than the plan in config.json; "
+            "config.json was edited"
+        )
+    recorded = line.get("config_sha256")
+    if (
+        run_config is not None
+        and recorded is not None
+        and run_config_digest(run_config) != recorded
+    ):
+        raise RunConfigEditedError(
+            f"{run_name}: config.json was edited after its spend was reserved (method, "
+            "hyper-parameters, data or plan differ from the digest in the ledger)"
+        )
+    return ledger.spend(anchor.seq)
+
+
+def privacy_statement(spend: Mapping[str, Any]) -> dict[str, Any]:
+    """What an output of the run may say about its privacy, taken from its ledger spend.
+
+    For a completed spend, the ε of the events actually spent; for a reserved one (an
+    interrupted run), the reserved ε, which bounds every prefix; for an aborted one, the
+    reserved ε too (the larger, always a valid bound for weights saved before the abort).
+    """
+    status = spend.get("status")
+    epsilon = spend.get("reserved_epsilon") if status == "aborted" else spend.get("epsilon")
+    value = float(epsilon) if epsilon is not None else math.inf
+    private = bool(spend.get("private", True)) and math.isfinite(value)
+    delta = float(spend["delta"])
+    if private:
+        text = f"(ε ≤ {value:.4g}, δ = {delta:g})-DP, {spend.get('accountant')}"
+    else:
+        text = "NOT PRIVATE (trained with --epsilon inf)"
+    return {
+        "private": private,
+        "epsilon": value if private else "inf",
+        "delta": delta,
+        "accountant": spend.get("accountant"),
+        "ledger_seq": int(spend["seq"]),
+        "ledger_hash": spend.get("hash"),
+        "status": status,
+        "statement": text,
+    }
