@@ -104,6 +104,8 @@ def train_run(
     overrides: Mapping[str, Any] | None = None,
     image_size: int | None = None,
     dataset_id: str | None = None,
+    classes: tuple[str, ...] | None = None,
+    channels: int | None = None,
     checkpoint_every_s: float = 120.0,
     progress: ProgressCallback | None = None,
     stop_after_steps: int | None = None,
@@ -123,7 +125,9 @@ def train_run(
     target_epsilon = parse_epsilon(epsilon)
     backend = get_method(method)
     run.check_new()
-    records = load_data(data, image_size=image_size, dataset_id=dataset_id)
+    records = load_data(
+        data, image_size=image_size, dataset_id=dataset_id, classes=classes, channels=channels
+    )
     info = records.info()
     warnings: list[str] = []
     if delta is None:
@@ -154,7 +158,8 @@ def train_run(
         "method": backend.name,
         "preset": preset,
         "config": config,
-        "data": {**info.to_json(), "image_size": image_size},
+        # `classes` (in info) and `channels` let --resume read the data the same way
+        "data": {**info.to_json(), "image_size": image_size, "channels": channels},
         "privacy": plan.to_json(),
         "private": plan.private,
         "ledger": {
@@ -213,7 +218,11 @@ def _resume(
     backend = get_method(run_config["method"])
     data_cfg = run_config["data"]
     records = load_data(
-        data_cfg["spec"], image_size=data_cfg.get("image_size"), dataset_id=data_cfg["dataset_id"]
+        data_cfg["spec"],
+        image_size=data_cfg.get("image_size"),
+        dataset_id=data_cfg["dataset_id"],
+        classes=data_cfg.get("classes"),
+        channels=data_cfg.get("channels"),
     )
     info = records.info()
     if info.fingerprint != data_cfg["fingerprint"]:

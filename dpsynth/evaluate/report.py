@@ -45,6 +45,8 @@ def run_evaluation(
     inception_weights: str | os.PathLike[str] | None = None,
     device: str = "auto",
     real_train: str | None = None,
+    real_classes: tuple[str, ...] | None = None,
+    real_channels: int | None = None,
     ledger_path: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
     cnn_schedule: downstream.CnnSchedule | None = None,
@@ -56,13 +58,16 @@ def run_evaluation(
     sampled (default: as many as the real reference set). When `ledger_path` is given, the real
     data's fingerprint is checked against the ledger's spends (warning when it was trained on)
     and a zero-cost release event with the SHA-256 of report.json (or of the result JSON) is
-    appended when the synthetic data's source data set is known. Returns a JSON-ready dict.
+    appended when the synthetic data's source data set is known. `real_classes` and
+    `real_channels` declare the real data's label set and channels (`--classes`,
+    `--channels`) for `--real` and `--real-train`. Returns a JSON-ready dict.
     """
     wanted = _parse_metrics(metrics)
     torch_device = resolve_device(device)
     if wanted & {"fid", "precision", "recall"}:
         fid.find_inception_weights(inception_weights)  # fail fast, before any slow work
-    real_data = _load(real)
+    declared = {"classes": real_classes, "channels": real_channels}
+    real_data = _load(real, **declared)
     warnings = training_data_warnings(real_data, ledger_path, "--real")
     if n is not None and n < 1:
         raise UsageError("--n must be at least 1")
@@ -119,7 +124,7 @@ def run_evaluation(
     if "accuracy" in wanted:
         result_metrics["accuracy"] = _accuracy(
             synth, real_data, classifier, seeds, real_train, ledger_path, torch_device,
-            cnn_schedule or downstream.CnnSchedule(), progress, warnings,
+            cnn_schedule or downstream.CnnSchedule(), progress, warnings, declared,
         )  # fmt: skip
 
     result: dict = {
@@ -157,10 +162,12 @@ def _parse_metrics(metrics: Sequence[str]) -> set[str]:
     return wanted
 
 
-def _load(spec: str) -> ImageData:
+def _load(
+    spec: str, classes: tuple[str, ...] | None = None, channels: int | None = None
+) -> ImageData:
     from dpsynth.data.sources import load_data
 
-    return load_data(spec)
+    return load_data(spec, classes=classes, channels=channels)
 
 
 def training_data_warnings(
@@ -194,6 +201,7 @@ def _accuracy(
     schedule: downstream.CnnSchedule,
     progress: Progress | None,
     warnings: list[str],
+    declared: dict | None = None,
 ) -> dict:
     classes = tuple(real_data.classes)
     test = (real_data.x, real_data.y)
@@ -203,7 +211,7 @@ def _accuracy(
     )  # fmt: skip
     out["reference"] = real_data.spec
     if real_train is not None:
-        train_data = _load(real_train)
+        train_data = _load(real_train, **(declared or {}))
         warnings.extend(training_data_warnings(train_data, ledger_path, "--real-train"))
         warnings.append(
             f"the real-trained upper bound reads {train_data.spec} without DP: it is a "
