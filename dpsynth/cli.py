@@ -736,6 +736,8 @@ def evaluate(
         return
     _warn(list(result.get("warnings", [])))
     rows: list[tuple[str, Any]] = [("synthetic", result.get("synthetic")), ("real", real)]
+    if result.get("non_private"):
+        rows.append(("privacy", "NOT PRIVATE: evaluated on data a DP run spent budget on"))
     found = result.get("metrics", {})
     if "fid" in found:
         fid = found["fid"]
