@@ -67,7 +67,8 @@ def load_synthetic(
         if n is not None:
             if n > len(y):
                 raise UsageError(f"--n {n} but {root} holds only {len(y)} images")
-            keep = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))[:n]
+            rng = torch.Generator().manual_seed(seed)
+            keep = torch.randperm(len(y), generator=rng, device=rng.device)[:n]
             x, y = x[keep.sort().values], y[keep.sort().values]
     y = map_labels_by_name(y, classes, real_classes)
     x = match_shape(x, real_shape)
