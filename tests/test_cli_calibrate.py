@@ -179,7 +179,7 @@ def test_huge_prv_mesh_falls_back_to_the_rdp_bound_and_says_so():
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert "RDP upper bound" in out["accountant"]
-    assert any("PRV accountant skipped" in note for note in out["notes"])
+    assert any("PRV mesh of" in note for note in out["notes"])
     # the RDP bound is an upper bound: at least the PLD accountant's ε of the same run
     from test_accounting import pld_epsilon
 
