@@ -442,7 +442,7 @@ def data_list(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
     stdout.print(table)
     stdout.print(
         "Your own data: mnist:DIR[:test] (IDX files), folder:DIR (one sub-folder per class), "
-        "npz:FILE (x, y arrays; add a `classes` array to make the label set public)."
+        "npz:FILE (x, y arrays; a `classes` array or --classes a,b,...: the label set is public)."
     )
 
 
