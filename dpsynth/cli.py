@@ -62,6 +62,19 @@ LedgerOpt = Annotated[
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
+ClassesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--classes",
+        help="The public label set a,b,... (needed for npz: without a stored classes array).",
+    ),
+]
+ChannelsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--channels", help="Convert images to 1 or 3 channels (needed for mixed folders)."
+    ),
+]
 
 
 def _ledger_path(path: Path | None) -> Path:
@@ -493,7 +506,7 @@ def data_list(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
     stdout.print(table)
     stdout.print(
         "Your own data: mnist:DIR[:test] (IDX files), folder:DIR (one sub-folder per class), "
-        "npz:FILE (x, y arrays; add a `classes` array to make the label set public)."
+        "npz:FILE (x, y arrays; a `classes` array or --classes a,b,...: the label set is public)."
     )
 
 
@@ -502,13 +515,17 @@ def data_list(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
 def data_inspect(
     spec: Annotated[str, typer.Argument(help="A data spec, e.g. digits or folder:DIR.")],
     image_size: Annotated[int | None, typer.Option(help="Resize images to this size.")] = None,
+    classes: ClassesOpt = None,
+    channels: ChannelsOpt = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Public facts about a data set (size, shape, classes, fingerprint); no statistics."""
-    from dpsynth.data.sources import inspect_data
+    from dpsynth.data.sources import inspect_data, parse_classes
 
-    info = inspect_data(spec, image_size=image_size)
+    info = inspect_data(
+        spec, image_size=image_size, classes=parse_classes(classes), channels=channels
+    )
     if as_json:
         _emit_json(info)
         return
@@ -592,6 +609,8 @@ def train(
     dataset_id: Annotated[
         str | None, typer.Option(help="Ledger id of the data [default: from the spec].")
     ] = None,
+    classes: ClassesOpt = None,
+    channels: ChannelsOpt = None,
     checkpoint_every: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 120.0,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
@@ -600,6 +619,7 @@ def train(
     debug: DebugOpt = False,
 ) -> None:
     """Train a generator under DP; the spend is reserved in the ledger before any data is read."""
+    from dpsynth.data.sources import parse_classes
     from dpsynth.training import train_run
 
     if not resume:
@@ -644,6 +664,8 @@ def train(
             overrides=_parse_sets(set_),
             image_size=image_size,
             dataset_id=dataset_id,
+            classes=parse_classes(classes),
+            channels=channels,
             checkpoint_every_s=checkpoint_every,
             progress=on_progress,
             log_private_loss=log_private_loss,
@@ -757,6 +779,8 @@ def evaluate(
     real_train: Annotated[
         str | None, typer.Option(help="Real training spec for the upper-bound accuracy.")
     ] = None,
+    classes: ClassesOpt = None,
+    channels: ChannelsOpt = None,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
@@ -764,6 +788,7 @@ def evaluate(
     debug: DebugOpt = False,
 ) -> None:
     """FID and downstream accuracy of synthetic images against held-out real data."""
+    from dpsynth.data.sources import parse_classes
     from dpsynth.evaluate.report import run_evaluation
 
     show = _show_progress(quiet, as_json)
@@ -788,6 +813,8 @@ def evaluate(
             inception_weights=inception_weights,
             device=device,
             real_train=real_train,
+            real_classes=parse_classes(classes),
+            real_channels=channels,
             ledger_path=_ledger_path(ledger),
             progress=on_progress,
         )
@@ -796,6 +823,8 @@ def evaluate(
         return
     _warn(list(result.get("warnings", [])))
     rows: list[tuple[str, Any]] = [("synthetic", result.get("synthetic")), ("real", real)]
+    if result.get("non_private"):
+        rows.append(("privacy", "NOT PRIVATE: evaluated on data a DP run spent budget on"))
     found = result.get("metrics", {})
     if "fid" in found:
         fid = found["fid"]

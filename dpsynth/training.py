@@ -120,6 +120,8 @@ def train_run(
     overrides: Mapping[str, Any] | None = None,
     image_size: int | None = None,
     dataset_id: str | None = None,
+    classes: tuple[str, ...] | None = None,
+    channels: int | None = None,
     checkpoint_every_s: float = 120.0,
     progress: ProgressCallback | None = None,
     stop_after_steps: int | None = None,
@@ -157,7 +159,9 @@ def train_run(
     target_epsilon = parse_epsilon(epsilon)
     backend = get_method(method)
     run.check_new()
-    records = load_data(data, image_size=image_size, dataset_id=dataset_id)
+    records = load_data(
+        data, image_size=image_size, dataset_id=dataset_id, classes=classes, channels=channels
+    )
     info = records.info()
     warnings: list[str] = []
     if delta is None:
@@ -173,7 +177,8 @@ def train_run(
     prior = ledger.events_for(info.dataset_id, info.fingerprint)
     plan = backend.plan(info, target, config, prior)
     run_id = uuid.uuid4().hex[:12]
-    data_json = {**info.to_json(), "image_size": image_size}
+    # `classes` (in info) and `channels` let --resume read the data the same way
+    data_json = {**info.to_json(), "image_size": image_size, "channels": channels}
     # The spend binds what config.json will say about method, settings, data and plan.
     bound = {"method": backend.name, "config": config, "data": data_json, "privacy": plan.to_json()}
     entry = ledger.reserve(
@@ -305,7 +310,11 @@ def _resume(
     if spend.get("status") == "aborted":
         raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
     records = load_data(
-        data_cfg["spec"], image_size=data_cfg.get("image_size"), dataset_id=data_cfg["dataset_id"]
+        data_cfg["spec"],
+        image_size=data_cfg.get("image_size"),
+        dataset_id=data_cfg["dataset_id"],
+        classes=data_cfg.get("classes"),
+        channels=data_cfg.get("channels"),
     )
     info = records.info()
     if info.fingerprint != data_cfg["fingerprint"]:

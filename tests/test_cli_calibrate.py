@@ -148,3 +148,88 @@ def test_console_script_exit_codes_without_traceback(tmp_path):
     )  # fmt: skip
     assert bad.returncode == 4
     assert str(corrupt) in bad.stderr and "Traceback" not in bad.stderr
+
+
+# --- extreme settings (issues 9.7 and 10.3): a valid bound or exit 2, never an OOM kill --------
+
+
+def run_calibrate_subprocess(*args: str) -> subprocess.CompletedProcess:
+    """Run calibrate in its own process with a memory cap and a timeout.
+
+    Before the fix these settings allocated tens of GB or ran for minutes; the address-space
+    cap turns such an allocation into a failure here instead of an OOM kill of the test run.
+    """
+
+    def limit_memory() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
+
+    return subprocess.run(
+        [sys.executable, "-m", "dpsynth.cli", "calibrate", *args, "--json"],
+        capture_output=True, text=True, timeout=120, preexec_fn=limit_memory,
+    )  # fmt: skip
+
+
+def test_huge_prv_mesh_falls_back_to_the_rdp_bound_and_says_so():
+    done = run_calibrate_subprocess(
+        "--noise-multiplier", "2", "--sampling-rate", "0.5", "--steps", "100000",
+        "--delta", "1e-6",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert "RDP upper bound" in out["accountant"]
+    assert any("PRV mesh of" in note for note in out["notes"])
+    # the RDP bound is an upper bound: at least the PLD accountant's ε of the same run
+    from test_accounting import pld_epsilon
+
+    event = poisson_gaussian_event(2.0, 0.5, 100_000)
+    assert math.isfinite(out["epsilon"]) and out["epsilon"] >= pld_epsilon([event], 1e-6) * 0.999
+
+
+@pytest.mark.parametrize(
+    ("args", "phrase"),
+    [
+        (["--epsilon", "1e300", "--sampling-rate", "0.01", "--steps", "1000"], "at most 1000"),
+        (["--epsilon", "1e6", "--sampling-rate", "0.01", "--steps", "100"], "at most 1000"),
+        (["--epsilon", "1", "--sampling-rate", "0.01", "--steps", "1000000000000"], "at most"),
+        (
+            ["--noise-multiplier", "1e-5", "--sampling-rate", "0.1", "--steps", "10"],
+            "at least 0.01",
+        ),
+    ],
+)
+def test_out_of_range_values_are_exit_2_in_one_line(args, phrase):
+    done = run_calibrate_subprocess(*args)
+    assert done.returncode == 2, done.stderr
+    assert phrase in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert done.stdout == ""
+
+
+def test_largest_epsilon_allowed_still_gives_a_valid_bound():
+    done = run_calibrate_subprocess(
+        "--epsilon", "1000", "--sampling-rate", "0.5", "--steps", "10000000"
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["epsilon"] <= 1000
+    check = compose_epsilon(
+        [poisson_gaussian_event(out["noise_multiplier"], 0.5, 10_000_000)], out["delta"]
+    )
+    assert check.epsilon <= 1000
+
+
+def test_train_with_an_absurd_epsilon_reserves_nothing(tmp_path):
+    ledger_path = tmp_path / "ledger.jsonl"
+    result = runner.invoke(
+        app,
+        [
+            "train", "--method", "dpkernel", "--data", "digits", "--epsilon", "1e300",
+            "--preset", "tiny", "--out", str(tmp_path / "run"), "--ledger", str(ledger_path),
+            "--device", "cpu",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "at most 1000" in result.output
+    assert not ledger_path.exists() or not Ledger(ledger_path).events_for("digits")
+    assert not (tmp_path / "run" / "config.json").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import struct
 import zipfile
 from collections import Counter
@@ -281,7 +282,7 @@ def test_folder_of_rgb_and_mixed_modes(tmp_path: Path) -> None:
     colour, gray = random_images(rng, (4, 3, 3)), random_images(rng, (4, 3))
     save_png(tmp_path / "a" / "colour.png", colour)
     save_png(tmp_path / "b" / "gray.png", gray)
-    data = load_data(f"folder:{tmp_path}")
+    data = load_data(f"folder:{tmp_path}", channels=3)  # mixed modes need --channels
     assert data.x.shape == (2, 3, 4, 3)
     assert np.array_equal(data.x[0].numpy(), colour.transpose(2, 0, 1))
     assert all(np.array_equal(channel, gray) for channel in data.x[1].numpy())
@@ -339,7 +340,7 @@ def test_npz_layouts(tmp_path: Path, layout: str, channels: int) -> None:
     stored = {"NHW": nchw[:, 0], "NHWC": nchw.transpose(0, 2, 3, 1), "NCHW": nchw}[layout]
     labels = np.array([0, 1, 2, 0, 1, 2])
     np.savez(tmp_path / "d.npz", x=stored, y=labels)
-    data = load_data(f"npz:{tmp_path / 'd.npz'}")
+    data = load_data(f"npz:{tmp_path / 'd.npz'}", classes=("0", "1", "2"))
     assert np.array_equal(data.x.numpy(), nchw)
     assert data.y.tolist() == labels.tolist()
     assert data.classes == ("0", "1", "2")
@@ -349,7 +350,7 @@ def test_npz_layouts(tmp_path: Path, layout: str, channels: int) -> None:
 def test_npz_ambiguous_layout_is_channels_last(tmp_path: Path) -> None:
     x = random_images(np.random.default_rng(8), (2, 3, 5, 3))
     np.savez(tmp_path / "d.npz", x=x, y=np.zeros(2, np.int64))
-    assert load_data(f"npz:{tmp_path / 'd.npz'}").x.shape == (2, 3, 3, 5)
+    assert load_data(f"npz:{tmp_path / 'd.npz'}", classes=("0",)).x.shape == (2, 3, 3, 5)
 
 
 def test_npz_class_names_and_resize(tmp_path: Path) -> None:
@@ -473,7 +474,148 @@ def test_train_suffix_is_the_plain_name() -> None:
     assert load_data("digits:train").dataset_id == "digits"
 
 
-def test_idx_labels_beyond_nine_extend_the_classes(tmp_path: Path) -> None:
+# --- the label set and the channels are public and declared (issue 9.3) ----------------------
+
+
+def test_idx_label_beyond_nine_is_a_data_error_not_a_new_class(tmp_path: Path) -> None:
     rng = np.random.default_rng(10)
-    write_idx_set(tmp_path, "train", random_images(rng, (3, 2, 2)), np.array([1, 26, 5]), False)
-    assert load_data(f"mnist:{tmp_path}").classes == tuple(str(d) for d in range(27))
+    _, labels = write_idx_set(
+        tmp_path, "train", random_images(rng, (3, 2, 2)), np.array([1, 26, 5]), False
+    )
+    with pytest.raises(DataError) as excinfo:
+        load_data(f"mnist:{tmp_path}")
+    assert_data_error_names(excinfo, labels)
+    assert "label 26" in str(excinfo.value) and "0-9" in str(excinfo.value)
+
+
+def test_idx_classes_are_the_ten_digits_even_when_few_labels_occur(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    write_idx_set(tmp_path, "train", random_images(rng, (3, 2, 2)), np.array([0, 1, 1]), False)
+    assert load_data(f"mnist:{tmp_path}").classes == tuple(DIGITS)
+
+
+def test_npz_without_classes_needs_a_declared_label_set(tmp_path: Path) -> None:
+    path = tmp_path / "d.npz"
+    np.savez(path, x=np.zeros((3, 2, 2), np.uint8), y=np.array([0, 1, 9]))
+    with pytest.raises(UsageError) as excinfo:
+        load_data(f"npz:{path}")
+    assert "--classes" in str(excinfo.value) and excinfo.value.exit_code == 2
+    # declared: the label set is exactly what was declared, not 0..max(y)
+    names = tuple("abcdefghijkl")
+    assert load_data(f"npz:{path}", classes=names).classes == names
+
+
+def test_npz_label_outside_the_declared_classes_is_a_data_error(tmp_path: Path) -> None:
+    path = tmp_path / "d.npz"
+    np.savez(path, x=np.zeros((3, 2, 2), np.uint8), y=np.array([0, 1, 9]))
+    with pytest.raises(DataError) as excinfo:
+        load_data(f"npz:{path}", classes=("zero", "one"))
+    assert_data_error_names(excinfo, path.resolve())
+    assert "label 9" in str(excinfo.value)
+    stored = tmp_path / "s.npz"
+    np.savez(stored, x=np.zeros((2, 2, 2), np.uint8), y=np.array([0, 3]), classes=["a", "b"])
+    with pytest.raises(DataError, match="label 3"):
+        load_data(f"npz:{stored}")
+
+
+def test_declared_classes_must_agree_with_the_stored_or_format_list(tmp_path: Path) -> None:
+    stored = tmp_path / "s.npz"
+    np.savez(stored, x=np.zeros((2, 2, 2), np.uint8), y=np.array([0, 1]), classes=["a", "b"])
+    assert load_data(f"npz:{stored}", classes=("a", "b")).classes == ("a", "b")
+    with pytest.raises(UsageError, match="differs"):
+        load_data(f"npz:{stored}", classes=("b", "a"))
+    with pytest.raises(UsageError, match="differs"):
+        load_data("digits", classes=("0", "1"))
+    assert load_data("digits", classes=tuple(DIGITS)).classes == tuple(DIGITS)
+
+
+def test_parse_classes_rejects_unusable_lists() -> None:
+    from dpsynth.data.sources import parse_classes
+
+    assert parse_classes("cat, dog") == ("cat", "dog")
+    assert parse_classes(None) is None
+    for bad in ("a,a", "a,,b", "a,../x"):
+        with pytest.raises(UsageError):
+            parse_classes(bad)
+
+
+def test_one_colour_file_does_not_turn_a_gray_folder_into_rgb(tmp_path: Path) -> None:
+    rng = np.random.default_rng(12)
+    for i in range(3):
+        save_png(tmp_path / "a" / f"g{i}.png", random_images(rng, (4, 4)))
+    save_png(tmp_path / "b" / "odd.png", random_images(rng, (4, 4, 3)))
+    with pytest.raises(UsageError) as excinfo:
+        load_data(f"folder:{tmp_path}")
+    message = str(excinfo.value)
+    assert "--channels" in message and "odd.png" in message and "\n" not in message
+    assert excinfo.value.exit_code == 2
+    gray = load_data(f"folder:{tmp_path}", channels=1)
+    assert gray.shape == (1, 4, 4) and gray.n == 4
+    odd = np.asarray(Image.open(tmp_path / "b" / "odd.png").convert("L"))
+    assert np.array_equal(gray.x[3, 0].numpy(), odd)
+
+
+@pytest.mark.parametrize("channels", [0, 2, 4])
+def test_bad_channels_is_a_usage_error(channels: int) -> None:
+    with pytest.raises(UsageError, match="--channels"):
+        load_data("digits", channels=channels)
+
+
+def test_channels_converts_other_kinds_too(tmp_path: Path) -> None:
+    data = load_data("digits", channels=3)
+    plain = load_data("digits")
+    assert data.shape == (3, 8, 8)
+    assert all(torch.equal(data.x[:, c], plain.x[:, 0]) for c in range(3))
+    assert data.dataset_id == plain.dataset_id
+
+
+# --- the declarations travel with a run (config.json) and through the CLI -------------------
+
+
+def test_train_records_classes_and_channels_and_resume_reads_the_same_way(tmp_path: Path) -> None:
+    from dpsynth.training import train_run
+
+    rng = np.random.default_rng(13)
+    for label in ("x", "y"):
+        for i in range(12):
+            save_png(tmp_path / "data" / label / f"{i}.png", random_images(rng, (8, 8)))
+    save_png(tmp_path / "data" / "y" / "colour.png", random_images(rng, (8, 8, 3)))
+    spec = f"folder:{tmp_path / 'data'}"
+    common = {"ledger_path": tmp_path / "ledger.jsonl", "device": "cpu", "checkpoint_every_s": 0}
+    with pytest.raises(UsageError, match="--channels"):
+        train_run(
+            method="dpkernel", data=spec, epsilon=10, preset="tiny",
+            out=tmp_path / "refused", **common,
+        )  # fmt: skip
+    assert not (tmp_path / "ledger.jsonl").exists()  # refused before any reservation
+    run = tmp_path / "run"
+    train_run(
+        method="dpkernel", data=spec, epsilon=10, preset="tiny", out=run, channels=1,
+        stop_after_steps=2, **common,
+    )  # fmt: skip
+    data_cfg = json.loads((run / "config.json").read_text())["data"]
+    assert data_cfg["channels"] == 1 and data_cfg["classes"] == ["x", "y"]
+    assert data_cfg["shape"] == [1, 8, 8]
+    resumed = train_run(
+        method="", data="", epsilon="inf", out=run, resume=True, **common
+    )  # without the stored channels, reading the mixed folder again would be refused
+    assert resumed["steps"] == resumed["total_steps"]
+
+
+def test_cli_data_inspect_with_and_without_classes(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import app
+
+    path = tmp_path / "d.npz"
+    np.savez(path, x=np.zeros((2, 3, 3), np.uint8), y=np.array([0, 1]))
+    runner = CliRunner()
+    refused = runner.invoke(app, ["data", "inspect", f"npz:{path}"])
+    assert refused.exit_code == 2 and "--classes" in refused.output
+    shown = runner.invoke(app, ["data", "inspect", f"npz:{path}", "--classes", "no,yes", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["classes"] == ["no", "yes"]
+    colour = runner.invoke(
+        app, ["data", "inspect", f"npz:{path}", "--classes", "no,yes", "--channels", "3", "--json"]
+    )
+    assert json.loads(colour.stdout)["shape"] == [3, 3, 3]

@@ -223,3 +223,83 @@ def test_fid_precision_recall_through_run_evaluation_with_given_weights(
         assert second["metrics"][name]["value"] == first["metrics"][name]["value"]
     assert any("FID from fewer than" in w for w in first["warnings"])
     assert "| FID |" in (tmp_path / "report" / "report.md").read_text()
+
+
+# --- evaluation on private data is structural (issue 9.4) -----------------------------------
+
+
+def _write_npz(path: Path, data, keep: slice = slice(None)) -> None:
+    np.savez(
+        path, x=data.x[keep, 0].numpy(), y=data.y[keep].numpy(), classes=np.array(data.classes)
+    )
+
+
+def _reserve(ledger: Path, dataset_id: str, fingerprint: str) -> None:
+    Ledger(ledger).reserve(
+        dataset_id=dataset_id,
+        fingerprint=fingerprint,
+        command="train",
+        method="pge",
+        run_id="run123",
+        events=[{"type": "gaussian", "noise_multiplier": 5.0, "count": 1}],
+        delta=1e-5,
+    )
+
+
+def test_training_data_minus_one_record_is_marked_non_private(tmp_path) -> None:
+    synth = tmp_path / "synth"
+    _write_sample_folder(synth, per_class=5)
+    digits = load_data("digits")
+    real = tmp_path / "real.npz"
+    _write_npz(real, digits)
+    trained_on = load_data(f"npz:{real}")
+    ledger = tmp_path / "ledger.jsonl"
+    _reserve(ledger, trained_on.dataset_id, trained_on.fingerprint)
+    _write_npz(real, digits, slice(1, None))  # the same data set, one record removed
+    assert load_data(f"npz:{real}").fingerprint != trained_on.fingerprint
+    result = run_evaluation(
+        synthetic=str(synth), real=f"npz:{real}", metrics=["accuracy"], classifier="logreg",
+        ledger_path=ledger,
+    )  # fmt: skip
+    assert result["non_private"] is True
+    assert any(w.startswith("WARNING:") and "NOT private" in w for w in result["warnings"])
+    assert "metrics on data that DP training spent budget on" in result["non_private_contents"]
+    release = [e for e in Ledger(ledger).entries() if e.get("kind") == "release"]
+    assert release[-1]["details"]["non_private"] is True
+    assert (
+        "metrics on data that DP training spent budget on"
+        in (release[-1]["details"]["non_private_contents"])
+    )
+
+
+def test_same_records_under_another_id_are_marked_non_private(tmp_path) -> None:
+    synth = tmp_path / "synth"
+    _write_sample_folder(synth, per_class=5)
+    test_split = load_data("digits:test")
+    ledger = tmp_path / "ledger.jsonl"
+    _reserve(ledger, "hospital-a", test_split.fingerprint)  # trained on it under another id
+    result = run_evaluation(
+        synthetic=str(synth), real="digits:test", metrics=["accuracy"], classifier="logreg",
+        ledger_path=ledger,
+    )  # fmt: skip
+    assert result["non_private"] is True
+    assert any("NOT private" in w for w in result["warnings"])
+
+
+def test_metrics_on_a_users_own_held_out_data_are_listed_as_non_private(tmp_path) -> None:
+    synth = tmp_path / "synth"
+    _write_sample_folder(synth, per_class=5)
+    real = tmp_path / "held_out.npz"
+    _write_npz(real, load_data("digits:test"))
+    ledger = tmp_path / "ledger.jsonl"
+    kwargs = dict(synthetic=str(synth), metrics=["accuracy"], classifier="logreg")
+    own = run_evaluation(real=f"npz:{real}", ledger_path=ledger, **kwargs)
+    assert own["non_private"] is False  # no spends on it
+    assert any(
+        r.startswith("accuracy on npz:") and "held-out records" in r
+        for r in own["non_private_contents"]
+    )
+    release = [e for e in Ledger(ledger).entries() if e.get("kind") == "release"]
+    assert release[-1]["details"]["non_private_contents"] == own["non_private_contents"]
+    public = run_evaluation(real="digits:test", ledger_path=ledger, **kwargs)
+    assert public["non_private"] is False and public["non_private_contents"] == []

@@ -3,8 +3,11 @@
 Each reader returns `RawImages` (uint8 pixels [N, C, H, W], int64 labels, class names) or
 raises `DataError` with one line that starts with the offending file. Which channels, size and
 class names a data set has comes from the file format and the folder layout, which the data
-owner declares by writing them; nothing is chosen by looking at pixel or label statistics,
-except the `npz` default class list (see `read_npz`).
+owner declares by writing them; nothing is chosen by looking at pixel or label statistics.
+The label set is public (see the README's privacy model): IDX files are the ten digits by
+format, a class folder's classes are its sub-folder names, and an `.npz` needs a stored
+`classes` array or a declared list (`--classes`). A record whose label lies outside the
+declared set is malformed data, never a new class.
 """
 
 from __future__ import annotations
@@ -146,7 +149,8 @@ def parse_idx(data: bytes, path: Path, ndim: int) -> np.ndarray:
 def read_idx(root: Path, split: str) -> RawImages:
     """Read `train-*` or `t10k-*` IDX images and labels under `root` (gzipped or not).
 
-    Classes are "0".."9" (the MNIST family), or "0".."K" when labels go up to K > 9 (EMNIST).
+    Classes are "0".."9" by format (the MNIST family): a label outside 0..9 is a DataError,
+    never an extra class (the label set is public, not read off the data).
     """
     images_path, labels_path = find_idx_files(root, split)
     images = parse_idx(read_maybe_gzip(images_path), images_path, ndim=3)
@@ -157,9 +161,14 @@ def read_idx(root: Path, split: str) -> RawImages:
         )
     if len(images) == 0:
         raise data_error(images_path, "holds no images")
-    top = int(labels.max())
-    classes = IDX_CLASSES if top < 10 else tuple(str(d) for d in range(top + 1))
-    return RawImages(images[:, None].copy(), labels.astype(np.int64), classes)
+    outside = np.flatnonzero(labels >= len(IDX_CLASSES))
+    if outside.size:
+        raise data_error(
+            labels_path,
+            f"record {int(outside[0])} has label {int(labels[outside[0]])}, outside the IDX "
+            "label set 0-9 (the label set is public and fixed by the format)",
+        )
+    return RawImages(images[:, None].copy(), labels.astype(np.int64), IDX_CLASSES)
 
 
 # --- class folders (torchvision ImageFolder layout) ----------------------------------------
@@ -217,10 +226,14 @@ def _decode(path: Path, mode: str, size: tuple[int, int]) -> np.ndarray:
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
 
 
-def read_image_folder(root: Path, image_size: int | None = None) -> RawImages:
+def read_image_folder(
+    root: Path, image_size: int | None = None, channels: int | None = None
+) -> RawImages:
     """Read one sub-folder per class of PIL-readable images into uint8 [N, C, H, W].
 
-    One channel when every image is grayscale (PIL modes 1, L, LA), else RGB (alpha dropped).
+    One channel when every image is grayscale (PIL modes 1, L, LA), three (RGB, alpha dropped)
+    when every image is colour. A folder that mixes both needs `channels` (1 or 3), to which
+    every image is converted: one colour file must not silently decide the data's shape.
     All images must share one size unless `image_size` is given, which resizes every image to
     image_size x image_size (bilinear; non-square images are stretched).
     """
@@ -231,7 +244,19 @@ def read_image_folder(root: Path, image_size: int | None = None) -> RawImages:
         raise data_error(
             files[wide][0], f"image mode {probes[wide][0]} (16/32-bit) unsupported; save as 8-bit"
         )
-    gray = all(mode in GRAY_MODES for mode, _ in probes)
+    gray_files = [mode in GRAY_MODES for mode, _ in probes]
+    if channels is None:
+        if any(gray_files) and not all(gray_files):
+            gray_at, colour_at = gray_files.index(True), gray_files.index(False)
+            raise UsageError(
+                one_line(
+                    f"{root}: images mix grayscale and colour ({files[gray_at][0]} is "
+                    f"{probes[gray_at][0]}, {files[colour_at][0]} is {probes[colour_at][0]}); "
+                    "pass --channels 1 or --channels 3 to convert them all"
+                )
+            )
+        channels = 1 if all(gray_files) else 3
+    gray = channels == 1
     if image_size is None:
         first_size = probes[0][1]
         odd = next((i for i, (_, size) in enumerate(probes) if size != first_size), None)
@@ -245,7 +270,6 @@ def read_image_folder(root: Path, image_size: int | None = None) -> RawImages:
         size = first_size
     else:
         size = (image_size, image_size)
-    channels = 1 if gray else 3
     x = np.empty((len(files), channels, size[1], size[0]), dtype=np.uint8)
     for i, (path, _) in enumerate(files):
         x[i] = _decode(path, "L" if gray else "RGB", size)
@@ -298,9 +322,29 @@ def _npz_pixels(x: np.ndarray, path: Path) -> np.ndarray:
     )
 
 
-def _npz_classes(arrays: dict[str, np.ndarray], top: int, path: Path) -> tuple[str, ...]:
+def class_name_problem(classes: tuple[str, ...]) -> str | None:
+    """Why a list of class names is unusable (duplicates, unsafe folder names), or None."""
+    if not classes:
+        return "the class list is empty"
+    if len(set(classes)) != len(classes):
+        return "classes has duplicate names"
+    bad = [name for name in classes if name in ("", ".", "..") or any(c in name for c in "/\\\0")]
+    if bad:
+        # class names become folder names when sampling; keep them safe as one path component
+        return f"class name {bad[0]!r} is not usable as a folder name"
+    return None
+
+
+def _npz_classes(
+    arrays: dict[str, np.ndarray], declared: tuple[str, ...] | None, path: Path
+) -> tuple[str, ...]:
     if "classes" not in arrays:
-        return tuple(str(label) for label in range(top + 1))
+        if declared is None:
+            raise UsageError(
+                f"{path}: has no `classes` array, and the label set is public, not read off y: "
+                "pass --classes a,b,... (or store a `classes` string array in the file)"
+            )
+        return declared
     names = arrays["classes"]
     if names.ndim != 1 or names.dtype.kind not in "US":
         raise data_error(path, "classes must be a 1-D array of strings")
@@ -308,24 +352,27 @@ def _npz_classes(arrays: dict[str, np.ndarray], top: int, path: Path) -> tuple[s
         name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
         for name in names.tolist()
     )
-    if len(classes) <= top:
-        raise data_error(path, f"y goes up to {top} but classes names only {len(classes)}")
-    if len(set(classes)) != len(classes):
-        raise data_error(path, "classes has duplicate names")
-    bad = [name for name in classes if name in ("", ".", "..") or any(c in name for c in "/\\\0")]
-    if bad:
-        # class names become folder names when sampling; keep them safe as one path component
-        raise data_error(path, f"class name {bad[0]!r} is not usable as a folder name")
+    problem = class_name_problem(classes)
+    if problem:
+        raise data_error(path, problem)
+    if declared is not None and declared != classes:
+        raise UsageError(
+            one_line(
+                f"{path}: --classes {','.join(declared)} differs from the file's classes "
+                f"{','.join(classes)}"
+            )
+        )
     return classes
 
 
-def read_npz(path: Path) -> RawImages:
+def read_npz(path: Path, classes: tuple[str, ...] | None = None) -> RawImages:
     """Read arrays `x` (uint8 [N,H,W], [N,H,W,C] or [N,C,H,W], C 1 or 3) and `y` (ints [N]).
 
     A 4-D array whose last axis is 1 or 3 is taken as channels-last even when its second axis
-    is also 1 or 3. Class names come from an optional string array `classes`; without it they
-    are "0".."max(y)". Store `classes` when a split lacks the highest label (a test split must
-    name the same classes as its train split) or when max(y) is itself not public.
+    is also 1 or 3. Class names come from a string array `classes` in the file or from the
+    declared `classes` (both given: they must agree); with neither it is a UsageError, since
+    the label set is public and never derived from y. A label outside the class list is a
+    DataError.
     """
     arrays = _load_npz_arrays(path)
     x = _npz_pixels(arrays["x"], path)
@@ -338,5 +385,13 @@ def read_npz(path: Path) -> RawImages:
         raise data_error(path, "holds no images")
     if int(y.min()) < 0:
         raise data_error(path, "y has negative labels")
-    classes = _npz_classes(arrays, int(y.max()), path)
+    names = _npz_classes(arrays, classes, path)
+    outside = np.flatnonzero(y >= len(names))
+    if outside.size:
+        raise data_error(
+            path,
+            f"record {int(outside[0])} has label {int(y[outside[0]])}, outside the "
+            f"{len(names)} declared classes ({','.join(names)})",
+        )
+    classes = names
     return RawImages(x, y.astype(np.int64), classes)

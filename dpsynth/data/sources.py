@@ -6,6 +6,11 @@ The canonical spec and default dataset id of user data is `KIND:ABSOLUTE_PATH[:t
 same files reached through another relative path still compose in one ledger account.
 `image_size` is a preprocessing choice and deliberately not part of the id: resized records
 are still the same people.
+
+The label set and the channel count are public and declared, never read off the records:
+`classes` (`--classes a,b,...`) names the classes of an `npz:` without a stored list and must
+match the format's own list elsewhere; `channels` (`--channels 1|3`) converts every image, and
+is required for a class folder that mixes grayscale and colour files.
 """
 
 from __future__ import annotations
@@ -13,14 +18,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dpsynth.data.builtin import BUILTINS, list_builtin
 from dpsynth.data.images import ImageData
-from dpsynth.data.readers import RawImages, read_idx, read_image_folder, read_npz, resize_uint8
+from dpsynth.data.readers import (
+    RawImages,
+    class_name_problem,
+    read_idx,
+    read_image_folder,
+    read_npz,
+    resize_uint8,
+)
 from dpsynth.errors import UsageError
 
-__all__ = ["KINDS", "DataSpec", "inspect_data", "list_builtin", "load_data", "parse_spec"]
+__all__ = [
+    "KINDS",
+    "DataSpec",
+    "inspect_data",
+    "list_builtin",
+    "load_data",
+    "parse_classes",
+    "parse_spec",
+]
 
 KINDS: tuple[str, ...] = ("mnist", "folder", "npz")
 SPLIT_KINDS = frozenset({"builtin", "mnist"})
@@ -99,7 +120,12 @@ def _check_path(parsed: DataSpec) -> Path:
     return path
 
 
-def _read(parsed: DataSpec, image_size: int | None) -> RawImages:
+def _read(
+    parsed: DataSpec,
+    image_size: int | None,
+    classes: tuple[str, ...] | None,
+    channels: int | None,
+) -> RawImages:
     if parsed.kind == "builtin":
         from dpsynth.data.builtin import load_builtin
 
@@ -109,8 +135,52 @@ def _read(parsed: DataSpec, image_size: int | None) -> RawImages:
     if parsed.kind == "mnist":
         return read_idx(path, parsed.split)
     if parsed.kind == "folder":
-        return read_image_folder(path, image_size)
-    return read_npz(path)
+        return read_image_folder(path, image_size, channels)
+    return read_npz(path, classes)
+
+
+def parse_classes(text: str | None) -> tuple[str, ...] | None:
+    """`--classes a,b,...` as a tuple of class names (None when not given)."""
+    if text is None:
+        return None
+    classes = tuple(name.strip() for name in text.split(","))
+    problem = class_name_problem(classes)
+    if problem:
+        raise UsageError(f"--classes {text!r}: {problem}")
+    return classes
+
+
+def _check_channels(channels: int | None) -> None:
+    if channels is not None and (isinstance(channels, bool) or channels not in (1, 3)):
+        raise UsageError(f"--channels must be 1 or 3, got {channels!r}")
+
+
+def _check_declared_classes(
+    parsed: DataSpec, declared: tuple[str, ...] | None, found: tuple[str, ...]
+) -> None:
+    # npz checks its own; elsewhere the format fixes the list and a declaration must agree.
+    if declared is None or parsed.kind == "npz" or tuple(declared) == tuple(found):
+        return
+    source = {
+        "builtin": "the built-in data set's classes",
+        "mnist": "the IDX format's classes",
+        "folder": "its sub-folder names",
+    }[parsed.kind]
+    raise UsageError(
+        f"--classes {','.join(declared)} differs from {parsed.given}: {source} are "
+        f"{','.join(found)}"
+    )
+
+
+def _convert_channels(x: np.ndarray, channels: int | None) -> np.ndarray:
+    """uint8 [N,C,H,W] with C converted to `channels` (ITU-R 601 luma, as PIL's convert("L"))."""
+    if channels is None or x.shape[1] == channels:
+        return x
+    if channels == 3:
+        return np.repeat(x, 3, axis=1)
+    weights = np.array([0.299, 0.587, 0.114], dtype=np.float32).reshape(1, 3, 1, 1)
+    luma = (x.astype(np.float32) * weights).sum(axis=1, keepdims=True)
+    return np.clip(np.round(luma), 0, 255).astype(np.uint8)
 
 
 def _check_image_size(image_size: int | None) -> None:
@@ -120,19 +190,33 @@ def _check_image_size(image_size: int | None) -> None:
         raise UsageError(f"image size must be a positive integer, got {image_size!r}")
 
 
-def load_data(spec: str, image_size: int | None = None, dataset_id: str | None = None) -> ImageData:
+def load_data(
+    spec: str,
+    image_size: int | None = None,
+    dataset_id: str | None = None,
+    classes: tuple[str, ...] | list[str] | None = None,
+    channels: int | None = None,
+) -> ImageData:
     """Load a data spec as uint8 images [N, C, H, W] with int64 labels and class names.
 
     Specs: `digits`, `mnist-5k` (train splits; `NAME:test` held out), `mnist:DIR[:test]`,
     `folder:DIR`, `npz:FILE`. `image_size` resizes every image to image_size x image_size
     (bilinear, antialiased). `dataset_id` overrides the ledger id (default: the canonical spec).
-    Raises UsageError for a bad spec or a missing path, DataError for unreadable or malformed
-    files (one line naming the file).
+    `classes` declares the public label set (required for an `npz:` without a stored
+    `classes` array; elsewhere it must equal the format's list). `channels` (1 or 3) converts
+    every image, and is required for a class folder mixing grayscale and colour.
+    Raises UsageError for a bad spec, a missing path or a missing declaration, DataError for
+    unreadable or malformed files and labels outside the declared set (one line naming the
+    file).
     """
     _check_image_size(image_size)
+    _check_channels(channels)
+    declared = tuple(classes) if classes is not None else None
     parsed = parse_spec(spec)
-    raw = _read(parsed, image_size)
-    pixels = raw.x if image_size is None else resize_uint8(raw.x, image_size)
+    raw = _read(parsed, image_size, declared, channels)
+    _check_declared_classes(parsed, declared, tuple(raw.classes))
+    pixels = _convert_channels(raw.x, channels)
+    pixels = pixels if image_size is None else resize_uint8(pixels, image_size)
     return ImageData(
         # copy: builtin arrays are shared read-only cache entries
         x=torch.from_numpy(pixels.copy()),
@@ -144,7 +228,12 @@ def load_data(spec: str, image_size: int | None = None, dataset_id: str | None =
     )
 
 
-def inspect_data(spec: str, image_size: int | None = None) -> dict:
+def inspect_data(
+    spec: str,
+    image_size: int | None = None,
+    classes: tuple[str, ...] | None = None,
+    channels: int | None = None,
+) -> dict:
     """The public description of a data spec: spec, kind, n, shape [C,H,W], classes,
     fingerprint, dataset_id.
 
@@ -152,4 +241,6 @@ def inspect_data(spec: str, image_size: int | None = None) -> dict:
     and its output is not differentially private, so it shows only what the privacy model
     treats as public (record count, shape, label set) plus the SHA-256 fingerprint.
     """
-    return load_data(spec, image_size=image_size).info().to_json()
+    return (
+        load_data(spec, image_size=image_size, classes=classes, channels=channels).info().to_json()
+    )

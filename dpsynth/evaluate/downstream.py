@@ -80,7 +80,7 @@ def train_cnn(
     loss_fn = nn.CrossEntropyLoss()
     model.train()
     for _ in range(schedule.epochs):
-        order = torch.randperm(len(y), generator=generator)
+        order = torch.randperm(len(y), generator=generator, device=generator.device)
         for start in range(0, len(y), schedule.batch_size):
             idx = order[start : start + schedule.batch_size]
             xb, yb = _scaled(x[idx]).to(device), y[idx].to(device)

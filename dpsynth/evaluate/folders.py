@@ -61,13 +61,14 @@ def load_synthetic(
         x, y, classes, provenance = _sample_run(root, n, seed, device)
         source = "run"
     else:
-        x, y, classes = _read_folder(root)
+        x, y, classes = _read_folder(root, real_shape[0])
         provenance = read_folder_provenance(root)
         source = "folder"
         if n is not None:
             if n > len(y):
                 raise UsageError(f"--n {n} but {root} holds only {len(y)} images")
-            keep = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))[:n]
+            rng = torch.Generator().manual_seed(seed)
+            keep = torch.randperm(len(y), generator=rng, device=rng.device)[:n]
             x, y = x[keep.sort().values], y[keep.sort().values]
     y = map_labels_by_name(y, classes, real_classes)
     x = match_shape(x, real_shape)
@@ -113,10 +114,12 @@ def match_shape(x: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
     return x
 
 
-def _read_folder(root: Path) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
+def _read_folder(root: Path, channels: int) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
     from dpsynth.data.sources import load_data
 
-    data: ImageData = load_data(f"folder:{root}")
+    # Synthetic images are compared in the real data's channels: convert on reading, so a
+    # folder mixing grayscale and colour files needs no --channels of its own.
+    data: ImageData = load_data(f"folder:{root}", channels=channels)
     return data.x, data.y, tuple(data.classes)
 
 

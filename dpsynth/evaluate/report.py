@@ -1,10 +1,14 @@
 """The `evaluate` command: run FID / accuracy on synthetic images against real held-out data,
 and write the report (JSON, Markdown, sample grid, per-class chart, ε curve).
 
-The real data read here is supposed to be held out from training. Its fingerprint is looked up
-in the privacy ledger, and a loud warning is added when a DP run spent budget on it: a metric
-computed on training data is a non-private statistic of that data. Evaluating synthetic data
-is post-processing, recorded in the ledger as a zero-cost release with the hash of the report.
+The real data read here is supposed to be held out from training. Its dataset id and its
+fingerprint are looked up in the privacy ledger, and when a DP run spent budget on either (the
+same data under another id, or the same id with a record added or removed) the result is marked
+non-private: a loud warning, `non_private: true`, and the same in the ledger's release entry.
+Metrics on a user's own held-out data are statistics of private records too, computed without
+DP: they are listed in `non_private_contents` (not for the built-in public sets). Evaluating
+synthetic data is post-processing, recorded in the ledger as a zero-cost release with the hash
+of the report.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def run_evaluation(
     inception_weights: str | os.PathLike[str] | None = None,
     device: str = "auto",
     real_train: str | None = None,
+    real_classes: tuple[str, ...] | None = None,
+    real_channels: int | None = None,
     ledger_path: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
     cnn_schedule: downstream.CnnSchedule | None = None,
@@ -56,14 +62,18 @@ def run_evaluation(
     sampled (default: as many as the real reference set). When `ledger_path` is given, the real
     data's fingerprint is checked against the ledger's spends (warning when it was trained on)
     and a zero-cost release event with the SHA-256 of report.json (or of the result JSON) is
-    appended when the synthetic data's source data set is known. Returns a JSON-ready dict.
+    appended when the synthetic data's source data set is known. `real_classes` and
+    `real_channels` declare the real data's label set and channels (`--classes`,
+    `--channels`) for `--real` and `--real-train`. Returns a JSON-ready dict.
     """
     wanted = _parse_metrics(metrics)
     torch_device = resolve_device(device)
     if wanted & {"fid", "precision", "recall"}:
         fid.find_inception_weights(inception_weights)  # fail fast, before any slow work
-    real_data = _load(real)
+    declared = {"classes": real_classes, "channels": real_channels}
+    real_data = _load(real, **declared)
     warnings = training_data_warnings(real_data, ledger_path, "--real")
+    non_private = bool(warnings)
     if n is not None and n < 1:
         raise UsageError("--n must be at least 1")
     privacy = _run_privacy(synthetic, ledger_path)
@@ -118,16 +128,21 @@ def run_evaluation(
             )
 
     if "accuracy" in wanted:
+        count_before = len(warnings)
         result_metrics["accuracy"] = _accuracy(
             synth, real_data, classifier, seeds, real_train, ledger_path, torch_device,
-            cnn_schedule or downstream.CnnSchedule(), progress, warnings,
+            cnn_schedule or downstream.CnnSchedule(), progress, warnings, declared,
         )  # fmt: skip
+        non_private = non_private or any(w.startswith("WARNING:") for w in warnings[count_before:])
 
     result: dict = {
         "synthetic": str(synth.path),
         "synthetic_source": synth.source,
         "n_synthetic": len(synth.y),
         "real": real_data.spec,
+        "real_kind": real_data.kind,
+        # True when --real or --real-train is data a DP run in the ledger spent budget on.
+        "non_private": non_private,
         "real_n": real_data.n,
         "real_fingerprint": real_data.fingerprint,
         "classes": list(real_data.classes),
@@ -170,29 +185,49 @@ def _parse_metrics(metrics: Sequence[str]) -> set[str]:
     return wanted
 
 
-def _load(spec: str) -> ImageData:
+def _load(
+    spec: str, classes: tuple[str, ...] | None = None, channels: int | None = None
+) -> ImageData:
     from dpsynth.data.sources import load_data
 
-    return load_data(spec)
+    return load_data(spec, classes=classes, channels=channels)
+
+
+def spends_on(data: ImageData, ledger_path: str | os.PathLike[str] | None) -> list[dict]:
+    """The ledger's spend lines whose dataset id or fingerprint is this data's.
+
+    Either match makes the data private training data: the same records under another id, and
+    the same id with one record added or removed (another fingerprint), are both the data a DP
+    run read.
+    """
+    if ledger_path is None or not Path(ledger_path).is_file():
+        return []
+    from dpsynth.privacy.ledger import Ledger
+
+    return [
+        entry
+        for entry in Ledger(Path(ledger_path)).entries()
+        if entry.get("kind") == "spend"
+        and (
+            entry.get("dataset_id") == data.dataset_id
+            or entry.get("fingerprint") == data.fingerprint
+        )
+    ]
 
 
 def training_data_warnings(
     data: ImageData, ledger_path: str | os.PathLike[str] | None, flag: str
 ) -> list[str]:
-    """A loud warning when the ledger shows DP spends on exactly these bytes (training data)."""
-    if ledger_path is None or not Path(ledger_path).is_file():
-        return []
-    from dpsynth.privacy.ledger import Ledger
-
-    spends = Ledger(Path(ledger_path)).spends_for_fingerprint(data.fingerprint)
+    """A loud warning when the ledger shows DP spends on this data (by dataset id or bytes)."""
+    spends = spends_on(data, ledger_path)
     if not spends:
         return []
     runs = sorted({str(s.get("run_id") or s.get("seq")) for s in spends})
     return [
         f"WARNING: {flag} {data.spec} is data that DP training spent privacy budget on "
-        f"(ledger: {len(spends)} spend(s), run(s) {', '.join(runs)}). Metrics computed on "
-        "training data are NOT private and leak information about its records; evaluate on "
-        "a held-out split (e.g. NAME:test) instead."
+        f"(ledger: {len(spends)} spend(s) on its dataset id or fingerprint, run(s) "
+        f"{', '.join(runs)}). This evaluation is NOT private: its metrics leak information "
+        "about those records; evaluate on a held-out split (e.g. NAME:test) instead."
     ]
 
 
@@ -207,6 +242,7 @@ def _accuracy(
     schedule: downstream.CnnSchedule,
     progress: Progress | None,
     warnings: list[str],
+    declared: dict | None = None,
 ) -> dict:
     classes = tuple(real_data.classes)
     test = (real_data.x, real_data.y)
@@ -216,7 +252,7 @@ def _accuracy(
     )  # fmt: skip
     out["reference"] = real_data.spec
     if real_train is not None:
-        train_data = _load(real_train)
+        train_data = _load(real_train, **(declared or {}))
         warnings.extend(training_data_warnings(train_data, ledger_path, "--real-train"))
         warnings.append(
             f"the real-trained upper bound reads {train_data.spec} without DP: it is a "
@@ -249,8 +285,16 @@ def non_private_contents(result: dict, with_report: bool) -> list[str]:
     reasons = []
     if "real_train_accuracy" in result["metrics"].get("accuracy", {}):
         reasons.append("real-trained accuracy: a statistic of the real training data")
-    if any(w.startswith("WARNING:") for w in result["warnings"]):
+    if result.get("non_private"):
         reasons.append("metrics on data that DP training spent budget on")
+    if result.get("real_kind") != "builtin":
+        # Only the built-in sets (digits, mnist-5k and their :test splits) are public; a user's
+        # own held-out records are private, and metrics on them are computed without DP.
+        for name in sorted(result["metrics"]):
+            reasons.append(
+                f"{name} on {result['real']}: a statistic of the user's own held-out records, "
+                "computed without DP"
+            )
     if with_report:
         reasons.append("samples.png shows real records of the reference set")
     return reasons
@@ -275,6 +319,7 @@ def record_evaluation_release(
         "metrics": sorted(result["metrics"]),
         "report_dir": result.get("report_dir"),
         "non_private_contents": result.get("non_private_contents", []),
+        "non_private": bool(result.get("non_private")),
     }
     return Ledger(Path(ledger_path)).record_release(
         dataset_id=provenance["dataset_id"],

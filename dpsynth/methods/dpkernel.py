@@ -294,7 +294,11 @@ class DPKernelGenerator(Generator):
         """Yield uint8 batches for `labels` in order; latents come from `generator`."""
         for start in range(0, int(labels.numel()), batch_size):
             chunk = labels[start : start + batch_size].to(torch.int64)
-            z = torch.randn(chunk.numel(), self.net.latent_dim, generator=generator)
+            # Drawn on the generator's own device (CUDA for a CUDA sampler), then moved: a
+            # CPU tensor cannot be drawn from a CUDA generator.
+            z = torch.randn(
+                chunk.numel(), self.net.latent_dim, generator=generator, device=generator.device
+            )
             vectors = self.net(
                 z.to(self.device), _onehot(chunk.to(self.device), self.net.num_classes)
             )
@@ -345,7 +349,9 @@ class DPKernelTrainer(Trainer):
             if self.num_classes
             else None
         )
-        z = torch.randn(self.num_generated, self.net.latent_dim, generator=self.rng)
+        z = torch.randn(
+            self.num_generated, self.net.latent_dim, generator=self.rng, device=self.rng.device
+        )
         dev_labels = labels.to(self.device) if labels is not None else None
         points = self.net(
             z.to(self.device), _onehot(dev_labels, self.num_classes) if labels is not None else None

@@ -104,9 +104,11 @@ class RandomConvEncoder(nn.Module):
         chans = [in_ch] + [out_ch] * max(1, downsamplings)
         for i in range(len(chans) - 1):
             fan_in = chans[i] * 9
-            weight = torch.randn(chans[i + 1], chans[i], 3, 3, generator=gen) / math.sqrt(fan_in)
+            weight = torch.randn(
+                chans[i + 1], chans[i], 3, 3, generator=gen, device=gen.device
+            ) / math.sqrt(fan_in)
             self.register_buffer(f"weight{i}", weight)
-        probe = torch.rand(64, in_ch, 32, 32, generator=gen) * 2 - 1
+        probe = torch.rand(64, in_ch, 32, 32, generator=gen, device=gen.device) * 2 - 1
         self.register_buffer("scale", torch.ones(()))
         self.scale = self._encode(probe).std().clamp_min(1e-6).reshape(())
 

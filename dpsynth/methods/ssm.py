@@ -116,8 +116,11 @@ def randomized_response(
     others = cosine.topk(k_eff - 1, dim=2).indices  # [K, b, k'−1]
     keep_p = rr_keep_probability(epsilon, k_eff)
     slots = v.shape[1]
-    u = torch.rand(slots, b, generator=generator, device=v.device)
-    pick = torch.randint(0, k_eff - 1, (slots, b), generator=generator, device=v.device)
+    # Drawn on the generator's own device, then moved to v's: the two need not be the same.
+    u = torch.rand(slots, b, generator=generator, device=generator.device).to(v.device)
+    pick = torch.randint(0, k_eff - 1, (slots, b), generator=generator, device=generator.device).to(
+        v.device
+    )
     keep = u < keep_p
     chosen = others.gather(2, pick.unsqueeze(2)).squeeze(2)  # [K, b]
     source = torch.where(keep, torch.arange(b, device=v.device).expand(slots, b), chosen)

@@ -52,6 +52,19 @@ _COARSE_REL_ERROR = 0.05
 ACCOUNTANT_PRV = f"prv-accountant {PRV_VERSION} PRV upper bound (eps_error {_REL_EPS_ERROR:g}·ε)"
 ACCOUNTANT_RDP = f"prv-accountant {PRV_VERSION} RDP upper bound (PRV fallback, integer orders)"
 
+# Bounds on what the accountant is asked, so that every call ends in seconds with bounded
+# memory. ε above MAX_EPSILON protects nothing (e^1000 likelihood ratios); the PRV mesh grows
+# with ε and with √T, and past MAX_PRV_MESH nodes (about 4 s and 400 MB) the RDP bound is
+# reported instead. σ below MIN_NOISE_MULTIPLIER is noise-free for every practical purpose.
+MAX_EPSILON = 1000.0
+MAX_STEPS = 10_000_000
+MIN_NOISE_MULTIPLIER = 0.01
+MAX_PRV_MESH = 2_000_000
+
+
+class PrvMeshTooLarge(Exception):
+    """The PRV discretisation these settings need would not fit in time and memory."""
+
 
 @dataclass(frozen=True)
 class EpsilonBound:
@@ -109,12 +122,32 @@ def validate_probability_inputs(
     """Raise UsageError for values no accountant can take."""
     if epsilon is not None and (math.isnan(epsilon) or epsilon <= 0 or math.isinf(epsilon)):
         raise UsageError(f"--epsilon must be a positive finite number, got {epsilon}")
+    if epsilon is not None and epsilon > MAX_EPSILON:
+        raise UsageError(
+            f"--epsilon must be at most {MAX_EPSILON:g} (larger values protect nothing), "
+            f"got {epsilon:g}; use --epsilon inf for a non-private baseline"
+        )
     if not (0.0 < delta < 1.0) or math.isnan(delta):
         raise UsageError(f"--delta must be in (0, 1), got {delta}")
     if not (0.0 < sampling_rate <= 1.0) or math.isnan(sampling_rate):
         raise UsageError(f"the sampling rate must be in (0, 1], got {sampling_rate}")
     if steps is not None and steps < 1:
         raise UsageError(f"--steps must be at least 1, got {steps}")
+    if steps is not None and steps > MAX_STEPS:
+        raise UsageError(f"--steps must be at most {MAX_STEPS:,}, got {steps:,}")
+
+
+def validate_noise_multiplier(noise_multiplier: float) -> None:
+    """Raise UsageError for a σ that is not positive, or so small that it adds no noise."""
+    if math.isnan(noise_multiplier) or noise_multiplier <= 0:
+        raise UsageError(f"--noise-multiplier must be positive, got {noise_multiplier}")
+    if math.isinf(noise_multiplier):
+        raise UsageError("--noise-multiplier must be finite")
+    if noise_multiplier < MIN_NOISE_MULTIPLIER:
+        raise UsageError(
+            f"--noise-multiplier must be at least {MIN_NOISE_MULTIPLIER:g}, "
+            f"got {noise_multiplier:g}"
+        )
 
 
 def _normalise(events: Iterable[Mapping[str, Any]]) -> tuple[bool, dict[tuple, int]]:
@@ -219,12 +252,28 @@ def _fft_friendly_eps_error(
     return eps_error
 
 
+def prv_mesh_size(
+    length: float, counts: Sequence[int], delta_error: float, eps_error: float
+) -> float:
+    """The number of nodes of the PRV accountant's mesh over [-length, length].
+
+    The accountant's mesh width is its ε error divided by the spread of the composed privacy
+    loss, √(T/2 · log(12/δ_error)) (as `Domain.create_aligned` is called in prv-accountant).
+    """
+    spread = math.sqrt(sum(counts) / 2.0 * math.log(12.0 / delta_error))
+    return 2.0 * length * spread / eps_error
+
+
 def _prv_epsilon(
     keys: Sequence[tuple], counts: Sequence[int], delta: float, eps_error: float
 ) -> tuple[float, float]:
     """The PRV accountant's (estimate, upper bound) of ε at `delta`."""
     delta_error = delta / 1000.0
     length = max(_safe_domain_length(keys, counts, delta_error), eps_error) + 3.0
+    nodes = prv_mesh_size(length, counts, delta_error, eps_error)
+    if nodes > MAX_PRV_MESH:
+        # Estimated before anything is allocated: the accountant's arrays scale with this.
+        raise PrvMeshTooLarge(f"PRV mesh of {nodes:.3g} nodes exceeds {MAX_PRV_MESH:.3g}")
     eps_error = _fft_friendly_eps_error(length, counts, delta_error, eps_error)
     with warnings.catch_warnings():
         # `eps_max` makes the accountant warn that it trusts the domain; ours is the safe one.
@@ -254,9 +303,19 @@ def _compose_cached(
     # on it) so that small and large ε alike get a bound within a fraction of a percent.
     eps_error = max(_MIN_EPS_ERROR, rel_error * min(rdp_eps, 50.0))
     prv_eps, estimate = math.inf, None
-    for attempt_error in (eps_error, eps_error * 4, eps_error * 0.25):
+    attempts = [eps_error, eps_error * 4, eps_error * 0.25]
+    # Above ε = 50 the error stays 0.25 absolute, and at large ε or T that mesh can be too big;
+    # the same relative error without that cap (rel_error · RDP ε) is tried next: a looser but
+    # still valid PRV bound, usually far tighter than the RDP one.
+    relative = max(_MIN_EPS_ERROR, rel_error * rdp_eps)
+    if relative > eps_error * 4:
+        attempts.insert(1, relative)
+    for attempt_error in attempts:
         try:
             candidate_estimate, candidate = _prv_epsilon(keys, counts, delta, attempt_error)
+        except PrvMeshTooLarge as exc:
+            notes.append(f"PRV accountant: {exc}; tried a coarser mesh")
+            continue
         except (ValueError, RuntimeError, FloatingPointError, AssertionError, MemoryError) as exc:
             notes.append(f"PRV accountant failed ({exc.__class__.__name__}: {exc}); retried")
             continue
@@ -367,7 +426,8 @@ def _solve_sigma(bound: Callable[[float], float], epsilon: float, guess: float) 
     while g_lo <= 0:
         hi, g_hi = lo, g_lo
         lo /= 2.0
-        if lo < 1e-4:
+        if lo < MIN_NOISE_MULTIPLIER:
+            # Even (about) the smallest σ allowed fits: its bound is below ε, which is valid.
             return hi
         g_lo = gap(lo)
     side = 0
@@ -427,8 +487,7 @@ def epsilon_report(
 ) -> Calibration:
     """ε of a given σ, q, T (alone and composed with `prior_events`), as a Calibration."""
     validate_probability_inputs(None, delta, sampling_rate, steps)
-    if noise_multiplier <= 0 or math.isnan(noise_multiplier):
-        raise UsageError(f"--noise-multiplier must be positive, got {noise_multiplier}")
+    validate_noise_multiplier(noise_multiplier)
     alone = epsilon_for(noise_multiplier, sampling_rate, steps, delta)
     total = epsilon_for(noise_multiplier, sampling_rate, steps, delta, prior_events)
     prior = compose_epsilon(prior_events, delta).epsilon if prior_events else 0.0
@@ -458,32 +517,61 @@ def max_steps(
     Raises BudgetExceededError when not even one step fits.
     """
     validate_probability_inputs(epsilon, delta, sampling_rate, None)
-    if noise_multiplier <= 0 or math.isnan(noise_multiplier):
-        raise UsageError(f"--noise-multiplier must be positive, got {noise_multiplier}")
+    validate_noise_multiplier(noise_multiplier)
     _check_prior(prior_events, epsilon, delta)
 
-    def fits(steps: int) -> bool:
-        return epsilon_for(noise_multiplier, sampling_rate, steps, delta, prior_events).epsilon <= (
-            epsilon
-        )
+    def gap(steps: int) -> float:
+        """log ε(steps) − log ε: ≤ 0 exactly when `steps` fits."""
+        value = epsilon_for(noise_multiplier, sampling_rate, steps, delta, prior_events).epsilon
+        return math.log(value) - math.log(epsilon) if value > 0 else -math.inf
 
-    if not fits(1):
+    g_lo = gap(1)
+    if g_lo > 0:
         raise BudgetExceededError(
             f"not even one step at σ={noise_multiplier:g}, q={sampling_rate:g} "
             f"fits under ε={epsilon:g}"
         )
-    lo, hi = 1, 2
-    while fits(hi):
-        lo, hi = hi, hi * 2
-        if hi > limit:
+    lo, hi = 1, 4
+    g_hi = gap(hi)
+    while g_hi <= 0:
+        if hi >= limit:
             return epsilon_report(noise_multiplier, delta, sampling_rate, limit, prior_events)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
+        lo, g_lo = hi, g_hi
+        hi = min(hi * 4, limit)
+        g_hi = gap(hi)
+    lo = _largest_fitting_integer(gap, lo, g_lo, hi, g_hi)
     return epsilon_report(noise_multiplier, delta, sampling_rate, lo, prior_events)
+
+
+def _largest_fitting_integer(
+    gap: Callable[[int], float], lo: int, g_lo: float, hi: int, g_hi: float
+) -> int:
+    """The largest integer t in [lo, hi) with gap(t) ≤ 0, given gap(lo) ≤ 0 < gap(hi).
+
+    Illinois-safeguarded regula falsi on log t, where log ε is close to a straight line: a
+    handful of accountant calls instead of a bisection's twenty. Exact: it ends only when
+    gap(t) ≤ 0 < gap(t + 1) was checked, as a bisection would.
+    """
+    side = 0
+    while hi - lo > 1:
+        if math.isinf(g_lo) or math.isinf(g_hi):
+            mid = int(math.sqrt(lo * hi))
+        else:
+            x_lo, x_hi = math.log(lo), math.log(hi)
+            mid = round(math.exp(x_lo + (x_hi - x_lo) * g_lo / (g_lo - g_hi)))
+        mid = min(max(mid, lo + 1), hi - 1)
+        g_mid = gap(mid)
+        if g_mid <= 0:
+            lo, g_lo = mid, g_mid
+            if side == 1:
+                g_hi /= 2.0
+            side = 1
+        else:
+            hi, g_hi = mid, g_mid
+            if side == -1:
+                g_lo /= 2.0
+            side = -1
+    return lo
 
 
 def plan_poisson_gaussian(
