@@ -35,7 +35,7 @@ from dpsynth import __version__
 from dpsynth.data.images import DataInfo, ImageData
 from dpsynth.data.sources import load_data
 from dpsynth.errors import DataError, DpsynthError, UsageError
-from dpsynth.methods.base import Method, PrivacyPlan, PrivacyTarget, Trainer
+from dpsynth.methods.base import Method, Trainer
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting import default_delta, epsilon_for
 from dpsynth.privacy.anchors import (
@@ -47,6 +47,7 @@ from dpsynth.privacy.anchors import (
 )
 from dpsynth.privacy.dpsgd import PoissonSampler
 from dpsynth.privacy.ledger import Ledger
+from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 from dpsynth.privacy.randomness import PrivateRandomness
 from dpsynth.runs import RunDir
 from dpsynth.visuals import save_grid

@@ -16,75 +16,20 @@ public `seed`, and leaves saving those streams to the loop, which keeps them pri
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
+from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 from dpsynth.privacy.randomness import PrivateRandomness
 
-
-@dataclass(frozen=True)
-class PrivacyTarget:
-    """What the user asked for: ε (math.inf for a non-private baseline) and δ."""
-
-    epsilon: float
-    delta: float
-
-    @property
-    def private(self) -> bool:
-        """False for the `--epsilon inf` baseline."""
-        return math.isfinite(self.epsilon)
-
-
-@dataclass(frozen=True)
-class PrivacyPlan:
-    """The mechanisms a run will apply, fixed before the first read of private data.
-
-    `events` are ledger mechanism events (e.g. one `poisson_gaussian`). `epsilon_bound` is the
-    accountant's upper bound for this run alone; `total_epsilon_bound` composes it with the
-    dataset's earlier spends. For a non-private plan the noise is 0, clipping is off and both
-    bounds are inf.
-    """
-
-    private: bool
-    target_epsilon: float
-    delta: float
-    noise_multiplier: float
-    sampling_rate: float
-    steps: int
-    max_grad_norm: float
-    expected_batch_size: float
-    events: tuple[dict[str, Any], ...]
-    epsilon_bound: float
-    total_epsilon_bound: float
-    accountant: str
-    notes: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (inf written as the string "inf")."""
-        out = asdict(self)
-        out["events"] = [dict(e) for e in self.events]
-        out["notes"] = list(self.notes)
-        for key in ("target_epsilon", "epsilon_bound", "total_epsilon_bound"):
-            if not math.isfinite(out[key]):
-                out[key] = "inf"
-        return out
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> PrivacyPlan:
-        """Inverse of `to_json`."""
-        data = dict(obj)
-        for key in ("target_epsilon", "epsilon_bound", "total_epsilon_bound"):
-            data[key] = float(data[key])
-        data["events"] = tuple(dict(e) for e in data["events"])
-        data["notes"] = tuple(data.get("notes", ()))
-        return cls(**data)
+# The plan types live in the privacy layer (which depends on nothing above it); they are part
+# of this interface, so they are re-exported here for backends.
+__all__ = ["Generator", "Method", "PrivacyPlan", "PrivacyTarget", "Trainer"]
 
 
 class Generator(ABC):

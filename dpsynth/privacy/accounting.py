@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import version
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prv_accountant import PRVAccountant
 from prv_accountant.domain import Domain
@@ -33,9 +33,7 @@ from prv_accountant.privacy_random_variables import (
 )
 
 from dpsynth.errors import BudgetExceededError, UsageError
-
-if TYPE_CHECKING:
-    from dpsynth.methods.base import PrivacyPlan, PrivacyTarget
+from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
 PRV_VERSION = version("prv-accountant")
 
@@ -588,8 +586,6 @@ def plan_poisson_gaussian(
     `prior_events` are composed in). A non-private target (ε = inf) gives a plan without
     noise or clipping whose only event is `non_private`.
     """
-    from dpsynth.methods.base import PrivacyPlan
-
     if n < 1:
         raise UsageError("the data set is empty")
     if steps < 1:
