@@ -387,6 +387,8 @@ def ledger_verify(
     from dpsynth.privacy.ledger import Ledger
 
     path = _ledger_path(ledger)
+    if not path.exists():
+        raise UsageError(f"no ledger at {path}: nothing to verify (check --ledger)")
     result = Ledger(path).verify(recompute=not quick)
     if as_json:
         _emit_json({"ledger": str(path), **result})

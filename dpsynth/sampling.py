@@ -180,6 +180,7 @@ def sample_run(
     out = Path(out_dir)
     run = RunDir(run_dir)
     ledger_file = Path(ledger_path or run.read_config()["ledger"]["path"])
+    Ledger(ledger_file).check_path()
     check_target(
         out,
         flag="--out",

@@ -118,6 +118,12 @@ def train_run(
     run = RunDir(out)
     ledger = Ledger(ledger_path)
     torch_device = resolve_device(device)
+    if not (checkpoint_every_s >= 0 and math.isfinite(checkpoint_every_s)):
+        raise UsageError(
+            f"--checkpoint-every must be a number of seconds ≥ 0, got {checkpoint_every_s}"
+        )
+    if not -(2**63) <= seed < 2**63:
+        raise UsageError(f"--seed must fit in 64 bits, got {seed}")
     if resume:
         return _resume(run, ledger, torch_device, checkpoint_every_s, progress, stop_after_steps)
     target_epsilon = parse_epsilon(epsilon)
@@ -134,8 +140,19 @@ def train_run(
             "whole record with that probability; use a smaller --delta"
         )
     config = backend.config(preset, overrides or {}, info)
+    # Everything that can fail for a reason known before the first private read fails here,
+    # before the spend is reserved: the config's values, then the plan, then building the
+    # trainer and the batch sampler (weights from the seed, never from the data).
+    backend.validate_config(config, info)
     target = PrivacyTarget(target_epsilon, float(delta))
     plan = backend.plan(info, target, config, ledger.events_for(info.dataset_id))
+    try:
+        trainer = backend.trainer(info, config, plan, torch_device, seed)
+        sampler = PoissonSampler(info.n, plan.sampling_rate, _loop_generator(seed))
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise UsageError(
+            f"--method {backend.name} cannot start with these settings: {exc}"
+        ) from None
     run_id = uuid.uuid4().hex[:12]
     entry = ledger.reserve(
         dataset_id=info.dataset_id,
@@ -174,8 +191,6 @@ def train_run(
         # Nothing was read yet: the reservation is closed at zero cost.
         ledger.abort(entry["seq"], events=[])
         raise
-    trainer = backend.trainer(info, config, plan, torch_device, seed)
-    sampler = PoissonSampler(info.n, plan.sampling_rate, _loop_generator(seed))
     return _loop(
         run,
         ledger,
