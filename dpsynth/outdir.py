@@ -99,7 +99,9 @@ def check_target(
     if not out.exists() and not out.is_symlink():
         _check_creatable(out, flag)
         return
-    if out.is_symlink() or not out.is_dir():
+    if out.is_symlink():
+        raise UsageError(f"{flag} {out} is a symbolic link; give the folder itself")
+    if not out.is_dir():
         raise UsageError(f"{flag} {out} is a file, not a folder; choose a folder path")
     resolved = out.resolve()
     cwd = Path.cwd().resolve()
