@@ -149,7 +149,8 @@ def train_run(
     try:
         trainer = backend.trainer(info, config, plan, torch_device, seed)
         sampler = PoissonSampler(info.n, plan.sampling_rate, _loop_generator(seed))
-    except (ValueError, TypeError, OverflowError) as exc:
+    except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
+        # e.g. an optimizer refusing a value, a seed out of range, a network too large to build
         raise UsageError(
             f"--method {backend.name} cannot start with these settings: {exc}"
         ) from None
