@@ -111,6 +111,8 @@ def generate(
     batch_size: int = 500,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
     """N synthetic images (uint8 [N,C,H,W]) with their labels and class names, in memory."""
+    if not 1 <= n <= MAX_SAMPLES:
+        raise UsageError(f"--n must be in [1, {MAX_SAMPLES:.0e}], got {n}")
     generator, _, info = load_generator(run_dir, device)
     counts = label_counts(labels, n, len(info.classes))
     batches = list(_batches(generator, counts, batch_size, seed))
