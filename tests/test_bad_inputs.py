@@ -199,6 +199,12 @@ CASES: list[tuple[str, int, str]] = [
     ("ledger verify --ledger ldir", 2, "is a folder"),
     ("ledger budget --dataset digits --epsilon 1 --delta 1e-5 --ledger ldir", 2, "is a folder"),
     ("ledger verify --ledger missing.jsonl", 2, "no ledger at missing.jsonl"),
+    (
+        "ledger budget --dataset digits --epsilon 1 --delta 1e-5 --ledger notes.txt/l.jsonl",
+        2,
+        "cannot write to it",
+    ),
+    (TRAIN.replace("ledger.jsonl", "notes.txt/l.jsonl"), 2, "cannot write to it"),
     ("ledger verify --ledger torn.jsonl", 1, "incomplete last line"),
     ("ledger show --ledger torn.jsonl", 1, "incomplete last line"),
     ("ledger verify --ledger edited.jsonl", 1, "hash mismatch"),
