@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dpsynth.errors import UsageError
 
-_STAGING = re.compile(r"^\..+\.dpsynth-(\d+)-[A-Za-z0-9_]+\.(tmp|old)$")
+_STAGING = re.compile(r"^\.(?P<name>.+)\.dpsynth-(?P<pid>\d+)-[A-Za-z0-9_]+\.(?P<kind>tmp|old)$")
 
 
 def staging_dir(out: Path) -> Path:
@@ -47,7 +47,11 @@ def pid_alive(pid: int) -> bool:
 
 
 def remove_stale_staging(parent: Path) -> list[Path]:
-    """Remove the staging folders in `parent` whose writing process is gone; return them."""
+    """Remove the staging folders in `parent` whose writing process is gone; return them.
+
+    A replaced output that was moved aside (`.old`) by a process killed before the new one took
+    its place is moved back instead, so that a kill at that moment loses nothing.
+    """
     removed: list[Path] = []
     try:
         names = os.listdir(parent)
@@ -55,9 +59,13 @@ def remove_stale_staging(parent: Path) -> list[Path]:
         return removed
     for name in names:
         match = _STAGING.match(name)
-        if match is None or pid_alive(int(match.group(1))):
+        if match is None or pid_alive(int(match["pid"])):
             continue
         path = parent / name
+        target = parent / match["name"]
+        if match["kind"] == "old" and not target.exists() and not target.is_symlink():
+            os.replace(path, target)
+            continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)

@@ -27,6 +27,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from dpsynth.cli import app
+from dpsynth.outdir import remove_stale_staging
 from dpsynth.privacy import ledger as ledger_module
 from dpsynth.privacy.ledger import Ledger
 from dpsynth.sampling import generate, label_chunks, parse_labels, sample_run
@@ -290,6 +291,17 @@ def test_stale_staging_of_a_dead_process_is_removed(workdir: Path, one_torch_thr
     assert result.exit_code == 0, result.output
     assert not stale.exists()
     assert live.is_dir()  # its writer (this process) is alive: not ours to remove
+
+
+def test_an_output_moved_aside_by_a_killed_replace_is_moved_back(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    aside = tmp_path / f".synth.dpsynth-{dead.pid}-abc123.old"
+    aside.mkdir()
+    (aside / "manifest.json").write_text("{}")
+    remove_stale_staging(tmp_path)
+    assert (tmp_path / "synth" / "manifest.json").read_text() == "{}"
+    assert not aside.exists()
 
 
 def test_sigterm_removes_the_staging_folder(workdir: Path) -> None:
