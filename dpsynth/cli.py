@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -33,7 +34,37 @@ from rich.table import Table
 from dpsynth import __version__
 from dpsynth.errors import DpsynthError, UsageError
 
+try:  # recent typer versions vendor click as typer._click; older ones use click itself
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_errors  # type: ignore[no-redef]
+
+
+class _OneLineErrors(typer.core.TyperGroup):
+    """The root command group, with usage errors (bad flag values, unknown commands or options)
+    printed as one `error: ...` line and exit 2 instead of typer's boxed panel."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click_errors.NoArgsIsHelpError as exc:
+            exc.show()  # the help page: what a bare `dpsynth ledger` should print
+            code = exc.exit_code
+        except click_errors.ClickException as exc:
+            command = f" (see `{exc.ctx.command_path} --help`)" if getattr(exc, "ctx", None) else ""
+            message = " ".join(exc.format_message().split()).rstrip(".")
+            stderr.print(f"[red]error:[/red] {escape(message)}{command}", highlight=False)
+            code = exc.exit_code
+        except typer.Abort:
+            stderr.print("aborted", highlight=False)
+            code = 1
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="dpsynth",
     help="Differentially private synthetic data, with a ledger of every privacy spend.",
     no_args_is_help=True,
@@ -395,8 +426,8 @@ def ledger_verify(
     if more_runs and not against:
         raise UsageError("give run directories with --against RUN [RUN ...]")
     path = _ledger_path(ledger)
-    if (against or head) and not path.is_file():
-        raise UsageError(f"no ledger at {path}: nothing to check the runs or heads against")
+    if not path.exists():
+        raise UsageError(f"no ledger at {path}: nothing to verify (check --ledger)")
     runs: dict[str, tuple[int, str]] = {}
     for run_dir in [*(against or []), *(more_runs or [])]:
         anchor = SpendAnchor.from_run_config(RunDir(run_dir).read_config(), str(run_dir))
@@ -879,7 +910,14 @@ def main() -> None:
     warnings.filterwarnings(
         "ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning
     )
+    # A plain `kill` (SIGTERM) ends a command as Ctrl-C does: `train` checkpoints, `sample`
+    # removes its staging folder, and the exit is the one-line "interrupted" (130).
+    signal.signal(signal.SIGTERM, _interrupt)
     app()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

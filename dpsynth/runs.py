@@ -119,10 +119,20 @@ class RunDir:
         return self.config_path.is_file()
 
     def check_new(self) -> None:
-        """Refuse to start a new run in a folder that already has content."""
-        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+        """Refuse to start a new run in a file, a folder that already has content, or a place
+        where the folder cannot be created (checked before any budget is reserved)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise UsageError(f"{self.path} is a file, not a run directory; choose another --out")
+        if self.path.exists() and any(self.path.iterdir()):
             hint = "use --resume to continue it" if self.exists() else "choose another --out"
             raise UsageError(f"{self.path} exists and is not empty; {hint}")
+        parent = self.path.absolute().parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise UsageError(f"--out {self.path}: {parent} is a file, not a folder")
+        if not os.access(parent if not self.path.exists() else self.path, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {self.path}: no permission to write there")
 
     def read_config(self) -> dict[str, Any]:
         """The run's config; UsageError if this is not a run directory."""

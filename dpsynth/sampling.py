@@ -12,10 +12,11 @@ import csv
 import hashlib
 import io
 import json
-import os
+import math
+import re
 import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.errors import DataError, UsageError
 from dpsynth.methods.base import Generator
 from dpsynth.methods.registry import get_method
+from dpsynth.outdir import check_target, remove_stale_staging, replace_dir, staging_dir
 from dpsynth.privacy.anchors import SpendAnchor, privacy_statement, verified_spend
 from dpsynth.privacy.ledger import Ledger
 from dpsynth.runs import RunDir, write_json_atomic
@@ -109,27 +111,53 @@ def run_privacy(run_dir: Path | str, ledger_path: Path | str | None = None) -> d
     return {**privacy_statement(spend), "ledger": str(path.resolve())}
 
 
-def parse_labels(labels: str, n: int, num_classes: int) -> torch.Tensor:
-    """Labels to generate: `balanced` (data-independent, free) or per-class COUNTS `a,b,...`.
+def label_counts(labels: str, n: int, num_classes: int) -> list[int]:
+    """Records per class: `balanced` (data-independent, free) or per-class COUNTS `a,b,...`.
 
     Balanced gives each class n // K records and the first n % K classes one more.
     """
     if labels == "balanced":
-        counts = [n // num_classes + (1 if c < n % num_classes else 0) for c in range(num_classes)]
-    else:
-        try:
-            counts = [int(part) for part in labels.split(",")]
-        except ValueError:
-            raise UsageError(
-                f"--labels must be 'balanced' or per-class counts, got {labels!r}"
-            ) from None
-        if len(counts) != num_classes or min(counts) < 0:
-            raise UsageError(
-                f"--labels needs {num_classes} non-negative counts (one per class), got {labels!r}"
-            )
-        if sum(counts) != n:
-            raise UsageError(f"--labels counts sum to {sum(counts)}, but --n is {n}")
+        return [n // num_classes + (1 if c < n % num_classes else 0) for c in range(num_classes)]
+    try:
+        counts = [int(part) for part in labels.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--labels must be 'balanced' or per-class counts, got {labels!r}"
+        ) from None
+    if len(counts) != num_classes or min(counts) < 0:
+        raise UsageError(
+            f"--labels needs {num_classes} non-negative counts (one per class), got {labels!r}"
+        )
+    if sum(counts) != n:
+        raise UsageError(f"--labels counts sum to {sum(counts)}, but --n is {n}")
+    return counts
+
+
+def parse_labels(labels: str, n: int, num_classes: int) -> torch.Tensor:
+    """All N labels to generate, class by class (see `label_counts`), as one int64 tensor."""
+    counts = label_counts(labels, n, num_classes)
     return torch.repeat_interleave(torch.arange(num_classes), torch.tensor(counts))
+
+
+def label_chunks(counts: Sequence[int], batch_size: int) -> Iterator[torch.Tensor]:
+    """The labels of `parse_labels`, in order, as int64 chunks of at most `batch_size`; memory
+    is O(batch_size) whatever the total."""
+    label, left = 0, 0
+    remaining = sum(counts)
+    while remaining > 0:
+        size = min(batch_size, remaining)
+        parts = []
+        need = size
+        while need > 0:
+            while left == 0:
+                left = counts[label]
+                label += 1
+            take = min(need, left)
+            parts.append(torch.full((take,), label - 1, dtype=torch.int64))
+            left -= take
+            need -= take
+        remaining -= size
+        yield torch.cat(parts)
 
 
 def generate(
@@ -141,22 +169,24 @@ def generate(
     batch_size: int = 500,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
     """N synthetic images (uint8 [N,C,H,W]) with their labels and class names, in memory."""
+    if not 1 <= n <= MAX_SAMPLES:
+        raise UsageError(f"--n must be in [1, {MAX_SAMPLES:.0e}], got {n}")
     generator, _, info = load_generator(run_dir, device)
-    wanted = parse_labels(labels, n, len(info.classes))
-    images = torch.cat([batch.cpu() for batch, _ in _batches(generator, wanted, batch_size, seed)])
-    return images, wanted, info.classes
+    counts = label_counts(labels, n, len(info.classes))
+    batches = list(_batches(generator, counts, batch_size, seed))
+    images = torch.cat([batch.cpu() for batch, _ in batches])
+    return images, torch.cat([chunk for _, chunk in batches]), info.classes
 
 
 def _batches(
-    generator: Generator, labels: torch.Tensor, batch_size: int, seed: int
+    generator: Generator, counts: Sequence[int], batch_size: int, seed: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     rng = torch.Generator(device=generator.device).manual_seed(seed)
-    done = 0
-    for start in range(0, labels.numel(), batch_size):
-        chunk = labels[start : start + batch_size].to(generator.device)
-        for images in generator.sample(chunk, batch_size, rng):
+    for chunk in label_chunks(counts, batch_size):
+        done = 0
+        for images in generator.sample(chunk.to(generator.device), batch_size, rng):
             size = int(images.shape[0])
-            yield images, labels[done : done + size]
+            yield images, chunk[done : done + size]
             done += size
 
 
@@ -172,6 +202,10 @@ def _safe_class_dir(name: str) -> str:
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
         raise UsageError(f"class name {name!r} cannot be used as a folder name")
     return name
+
+
+# Far beyond any real release; above it a typo (an extra zero or two) is the likely cause.
+MAX_SAMPLES = 10**9
 
 
 def sample_run(
@@ -191,31 +225,42 @@ def sample_run(
 
     PNG: `OUT/<class>/<index>.png`, `labels.csv`, `manifest.json`. NPZ: `OUT/samples.npz`
     (`x` uint8 [N,C,H,W], `y` int64, `classes`) and `manifest.json`. Everything is written into
-    a temporary folder beside OUT and renamed into place at the end, in batches so that memory
-    stays flat in N.
+    a staging folder beside OUT and renamed into place at the end, in batches so that memory
+    stays flat in N. `force` replaces only an earlier output of `sample` (see
+    `dpsynth.outdir.check_target`); staging folders of killed runs are removed first.
     """
     if n < 1:
         raise UsageError(f"--n must be at least 1, got {n}")
+    if n > MAX_SAMPLES:
+        raise UsageError(f"--n must be at most {MAX_SAMPLES:.0e}, got {n}")
     if fmt not in ("png", "npz"):
         raise UsageError(f"--format must be png or npz, got {fmt!r}")
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise UsageError(f"{out} exists and is not empty; use --force to replace it")
+    run = RunDir(run_dir)
     # The statement comes from the ledger, checked before anything is generated or written.
     privacy = run_privacy(run_dir, ledger_path)
+    check_target(
+        out,
+        flag="--out",
+        force=force,
+        protected=[(run.path, "the run directory"), (Path(privacy["ledger"]), "the ledger")],
+        written_by_us=is_sample_output,
+    )
     generator, run_config, info = load_generator(run_dir, device)
-    wanted = parse_labels(labels, n, len(info.classes))
+    counts = label_counts(labels, n, len(info.classes))
     class_dirs = [_safe_class_dir(name) for name in info.classes]
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    remove_stale_staging(out.parent)
+    _check_free_space(out.parent, n * math.prod(info.shape))
+    staging = staging_dir(out)
     digest = hashlib.sha256()
     try:
         if fmt == "png":
-            _write_pngs(generator, wanted, batch_size, seed, staging, class_dirs, digest, progress)
+            _write_pngs(generator, counts, batch_size, seed, staging, class_dirs, digest, progress)
         else:
-            _write_npz(generator, wanted, batch_size, seed, staging, info, digest, progress)
+            _write_npz(generator, counts, batch_size, seed, staging, info, digest, progress)
         output_sha = digest.hexdigest()
         release = _record_release(run_config, info, privacy["ledger"], output_sha, n, fmt, out)
         manifest = {
@@ -231,25 +276,60 @@ def sample_run(
             "n": n,
             "format": fmt,
             "classes": list(info.classes),
-            "label_counts": torch.bincount(wanted, minlength=len(info.classes)).tolist(),
+            "label_counts": counts,
             "seed": seed,
             "shape": list(info.shape),
             "output_sha256": output_sha,
             "ledger": release,
         }
         write_json_atomic(staging / "manifest.json", manifest)
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(staging, out)
+        replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return {"out": str(out), **{k: v for k, v in manifest.items() if k != "classes"}}
 
 
+def is_sample_output(folder: Path) -> bool:
+    """True when `folder` holds only what `sample` writes, with its manifest."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(manifest, dict) or not {"run_id", "output_sha256"} <= manifest.keys():
+        return False
+    if manifest.get("format") == "npz":
+        return {p.name for p in folder.iterdir()} <= {"manifest.json", "samples.npz"}
+    classes = {str(name) for name in manifest.get("classes") or []}
+    for path in folder.iterdir():
+        if path.name in ("manifest.json", "labels.csv") and path.is_file():
+            continue
+        if path.name not in classes or path.is_symlink() or not path.is_dir():
+            return False
+        if any(not (f.is_file() and _PNG_NAME.match(f.name)) for f in path.iterdir()):
+            return False
+    return True
+
+
+_PNG_NAME = re.compile(r"^\d+\.png$")
+
+
+def _check_free_space(folder: Path, needed: int) -> None:
+    """Refuse early when the output (at least its raw pixel bytes) cannot fit on the disk."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if needed > free:
+        raise UsageError(
+            f"--n needs at least {needed / 1e9:.3g} GB for the images, but only "
+            f"{free / 1e9:.3g} GB are free in {folder}"
+        )
+
+
 def _write_pngs(
     generator: Generator,
-    wanted: torch.Tensor,
+    counts: Sequence[int],
     batch_size: int,
     seed: int,
     staging: Path,
@@ -259,30 +339,35 @@ def _write_pngs(
 ) -> None:
     for name in class_dirs:
         (staging / name).mkdir()
-    rows: list[tuple[str, int, str]] = []
+    total = sum(counts)
     index = 0
-    for images, labels in _batches(generator, wanted, batch_size, seed):
-        for image, label in zip(images.cpu().numpy(), labels.tolist(), strict=True):
-            relative = f"{class_dirs[label]}/{index:06d}.png"
-            data = _png_bytes(image)
-            (staging / relative).write_bytes(data)
-            digest.update(relative.encode() + b"\0" + hashlib.sha256(data).digest())
-            rows.append((relative, label, class_dirs[label]))
-            index += 1
-        if progress is not None:
-            progress(index, int(wanted.numel()))
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["file", "label", "class"])
-    writer.writerows(rows)
-    data = buffer.getvalue().encode()
-    (staging / "labels.csv").write_bytes(data)
-    digest.update(b"labels.csv\0" + hashlib.sha256(data).digest())
+    csv_digest = hashlib.sha256()
+    # labels.csv is written as the images are, so nothing of size N is kept in memory.
+    with (staging / "labels.csv").open("w", newline="") as handle:
+        header = "file,label,class\n"
+        handle.write(header)
+        csv_digest.update(header.encode())
+        for images, labels in _batches(generator, counts, batch_size, seed):
+            rows = []
+            for image, label in zip(images.cpu().numpy(), labels.tolist(), strict=True):
+                relative = f"{class_dirs[label]}/{index:06d}.png"
+                data = _png_bytes(image)
+                (staging / relative).write_bytes(data)
+                digest.update(relative.encode() + b"\0" + hashlib.sha256(data).digest())
+                rows.append((relative, label, class_dirs[label]))
+                index += 1
+            text = io.StringIO()
+            csv.writer(text, lineterminator="\n").writerows(rows)
+            handle.write(text.getvalue())
+            csv_digest.update(text.getvalue().encode())
+            if progress is not None:
+                progress(index, total)
+    digest.update(b"labels.csv\0" + csv_digest.digest())
 
 
 def _write_npz(
     generator: Generator,
-    wanted: torch.Tensor,
+    counts: Sequence[int],
     batch_size: int,
     seed: int,
     staging: Path,
@@ -290,22 +375,43 @@ def _write_npz(
     digest: Any,
     progress: SampleProgress | None,
 ) -> None:
-    # One preallocated uint8 array: N x C x H x W bytes, the size of the output itself.
-    x = np.lib.format.open_memmap(
-        staging / "x.npy", mode="w+", dtype=np.uint8, shape=(int(wanted.numel()), *info.shape)
-    )
-    done = 0
-    for images, _ in _batches(generator, wanted, batch_size, seed):
-        x[done : done + images.shape[0]] = images.cpu().numpy()
-        done += int(images.shape[0])
-        if progress is not None:
-            progress(done, int(wanted.numel()))
-    x.flush()
+    # The archive is streamed member by member (as np.savez lays it out: stored, not
+    # compressed), so neither the images nor the N labels are ever held in memory at once.
+    total = sum(counts)
     path = staging / "samples.npz"
-    np.savez(path, x=x, y=wanted.numpy().astype(np.int64), classes=np.array(info.classes))
-    del x
-    (staging / "x.npy").unlink()
-    digest.update(b"samples.npz\0" + hashlib.sha256(path.read_bytes()).digest())
+    with zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        with zf.open("x.npy", mode="w", force_zip64=True) as member:
+            _npy_header(member, np.uint8, (total, *info.shape))
+            done = 0
+            for images, _ in _batches(generator, counts, batch_size, seed):
+                member.write(np.ascontiguousarray(images.cpu().numpy(), dtype=np.uint8).data)
+                done += int(images.shape[0])
+                if progress is not None:
+                    progress(done, total)
+        with zf.open("y.npy", mode="w", force_zip64=True) as member:
+            _npy_header(member, np.int64, (total,))
+            for chunk in label_chunks(counts, 1 << 20):
+                member.write(chunk.numpy().astype("<i8").data)
+        with zf.open("classes.npy", mode="w") as member:
+            np.lib.format.write_array(member, np.array(info.classes), allow_pickle=False)
+    digest.update(b"samples.npz\0" + _file_sha256(path))
+
+
+def _npy_header(handle: Any, dtype: Any, shape: tuple[int, ...]) -> None:
+    header = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype).newbyteorder("<")),
+        "fortran_order": False,
+        "shape": shape,
+    }
+    np.lib.format.write_array_header_1_0(handle, header)
+
+
+def _file_sha256(path: Path) -> bytes:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.digest()
 
 
 def _record_release(

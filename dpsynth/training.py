@@ -142,6 +142,12 @@ def train_run(
     """
     run = RunDir(out)
     torch_device = resolve_device(device)
+    if not (checkpoint_every_s >= 0 and math.isfinite(checkpoint_every_s)):
+        raise UsageError(
+            f"--checkpoint-every must be a number of seconds ≥ 0, got {checkpoint_every_s}"
+        )
+    if not -(2**63) <= seed < 2**63:
+        raise UsageError(f"--seed must fit in 64 bits, got {seed}")
     if resume:
         # Without a ledger given, the run's own (recorded) ledger; the anchor is checked anyway.
         ledger = Ledger(ledger_path or _recorded_ledger(run))
@@ -173,10 +179,27 @@ def train_run(
             "whole record with that probability; use a smaller --delta"
         )
     config = backend.config(preset, overrides or {}, info)
+    # Everything that can fail for a reason known before the first private read fails here,
+    # before the spend is reserved: the config's values, then the plan, then building the
+    # trainer and the batch sampler (weights from the seed, never from the data).
+    backend.validate_config(config, info)
     target = PrivacyTarget(target_epsilon, float(delta))
     # Budgets follow the data: spends linked by dataset id or fingerprint are composed in.
     prior = ledger.events_for(info.dataset_id, info.fingerprint)
     plan = backend.plan(info, target, config, prior)
+    # The secret is drawn now (nothing is read yet) so that the trainer can be built before the
+    # reservation; it reaches the disk only in the run's private folder, below.
+    randomness = (
+        PrivateRandomness(privacy_seed) if privacy_seed is not None else PrivateRandomness.fresh()
+    )
+    try:
+        trainer = backend.trainer(info, config, plan, torch_device, seed, randomness)
+        sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
+    except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
+        # e.g. an optimizer refusing a value, a seed out of range, a network too large to build
+        raise UsageError(
+            f"--method {backend.name} cannot start with these settings: {exc}"
+        ) from None
     run_id = uuid.uuid4().hex[:12]
     # `classes` (in info) and `channels` let --resume read the data the same way
     data_json = {**info.to_json(), "image_size": image_size, "channels": channels}
@@ -219,9 +242,6 @@ def train_run(
         "versions": _package_versions(),
         "warnings": warnings,
     }
-    randomness = (
-        PrivateRandomness(privacy_seed) if privacy_seed is not None else PrivateRandomness.fresh()
-    )
     try:
         run.write_config(run_config)
         # On disk before the first record is read, so that a crash can still be resumed.
@@ -230,8 +250,6 @@ def train_run(
         # Nothing was read yet: the reservation is closed at zero cost.
         ledger.abort(entry["seq"], events=[], run_id=run_id, fingerprint=info.fingerprint)
         raise
-    trainer = backend.trainer(info, config, plan, torch_device, seed, randomness)
-    sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
     return _loop(
         run,
         ledger,

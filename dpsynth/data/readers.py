@@ -282,6 +282,14 @@ def read_image_folder(
 
 def _load_npz_arrays(path: Path) -> dict[str, np.ndarray]:
     try:
+        with path.open("rb") as handle:
+            magic = handle.read(6)
+    except OSError as error:
+        raise data_error(path, f"cannot read ({describe(error)})") from error
+    if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY")):
+        # np.load would take anything else for a pickle and say so, which misleads.
+        raise data_error(path, "is not an .npz file (no zip archive header)")
+    try:
         archive = np.load(path, allow_pickle=False)
     except Exception as error:  # numpy/zipfile raise ValueError, OSError, BadZipFile, ...
         raise data_error(path, f"not a readable .npz archive ({describe(error)})") from error

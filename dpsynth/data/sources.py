@@ -183,11 +183,18 @@ def _convert_channels(x: np.ndarray, channels: int | None) -> np.ndarray:
     return np.clip(np.round(luma), 0, 255).astype(np.uint8)
 
 
+# Largest --image-size: 1024 x 1024 is beyond every supported model; an unbounded size turned a
+# typo into tens of GiB of resized images (N x C x S x S bytes).
+MAX_IMAGE_SIZE = 1024
+
+
 def _check_image_size(image_size: int | None) -> None:
     if image_size is None:
         return
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
         raise UsageError(f"image size must be a positive integer, got {image_size!r}")
+    if image_size > MAX_IMAGE_SIZE:
+        raise UsageError(f"--image-size must be at most {MAX_IMAGE_SIZE}, got {image_size}")
 
 
 def load_data(

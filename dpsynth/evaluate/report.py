@@ -27,6 +27,7 @@ import torch
 from dpsynth.data.images import ImageData
 from dpsynth.errors import UsageError
 from dpsynth.evaluate import downstream, fid, folders
+from dpsynth.outdir import check_target
 from dpsynth.runs import write_bytes_atomic
 from dpsynth.training import resolve_device
 
@@ -68,6 +69,8 @@ def run_evaluation(
     """
     wanted = _parse_metrics(metrics)
     torch_device = resolve_device(device)
+    if report_dir is not None:
+        check_report_dir(Path(report_dir))  # before any slow work
     if wanted & {"fid", "precision", "recall"}:
         fid.find_inception_weights(inception_weights)  # fail fast, before any slow work
     declared = {"classes": real_classes, "channels": real_channels}
@@ -333,6 +336,26 @@ def record_evaluation_release(
 
 
 # --- the report files -----------------------------------------------------------------------
+
+
+REPORT_FILES = (
+    "report.json",
+    "report.md",
+    "samples.png",
+    "per_class_accuracy.png",
+    "epsilon_curve.png",
+)
+
+
+def check_report_dir(report_dir: Path) -> None:
+    """Refuse (exit 2) a `--report` path that is a file, the current directory or a folder
+    holding anything but an earlier report: writing the report there could overwrite files."""
+
+    def earlier_report(folder: Path) -> bool:
+        names = {path.name for path in folder.iterdir()}
+        return "report.json" in names and names <= set(REPORT_FILES)
+
+    check_target(report_dir, flag="--report", force=True, written_by_us=earlier_report)
 
 
 def write_report(

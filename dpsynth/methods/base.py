@@ -16,6 +16,7 @@ public `seed`, and leaves saving those streams to the loop, which keeps them pri
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
@@ -30,6 +31,10 @@ from dpsynth.privacy.randomness import PrivateRandomness
 # The plan types live in the privacy layer (which depends on nothing above it); they are part
 # of this interface, so they are re-exported here for backends.
 __all__ = ["Generator", "Method", "PrivacyPlan", "PrivacyTarget", "Trainer"]
+
+# Training steps a run may plan: far beyond the presets (at most 2e5), and a bound on the time
+# and on the accountant's work that a typo (`steps=1e12`) could otherwise ask for.
+MAX_STEPS = 10_000_000
 
 
 class Generator(ABC):
@@ -111,6 +116,37 @@ class Method(ABC):
             merged[key] = _cast_like(merged[key], value, key)
         merged["preset"] = preset
         return merged
+
+    def validate_config(self, config: Mapping[str, Any], info: DataInfo) -> None:
+        """Raise UsageError for a value the run could not use (exit 2).
+
+        Called by the training loop before the plan is made and the spend reserved, so that a
+        bad `--set` value never costs budget. This base version checks what every backend
+        shares: numbers are finite, `lr` and `max_grad_norm` are positive, `batch_size` is in
+        [1, N] (q = B/N ≤ 1, the rule `calibrate` applies too) and `steps` in [1, MAX_STEPS].
+        Backends extend it with their own keys.
+        """
+        for key, value in config.items():
+            values = value if isinstance(value, (list, tuple)) else [value]
+            for item in values:
+                if isinstance(item, float) and not math.isfinite(item):
+                    raise UsageError(f"--set {key}: must be a finite number, got {value}")
+        for key in ("lr", "max_grad_norm"):
+            if key in config and not float(config[key]) > 0:
+                raise UsageError(f"--set {key}: must be positive, got {config[key]}")
+        if "batch_size" in config:
+            batch = int(config["batch_size"])
+            if batch < 1:
+                raise UsageError(f"--set batch_size: must be at least 1, got {batch}")
+            if batch > info.n:
+                raise UsageError(
+                    f"--set batch_size: {batch} exceeds the data set's {info.n} records "
+                    "(the sampling rate q = B/N would be above 1)"
+                )
+        if "steps" in config:
+            steps = int(config["steps"])
+            if not 1 <= steps <= MAX_STEPS:
+                raise UsageError(f"--set steps: must be in [1, {MAX_STEPS:.0e}], got {steps}")
 
     def plan(
         self,

@@ -473,6 +473,18 @@ class DPKernelMethod(Method):
         )
         return merged
 
+    def validate_config(self, config: Mapping[str, Any], info: DataInfo) -> None:
+        """The shared checks plus DP-Kernel's choices (before any budget is reserved)."""
+        super().validate_config(config, info)
+        choices = {
+            "arch": ("conv", "mlp"),
+            "norm": ("batch", "group", "none"),
+            "optimizer": ("rmsprop", "adam"),
+        }
+        for key, allowed in choices.items():
+            if config[key] not in allowed:
+                raise UsageError(f"--set {key}={config[key]!r}: choose from {', '.join(allowed)}")
+
     def plan(
         self,
         info: DataInfo,

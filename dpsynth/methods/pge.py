@@ -255,6 +255,36 @@ class PGEMethod(Method):
         merged["rr_privacy"] = "none: RR on data-independent projections is a variance knob only"
         return merged
 
+    def validate_config(self, config: Mapping[str, Any], info: DataInfo) -> None:
+        """The shared checks plus PGE's ranges (before any budget is reserved)."""
+        super().validate_config(config, info)
+        at_least_one = (
+            "sampler_steps", "micro_batch_size", "nf", "num_res_blocks", "residual_channels",
+            "rr_k",
+        )  # fmt: skip
+        for key in at_least_one:
+            if int(config[key]) < 1:
+                raise UsageError(f"--set {key}: must be at least 1, got {config[key]}")
+        for key in ("ema", "label_dropout", "residual_noise_prob"):
+            if not 0.0 <= float(config[key]) <= 1.0:
+                raise UsageError(f"--set {key}: must be in [0, 1], got {config[key]}")
+        for key in ("lambda0", "box", "rr_epsilon"):
+            if not float(config[key]) > 0:
+                raise UsageError(f"--set {key}: must be positive, got {config[key]}")
+        if float(config["feature_noise"]) < 0:
+            raise UsageError(
+                f"--set feature_noise: must be at least 0, got {config['feature_noise']}"
+            )
+        if not config["ch_mult"] or min(int(m) for m in config["ch_mult"]) < 1:
+            raise UsageError(f"--set ch_mult: needs positive multipliers, got {config['ch_mult']}")
+        levels = len(config["ch_mult"])
+        if any(not 0 <= int(a) < levels for a in config["attn_levels"]):
+            raise UsageError(
+                f"--set attn_levels: each must be in [0, {levels - 1}], got {config['attn_levels']}"
+            )
+        if not 0 <= int(config["image_size"]) <= 1024:
+            raise UsageError(f"--set image_size: must be in [0, 1024], got {config['image_size']}")
+
     def trainer(
         self,
         info: DataInfo,

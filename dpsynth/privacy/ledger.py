@@ -46,7 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from dpsynth import __version__
-from dpsynth.errors import BudgetExceededError, DpsynthError, LedgerIntegrityError, UsageError
+from dpsynth.errors import (
+    BudgetExceededError,
+    DataError,
+    DpsynthError,
+    LedgerIntegrityError,
+    UsageError,
+)
 from dpsynth.privacy.accounting import compose_epsilon
 
 LEDGER_ENV_VAR = "DPSYNTH_LEDGER"
@@ -62,7 +68,8 @@ _REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
 _TOTAL_RTOL = 1e-6
 _OTHER_ACCOUNTANT_RTOL = 0.05
 _TORN_REASON = (
-    "incomplete last line (no trailing newline: a write was interrupted); what it would have "
+    "incomplete last line (not valid JSON, no trailing newline: a write was interrupted); what "
+    "it would have "
     "recorded never took effect, so removing that partial line is safe"
 )
 
@@ -313,6 +320,31 @@ class Ledger:
         self._state = _State(self.path)
         self._offset = 0
         self._file_id: tuple[int, int] | None = None
+        # The file's last line is complete JSON without its newline: the next append adds it.
+        self._unterminated = False
+
+    def check_path(self) -> None:
+        """UsageError (exit 2) when the ledger path names a folder rather than a file."""
+        if self.path.is_dir():
+            raise UsageError(
+                f"ledger {self.path} is a folder; give the ledger file's path "
+                f"(e.g. {self.path / DEFAULT_LEDGER_NAME})"
+            )
+
+    @contextmanager
+    def _file_errors(self, *, writing: bool) -> Iterator[None]:
+        """Turn the OS's errors on the ledger file into one-line errors with an exit code:
+        unreadable is exit 4; unwritable (read-only file or folder) is exit 2."""
+        self.check_path()
+        try:
+            yield
+        except OSError as exc:
+            reason = exc.strerror or exc.__class__.__name__
+            if writing:
+                raise UsageError(
+                    f"ledger {self.path}: cannot write to it ({reason}); give a writable --ledger"
+                ) from None
+            raise DataError(f"ledger {self.path}: cannot read it ({reason})") from None
 
     # ----------------------------------------------------------------- writing
 
@@ -598,14 +630,15 @@ class Ledger:
         file rebuilt and re-hashed) from the original; anchors kept outside the ledger can.
         """
         raw = b""
-        if self.path.exists():
-            with self._locked(exclusive=False):
-                raw = self._read_bytes()
+        with self._file_errors(writing=False):
+            if self.path.exists():
+                with self._locked(exclusive=False):
+                    raw = self._read_bytes()
         state = _State(self.path)
         lines = raw.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
-        elif lines:
+        elif lines and not _is_json(lines[-1]):
             raise state.fail(len(lines), _TORN_REASON)
         other_accountant = []
         for number, line in enumerate(lines, start=1):
@@ -778,10 +811,11 @@ class Ledger:
 
     def _read_state(self) -> _State:
         """Bring the in-memory state up to date with the file (reads only new bytes)."""
-        if not self.path.exists() and not self._state.entries:
-            return self._state  # an empty ledger; no lock file is created just to read
-        with self._locked(exclusive=False):
-            self._refresh()
+        with self._file_errors(writing=False):
+            if not self.path.exists() and not self._state.entries:
+                return self._state  # an empty ledger; no lock file is created just to read
+            with self._locked(exclusive=False):
+                self._refresh()
         return self._state
 
     def _refresh(self) -> None:
@@ -810,11 +844,19 @@ class Ledger:
         if not new:
             return
         first_line = len(self._state.entries) + 1
-        complete, _, torn = new.rpartition(b"\n")
+        # After a last line without its newline, the next writer's first byte is that newline.
+        body = new[1:] if self._unterminated and new.startswith(b"\n") else new
+        complete, separator, torn = body.rpartition(b"\n")
+        lines = complete.split(b"\n") if separator else []
         if torn:
-            raise self._state.fail(first_line + new.count(b"\n"), _TORN_REASON)
-        for number, line in enumerate(complete.split(b"\n"), start=first_line):
+            # Only a line that is not valid JSON is a torn write; a complete entry that lacks
+            # just its newline (an editor, a copy) is an entry, checked like any other.
+            if not _is_json(torn):
+                raise self._state.fail(first_line + len(lines), _TORN_REASON)
+            lines.append(torn)
+        for number, line in enumerate(lines, start=first_line):
             self._state.add_line(line, number)
+        self._unterminated = bool(torn)
         self._offset += len(new)
 
     def _read_bytes(self) -> bytes:
@@ -826,7 +868,11 @@ class Ledger:
 
     def _append(self, build: Callable[[_State], dict[str, Any]]) -> dict[str, Any]:
         """Under the exclusive lock: re-read, build the line, write it in one call, fsync."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._file_errors(writing=True):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return self._append_locked(build)
+
+    def _append_locked(self, build: Callable[[_State], dict[str, Any]]) -> dict[str, Any]:
         with self._locked(exclusive=True):
             self._refresh()
             body = build(self._state)
@@ -838,19 +884,21 @@ class Ledger:
                 "prev_hash": self._state.head_hash,
             }
             entry["hash"] = entry_hash(entry)
-            data = (canonical_json(entry) + "\n").encode("ascii")
+            line = canonical_json(entry).encode("ascii")
+            data = (b"\n" if self._unterminated else b"") + line + b"\n"
             created = not self.path.exists()
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 _write_line(fd, data, self._offset)
             finally:
                 os.close(fd)
+            self._unterminated = False
             if created:
                 _fsync_dir(self.path.parent)
             if self._file_id is None:
                 stat = os.stat(self.path)
                 self._file_id = (stat.st_dev, stat.st_ino)
-            self._state.add_line(data[:-1], entry["seq"] + 1)
+            self._state.add_line(line, entry["seq"] + 1)
             self._offset += len(data)
         return copy.deepcopy(entry)
 
@@ -894,6 +942,15 @@ def _empty_row(dataset_id: str) -> dict[str, Any]:
         "remaining": None,
         "last_time": None,
     }
+
+
+def _is_json(raw: bytes) -> bool:
+    """True when `raw` parses as one JSON value (a complete line, whatever it says)."""
+    try:
+        json.loads(raw.decode("ascii"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return True
 
 
 def _read_all(fd: int) -> bytes:
