@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dpsynth.methods.hmc import annealed_hmc, hmc_round, leapfrog, reflect, step_schedule
+from dpsynth.methods.pge.hmc import annealed_hmc, hmc_round, leapfrog, reflect, step_schedule
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -11,9 +11,9 @@ from torch.func import grad, vmap
 
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyTarget
-from dpsynth.methods.nets import RandomConvEncoder, ScoreUNet
-from dpsynth.methods.pge import PGEMethod, build_score_net, from_working, to_working
-from dpsynth.methods.ssm import (
+from dpsynth.methods.pge.method import PGEMethod, build_score_net, from_working, to_working
+from dpsynth.methods.pge.nets import RandomConvEncoder, ScoreUNet
+from dpsynth.methods.pge.ssm import (
     divergence_term,
     make_record_loss,
     randomized_response,

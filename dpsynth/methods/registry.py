@@ -8,8 +8,8 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.base import Method
 
 _BACKENDS: dict[str, str] = {
-    "pge": "dpsynth.methods.pge:PGEMethod",
-    "dpkernel": "dpsynth.methods.dpkernel:DPKernelMethod",
+    "pge": "dpsynth.methods.pge.method:PGEMethod",
+    "dpkernel": "dpsynth.methods.dpkernel.method:DPKernelMethod",
 }
 
 

@@ -29,9 +29,9 @@ from torch.nn import functional as F
 from dpsynth.data.images import DataInfo, to_uint8
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, Trainer
-from dpsynth.methods.hmc import MH_MODES, annealed_hmc, step_schedule
-from dpsynth.methods.nets import RandomConvEncoder, ScoreUNet
-from dpsynth.methods.ssm import make_record_loss, randomized_response
+from dpsynth.methods.pge.hmc import MH_MODES, annealed_hmc, step_schedule
+from dpsynth.methods.pge.nets import RandomConvEncoder, ScoreUNet
+from dpsynth.methods.pge.ssm import make_record_loss, randomized_response
 from dpsynth.privacy.randomness import PrivateRandomness
 
 _COMMON: dict[str, Any] = {
