@@ -1,0 +1,161 @@
+"""The Typer app of the `dpsynth` command: errors → one line and an exit code, the one-line
+usage errors, the options shared by the commands, `--version` and the entry point.
+
+Errors are one line on stderr with the exit code of their class (2 usage, 3 budget, 4 data,
+1 anything else); `--debug` shows the traceback instead. The commands live in one module per
+command group (`calibrate`, `train`, `sample`, `evaluate`, `ledger`, `data`) and register
+themselves on `app` when `dpsynth.cli` imports them.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.markup import escape
+
+from dpsynth import __version__
+from dpsynth.cli.render import stderr
+from dpsynth.errors import DpsynthError
+
+try:  # recent typer versions vendor click as typer._click; older ones use click itself
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_errors  # type: ignore[no-redef]
+
+
+class _OneLineErrors(typer.core.TyperGroup):
+    """The root command group, with usage errors (bad flag values, unknown commands or options)
+    printed as one `error: ...` line and exit 2 instead of typer's boxed panel."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click_errors.NoArgsIsHelpError as exc:
+            exc.show()  # the help page: what a bare `dpsynth ledger` should print
+            code = exc.exit_code
+        except click_errors.ClickException as exc:
+            command = f" (see `{exc.ctx.command_path} --help`)" if getattr(exc, "ctx", None) else ""
+            message = " ".join(exc.format_message().split()).rstrip(".")
+            stderr.print(f"[red]error:[/red] {escape(message)}{command}", highlight=False)
+            code = exc.exit_code
+        except typer.Abort:
+            stderr.print("aborted", highlight=False)
+            code = 1
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(
+    cls=_OneLineErrors,
+    name="dpsynth",
+    help="Differentially private synthetic data, with a ledger of every privacy spend.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+F = TypeVar("F", bound=Callable[..., Any])
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document, nothing else.")]
+LedgerOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--ledger",
+        help="Ledger file [default: $DPSYNTH_LEDGER or ./dpsynth-ledger.jsonl].",
+        show_default=False,
+    ),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
+ClassesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--classes",
+        help="The public label set a,b,... (needed for npz: without a stored classes array).",
+    ),
+]
+ChannelsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--channels", help="Convert images to 1 or 3 channels (needed for mixed folders)."
+    ),
+]
+
+
+def resolve_ledger_path(path: Path | None) -> Path:
+    """The `--ledger` path, or the default ($DPSYNTH_LEDGER, else ./dpsynth-ledger.jsonl)."""
+    from dpsynth.privacy.ledger import default_ledger_path
+
+    return path if path is not None else default_ledger_path()
+
+
+def handle_errors(func: F) -> F:
+    """Turn library errors into one line on stderr and the right exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = bool(kwargs.get("debug"))
+        try:
+            return func(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except DpsynthError as exc:
+            if debug:
+                raise
+            stderr.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            stderr.print("interrupted", highlight=False)
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            if debug:
+                raise
+            stderr.print(
+                f"[red]unexpected error:[/red] {exc.__class__.__name__}: {escape(str(exc))} "
+                "(run again with --debug for the traceback)",
+                highlight=False,
+            )
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"dpsynth {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version_callback, is_eager=True, help="Version."),
+    ] = False,
+) -> None:
+    """dpsynth: differentially private synthetic data with a privacy ledger."""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    # torch's forward-mode AD (the score-matching loss uses jvp) loads its decompositions with
+    # torch.jit.script, which warns on every run; it is torch's internals, not ours to act on.
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning
+    )
+    # A plain `kill` (SIGTERM) ends a command as Ctrl-C does: `train` checkpoints, `sample`
+    # removes its staging folder, and the exit is the one-line "interrupted" (130).
+    signal.signal(signal.SIGTERM, _interrupt)
+    app()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

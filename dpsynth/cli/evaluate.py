@@ -1,0 +1,128 @@
+"""`dpsynth evaluate`: FID and downstream accuracy against held-out real data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dpsynth.cli.app import (
+    ChannelsOpt,
+    ClassesOpt,
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    LedgerOpt,
+    QuietOpt,
+    app,
+    handle_errors,
+    resolve_ledger_path,
+)
+from dpsynth.cli.render import (
+    emit_json,
+    kv_table,
+    print_warnings,
+    progress_bar,
+    show_progress,
+    stdout,
+)
+
+
+@app.command()
+@handle_errors
+def evaluate(
+    synthetic: Annotated[
+        str, typer.Option(help="A folder written by `sample` (class sub-folders) or a run dir.")
+    ],
+    real: Annotated[str, typer.Option(help="Held-out real data spec, e.g. digits:test.")],
+    metrics: Annotated[
+        str, typer.Option(help="Comma list: fid, accuracy, precision, recall.")
+    ] = "fid,accuracy",
+    classifier: Annotated[str, typer.Option(help="cnn or logreg.")] = "cnn",
+    seeds: Annotated[int, typer.Option(help="Classifier seeds (mean and std).")] = 3,
+    n: Annotated[
+        int | None, typer.Option("--n", help="Synthetic images to use (or to draw from a run).")
+    ] = None,
+    report: Annotated[
+        Path | None, typer.Option(help="Write report.json/.md and PNGs here.")
+    ] = None,
+    inception_weights: Annotated[
+        Path | None, typer.Option(help="TorchScript TF-Inception weights file.")
+    ] = None,
+    real_train: Annotated[
+        str | None, typer.Option(help="Real training spec for the upper-bound accuracy.")
+    ] = None,
+    classes: ClassesOpt = None,
+    channels: ChannelsOpt = None,
+    device: DeviceOpt = "auto",
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """FID and downstream accuracy of synthetic images against held-out real data."""
+    from dpsynth.data.sources import parse_classes
+    from dpsynth.evaluate.report import run_evaluation
+
+    show = show_progress(quiet, as_json)
+    with progress_bar(show, "evaluate") as bar:
+        tasks: dict[str, Any] = {}
+
+        def on_progress(stage: str, done: int, total: int) -> None:
+            if bar is None:
+                return
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total, info="")
+            bar.update(tasks[stage], completed=done, total=total)
+
+        result = run_evaluation(
+            synthetic=synthetic,
+            real=real,
+            metrics=[m.strip() for m in metrics.split(",") if m.strip()],
+            classifier=classifier,
+            seeds=seeds,
+            n=n,
+            report_dir=report,
+            inception_weights=inception_weights,
+            device=device,
+            real_train=real_train,
+            real_classes=parse_classes(classes),
+            real_channels=channels,
+            ledger_path=resolve_ledger_path(ledger),
+            progress=on_progress,
+        )
+    if as_json:
+        emit_json(result)
+        return
+    print_warnings(list(result.get("warnings", [])))
+    rows: list[tuple[str, Any]] = [("synthetic", result.get("synthetic")), ("real", real)]
+    if result.get("non_private"):
+        rows.append(("privacy", "NOT PRIVATE: evaluated on data a DP run spent budget on"))
+    found = result.get("metrics", {})
+    if "fid" in found:
+        fid = found["fid"]
+        rows.append(
+            (
+                "FID",
+                f"{fid['value']:.3f} (n={fid.get('n_synthetic')} synthetic vs "
+                f"{fid.get('n_real')} real from {fid.get('reference', real)})",
+            )
+        )
+    for key in ("precision", "recall"):
+        if key in found:
+            rows.append((key, f"{found[key]['value']:.3f}"))
+    if "accuracy" in found:
+        acc = found["accuracy"]
+        rows.append(
+            (
+                f"accuracy ({acc.get('classifier')})",
+                f"{acc['mean']:.4f} ± {acc['std']:.4f} over {len(acc.get('per_seed', []))} seeds",
+            )
+        )
+        if acc.get("real_train_accuracy") is not None:
+            rows.append(("accuracy, real-trained", f"{acc['real_train_accuracy']:.4f}"))
+    if result.get("report_dir"):
+        rows.append(("report", os.path.join(str(result["report_dir"]), "report.md")))
+    stdout.print(kv_table("evaluate", rows))

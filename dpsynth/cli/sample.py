@@ -1,0 +1,63 @@
+"""`dpsynth sample`: synthetic images from a trained run (post-processing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dpsynth.cli.app import DebugOpt, DeviceOpt, JsonOpt, LedgerOpt, QuietOpt, app, handle_errors
+from dpsynth.cli.render import emit_json, progress_bar, show_progress, stdout
+
+
+@app.command()
+@handle_errors
+def sample(
+    run: Annotated[Path, typer.Argument(help="A run directory written by `train`.")],
+    n: Annotated[int, typer.Option("--n", help="Number of records to generate.")],
+    out: Annotated[Path, typer.Option("--out", help="Output folder.")],
+    fmt: Annotated[str, typer.Option("--format", help="png or npz.")] = "png",
+    labels: Annotated[
+        str, typer.Option(help="balanced, or per-class counts a,b,c,... summing to --n.")
+    ] = "balanced",
+    batch_size: Annotated[int, typer.Option(help="Images generated at once.")] = 500,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
+    device: DeviceOpt = "auto",
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Write synthetic images from a trained run (post-processing: no privacy cost)."""
+    from dpsynth.sampling import sample_run
+
+    show = show_progress(quiet, as_json)
+    with progress_bar(show, "sample") as bar:
+        task = bar.add_task("sample", total=n, info="") if bar is not None else None
+
+        def on_progress(done: int, total: int) -> None:
+            if bar is not None and task is not None:
+                bar.update(task, completed=done)
+
+        result = sample_run(
+            run,
+            n,
+            out,
+            fmt=fmt,
+            labels=labels,
+            batch_size=batch_size,
+            seed=seed,
+            device=device,
+            force=force,
+            ledger_path=ledger,
+            progress=on_progress,
+        )
+    if as_json:
+        emit_json(result)
+        return
+    stdout.print(
+        f"wrote {result['n']} images to {result['out']} ({result['format']}); "
+        f"{result['privacy']}; sha256 {result['output_sha256'][:16]}…"
+    )

@@ -1,0 +1,167 @@
+"""`dpsynth train`: builds a training request from the flags and runs it."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dpsynth.cli.app import (
+    ChannelsOpt,
+    ClassesOpt,
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    LedgerOpt,
+    QuietOpt,
+    app,
+    handle_errors,
+    resolve_ledger_path,
+)
+from dpsynth.cli.render import (
+    emit_json,
+    fmt_eps,
+    kv_table,
+    print_warnings,
+    progress_bar,
+    show_progress,
+    stdout,
+)
+from dpsynth.errors import UsageError
+
+
+def _parse_sets(items: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UsageError(f"--set takes key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+@app.command()
+@handle_errors
+def train(
+    out: Annotated[Path, typer.Option("--out", help="Run directory to create (or resume).")],
+    method: Annotated[str | None, typer.Option(help="Backend: pge or dpkernel.")] = None,
+    data: Annotated[str | None, typer.Option(help="Data spec (see `dpsynth data list`).")] = None,
+    epsilon: Annotated[
+        str | None,
+        typer.Option(help="Total ε for the dataset after this run, or 'inf' (not private)."),
+    ] = None,
+    delta: Annotated[float | None, typer.Option(help="δ [default: below 1/N].")] = None,
+    preset: Annotated[str, typer.Option(help="tiny, small or paper.")] = "small",
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="Seed for public randomness only (weight initialisation, preview). Batches "
+            "and DP noise come from a fresh secret seed kept in RUN/private/."
+        ),
+    ] = 0,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out.")] = False,
+    log_private_loss: Annotated[
+        bool,
+        typer.Option(
+            "--log-private-loss",
+            help="Write the losses of private batches (computed without noise) to "
+            "RUN/private/train-loss.jsonl and show them in the progress bar. Not private: "
+            "never publish them.",
+        ),
+    ] = False,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a preset value: key=value.")
+    ] = None,
+    image_size: Annotated[int | None, typer.Option(help="Resize images to this size.")] = None,
+    dataset_id: Annotated[
+        str | None, typer.Option(help="Ledger id of the data [default: from the spec].")
+    ] = None,
+    classes: ClassesOpt = None,
+    channels: ChannelsOpt = None,
+    checkpoint_every: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 120.0,
+    device: DeviceOpt = "auto",
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Train a generator under DP; the spend is reserved in the ledger before any data is read."""
+    from dpsynth.data.sources import parse_classes
+    from dpsynth.training import train_run
+
+    if not resume:
+        missing = [
+            flag
+            for flag, value in (("--method", method), ("--data", data), ("--epsilon", epsilon))
+            if value is None
+        ]
+        if missing:
+            raise UsageError(f"missing {', '.join(missing)} (or use --resume)")
+    show = show_progress(quiet, as_json)
+    with progress_bar(show, "train") as bar:
+        task = None
+
+        def on_progress(p: Any) -> None:
+            nonlocal task
+            if bar is None:
+                return
+            if task is None:
+                task = bar.add_task("train", total=p.total_steps, info="")
+            eps = "ε=∞ (not private)" if math.isinf(p.epsilon) else f"ε≤{p.epsilon:.3g}"
+            # The loss is shown only when the owner asked for it (--log-private-loss).
+            loss = "" if p.loss is None else f"loss {p.loss:.4g}  "
+            bar.update(task, completed=p.step, info=f"{loss}{eps}")
+
+        result = train_run(
+            method=method or "",
+            data=data or "",
+            epsilon=epsilon if epsilon is not None else "inf",
+            delta=delta,
+            preset=preset,
+            out=out,
+            # --resume without --ledger (or $DPSYNTH_LEDGER): the run's recorded ledger.
+            ledger_path=(
+                None
+                if resume and ledger is None and not os.environ.get("DPSYNTH_LEDGER")
+                else resolve_ledger_path(ledger)
+            ),
+            device=device,
+            seed=seed,
+            resume=resume,
+            overrides=_parse_sets(set_),
+            image_size=image_size,
+            dataset_id=dataset_id,
+            classes=parse_classes(classes),
+            channels=channels,
+            checkpoint_every_s=checkpoint_every,
+            progress=on_progress,
+            log_private_loss=log_private_loss,
+        )
+    if as_json:
+        emit_json(result)
+        return
+    print_warnings(list(result.get("warnings", [])))
+    if result.get("already_finished"):
+        stdout.print(f"{out}: this run already finished ({result['steps']} steps); nothing to do")
+    privacy = (
+        "NOT PRIVATE (--epsilon inf: no clipping, no noise)"
+        if not result["private"]
+        else f"(ε ≤ {fmt_eps(result['epsilon'])}, δ = {result['delta']:g})-DP"
+    )
+    rows = [
+        ("run", result["run"]),
+        ("method / preset", f"{result['method']} / {result['preset']}"),
+        ("privacy", privacy),
+        ("steps", f"{result['steps']} of {result['total_steps']}"),
+        ("noise multiplier σ", f"{result['noise_multiplier']:.4f}"),
+        ("sampling rate q", f"{result['sampling_rate']:.4g}"),
+        ("dataset total ε", fmt_eps(result["dataset_total_epsilon"])),
+        ("accountant", result["accountant"]),
+        ("ledger entry", f"seq {result['ledger_seq']} ({result['ledger_status']})"),
+    ]
+    if result.get("preview"):
+        rows.append(("preview", result["preview"]))
+    stdout.print(kv_table("train", rows))
