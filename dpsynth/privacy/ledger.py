@@ -1,5 +1,9 @@
 """The privacy ledger: an append-only, hash-chained JSON Lines record of every privacy spend.
 
+This module is the spend API (reserve, complete, abort, releases, budgets, composed totals and
+the grouping of dataset ids); the file format (the hash chain, reading, locking, appending) is
+`dpsynth.privacy.ledger_file`, whose names are re-exported here.
+
 One file is shared by all commands. Each line is one JSON object with `seq` (0, 1, 2, ...),
 `time` (UTC), `kind`, `prev_hash` (the previous line's `hash`, 64 zeros for the first line) and
 `hash` (SHA-256 of the line's canonical JSON without `hash`). Kinds:
@@ -31,47 +35,44 @@ Infinite ε (a non-private run) is stored as the string "inf", since JSON has no
 from __future__ import annotations
 
 import copy
-import errno
-import fcntl
-import hashlib
-import json
 import math
-import numbers
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from dpsynth import __version__
-from dpsynth.errors import (
-    BudgetExceededError,
-    DataError,
-    DpsynthError,
-    LedgerIntegrityError,
-    UsageError,
-)
+from dpsynth.errors import BudgetExceededError, UsageError
 from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.privacy.ledger_file import (
+    DEFAULT_LEDGER_NAME,
+    GENESIS_HASH,
+    KINDS,
+    Chain,
+    LedgerFile,
+    as_float,
+    canonical_json,
+    entry_hash,
+    json_safe,
+)
+
+__all__ = [
+    "DEFAULT_LEDGER_NAME",
+    "GENESIS_HASH",
+    "KINDS",
+    "LEDGER_ENV_VAR",
+    "Ledger",
+    "as_float",
+    "canonical_json",
+    "default_ledger_path",
+    "entry_hash",
+    "json_safe",
+]
 
 LEDGER_ENV_VAR = "DPSYNTH_LEDGER"
-DEFAULT_LEDGER_NAME = "dpsynth-ledger.jsonl"
-GENESIS_HASH = "0" * 64
-KINDS = ("spend", "status", "release", "budget")
-_REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
-    "spend": ("dataset_id", "fingerprint", "run_id", "events", "delta", "epsilon", "total_epsilon"),
-    "status": ("ref", "status", "dataset_id", "events", "delta", "epsilon", "total_epsilon"),
-    "release": ("dataset_id", "fingerprint", "run_id", "output_sha256", "events"),
-    "budget": ("dataset_id", "epsilon", "delta"),
-}
 _TOTAL_RTOL = 1e-6
 _OTHER_ACCOUNTANT_RTOL = 0.05
-_TORN_REASON = (
-    "incomplete last line (not valid JSON, no trailing newline: a write was interrupted); what "
-    "it would have "
-    "recorded never took effect, so removing that partial line is safe"
-)
 
 
 def default_ledger_path() -> Path:
@@ -79,53 +80,8 @@ def default_ledger_path() -> Path:
     return Path(os.environ.get(LEDGER_ENV_VAR) or DEFAULT_LEDGER_NAME)
 
 
-def json_safe(obj: Any) -> Any:
-    """A copy of `obj` that JSON can hold: non-finite floats become "inf"/"-inf"/"nan" strings,
-    tuples become lists and numpy scalars plain numbers."""
-    if isinstance(obj, Mapping):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    if isinstance(obj, (bool, str)) or obj is None:
-        return obj
-    if isinstance(obj, numbers.Integral):
-        return int(obj)
-    if isinstance(obj, numbers.Real):
-        value = float(obj)
-        return value if math.isfinite(value) else str(value)
-    if hasattr(obj, "item"):  # zero-dimensional arrays and tensors
-        return json_safe(obj.item())
-    raise UsageError(f"cannot record a value of type {type(obj).__name__} in the ledger")
-
-
-def as_float(value: float | str) -> float:
-    """Read an ε as the ledger stores it (a number, or "inf")."""
-    return float(value)
-
-
-def canonical_json(obj: Any) -> str:
-    """The canonical text that hashes are taken over (sorted keys, no spaces, ASCII)."""
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    )
-
-
-def entry_hash(entry: Mapping[str, Any]) -> str:
-    """SHA-256 hex of the entry's canonical JSON without its `hash` key."""
-    body = {k: v for k, v in entry.items() if k != "hash"}
-    return hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not allowed in the ledger")
-
-
 def _epsilon_field(value: float) -> float | str:
     return value if math.isfinite(value) else "inf"
-
-
-def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _compose(events: Sequence[Mapping[str, Any]], delta: float) -> tuple[float, str]:
@@ -153,21 +109,15 @@ def _check_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 @dataclass
-class _State:
+class _State(Chain):
     """What the lines read so far say: spends, their closing status lines and budgets."""
 
-    path: Path
-    entries: list[dict[str, Any]] = field(default_factory=list)
     spends: dict[int, dict[str, Any]] = field(default_factory=dict)
     closing: dict[int, dict[str, Any]] = field(default_factory=dict)
     budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
     spends_by_dataset: dict[str, list[int]] = field(default_factory=dict)
     # Union-find over "id:<dataset id>" and "fp:<fingerprint>" keys: the grouping rule.
     links: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def head_hash(self) -> str:
-        return self.entries[-1]["hash"] if self.entries else GENESIS_HASH
 
     def _root(self, key: str) -> str:
         while self.links.get(key, key) != key:
@@ -216,40 +166,9 @@ class _State:
                 fingerprints.append(spend["fingerprint"])
         return ids, fingerprints
 
-    def fail(self, line: int, reason: str) -> LedgerIntegrityError:
-        return LedgerIntegrityError(f"ledger {self.path}: line {line}: {reason}")
-
-    def add_line(self, raw: bytes, line: int) -> dict[str, Any]:
-        """Parse, check against the chain so far, and record one line (1-based `line`)."""
-        try:
-            entry = json.loads(raw.decode("ascii"), parse_constant=_reject_constant)
-        except (UnicodeDecodeError, ValueError):
-            raise self.fail(line, "not valid JSON (edited or corrupted)") from None
-        if not isinstance(entry, dict):
-            raise self.fail(line, "not a JSON object (edited or corrupted)")
-        if entry.get("hash") != entry_hash(entry):
-            raise self.fail(line, "hash mismatch (the line was edited)")
-        expected_seq = len(self.entries)
-        seq = entry.get("seq")
-        if seq != expected_seq:
-            raise self.fail(
-                line,
-                f"seq {seq} where {expected_seq} was expected (a line was removed or reordered)",
-            )
-        if entry.get("prev_hash") != self.head_hash:
-            raise self.fail(
-                line, "prev_hash does not match the previous line (a line was removed or reordered)"
-            )
-        self._record(entry, line)
-        return entry
-
-    def _record(self, entry: dict[str, Any], line: int) -> None:
-        kind = entry.get("kind")
-        if kind not in KINDS:
-            raise self.fail(line, f"unknown kind {kind!r}")
-        missing = [name for name in _REQUIRED_FIELDS[kind] if name not in entry]
-        if missing:
-            raise self.fail(line, f"{kind} line lacks {', '.join(missing)}")
+    def record(self, entry: dict[str, Any], line: int) -> None:
+        """Learn what a valid line of the chain means, rejecting one that makes no sense."""
+        kind = entry["kind"]
         if kind == "spend":
             self.spends[entry["seq"]] = entry
             self.spends_by_dataset.setdefault(entry["dataset_id"], []).append(entry["seq"])
@@ -271,7 +190,6 @@ class _State:
             self.closing[ref] = entry
         elif kind == "budget":
             self.budgets[entry["dataset_id"]] = entry
-        self.entries.append(entry)
 
     def spent_events(self, seq: int) -> list[dict[str, Any]]:
         """The events spend `seq` counts with under the counting rule."""
@@ -315,36 +233,14 @@ class Ledger:
     """The append-only privacy ledger at `path` (a missing file is an empty ledger)."""
 
     def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self._file = LedgerFile(path)
+        self.path = self._file.path
+        self.lock_path = self._file.lock_path
         self._state = _State(self.path)
-        self._offset = 0
-        self._file_id: tuple[int, int] | None = None
-        # The file's last line is complete JSON without its newline: the next append adds it.
-        self._unterminated = False
 
     def check_path(self) -> None:
         """UsageError (exit 2) when the ledger path names a folder rather than a file."""
-        if self.path.is_dir():
-            raise UsageError(
-                f"ledger {self.path} is a folder; give the ledger file's path "
-                f"(e.g. {self.path / DEFAULT_LEDGER_NAME})"
-            )
-
-    @contextmanager
-    def _file_errors(self, *, writing: bool) -> Iterator[None]:
-        """Turn the OS's errors on the ledger file into one-line errors with an exit code:
-        unreadable is exit 4; unwritable (read-only file or folder) is exit 2."""
-        self.check_path()
-        try:
-            yield
-        except OSError as exc:
-            reason = exc.strerror or exc.__class__.__name__
-            if writing:
-                raise UsageError(
-                    f"ledger {self.path}: cannot write to it ({reason}); give a writable --ledger"
-                ) from None
-            raise DataError(f"ledger {self.path}: cannot read it ({reason})") from None
+        self._file.check_path()
 
     # ----------------------------------------------------------------- writing
 
@@ -629,48 +525,13 @@ class Ledger:
         A chain alone cannot tell a consistent rewrite (lines dropped from the end, or the
         file rebuilt and re-hashed) from the original; anchors kept outside the ledger can.
         """
-        raw = b""
-        with self._file_errors(writing=False):
-            if self.path.exists():
-                with self._locked(exclusive=False):
-                    raw = self._read_bytes()
         state = _State(self.path)
-        lines = raw.split(b"\n")
-        if lines and lines[-1] == b"":
-            lines.pop()
-        elif lines and not _is_json(lines[-1]):
-            raise state.fail(len(lines), _TORN_REASON)
         other_accountant = []
-        for number, line in enumerate(lines, start=1):
+        for number, line in enumerate(self._file.read_lines(state), start=1):
             entry = state.add_line(line, number)
             if recompute and not self._check_recorded_epsilons(state, entry, number):
                 other_accountant.append(entry["seq"])
-        for seq, expected in (anchors or {}).items():
-            seq = int(seq)
-            if seq >= len(state.entries) or state.entries[seq]["hash"] != expected:
-                raise LedgerIntegrityError(
-                    f"ledger {self.path}: entry seq {seq} known from a run is missing or differs "
-                    "(lines were cut off or the file was rewritten)"
-                )
-        for name, (seq, expected) in (runs or {}).items():
-            if seq >= len(state.entries):
-                raise LedgerIntegrityError(
-                    f"ledger {self.path}: run {name}: its spend (seq {seq}) is missing from the "
-                    f"chain of {len(state.entries)} entries (lines were cut off or the file was "
-                    "rewritten, or this is another ledger)"
-                )
-            if state.entries[seq]["hash"] != expected:
-                raise LedgerIntegrityError(
-                    f"ledger {self.path}: run {name}: its spend (seq {seq}) differs in the chain "
-                    "(the file was rewritten, or this is another ledger)"
-                )
-        known = {entry["hash"] for entry in state.entries}
-        for head in heads:
-            if head != GENESIS_HASH and head not in known:
-                raise LedgerIntegrityError(
-                    f"ledger {self.path}: the published head {head} is not in the chain "
-                    "(lines were cut off or the file was rewritten since it was published)"
-                )
+        state.check_anchors(anchors, runs, heads)
         counts = {kind: 0 for kind in KINDS}
         for entry in state.entries:
             counts[entry["kind"]] += 1
@@ -811,112 +672,12 @@ class Ledger:
 
     def _read_state(self) -> _State:
         """Bring the in-memory state up to date with the file (reads only new bytes)."""
-        with self._file_errors(writing=False):
-            if not self.path.exists() and not self._state.entries:
-                return self._state  # an empty ledger; no lock file is created just to read
-            with self._locked(exclusive=False):
-                self._refresh()
+        self._file.read_chain(self._state)
         return self._state
-
-    def _refresh(self) -> None:
-        """Parse lines appended since the last read; call with the lock held."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            if self._state.entries:
-                raise LedgerIntegrityError(f"ledger {self.path} has disappeared") from None
-            return
-        try:
-            stat = os.fstat(fd)
-            file_id = (stat.st_dev, stat.st_ino)
-            if file_id != self._file_id and self._file_id is not None:
-                raise LedgerIntegrityError(f"ledger {self.path} was replaced while in use")
-            if stat.st_size < self._offset:
-                raise LedgerIntegrityError(
-                    f"ledger {self.path} shrank from {self._offset} to {stat.st_size} bytes "
-                    "(lines were removed)"
-                )
-            self._file_id = file_id
-            os.lseek(fd, self._offset, os.SEEK_SET)
-            new = _read_all(fd)
-        finally:
-            os.close(fd)
-        if not new:
-            return
-        first_line = len(self._state.entries) + 1
-        # After a last line without its newline, the next writer's first byte is that newline.
-        body = new[1:] if self._unterminated and new.startswith(b"\n") else new
-        complete, separator, torn = body.rpartition(b"\n")
-        lines = complete.split(b"\n") if separator else []
-        if torn:
-            # Only a line that is not valid JSON is a torn write; a complete entry that lacks
-            # just its newline (an editor, a copy) is an entry, checked like any other.
-            if not _is_json(torn):
-                raise self._state.fail(first_line + len(lines), _TORN_REASON)
-            lines.append(torn)
-        for number, line in enumerate(lines, start=first_line):
-            self._state.add_line(line, number)
-        self._unterminated = bool(torn)
-        self._offset += len(new)
-
-    def _read_bytes(self) -> bytes:
-        try:
-            with open(self.path, "rb") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            return b""
 
     def _append(self, build: Callable[[_State], dict[str, Any]]) -> dict[str, Any]:
         """Under the exclusive lock: re-read, build the line, write it in one call, fsync."""
-        with self._file_errors(writing=True):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            return self._append_locked(build)
-
-    def _append_locked(self, build: Callable[[_State], dict[str, Any]]) -> dict[str, Any]:
-        with self._locked(exclusive=True):
-            self._refresh()
-            body = build(self._state)
-            entry = {
-                "seq": len(self._state.entries),
-                "time": _utc_now(),
-                **body,
-                "dpsynth_version": __version__,
-                "prev_hash": self._state.head_hash,
-            }
-            entry["hash"] = entry_hash(entry)
-            line = canonical_json(entry).encode("ascii")
-            data = (b"\n" if self._unterminated else b"") + line + b"\n"
-            created = not self.path.exists()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                _write_line(fd, data, self._offset)
-            finally:
-                os.close(fd)
-            self._unterminated = False
-            if created:
-                _fsync_dir(self.path.parent)
-            if self._file_id is None:
-                stat = os.stat(self.path)
-                self._file_id = (stat.st_dev, stat.st_ino)
-            self._state.add_line(line, entry["seq"] + 1)
-            self._offset += len(data)
-        return copy.deepcopy(entry)
-
-    @contextmanager
-    def _locked(self, *, exclusive: bool) -> Iterator[None]:
-        """Hold flock on the sidecar `PATH.lock` (shared for reads, exclusive for appends)."""
-        try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            if exclusive or exc.errno not in (errno.EACCES, errno.EROFS, errno.ENOENT):
-                raise
-            yield  # reading a ledger in a read-only place: nobody can be appending there
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
+        return copy.deepcopy(self._file.append(self._state, build))
 
 
 def _id_key(dataset_id: str) -> str:
@@ -942,40 +703,3 @@ def _empty_row(dataset_id: str) -> dict[str, Any]:
         "remaining": None,
         "last_time": None,
     }
-
-
-def _is_json(raw: bytes) -> bool:
-    """True when `raw` parses as one JSON value (a complete line, whatever it says)."""
-    try:
-        json.loads(raw.decode("ascii"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError):
-        return False
-    return True
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _write_line(fd: int, data: bytes, size_before: int) -> None:
-    """Write `data` with one os.write and fsync; on failure cut the file back to its old size
-    so that no half line is left behind."""
-    try:
-        written = os.write(fd, data)
-        if written != len(data):
-            raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
-        os.fsync(fd)
-    except OSError as exc:
-        os.ftruncate(fd, size_before)
-        raise DpsynthError(f"could not append to the ledger: {exc}") from exc
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
