@@ -23,7 +23,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
@@ -106,6 +106,68 @@ def _package_versions() -> dict[str, str]:
     return {"dpsynth": __version__, **{name: version(name) for name in names}}
 
 
+@dataclass(frozen=True)
+class TrainRequest:
+    """Everything one `train` needs: built by the CLI from its flags (or by Python code) and
+    checked by `validate` before anything is read or written.
+
+    A new run needs `method`, `data`, `epsilon` and `ledger_path`; `resume=True` needs only
+    `out` (the run's recorded settings are used, and its recorded ledger when `ledger_path` is
+    None). `epsilon` is the data set's total budget after this run ("inf": not private).
+    `stop_after_steps` and `privacy_seed` are for tests only (see `train`).
+    """
+
+    out: Path | str
+    method: str | None = None
+    data: str | None = None
+    epsilon: float | str | None = None
+    delta: float | None = None
+    preset: str = "small"
+    ledger_path: Path | str | None = None
+    device: str = "auto"
+    seed: int = 0
+    resume: bool = False
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    image_size: int | None = None
+    dataset_id: str | None = None
+    classes: tuple[str, ...] | None = None
+    channels: int | None = None
+    checkpoint_every_s: float = 120.0
+    stop_after_steps: int | None = None
+    log_private_loss: bool = False
+    privacy_seed: int | None = None
+
+    @staticmethod
+    def check_complete(
+        *, resume: bool, method: str | None, data: str | None, epsilon: float | str | None
+    ) -> None:
+        """UsageError naming what a new run lacks (--method, --data, --epsilon); a resumed run
+        takes them from its directory."""
+        if resume:
+            return
+        given = (("--method", method), ("--data", data), ("--epsilon", epsilon))
+        missing = [flag for flag, value in given if value is None]
+        if missing:
+            raise UsageError(f"missing {', '.join(missing)} (or use --resume)")
+
+    def validate(self) -> None:
+        """UsageError (exit 2) for a request that cannot start, before anything is read."""
+        self.check_complete(
+            resume=self.resume, method=self.method, data=self.data, epsilon=self.epsilon
+        )
+        resolve_device(self.device)
+        if not (self.checkpoint_every_s >= 0 and math.isfinite(self.checkpoint_every_s)):
+            raise UsageError(
+                f"--checkpoint-every must be a number of seconds ≥ 0, got {self.checkpoint_every_s}"
+            )
+        if not -(2**63) <= self.seed < 2**63:
+            raise UsageError(f"--seed must fit in 64 bits, got {self.seed}")
+        if not self.resume:
+            if self.ledger_path is None:
+                raise UsageError("a new run needs a ledger path")
+            parse_epsilon(self.epsilon if self.epsilon is not None else "inf")
+
+
 def train_run(
     *,
     method: str,
@@ -129,26 +191,53 @@ def train_run(
     log_private_loss: bool = False,
     privacy_seed: int | None = None,
 ) -> dict[str, Any]:
+    """`train` with the request's fields as keyword arguments (see `TrainRequest`)."""
+    request = TrainRequest(
+        out=out,
+        method=method,
+        data=data,
+        epsilon=epsilon,
+        delta=delta,
+        preset=preset,
+        ledger_path=ledger_path,
+        device=device,
+        seed=seed,
+        resume=resume,
+        overrides=dict(overrides or {}),
+        image_size=image_size,
+        dataset_id=dataset_id,
+        classes=classes,
+        channels=channels,
+        checkpoint_every_s=checkpoint_every_s,
+        stop_after_steps=stop_after_steps,
+        log_private_loss=log_private_loss,
+        privacy_seed=privacy_seed,
+    )
+    return train(request, progress)
+
+
+def train(request: TrainRequest, progress: ProgressCallback | None = None) -> dict[str, Any]:
     """Train a backend on a data set under a DP guarantee and return a JSON-ready summary.
 
-    `epsilon` is the data set's total budget after this run: earlier spends recorded in the
-    ledger for the same dataset are composed in when σ is calibrated. `stop_after_steps` ends
-    the loop early as an interruption would (checkpoint written, ledger entry left reserved);
-    tests use it to exercise `resume`. With `resume` and no `ledger_path`, the ledger the run
-    recorded is used. `log_private_loss` writes the noise-free losses of the
+    `request.epsilon` is the data set's total budget after this run: earlier spends recorded in
+    the ledger for the same dataset are composed in when σ is calibrated. `stop_after_steps`
+    ends the loop early as an interruption would (checkpoint written, ledger entry left
+    reserved); tests use it to exercise `resume`. With `resume` and no `ledger_path`, the
+    ledger the run recorded is used. `log_private_loss` writes the noise-free losses of the
     private batches to `RUN/private/train-loss.jsonl` (and shows them in progress reports).
     `privacy_seed` fixes the secret of the DP randomness for tests only: a known secret
     voids the guarantee, so the CLI never passes it (a fresh OS secret is drawn instead).
+    `progress` receives a `TrainProgress` now and then.
     """
+    request.validate()
+    out, ledger_path, preset, seed = request.out, request.ledger_path, request.preset, request.seed
+    checkpoint_every_s, stop_after_steps = request.checkpoint_every_s, request.stop_after_steps
+    log_private_loss, privacy_seed = request.log_private_loss, request.privacy_seed
+    image_size, channels = request.image_size, request.channels
+    delta = request.delta
     run = RunDir(out)
-    torch_device = resolve_device(device)
-    if not (checkpoint_every_s >= 0 and math.isfinite(checkpoint_every_s)):
-        raise UsageError(
-            f"--checkpoint-every must be a number of seconds ≥ 0, got {checkpoint_every_s}"
-        )
-    if not -(2**63) <= seed < 2**63:
-        raise UsageError(f"--seed must fit in 64 bits, got {seed}")
-    if resume:
+    torch_device = resolve_device(request.device)
+    if request.resume:
         # Without a ledger given, the run's own (recorded) ledger; the anchor is checked anyway.
         ledger = Ledger(ledger_path or _recorded_ledger(run))
         return _resume(
@@ -160,14 +249,17 @@ def train_run(
             stop_after_steps,
             log_private_loss,
         )
-    if ledger_path is None:
-        raise UsageError("a new run needs a ledger path")
+    assert ledger_path is not None and request.method is not None and request.data is not None
     ledger = Ledger(ledger_path)
-    target_epsilon = parse_epsilon(epsilon)
-    backend = get_method(method)
+    target_epsilon = parse_epsilon(request.epsilon if request.epsilon is not None else "inf")
+    backend = get_method(request.method)
     run.check_new()
     records = load_data(
-        data, image_size=image_size, dataset_id=dataset_id, classes=classes, channels=channels
+        request.data,
+        image_size=image_size,
+        dataset_id=request.dataset_id,
+        classes=request.classes,
+        channels=channels,
     )
     info = records.info()
     warnings: list[str] = []
@@ -178,7 +270,7 @@ def train_run(
             f"δ={delta:g} is not below 1/N = {1.0 / info.n:.3g}: a mechanism could release a "
             "whole record with that probability; use a smaller --delta"
         )
-    config = backend.config(preset, overrides or {}, info)
+    config = backend.config(preset, dict(request.overrides), info)
     # Everything that can fail for a reason known before the first private read fails here,
     # before the spend is reserved: the config's values, then the plan, then building the
     # trainer and the batch sampler (weights from the seed, never from the data).

@@ -90,16 +90,33 @@ def train(
 ) -> None:
     """Train a generator under DP; the spend is reserved in the ledger before any data is read."""
     from dpsynth.data.sources import parse_classes
-    from dpsynth.training import train_run
+    from dpsynth.training import TrainRequest, train
 
-    if not resume:
-        missing = [
-            flag
-            for flag, value in (("--method", method), ("--data", data), ("--epsilon", epsilon))
-            if value is None
-        ]
-        if missing:
-            raise UsageError(f"missing {', '.join(missing)} (or use --resume)")
+    TrainRequest.check_complete(resume=resume, method=method, data=data, epsilon=epsilon)
+    request = TrainRequest(
+        out=out,
+        method=method,
+        data=data,
+        epsilon=epsilon,
+        delta=delta,
+        preset=preset,
+        # --resume without --ledger (or $DPSYNTH_LEDGER): the run's recorded ledger.
+        ledger_path=(
+            None
+            if resume and ledger is None and not os.environ.get("DPSYNTH_LEDGER")
+            else resolve_ledger_path(ledger)
+        ),
+        device=device,
+        seed=seed,
+        resume=resume,
+        overrides=_parse_sets(set_),
+        image_size=image_size,
+        dataset_id=dataset_id,
+        classes=parse_classes(classes),
+        channels=channels,
+        checkpoint_every_s=checkpoint_every,
+        log_private_loss=log_private_loss,
+    )
     show = show_progress(quiet, as_json)
     with progress_bar(show, "train") as bar:
         task = None
@@ -115,31 +132,7 @@ def train(
             loss = "" if p.loss is None else f"loss {p.loss:.4g}  "
             bar.update(task, completed=p.step, info=f"{loss}{eps}")
 
-        result = train_run(
-            method=method or "",
-            data=data or "",
-            epsilon=epsilon if epsilon is not None else "inf",
-            delta=delta,
-            preset=preset,
-            out=out,
-            # --resume without --ledger (or $DPSYNTH_LEDGER): the run's recorded ledger.
-            ledger_path=(
-                None
-                if resume and ledger is None and not os.environ.get("DPSYNTH_LEDGER")
-                else resolve_ledger_path(ledger)
-            ),
-            device=device,
-            seed=seed,
-            resume=resume,
-            overrides=_parse_sets(set_),
-            image_size=image_size,
-            dataset_id=dataset_id,
-            classes=parse_classes(classes),
-            channels=channels,
-            checkpoint_every_s=checkpoint_every,
-            progress=on_progress,
-            log_private_loss=log_private_loss,
-        )
+        result = train(request, on_progress)
     if as_json:
         emit_json(result)
         return

@@ -1,0 +1,83 @@
+"""The typed training request: built once (by the CLI or Python code), checked by the library."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from loop_backend import TemplateMethod
+
+from dpsynth.errors import UsageError
+from dpsynth.methods import registry
+from dpsynth.privacy.ledger import Ledger
+from dpsynth.training import TrainRequest, train, train_run
+
+
+@pytest.fixture(autouse=True)
+def template_backend(monkeypatch):
+    monkeypatch.setitem(registry._BACKENDS, "templates", "loop_backend:TemplateMethod")
+    return TemplateMethod
+
+
+def request(tmp_path, **changes) -> TrainRequest:
+    fields = dict(
+        out=tmp_path / "run", method="templates", data="digits", epsilon=5.0, preset="tiny",
+        ledger_path=tmp_path / "ledger.jsonl", device="cpu", seed=3,
+    )  # fmt: skip
+    fields.update(changes)
+    return TrainRequest(**fields)
+
+
+def test_a_request_cannot_be_changed_after_it_is_built(tmp_path) -> None:
+    made = request(tmp_path)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.epsilon = 50.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"method": None, "data": None}, "missing --method, --data (or use --resume)"),
+        ({"epsilon": None}, "missing --epsilon (or use --resume)"),
+        ({"ledger_path": None}, "a new run needs a ledger path"),
+        ({"checkpoint_every_s": -1.0}, "--checkpoint-every must be a number of seconds"),
+        ({"seed": 2**64}, "--seed must fit in 64 bits"),
+        ({"epsilon": "lots"}, "lots"),
+    ],
+)
+def test_the_library_refuses_a_bad_request_before_anything_is_written(
+    tmp_path, changes, message
+) -> None:
+    bad = request(tmp_path, **changes)
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        bad.validate()
+    with pytest.raises(UsageError):
+        train(bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run dir, no ledger line
+
+
+def test_a_resumed_run_needs_only_its_directory(tmp_path) -> None:
+    TrainRequest(out=tmp_path / "run", resume=True).validate()
+
+
+def test_train_with_a_request_is_train_run_with_keywords(tmp_path) -> None:
+    secret = 0x0123456789ABCDEF0123456789ABCDEF
+    progress: list[int] = []
+    by_request = train(
+        request(
+            tmp_path, out=tmp_path / "a", ledger_path=tmp_path / "a.jsonl", privacy_seed=secret
+        ),
+        lambda p: progress.append(p.step),
+    )
+    by_keywords = train_run(
+        method="templates", data="digits", epsilon=5.0, preset="tiny", out=tmp_path / "b",
+        ledger_path=tmp_path / "b.jsonl", device="cpu", seed=3, privacy_seed=secret,
+    )  # fmt: skip
+    assert progress and progress[-1] == by_request["steps"] == 12
+    for key in ("steps", "epsilon", "noise_multiplier", "sampling_rate", "ledger_status"):
+        assert by_request[key] == by_keywords[key], key
+    a = json.loads((tmp_path / "a" / "config.json").read_text())
+    b = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert a["config"] == b["config"] and a["privacy"] == b["privacy"]
+    assert [e["kind"] for e in Ledger(tmp_path / "a.jsonl").entries()] == ["spend", "status"]
