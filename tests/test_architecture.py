@@ -1,0 +1,108 @@
+"""The import rules of ARCHITECTURE.md, checked on the source (every import, also in functions).
+
+- `dpsynth.privacy` stands alone: it imports only itself, `dpsynth.errors` and the version.
+- `dpsynth.data` imports only itself and `dpsynth.errors`.
+- A method never imports another method (`methods.base`, `methods.registry` and the shared
+  `methods.blocks` are not methods); only the registry lists them all.
+- Nothing imports the CLI, and only the CLI prints (no `print(` elsewhere in the package).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dpsynth"
+SHARED_METHOD_MODULES = {"base", "registry", "blocks"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every dpsynth module `path` imports, absolute or relative, at any depth."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return {name for name in found if name == "dpsynth" or name.startswith("dpsynth.")}
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _method_of(module: str) -> str | None:
+    """`pge` for dpsynth.methods.pge[.x]; None outside methods or for shared modules."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "methods" or parts[2] in SHARED_METHOD_MODULES:
+        return None
+    return parts[2]
+
+
+def _allowed(importer: str, imported: str) -> bool:
+    if importer.startswith("dpsynth.privacy"):
+        return imported.startswith(("dpsynth.privacy", "dpsynth.errors")) or imported in {
+            "dpsynth",
+            "dpsynth.__version__",
+        }
+    if importer.startswith("dpsynth.data"):
+        return imported.startswith(("dpsynth.data", "dpsynth.errors")) or imported == "dpsynth"
+    return True
+
+
+def test_the_rules_see_every_module_and_its_imports() -> None:
+    modules = {_module_name(p) for p in _sources()}
+    assert {"dpsynth.privacy.ledger", "dpsynth.privacy.plan", "dpsynth.training"} <= modules
+    # the parser finds imports inside functions too (the CLI imports lazily)
+    train_command = next(p for p in _sources() if _module_name(p) == "dpsynth.cli.train")
+    assert any(name.startswith("dpsynth.training") for name in _imports(train_command))
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: _module_name(p))
+def test_layer_imports(path: Path) -> None:
+    importer = _module_name(path)
+    bad = sorted(name for name in _imports(path) if not _allowed(importer, name))
+    assert not bad, f"{importer} may not import {bad} (see ARCHITECTURE.md)"
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: _module_name(p))
+def test_no_method_imports_another_and_nothing_imports_the_cli(path: Path) -> None:
+    importer = _module_name(path)
+    own = _method_of(importer)
+    for name in _imports(path):
+        other = _method_of(name)
+        if own is not None and other is not None:
+            assert other == own, f"method {own} imports method {other} ({importer} → {name})"
+        if not importer.startswith("dpsynth.cli"):
+            assert not name.startswith("dpsynth.cli"), f"{importer} imports the CLI ({name})"
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: _module_name(p))
+def test_only_the_cli_prints(path: Path) -> None:
+    if _module_name(path).startswith("dpsynth.cli"):
+        return
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    prints = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "print"
+    ]
+    assert not prints, f"{_module_name(path)} calls print() at lines {prints}"
