@@ -25,8 +25,8 @@ test: $(STAMP)
 	$(BIN)/ruff format --check dpsynth tests bench
 	$(BIN)/python -m pytest -q
 
-# The demo uses dpkernel: on digits at ε = 10 it reaches about 0.86 CNN accuracy in under a
-# minute of training, where PGE's `small` reaches about 0.35 in several minutes (README,
+# The demo uses dpkernel: on digits at ε = 10 it reaches about 0.85 CNN accuracy in under a
+# minute of training, where PGE's `small` reaches about 0.38 in several minutes (README,
 # Leaderboard). Accuracy uses all 2,000 images; FID, slow on a CPU, a subset of 500.
 demo: $(STAMP)
 	rm -rf $(DEMO) && mkdir -p $(DEMO)

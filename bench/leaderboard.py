@@ -205,7 +205,7 @@ def _fmt_eps(value: Any) -> str:
         return "–"
     if value == "inf" or (isinstance(value, float) and math.isinf(value)):
         return "∞ (not private)"
-    return f"{float(value):g}"
+    return f"{float(value):.3g}"
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -235,8 +235,10 @@ def markdown_table(report: dict[str, Any]) -> str:
             else ("100%" if row is real else "–")
         )
         steps = f"{row['steps']:,}" if row.get("steps") is not None else "–"
+        # The target ε names the row; the accountant's bound (≤ target) is in the JSON.
+        epsilon = _fmt_eps(row.get("epsilon_target", row.get("epsilon")))
         lines.append(
-            f"| {row['method']} | {row.get('preset') or '–'} | {_fmt_eps(row.get('epsilon'))} "
+            f"| {row['method']} | {row.get('preset') or '–'} | {epsilon} "
             f"| {steps} | {_fmt(row.get('train_seconds'), '.0f')} "
             f"| {row['cnn_mean']:.3f} ± {row['cnn_std']:.3f} | {share} "
             f"| {_fmt(row.get('fid'), '.1f')} | {_fmt(row.get('sample_images_per_s'), '.0f')} |"

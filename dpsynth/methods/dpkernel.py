@@ -64,14 +64,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     # digits 8×8 on 2 CPU cores in well under a minute. Bandwidths are fixed a priori for [-1, 1]
     # pixels in 64 dimensions (typical ‖x − w‖² ≈ 10–60), never fitted to the data; two wide
     # ones keep Δ and the derivative noise small (spec §3.6). Tuned on the public digits set
-    # (bench/results/tuning-digits.md): a larger q (B = 256), 2,000 steps, bandwidths (10, 20),
-    # width 64 and an EMA of the weights took the CNN accuracy at ε = 10 from about 0.80 to
-    # about 0.86, which is what the same settings reach without privacy.
+    # (bench/results/tuning-digits.md): a larger q (B = 256), 2,000 steps, width 64 and an EMA
+    # of the weights took the CNN accuracy at ε = 10 from about 0.80 to about 0.86, which is
+    # what the same settings reach without privacy.
     "small": {
         "batch_size": 256,
         "generated_points": 128,
         "steps": 2000,
-        "bandwidths": (10.0, 20.0),
+        "bandwidths": (8.0, 16.0),
         "sensitivity": "paper",
         "max_grad_norm": functional_sensitivity(2, "paper"),
         "arch": "conv",
