@@ -173,6 +173,9 @@ def sample_run(
             "output_sha256": output_sha,
             "ledger": release,
         }
+        details = generator.release_details(wanted)
+        if details:
+            manifest["generator"] = details
         write_json_atomic(staging / "manifest.json", manifest)
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()

@@ -104,6 +104,10 @@ class Generator(ABC):
         Each batch has at most `batch_size` images.
         """
 
+    def release_details(self, labels: torch.Tensor) -> dict[str, Any]:
+        """Method-specific facts about serving `labels` for the sample manifest ({} if none)."""
+        return {}
+
 
 class Trainer(ABC):
     """The mutable training state of one run."""
