@@ -28,20 +28,23 @@ def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     if b == 0:
         return images
     device = generator.device
-    kind = torch.randint(0, 3, (b,), generator=generator, device=device)
+    # Six uniforms per image, drawn in one call: the stream an image sees does not depend on
+    # how a request is chunked into batches.
+    u = torch.rand((b, 6), generator=generator, device=device, dtype=torch.float64)
     pad = max(1, round(min(height, width) / 7))  # 4 px on 28×28, as the reference code
-    shift = torch.randint(-pad, pad + 1, (b, 2), generator=generator, device=device)
-    scale = 0.8 + 0.4 * torch.rand((b, 2), generator=generator, device=device)
-    angle = torch.randint(-45, 45, (b,), generator=generator, device=device).double()
+    kind = (u[:, 0] * 3).floor().clamp(max=2)
+    shift = (u[:, 1:3] * (2 * pad + 1)).floor().clamp(max=2 * pad) - pad
+    scale = 0.8 + 0.4 * u[:, 3:5]
+    angle = (u[:, 5] * 90).floor().clamp(max=89) - 45
     theta = torch.zeros(b, 2, 3, dtype=torch.float64, device=device)
     theta[:, 0, 0] = theta[:, 1, 1] = 1.0
     is_shift, is_scale, is_rotate = kind == 0, kind == 1, kind == 2
     # affine_grid maps output to input coordinates in [-1, 1]: a shift by s pixels is
     # −2s/size, a zoom by f divides the coordinates by f.
-    theta[is_shift, 0, 2] = -2.0 * shift[is_shift, 0].double() / width
-    theta[is_shift, 1, 2] = -2.0 * shift[is_shift, 1].double() / height
-    theta[is_scale, 0, 0] = 1.0 / scale[is_scale, 0].double()
-    theta[is_scale, 1, 1] = 1.0 / scale[is_scale, 1].double()
+    theta[is_shift, 0, 2] = -2.0 * shift[is_shift, 0] / width
+    theta[is_shift, 1, 2] = -2.0 * shift[is_shift, 1] / height
+    theta[is_scale, 0, 0] = 1.0 / scale[is_scale, 0]
+    theta[is_scale, 1, 1] = 1.0 / scale[is_scale, 1]
     radians = angle * math.pi / 180.0
     cos, sin = torch.cos(radians), torch.sin(radians)
     theta[is_rotate, 0, 0] = cos[is_rotate]
