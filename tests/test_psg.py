@@ -384,3 +384,20 @@ def test_end_to_end_train_resume_sample_and_ledger(tmp_path):
     assert details["unique_base_samples"] == 20 and details["spc"] == 2
     assert details["replication_factor"] == 3 and details["augmented"] is True
     assert result["generator"] == details
+
+
+def test_paper_setting_releases_and_the_papers_sigma_under_our_accountant():
+    # Spec §3.4/§9.3.5: MNIST (N = 60 000, B = 256, spc 10: T = 10, K = 10). The paper's
+    # RDP-calibrated σ gives a PRV upper bound just below its target ε.
+    from dpsynth.privacy.accounting import epsilon_for
+
+    mnist = dataclasses.replace(_info(60_000), shape=(1, 28, 28))
+    method = PSGMethod()
+    config = method.config("paper-multi-hour", {}, mnist)
+    assert config["steps"] == 1000 * 10 * 10
+    assert method.config("paper-multi-hour", {"runs": "200"}, mnist)["steps"] == 20_000
+    q = config["batch_size"] / mnist.n
+    at_ten = epsilon_for(0.9657, q, 100_000, 1e-5)
+    assert 9.29 <= at_ten.epsilon <= 9.36 and at_ten.estimate == pytest.approx(9.291, abs=0.01)
+    at_one = epsilon_for(2.553, q, 20_000, 1e-5)
+    assert 0.914 <= at_one.epsilon <= 0.93 and at_one.estimate == pytest.approx(0.914, abs=0.003)
