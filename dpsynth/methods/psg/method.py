@@ -125,7 +125,11 @@ class PSGTrainer(Trainer):
         )
 
     def _record_loss(
-        self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x, y
+        self,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
     ) -> torch.Tensor:
         """Cross-entropy of ONE record (no batch dim) under the given parameters."""
         logits = functional_call(self.net, (params, buffers), (x.unsqueeze(0),))

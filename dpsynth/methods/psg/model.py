@@ -63,9 +63,3 @@ class ConvNet(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Logits [b, num_classes] for images x [b, C, H, W]."""
         return self.classifier(self.features(x).flatten(1))
-
-    def reset_parameters(self) -> None:
-        """Re-draw every layer's weights with PyTorch's default init (global RNG)."""
-        for module in self.modules():
-            if module is not self and hasattr(module, "reset_parameters"):
-                module.reset_parameters()
