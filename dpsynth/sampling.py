@@ -282,6 +282,9 @@ def sample_run(
             "output_sha256": output_sha,
             "ledger": release,
         }
+        details = generator.release_details(counts)
+        if details:
+            manifest["generator"] = details
         write_json_atomic(staging / "manifest.json", manifest)
         replace_dir(staging, out)
     except BaseException:

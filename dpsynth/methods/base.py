@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -53,6 +53,11 @@ class Generator(ABC):
 
         Each batch has at most `batch_size` images.
         """
+
+    def release_details(self, counts: Sequence[int]) -> dict[str, Any]:
+        """Method-specific facts about serving `counts[c]` records of each class c, for the
+        sample manifest ({} if none)."""
+        return {}
 
 
 class Trainer(ABC):

@@ -10,6 +10,7 @@ from dpsynth.methods.base import Method
 _BACKENDS: dict[str, str] = {
     "pge": "dpsynth.methods.pge.method:PGEMethod",
     "dpkernel": "dpsynth.methods.dpkernel.method:DPKernelMethod",
+    "psg": "dpsynth.methods.psg.method:PSGMethod",
 }
 
 

@@ -1,0 +1,321 @@
+"""PSG (Chen, Kerkouche & Fritz, NeurIPS 2022): private set generation by gradient matching.
+
+The released artefact is a small labelled synthetic set S (spc images per class, labels fixed
+and balanced), optimised so that a classifier's gradient on S matches its gradient on the
+private data along many training trajectories (spec psg §1–§2.3, Algorithm 1):
+
+    for r in 1..R:   θ ← fresh random ConvNet (public randomness)
+      for t in 1..T:
+        for k in 1..K:   g̃ ← DP-SGD gradient of a Poisson batch at θ       (the only read)
+                         S ← S − τ_S ∇_S L_dis(∇_θ CE(S; θ), g̃)            (SGD, momentum)
+        if t < T:   J epochs of SGD on θ with S as the training set
+
+Mechanism (spec §3.2, §3.5): each of the R·T·K releases is one DP-SGD step from
+`dpsynth.privacy.dpsgd.PrivateGradient`: the training loop's Poisson batch at rate q = B/N,
+each record's gradient over ALL parameters clipped to C, ONE Gaussian draw of std σC on the
+sum (from the run's secret randomness), divided by the public B. Everything after it (S, its
+momentum, θ's updates) is post-processing of the released gradients. One class-mixed batch is
+matched against the gradient of the whole of S, as the paper does (spec §3.6): per-class
+Poisson batches would need the class sizes and a rate q_c ≈ L·q. So a run is exactly one
+`poisson_gaussian` event of R·T·K steps at (σ, q), planned before the data is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.func import functional_call
+from torch.nn import functional as F
+
+from dpsynth.data.images import DataInfo
+from dpsynth.errors import UsageError
+from dpsynth.methods.base import Method, PrivacyPlan, PrivacyTarget, Trainer
+from dpsynth.methods.psg.matching import match_loss
+from dpsynth.methods.psg.model import NORMS, ConvNet
+from dpsynth.methods.psg.presets import PRESETS
+from dpsynth.methods.psg.release import PSGGenerator
+from dpsynth.privacy.dpsgd import PrivateGradient
+from dpsynth.privacy.randomness import PrivateRandomness
+
+_POSITIVE_INTS = (
+    "spc",
+    "runs",
+    "outer_loop",
+    "batches",
+    "width",
+    "depth",
+    "batch_train",
+    "micro_batch_size",
+)
+
+
+def public_seed(seed: int, purpose: str, index: int = 0) -> int:
+    """A 63-bit seed for public randomness (network inits, S's init, θ's shuffles)."""
+    digest = hashlib.sha256(f"dpsynth-psg|{purpose}|{seed}|{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def build_network(info: DataInfo, config: Mapping[str, Any]) -> ConvNet:
+    """The matching ConvNet for this data (weights from the global RNG: seed it first)."""
+    return ConvNet(
+        tuple(info.shape),
+        len(info.classes),
+        width=int(config["width"]),
+        depth=int(config["depth"]),
+        norm=str(config["norm"]),
+    )
+
+
+def synthetic_labels(num_classes: int, spc: int) -> torch.Tensor:
+    """The fixed, balanced labels of S: [0]*spc ++ [1]*spc ++ … (public)."""
+    return torch.arange(num_classes).repeat_interleave(spc)
+
+
+class PSGTrainer(Trainer):
+    """One PSG run: S and its optimiser, the current network θ, and the release counter."""
+
+    # The match loss is a function of the released noisy gradient, S and θ only.
+    released_stats = ("match_loss",)
+
+    def __init__(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        plan: PrivacyPlan,
+        device: torch.device,
+        seed: int,
+        randomness: PrivateRandomness | None = None,
+    ) -> None:
+        self.info = info
+        self.config = dict(config)
+        self.plan = plan
+        self.device = torch.device(device)
+        self.seed = int(seed)
+        self.num_classes = len(info.classes)
+        self.spc = int(config["spc"])
+        self.outer_loop = int(config["outer_loop"])
+        self.batches = int(config["batches"])
+        self.inner_loop = int(config["inner_loop"])
+        init = torch.Generator().manual_seed(public_seed(seed, "synthetic-init"))
+        # S starts as N(0, 1) in the training scale, never from real data.
+        images = torch.randn(
+            self.num_classes * self.spc, *info.shape, generator=init, device=init.device
+        )
+        self.images = images.to(self.device).requires_grad_(True)
+        self.labels = synthetic_labels(self.num_classes, self.spc).to(self.device)
+        self.syn_optimizer = torch.optim.SGD(
+            [self.images], lr=float(config["lr_syn"]), momentum=float(config["momentum_syn"])
+        )
+        self.net = build_network(info, config).to(self.device)
+        self._fresh_network(0)
+        self.net_optimizer = torch.optim.SGD(self.net.parameters(), lr=float(config["lr_net"]))
+        self.steps_done = 0
+        # The DP noise comes from the run's secret stream, never from the public seed.
+        randomness = randomness if randomness is not None else PrivateRandomness.fresh()
+        self.private_gradient = PrivateGradient(
+            self.net,
+            self._record_loss,
+            noise_multiplier=plan.noise_multiplier,
+            max_grad_norm=plan.max_grad_norm,
+            expected_batch_size=plan.expected_batch_size,
+            generator=randomness.generator("psg/noise", self.device),
+            micro_batch_size=int(config["micro_batch_size"]),
+            private=plan.private,
+        )
+
+    def _record_loss(
+        self,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> torch.Tensor:
+        """Cross-entropy of ONE record (no batch dim) under the given parameters."""
+        logits = functional_call(self.net, (params, buffers), (x.unsqueeze(0),))
+        return F.cross_entropy(logits, y.unsqueeze(0))
+
+    def _fresh_network(self, run_index: int) -> None:
+        """Re-draw θ for run `run_index` with the default init, from public randomness."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(public_seed(self.seed, "network", run_index))
+            cpu_net = build_network(self.info, self.config)
+        with torch.no_grad():
+            for mine, fresh in zip(self.net.parameters(), cpu_net.parameters(), strict=True):
+                mine.copy_(fresh.to(self.device))
+
+    def position(self, step: int) -> tuple[int, int, int]:
+        """(run r, outer iteration t, batch k) of release number `step` (all from 0)."""
+        per_run = self.outer_loop * self.batches
+        return step // per_run, (step // self.batches) % self.outer_loop, step % self.batches
+
+    def synthetic_gradient(self, create_graph: bool) -> list[torch.Tensor]:
+        """∇_θ of the mean cross-entropy on the whole of S (graph kept for ∇_S when asked)."""
+        loss = F.cross_entropy(self.net(self.images), self.labels)
+        return list(
+            torch.autograd.grad(loss, list(self.net.parameters()), create_graph=create_graph)
+        )
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """One release: the noisy real gradient at θ, one update of S, and θ's epochs on S."""
+        run, outer, batch = self.position(self.steps_done)
+        if outer == 0 and batch == 0 and self.steps_done > 0:
+            self._fresh_network(run)
+        self.net.train()
+        for p in self.net.parameters():
+            p.grad = None
+        x = x.to(self.device, torch.float32)
+        y = y.to(self.device, torch.int64)
+        stats = self.private_gradient.compute(x, y)
+        released = [p.grad.detach().clone() for p in self.net.parameters()]
+        for p in self.net.parameters():
+            p.grad = None
+        distance = match_loss(self.synthetic_gradient(create_graph=True), released)
+        (image_grad,) = torch.autograd.grad(distance, [self.images])
+        self.syn_optimizer.zero_grad(set_to_none=True)
+        self.images.grad = image_grad
+        self.syn_optimizer.step()
+        self.steps_done += 1
+        if batch == self.batches - 1 and outer < self.outer_loop - 1:
+            self._train_network_on_synthetic()
+        out = {
+            "loss": float(stats.get("mean_loss", float("nan"))),
+            "match_loss": float(distance.detach()),
+        }
+        for key in ("batch_size", "clip_fraction", "mean_grad_norm"):
+            out[key] = float(stats[key])
+        return out
+
+    def _train_network_on_synthetic(self) -> None:
+        """J epochs of plain SGD on θ over the (detached) current S, shuffled minibatches."""
+        images, labels = self.images.detach(), self.labels
+        order_rng = torch.Generator().manual_seed(
+            public_seed(self.seed, "inner-shuffle", self.steps_done)
+        )
+        size = int(self.config["batch_train"])
+        for _ in range(self.inner_loop):
+            order = torch.randperm(
+                images.shape[0], generator=order_rng, device=order_rng.device
+            ).to(self.device)
+            for start in range(0, images.shape[0], size):
+                index = order[start : start + size]
+                loss = F.cross_entropy(self.net(images[index]), labels[index])
+                self.net_optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.net_optimizer.step()
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """S, its labels and momentum, θ, and the release counter (no secret RNG state)."""
+        out: dict[str, torch.Tensor] = {
+            "synthetic.images": self.images.detach(),
+            "synthetic.labels": self.labels,
+            "trainer.steps_done": torch.tensor(self.steps_done, dtype=torch.int64),
+        }
+        for key, value in self.net.state_dict().items():
+            out[f"net.{key}"] = value
+        momentum = self.syn_optimizer.state.get(self.images, {}).get("momentum_buffer")
+        if momentum is not None:
+            out["synthetic.momentum"] = momentum
+        return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `state_tensors` wrote, so a resumed run continues exactly."""
+        with torch.no_grad():
+            self.images.copy_(tensors["synthetic.images"].to(self.device))
+        self.labels = tensors["synthetic.labels"].to(self.device, torch.int64)
+        prefix = "net."
+        self.net.load_state_dict(
+            {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+        )
+        self.syn_optimizer.state.clear()
+        if "synthetic.momentum" in tensors:
+            self.syn_optimizer.state[self.images] = {
+                "momentum_buffer": tensors["synthetic.momentum"].to(self.device).clone()
+            }
+        self.steps_done = int(tensors["trainer.steps_done"])
+
+    def generator(self) -> PSGGenerator:
+        """A sampler over a copy of the current S."""
+        return PSGGenerator(
+            self.images.detach().clone(),
+            self.labels,
+            self.info.classes,
+            self.device,
+            bool(self.config["augment_replicas"]),
+        )
+
+
+class PSGMethod(Method):
+    """`--method psg`: a synthetic set matched to DP-SGD gradients of random ConvNets."""
+
+    name = "psg"
+    presets = PRESETS
+    description = (
+        "PSG (private set generation): a small synthetic set S matched to DP-SGD gradients "
+        "(Poisson, per-record clipping, Gaussian noise) of fresh random ConvNets"
+    )
+
+    def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
+        """Preset plus overrides, validated; `steps` = runs · outer_loop · batches (derived)."""
+        if "steps" in overrides:
+            raise UsageError(
+                "steps is derived for --method psg (runs · outer_loop · batches); "
+                "set runs, outer_loop or batches instead"
+            )
+        merged = super().config(preset, overrides, info)
+        for key in _POSITIVE_INTS:
+            if int(merged[key]) < 1:
+                raise UsageError(f"{key} must be at least 1")
+        if merged["inner_loop"] < 0:
+            raise UsageError("inner_loop must be ≥ 0")
+        if not merged["batch_size"] > 0 or not merged["max_grad_norm"] > 0:
+            raise UsageError("batch_size and max_grad_norm must be positive")
+        if merged["lr_syn"] <= 0 or merged["lr_net"] <= 0 or merged["momentum_syn"] < 0:
+            raise UsageError("lr_syn and lr_net must be positive, momentum_syn ≥ 0")
+        if merged["norm"] not in NORMS:
+            raise UsageError(f"norm must be one of {', '.join(NORMS)} (no BatchNorm under DP)")
+        merged["steps"] = int(merged["runs"]) * int(merged["outer_loop"]) * int(merged["batches"])
+        return merged
+
+    def plan(
+        self,
+        info: DataInfo,
+        target: PrivacyTarget,
+        config: Mapping[str, Any],
+        prior_events: tuple[dict[str, Any], ...] = (),
+    ) -> PrivacyPlan:
+        """One `poisson_gaussian` event: R·T·K releases at q = B/N (checked against config)."""
+        releases = int(config["runs"]) * int(config["outer_loop"]) * int(config["batches"])
+        if int(config["steps"]) != releases:
+            raise UsageError("steps must equal runs · outer_loop · batches for --method psg")
+        return super().plan(info, target, config, prior_events)
+
+    def trainer(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        plan: PrivacyPlan,
+        device: torch.device,
+        seed: int,
+        randomness: PrivateRandomness | None = None,
+    ) -> PSGTrainer:
+        """A fresh trainer; S and θ from `seed` (public); DP noise from `randomness`."""
+        return PSGTrainer(info, config, plan, device, seed, randomness)
+
+    def generator_from_state(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+    ) -> PSGGenerator:
+        """The sampler over the saved synthetic set."""
+        return PSGGenerator(
+            tensors["synthetic.images"],
+            tensors["synthetic.labels"],
+            info.classes,
+            torch.device(device),
+            bool(config["augment_replicas"]),
+        )
