@@ -10,6 +10,7 @@ from dpsynth.methods.base import Method
 _BACKENDS: dict[str, str] = {
     "pge": "dpsynth.methods.pge:PGEMethod",
     "dpkernel": "dpsynth.methods.dpkernel:DPKernelMethod",
+    "dpaf": "dpsynth.methods.dpaf:DPAFMethod",
 }
 
 
