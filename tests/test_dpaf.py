@@ -395,3 +395,77 @@ def test_end_to_end_ledger_reaccounted_under_pld_and_sample(tmp_path, one_torch_
     assert out["n"] == 30
     pngs = sorted((tmp_path / "synth").glob("**/*.png"))
     assert len(pngs) == 30
+
+
+def test_paper_preset_runs_a_window_at_mnist_size(one_torch_thread):
+    info = DataInfo("mnist", "images", 5000, (1, 28, 28), DIGITS_INFO.classes, "t", "mnist")
+    method = DPAFMethod()
+    config = method.config("paper", {"conv1_init": "random"}, info)
+    plan = method.plan(info, PrivacyTarget(10.0, 1e-5), config)
+    trainer = method.trainer(info, config, plan, torch.device("cpu"), 0, PrivateRandomness(1))
+    assert trainer.features.dim == 4096 and trainer.window == 8
+    before = [p.clone() for p in trainer.conv2_params.values()]
+    x = torch.rand(6, 1, 28, 28) * 2 - 1
+    stats = trainer.step(x, torch.arange(6))
+    assert math.isfinite(stats["d_loss"])
+    assert all(
+        not torch.equal(a, b) for a, b in zip(before, trainer.conv2_params.values(), strict=True)
+    )
+    images = next(trainer.generator().sample(torch.arange(4), 4, torch.Generator()))
+    assert images.shape == (4, 1, 28, 28) and images.dtype == torch.uint8
+
+
+@pytest.mark.parametrize("transfer_conv2", [False, True])
+def test_phase1_trains_c_privately_and_transfers_conv1(transfer_conv2, one_torch_thread):
+    config, plan = _plan(5.0, transfer_conv2=transfer_conv2)
+    trainer = DPAFMethod().trainer(
+        DIGITS_INFO, config, plan, torch.device("cpu"), 0, PrivateRandomness(5)
+    )
+    classifier = trainer.classifier
+    c_conv1_start = [p.clone() for p in classifier.features.conv1_parameters()]
+    d_conv2_start = [p.clone() for p in trainer.conv2_params.values()]
+    x, y = _digits(60)
+    for _ in range(config["c_steps"]):
+        assert trainer.d_steps == 0  # phase 1 touches neither D's head nor G
+        trainer.step(x, y)
+    assert trainer.classifier is None  # phase 1 is over after c_steps loop steps
+    c_conv1 = list(classifier.features.conv1_parameters())
+    assert all(not torch.equal(a, b) for a, b in zip(c_conv1, c_conv1_start, strict=True))
+    for d, c in zip(trainer.features.conv1_parameters(), c_conv1, strict=True):
+        assert torch.equal(d, c) and not d.requires_grad
+    conv2_copied = [
+        torch.equal(d, c)
+        for d, c in zip(
+            trainer.conv2_params.values(), classifier.features.conv2.parameters(), strict=True
+        )
+    ]
+    assert all(conv2_copied) == transfer_conv2
+    if not transfer_conv2:
+        for d, start in zip(trainer.conv2_params.values(), d_conv2_start, strict=True):
+            assert torch.equal(d, start)
+
+
+def test_conv2_per_record_gradients_equal_a_per_record_loop(monkeypatch):
+    import dpsynth.methods.dpaf.method as module
+
+    config, plan = _plan(5.0)
+    trainer = DPAFMethod().trainer(DIGITS_INFO, config, plan, torch.device("cpu"), 0)
+    features = trainer.features
+    x, y = _digits(5)
+    onehot = torch.nn.functional.one_hot(y, 10).float()
+    weights = torch.randn(5, features.dim)
+    grads = {}
+
+    def capture(per_record, **kwargs):
+        grads.update(per_record)
+        return {n: torch.zeros_like(g[0]) for n, g in per_record.items()}
+
+    monkeypatch.setattr(module, "private_gradient_sum", capture)
+    no_fake = [(x[:1], onehot[:1], torch.zeros(features.dim))]
+    trainer._conv2_step(x, onehot, weights, no_fake)
+    for i in range(5):
+        features.zero_grad()
+        (features(x[i : i + 1], onehot[i : i + 1])[0] * weights[i]).sum().backward()
+        for name, p in trainer.conv2_params.items():
+            scale = float(p.grad.abs().max())  # float32 sums of terms of size ~50
+            torch.testing.assert_close(grads[name][i], p.grad, rtol=1e-5, atol=1e-5 * scale)

@@ -210,7 +210,8 @@ class DPAFTrainer(Trainer):
         return {"c_loss": stats["mean_loss"]}
 
     def _transfer_conv1(self) -> None:
-        """Copy C's (DP-trained) conv1 into the discriminator, where it stays frozen."""
+        """Copy C's (DP-trained) conv1 into the discriminator, where it stays frozen (and its
+        conv2 into conv2* with `transfer_conv2`)."""
         with torch.no_grad():
             for target, source in zip(
                 self.features.conv1_parameters(),
@@ -218,6 +219,13 @@ class DPAFTrainer(Trainer):
                 strict=True,
             ):
                 target.copy_(source)
+            if self.config["transfer_conv2"]:  # C's conv2 is DP-trained too: a free start
+                for target, source in zip(
+                    self.conv2_params.values(),
+                    self.classifier.features.conv2.parameters(),
+                    strict=True,
+                ):
+                    target.copy_(source)
         self.classifier = self.opt_c = self.private_c = None
 
     # ----------------------------------------------------------------- phase 2
@@ -261,7 +269,12 @@ class DPAFTrainer(Trainer):
         for s in range(self.window):
             members = patterns[:, s]
             with torch.no_grad():
-                released_real = self._release(self.features(x[members], onehot[members]))
+                real = (
+                    self.features(x[members], onehot[members])
+                    if bool(members.any())
+                    else x.new_zeros(0, self.features.dim)  # an empty Poisson batch: noise only
+                )
+                released_real = self._release(real)
                 fake_images, fake_onehot = self._fakes(self.batch_size)
                 released_fake = self._release(self.features(fake_images, fake_onehot))
             aggregates = torch.stack([released_real, released_fake]).requires_grad_(True)

@@ -9,6 +9,7 @@ Keys:
   have the same per-step mechanism and one noise scale σ_w is calibrated for both;
 - `noise_ratio` σ_agg/σ_conv2 (fixed, public): splits σ_w between DPAGG and conv2*;
 - `conv1_init`: `transfer` (phase 1) or `random` (N(0, 0.02), frozen, no phase 1);
+- `transfer_conv2`: also start the discriminator's conv2* from C's (DP-trained) conv2;
 - `c_label_input`: whether C sees the label branch (spec §10.1-A1; default false);
 - `clip_c`, `clip_conv2`: the per-record clipping norms u₁, u₂; `grad_keep`: top-k fraction;
 - `agg_reduction`: `mean` (noisy sum / B, B public) or `sum`;
@@ -23,6 +24,7 @@ from typing import Any
 _COMMON: dict[str, Any] = {
     "mode": "strict",
     "conv1_init": "transfer",
+    "transfer_conv2": False,
     "c_label_input": False,
     "noise_ratio": 2.0,
     "clip_c": 1.0,
@@ -57,6 +59,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "window": 4,
         "windows": 600,
         "c_steps": 100,
+        "transfer_conv2": True,
         "width": 32,
         "conv1_layers": 1,
         "conv2_layers": 1,
