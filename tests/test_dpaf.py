@@ -469,3 +469,18 @@ def test_conv2_per_record_gradients_equal_a_per_record_loop(monkeypatch):
         for name, p in trainer.conv2_params.items():
             scale = float(p.grad.abs().max())  # float32 sums of terms of size ~50
             torch.testing.assert_close(grads[name][i], p.grad, rtol=1e-5, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("view", ["sample", "aggregate"])
+def test_generator_step_updates_only_the_generator(view):
+    config, plan = _plan(5.0, g_view=view)
+    trainer = DPAFMethod().trainer(DIGITS_INFO, config, plan, torch.device("cpu"), 0)
+    d_before = [p.clone() for p in [*trainer.features.parameters(), *trainer.head.parameters()]]
+    g_before = [p.clone() for p in trainer.net_g.parameters()]
+    loss = trainer._generator_step()  # takes no data argument: G never sees a record
+    assert math.isfinite(loss)
+    d_after = [*trainer.features.parameters(), *trainer.head.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(d_before, d_after, strict=True))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(g_before, trainer.net_g.parameters(), strict=True)
+    )

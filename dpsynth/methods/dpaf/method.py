@@ -249,7 +249,11 @@ class DPAFTrainer(Trainer):
     def _generator_step(self) -> float:
         """Non-saturating G loss through D without aggregation (D̂); touches no data."""
         images, onehot = self._fakes(self.batch_size)
-        logits = self.head(self.features(images, onehot)).squeeze(1)
+        features = self.features(images, onehot)
+        if self.config["g_view"] == "aggregate":
+            # the clean aggregate of the fake batch: the input D's head was trained on
+            features = features.sum(0, keepdim=True) / self.agg_normalizer
+        logits = self.head(features).squeeze(1)
         loss = F.softplus(-logits).mean()
         grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
         self.opt_g.zero_grad(set_to_none=True)

@@ -12,6 +12,8 @@ Keys:
 - `transfer_conv2`: also start the discriminator's conv2* from C's (DP-trained) conv2;
 - `c_label_input`: whether C sees the label branch (spec §10.1-A1; default false);
 - `clip_c`, `clip_conv2`: the per-record clipping norms u₁, u₂; `grad_keep`: top-k fraction;
+- `g_view`: the generator's loss through D on single samples (`sample`, the paper's D̂) or on
+  the clean aggregate of its fake batch (`aggregate`, what D's head was trained on);
 - `agg_reduction`: `mean` (noisy sum / B, B public) or `sum`;
 - architecture: `width`, `conv1_layers`, `conv2_layers`, `fc_hidden`, `latent_dim`, `g_width`;
 - optimisation: `lr` (Adam, β = (0.5, 0.999), every network), `lr_c`, `n_critic`.
@@ -31,6 +33,7 @@ _COMMON: dict[str, Any] = {
     "clip_conv2": 1.0,
     "grad_keep": 0.9,
     "agg_reduction": "mean",
+    "g_view": "sample",
     "lr": 2e-4,
     "lr_c": 1e-3,
     "n_critic": 1,
@@ -91,4 +94,5 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "mode": ("strict",),
     "conv1_init": ("transfer", "random"),
     "agg_reduction": ("mean", "sum"),
+    "g_view": ("sample", "aggregate"),
 }
