@@ -581,9 +581,11 @@ def _loop(
         raise
     checkpoint()
     _write_preview(run, backend, info, config, trainer, run_config["seed"], device)
+    # A finished run spent exactly its plan (whose events may split the loop into phases).
+    spent = list(plan.events) if step == plan.steps else [_with_steps(e, step) for e in plan.events]
     ledger.complete(
         seq,
-        [_with_steps(e, step) for e in plan.events],
+        spent,
         run_id=run_config["run_id"],
         fingerprint=info.fingerprint,
     )

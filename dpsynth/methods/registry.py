@@ -11,6 +11,7 @@ _BACKENDS: dict[str, str] = {
     "pge": "dpsynth.methods.pge.method:PGEMethod",
     "dpkernel": "dpsynth.methods.dpkernel.method:DPKernelMethod",
     "psg": "dpsynth.methods.psg.method:PSGMethod",
+    "dpaf": "dpsynth.methods.dpaf.method:DPAFMethod",
 }
 
 

@@ -85,6 +85,26 @@ def loop_events(
     }
 
 
+_ACCOUNTED_KEYS = ("type", "noise_multiplier", "sampling_rate", "steps")
+
+
+def _merged_loop_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The events as the accountant composes them: annotation keys dropped, and the steps of
+    events with the same type, σ and q added up (a backend may record the phases of one loop,
+    all at the loop's σ and q, as separate annotated events)."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    for event in events:
+        if event.get("type") != "poisson_gaussian" or not isinstance(event.get("steps"), int):
+            continue
+        core = {k: event[k] for k in _ACCOUNTED_KEYS if k in event}
+        key = (core.get("noise_multiplier"), core.get("sampling_rate"))
+        if key in merged:
+            merged[key]["steps"] += core["steps"]
+        else:
+            merged[key] = core
+    return list(merged.values())
+
+
 def check_plan_parameters(
     events: Sequence[Mapping[str, Any]],
     *,
@@ -103,7 +123,8 @@ def check_plan_parameters(
     if private and not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
         raise AnchorError(f"{run_name}: the plan in config.json has no valid noise multiplier")
     expected = loop_events(private, noise_multiplier, sampling_rate, steps)
-    if not any(_same_events([expected], [event]) for event in events):
+    exact = any(_same_events([expected], [event]) for event in events)
+    if not exact and not any(_same_events([expected], [e]) for e in _merged_loop_events(events)):
         raise AnchorError(
             f"{run_name}: the plan in config.json (σ={noise_multiplier:g}, q={sampling_rate:g}, "
             f"T={steps}) does not match its mechanism events; config.json was edited"

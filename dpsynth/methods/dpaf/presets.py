@@ -1,0 +1,98 @@
+"""DPAF presets: plain data (public constants, never tuned on private data at run time).
+
+Keys:
+- `batch_size` B: the expected size of each discriminator step's Poisson batch (q = B/N);
+- `window` μ: discriminator steps per conv2* DP-SGD step (the paper's asymmetry multiplier);
+- `windows`: phase-2 windows (μ·windows discriminator steps in all);
+- `c_steps`: phase-1 DP-SGD steps on the classifier C (0 with `conv1_init=random`);
+  each takes the union of μ Poisson(q) draws, a Poisson(q_w) lot, so phase 1 and phase 2
+  have the same per-step mechanism and one noise scale σ_w is calibrated for both;
+- `noise_ratio` σ_agg/σ_conv2 (fixed, public): splits σ_w between DPAGG and conv2*;
+- `conv1_init`: `transfer` (phase 1) or `random` (N(0, 0.02), frozen, no phase 1);
+- `transfer_conv2`: also start the discriminator's conv2* from C's (DP-trained) conv2;
+- `c_label_input`: whether C sees the label branch (spec §10.1-A1; default false);
+- `clip_c`, `clip_conv2`: the per-record clipping norms u₁, u₂; `grad_keep`: top-k fraction;
+- `g_view`: the generator's loss through D on single samples (`sample`, the paper's D̂) or on
+  the clean aggregate of its fake batch (`aggregate`, what D's head was trained on);
+- `agg_reduction`: `mean` (noisy sum / B, B public) or `sum`;
+- architecture: `width`, `conv1_layers`, `conv2_layers`, `fc_hidden`, `latent_dim`, `g_width`;
+- optimisation: `lr` (Adam, β = (0.5, 0.999), every network), `lr_c`, `n_critic`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_COMMON: dict[str, Any] = {
+    "mode": "strict",
+    "conv1_init": "transfer",
+    "transfer_conv2": False,
+    "c_label_input": False,
+    "noise_ratio": 2.0,
+    "clip_c": 1.0,
+    "clip_conv2": 1.0,
+    "grad_keep": 0.9,
+    "agg_reduction": "mean",
+    "g_view": "sample",
+    "lr": 2e-4,
+    "lr_c": 1e-3,
+    "n_critic": 1,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Seconds on CPU (tests): digits 8×8, C1-C1-×, d = 8.
+    "tiny": {
+        **_COMMON,
+        "batch_size": 16,
+        "window": 2,
+        "windows": 4,
+        "c_steps": 2,
+        "width": 8,
+        "conv1_layers": 1,
+        "conv2_layers": 1,
+        "fc_hidden": 16,
+        "latent_dim": 16,
+        "g_width": 8,
+        "lr": 1e-3,
+    },
+    # digits on 2 CPU cores in minutes: C1-C1-× (8×8 → 32@4×4 → 64@4×4, Δ = 32).
+    "small": {
+        **_COMMON,
+        "batch_size": 32,
+        "window": 4,
+        "windows": 600,
+        "c_steps": 100,
+        "transfer_conv2": True,
+        "width": 32,
+        "conv1_layers": 1,
+        "conv2_layers": 1,
+        "fc_hidden": 128,
+        "latent_dim": 32,
+        "g_width": 32,
+        "lr": 1e-3,
+    },
+    # The paper's MNIST architecture (C2-C1-×, spec §2.8: 64@14² → 128@7² → 256@4², Δ = 64,
+    # FC 4096 → 512 → 1; G [z→128 ‖ y→128]@4² → … → 1@28²), B = 24, μ = 8, n_critic = 3,
+    # on one GPU. The number of windows is ours (the paper gives no iteration count).
+    "paper": {
+        **_COMMON,
+        "batch_size": 24,
+        "window": 8,
+        "windows": 4000,
+        "c_steps": 300,
+        "width": 64,
+        "conv1_layers": 2,
+        "conv2_layers": 1,
+        "fc_hidden": 512,
+        "latent_dim": 100,
+        "g_width": 32,
+        "n_critic": 3,
+    },
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "mode": ("strict",),
+    "conv1_init": ("transfer", "random"),
+    "agg_reduction": ("mean", "sum"),
+    "g_view": ("sample", "aggregate"),
+}
