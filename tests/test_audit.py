@@ -7,17 +7,20 @@ import json
 import math
 
 import pytest
+import torch
 from scipy.stats import binom
 from typer.testing import CliRunner
 
 import dpsynth.privacy.dpsgd as dpsgd
 from dpsynth.audit import run as audit_run
 from dpsynth.audit.bound import epsilon_lower_bound, p_value
+from dpsynth.audit.functional import canary_block
 from dpsynth.audit.whitebox import mechanism_steps
 from dpsynth.cli import app
 from dpsynth.errors import UsageError
 from dpsynth.methods.registry import get_method, method_names
 from dpsynth.privacy.accounting import plan_poisson_gaussian, poisson_gaussian_event
+from dpsynth.privacy.functional import derivative_kernel_covariance
 from dpsynth.privacy.plan import PrivacyTarget
 
 runner = CliRunner()
@@ -99,7 +102,7 @@ def test_sound_pge_tiny_passes():
     assert code == 0
     assert out["verdict"] == "pass"
     assert 0.0 <= out["lower_bound"] <= out["claimed_epsilon"] <= 1.0
-    assert out["mode"] == "white-box" and out["broken"] is None
+    assert out["mode"] == "white-box (dpsgd)" and out["broken"] is None
     assert out["canaries"] == 3000 and 0 < out["guesses"] <= 3000
     assert "no user data is read" in out["note"]
 
@@ -175,3 +178,23 @@ def test_target_must_be_private():
     result = runner.invoke(app, ["audit", "--method", "pge", "--epsilon", "inf"])
     assert result.exit_code == 2
     assert "nothing to audit" in result.output
+
+
+def test_dpkernel_is_audited_through_its_functional_mechanism():
+    """DP-Kernel's released gradient field with σ/4 inside the audit is caught (the sound run
+    passes in the registry test above)."""
+    broken = audit_run.run_audit("dpkernel", "tiny", 1.0, canaries=3000, seed=0, break_mode="noise")
+    assert broken.mode == "white-box (functional)"
+    assert broken.lower_bound > broken.claimed_epsilon
+
+
+def test_the_functional_audit_sees_most_of_the_sensitivity():
+    """The canary's field, whitened by the derivative-GP covariance, carries most of the RKHS
+    norm √n_L a record can have (so the audit is not weak by construction), and never more."""
+    bandwidths = (4.0, 8.0, 16.0)
+    points, field, whitened = canary_block(bandwidths)
+    strength = float(field @ whitened)
+    assert 0.7 * len(bandwidths) < strength <= len(bandwidths)
+    assert torch.allclose(
+        derivative_kernel_covariance(points, None, bandwidths) @ whitened, field, atol=1e-10
+    )

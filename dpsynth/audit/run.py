@@ -3,6 +3,9 @@
 The plan comes from the backend itself (`Method.config` for a preset, then `Method.plan` at the
 requested ε on a built-in data set's public description: its size, shape and classes, never
 its pixels), so a new backend is audited through its plan's events without any change here.
+A backend whose privacy step is not DP-SGD names its mechanism in a class attribute
+`audit_mechanism` ("functional" for DP-Kernel's Gaussian-process release); without one it is
+audited as DP-SGD ("dpsgd").
 Nothing reads a user's data or ledger: the canaries are synthetic and no spend is recorded.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dpsynth.audit.functional import audit_field
 from dpsynth.audit.whitebox import CANARY_NORM_FACTOR, audit_events
 from dpsynth.data.builtin import BUILTINS
 from dpsynth.data.images import DataInfo
@@ -110,16 +114,39 @@ def run_audit(
     break_mode: str | None = None,
 ) -> AuditResult:
     """Audit `method_name`'s mechanism as planned for `preset` at ε (one white-box run)."""
+    method = get_method(method_name)
+    mechanism = getattr(method, "audit_mechanism", "dpsgd")
     plan = plan_for(method_name, preset, epsilon, data)
-    outcome = audit_events(
-        plan.events,
-        plan.max_grad_norm,
-        plan.delta,
-        canaries,
-        confidence,
-        seed=seed,
-        break_mode=break_mode,
-    )
+    if mechanism == "dpsgd":
+        outcome = audit_events(
+            plan.events,
+            plan.max_grad_norm,
+            plan.delta,
+            canaries,
+            confidence,
+            seed=seed,
+            break_mode=break_mode,
+        )
+        canary_norm = CANARY_NORM_FACTOR * plan.max_grad_norm
+    elif mechanism == "functional":
+        config = method.config(preset, {}, public_info(data))
+        outcome = audit_field(
+            plan.events,
+            plan.max_grad_norm,
+            plan.expected_batch_size,
+            tuple(float(b) for b in config["bandwidths"]),
+            plan.delta,
+            canaries,
+            confidence,
+            seed=seed,
+            break_mode=break_mode,
+            jitter=float(config.get("jitter", 1e-8)),
+        )
+        canary_norm = plan.max_grad_norm
+    else:
+        raise UsageError(
+            f"--method {method_name}: no white-box audit for its {mechanism!r} mechanism yet"
+        )
     return AuditResult(
         method=method_name,
         preset=preset,
@@ -134,9 +161,9 @@ def run_audit(
         guesses_out=outcome.guesses_out,
         correct=outcome.correct,
         confidence=confidence,
-        mode=MODE,
+        mode=f"{MODE} ({mechanism})",
         broken=break_mode,
         events=tuple(dict(e) for e in plan.events),
         max_grad_norm=plan.max_grad_norm,
-        canary_norm=CANARY_NORM_FACTOR * plan.max_grad_norm,
+        canary_norm=canary_norm,
     )
