@@ -130,8 +130,9 @@ def canary_scores(
     scores = torch.zeros(m, dtype=torch.float64)
     peak = torch.full((m,), -math.inf, dtype=torch.float64)
     for step in steps:
-        gradient = _private_gradient(model, step.noise_multiplier, clip, canary_norm, break_mode)
-        gradient.generator = generator
+        gradient = _private_gradient(
+            model, step.noise_multiplier, clip, canary_norm, generator, break_mode
+        )
         sampler = PoissonSampler(int(members.numel()), step.sampling_rate, generator)
         # What the nominal mechanism would show: +C on an included canary's coordinate, noise
         # of std σC on every coordinate; the score is the mixture's log-likelihood ratio.
@@ -148,9 +149,18 @@ def canary_scores(
 
 
 def _private_gradient(
-    model: nn.Module, sigma: float, clip: float, canary_norm: float, break_mode: str | None
+    model: nn.Module,
+    sigma: float,
+    clip: float,
+    canary_norm: float,
+    generator: torch.Generator,
+    break_mode: str | None,
 ) -> PrivateGradient:
-    """The privacy layer's DP-SGD gradient, or its test-only broken variant."""
+    """The privacy layer's DP-SGD gradient, or its test-only broken variant.
+
+    The expected batch size is 1: dividing the noisy sum by the public qN is post-processing,
+    so the audit reads the sum itself.
+    """
     if break_mode == "noise":
         sigma = sigma / _NOISE_BREAK_DIVISOR
     if break_mode == "clip":
@@ -162,7 +172,7 @@ def _private_gradient(
             noise_multiplier=sigma * clip / loose,
             max_grad_norm=loose,
             expected_batch_size=1.0,
-            generator=torch.Generator(),
+            generator=generator,
         )
     return PrivateGradient(
         model,
