@@ -198,3 +198,9 @@ def test_the_functional_audit_sees_most_of_the_sensitivity():
     assert torch.allclose(
         derivative_kernel_covariance(points, None, bandwidths) @ whitened, field, atol=1e-10
     )
+
+
+def test_break_is_hidden_and_audit_is_listed():
+    help_text = runner.invoke(app, ["audit", "--help"]).output
+    assert "--break" not in help_text and "--canaries" in help_text
+    assert "audit" in runner.invoke(app, ["--help"]).output
