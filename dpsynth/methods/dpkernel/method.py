@@ -471,6 +471,8 @@ class DPKernelMethod(Method):
 
     name = "dpkernel"
     presets = PRESETS
+    # `dpsynth audit` runs the functional mechanism (privacy/functional.py), not DP-SGD.
+    audit_mechanism = "functional"
     description = (
         "DP-Kernel (functional Gaussian mechanism on the kernel mean embedding), sound variant: "
         "releases the derivative-GP-noised gradient field at generated points"
