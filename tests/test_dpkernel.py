@@ -21,6 +21,7 @@ from dpsynth.methods.dpkernel.method import (
     VectorGenerator,
     private_embedding_gradient,
 )
+from dpsynth.privacy.functional import functional_sensitivity
 from dpsynth.privacy.randomness import PrivateRandomness
 
 DIGITS_INFO = DataInfo(
@@ -334,3 +335,18 @@ def test_end_to_end_train_resume_and_sample(tmp_path):
     assert len(list(out.rglob("*.png"))) == 25
     assert len((out / "labels.csv").read_text().strip().splitlines()) == 26
     assert (out / "manifest.json").exists()
+
+
+def test_every_preset_states_its_kernels_sensitivity_and_small_eps1_uses_one_kernel():
+    method = DPKernelMethod()
+    for name, preset in method.presets.items():
+        config = method.config(name, {}, DIGITS_INFO)
+        expected = functional_sensitivity(len(preset["bandwidths"]), preset["sensitivity"])
+        assert preset["max_grad_norm"] == pytest.approx(expected), name
+        assert config["max_grad_norm"] == pytest.approx(expected), name
+    small_eps1 = method.config("small-eps1", {}, DIGITS_INFO)
+    assert small_eps1["bandwidths"] == [6.0]
+    assert small_eps1["max_grad_norm"] == pytest.approx(math.sqrt(2))
+    small = method.config("small", {}, DIGITS_INFO)
+    unchanged = ("batch_size", "generated_points", "steps", "width", "lr", "ema")
+    assert {k: small_eps1[k] for k in unchanged} == {k: small[k] for k in unchanged}
