@@ -581,22 +581,15 @@ def _loop(
         raise
     checkpoint()
     _write_preview(run, backend, info, config, trainer, run_config["seed"], device)
-    # A finished run spent exactly its plan (whose events may split the loop into phases).
-    spent = list(plan.events) if step == plan.steps else [_with_steps(e, step) for e in plan.events]
+    # The loop ends only after all plan.steps steps: the run spent exactly its plan (whose
+    # events may split the loop into phases, as DPAF's do).
     ledger.complete(
         seq,
-        spent,
+        list(plan.events),
         run_id=run_config["run_id"],
         fingerprint=info.fingerprint,
     )
     return {**_summary(run, run_config, ledger, plan, step), "warnings": warnings}
-
-
-def _with_steps(event: Mapping[str, Any], steps: int) -> dict[str, Any]:
-    out = dict(event)
-    if "steps" in out:
-        out["steps"] = steps
-    return out
 
 
 def _json_eps(value: float) -> float | str:

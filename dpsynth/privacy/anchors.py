@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpsynth.errors import DataError, UsageError
-from dpsynth.privacy.ledger import Ledger, canonical_json, json_safe
+from dpsynth.privacy.ledger import Ledger
+from dpsynth.privacy.ledger_file import canonical_json, json_safe
 
 
 class AnchorError(UsageError):
