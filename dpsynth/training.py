@@ -686,7 +686,10 @@ def _loop(
         run_id=run_config["run_id"],
         fingerprint=info.fingerprint,
     )
-    return {**_summary(run, run_config, ledger, plan, step), "warnings": warnings}
+    summary = {**_summary(run, run_config, ledger, plan, step), "warnings": warnings}
+    if run_config.get("schema_release"):
+        summary["schema_release"] = run_config["schema_release"]
+    return summary
 
 
 def _json_eps(value: float) -> float | str:

@@ -237,9 +237,10 @@ class TableCodec:
         return pd.DataFrame(data, columns=[c.name for c in self.schema.columns])
 
     def csv_text(self, frame: pd.DataFrame, header: bool) -> str:
-        """The frame as CSV text (header on request); floats in full precision."""
+        """The frame as CSV text (header on request); floats to 7 significant digits (the
+        float32 precision of the encoding: more digits would be noise)."""
         buffer = io.StringIO()
-        frame.to_csv(buffer, index=False, header=header, lineterminator="\n")
+        frame.to_csv(buffer, index=False, header=header, lineterminator="\n", float_format="%.7g")
         return buffer.getvalue()
 
 

@@ -137,14 +137,19 @@ PRESETS: dict[str, dict[str, Any]] = {
 # a tanh per number (`methods.blocks.TableHead`). Bandwidths are fixed a priori for the
 # encoding's scale, never fitted to the data: two rows differing in c categorical columns are
 # at squared distance 2c plus up to 4 per numeric column, about 10–40 for tables of 20–40
-# columns, so ℓ = 4 and 8 sit at the typical distance. Tuned on the public german-credit set.
+# columns; ℓ = 2 (below the typical distance, so that rows stay apart) did best of 2, 4, 8
+# and (2, 8) on the public german-credit set at ε = 10 (bench/tables.py).
+# Few generated points: a table usually has two classes, and the derivative-GP noise of m
+# points sharing a label costs one Cholesky of size m·min(d, m − 1) per step (about m²), so
+# m = 16 per class keeps a step in milliseconds where the image presets' M = 128 over two
+# classes would take seconds.
 TABLE_PRESETS: dict[str, dict[str, Any]] = {
     # Seconds on CPU (tests, the demo).
     "tiny": {
         "batch_size": 64,
-        "generated_points": 64,
-        "steps": 200,
-        "bandwidths": (4.0,),
+        "generated_points": 32,
+        "steps": 300,
+        "bandwidths": (2.0,),
         "sensitivity": "paper",
         "max_grad_norm": functional_sensitivity(1, "paper"),
         "arch": "table",
@@ -160,9 +165,9 @@ TABLE_PRESETS: dict[str, dict[str, Any]] = {
     # A minute or two on CPU for tables of up to a few hundred thousand rows.
     "small": {
         "batch_size": 256,
-        "generated_points": 128,
-        "steps": 1000,
-        "bandwidths": (4.0,),
+        "generated_points": 32,
+        "steps": 2000,
+        "bandwidths": (2.0,),
         "sensitivity": "paper",
         "max_grad_norm": functional_sensitivity(1, "paper"),
         "arch": "table",
