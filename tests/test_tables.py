@@ -172,9 +172,9 @@ def test_train_refuses_unreviewed_schema_and_accepts_schema_public(tmp_path: Pat
     refused = _train(tmp_path, "--schema", str(schema), data=f"csv:{path}")
     assert refused.exit_code == 2
     assert "read off the data" in refused.output and "--schema-public" in refused.output
-    assert not (tmp_path / "ledger.jsonl").exists() or not Ledger(
-        tmp_path / "ledger.jsonl"
-    ).entries()
+    assert (
+        not (tmp_path / "ledger.jsonl").exists() or not Ledger(tmp_path / "ledger.jsonl").entries()
+    )
     missing = _train(tmp_path, data=f"csv:{path}")
     assert missing.exit_code == 2 and "--schema" in missing.output
     accepted = _train(tmp_path, "--schema", str(schema), "--schema-public", data=f"csv:{path}")
@@ -359,8 +359,10 @@ def test_german_credit_split_is_stratified_80_20_random_state_0() -> None:
         np.arange(full.n), test_size=0.2, random_state=0, stratify=target
     )
     raw_test = read_table("german-credit:test")[0]
+    raw_train = read_table("german-credit")[0]
     for name in full.header:
         assert raw_test.column(name).tolist() == full.column(name)[index_test].tolist()
+        assert raw_train.column(name).tolist() == full.column(name)[index_train].tolist()
     assert Counter(test.y.tolist()) == {0: 140, 1: 60}
     assert Counter(train.y.tolist()) == {0: 560, 1: 240}
     assert train.fingerprint != test.fingerprint
