@@ -367,3 +367,82 @@ def test_german_credit_split_is_stratified_80_20_random_state_0() -> None:
     assert Counter(train.y.tolist()) == {0: 560, 1: 240}
     assert train.fingerprint != test.fingerprint
     assert (TABLES_DIR / "README.md").read_text().count("CC BY 4.0") == 1
+
+
+def test_table_run_resumes_to_the_same_weights(tmp_path: Path) -> None:
+    from dpsynth.training import train_run
+
+    common = dict(
+        method="dpkernel", data="german-credit", epsilon=2, preset="tiny", device="cpu",
+        overrides={"steps": "12"}, privacy_seed=7,
+    )  # fmt: skip
+    train_run(out=tmp_path / "whole", ledger_path=tmp_path / "a.jsonl", **common)
+    part = train_run(
+        out=tmp_path / "part", ledger_path=tmp_path / "b.jsonl", stop_after_steps=5, **common
+    )
+    assert part["interrupted"] and part["steps"] == 5
+    done = train_run(out=tmp_path / "part", ledger_path=tmp_path / "b.jsonl", resume=True,
+                     method=None, data=None, epsilon=None)  # fmt: skip
+    assert done["steps"] == 12 and done["ledger_status"] == "completed"
+    from safetensors.torch import load_file
+
+    whole = load_file(tmp_path / "whole" / "checkpoint.safetensors")
+    resumed = load_file(tmp_path / "part" / "checkpoint.safetensors")
+    for key in whole:
+        if key.startswith("trainer/generator."):
+            assert torch.equal(whole[key], resumed[key]), key
+
+
+def test_table_flags_are_checked_before_anything_is_spent(tmp_path: Path) -> None:
+    on_images = _train(tmp_path, "--schema-public", data="digits")
+    assert on_images.exit_code == 2 and "are for tables" in on_images.output
+    both = _train(tmp_path, "--schema-public", "--schema-epsilon", "1")
+    assert both.exit_code == 2 and "exclude each other" in both.output
+    nothing = _train(tmp_path, "--schema-epsilon", "1")  # the bundled schema is public already
+    assert nothing.exit_code == 2 and "no entry read off the data" in nothing.output
+    no_schema = runner.invoke(app, ["data", "inspect", f"csv:{TABLES_DIR / 'german_credit.csv'}"])
+    assert no_schema.exit_code == 2 and "--schema" in no_schema.output
+    assert (
+        not (tmp_path / "ledger.jsonl").exists() or not Ledger(tmp_path / "ledger.jsonl").entries()
+    )
+
+
+CENSUS_TEST = (
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "census_income_kdd_test.csv.gz"
+)
+
+
+@pytest.mark.skipif(not CENSUS_TEST.is_file(), reason=f"{CENSUS_TEST} is absent (not bundled)")
+def test_census_rows_with_blanks_and_missing_tokens_round_trip(tmp_path: Path) -> None:
+    import gzip
+
+    with gzip.open(CENSUS_TEST, "rt") as handle:
+        lines = [next(handle) for _ in range(1501)]
+    path = tmp_path / "census.csv"
+    path.write_text("".join(lines))
+    drafted = json.loads(runner.invoke(app, ["data", "schema", f"csv:{path}"]).stdout)
+    for column in drafted["columns"]:
+        column.pop("source")
+        if column["name"] == "instance_weight":
+            column.update(type="ignored")
+            for key in ("min", "max", "categories"):
+                column.pop(key, None)
+    schema_path = tmp_path / "census.schema.json"
+    schema_path.write_text(json.dumps(drafted))
+    schema = parse_schema(drafted)
+    assert schema.target == "income" and schema.classes == ("- 50000.", "50000+.")
+    assert (
+        "?"
+        in next(c for c in schema.columns if c.name == "migration_prev_res_in_sunbelt").categories
+    )
+    trained = _train(tmp_path, "--schema", str(schema_path), data=f"csv:{path}")
+    assert trained.exit_code == 0, trained.output
+    out = tmp_path / "synth.csv"
+    ledger = str(tmp_path / "ledger.jsonl")
+    args = ["sample", str(tmp_path / "run"), "--n", "100", "--out", str(out), "--ledger", ledger]
+    sampled = runner.invoke(app, [*args, "--device", "cpu"])
+    assert sampled.exit_code == 0, sampled.output
+    frame = pd.read_csv(out, dtype=str, keep_default_na=False)
+    assert list(frame.columns) == [c.name for c in schema.columns]
+    assert (frame["instance_weight"] == "").all()
+    assert set(frame["income"]) <= {"- 50000.", "50000+."}
