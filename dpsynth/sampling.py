@@ -108,7 +108,39 @@ def run_privacy(run_dir: Path | str, ledger_path: Path | str | None = None) -> d
         run_name=name,
         run_config=run_config,
     )
-    return {**privacy_statement(spend), "ledger": str(path.resolve())}
+    statement = privacy_statement(spend)
+    release = run_config.get("schema_release")
+    if isinstance(release, dict) and statement["private"]:
+        statement = _with_schema_release(statement, Ledger(path), release, run_id, name)
+    return {**statement, "ledger": str(path.resolve())}
+
+
+def _with_schema_release(
+    statement: dict[str, Any], ledger: Ledger, release: dict[str, Any], run_id: str, name: str
+) -> dict[str, Any]:
+    """The statement of a table run whose schema was released with DP before training: the
+    outputs carry the released schema too, so their ε composes both spends (read from the
+    ledger, which must hold the release under this run's id)."""
+    from dpsynth.privacy.accounting import compose_epsilon
+
+    try:
+        spend = ledger.spend(int(release["ledger_seq"]))
+    except (KeyError, TypeError, ValueError, UsageError):
+        spend = {}
+    if spend.get("run_id") != run_id or spend.get("command") != "schema-release":
+        raise DataError(f"{name}: the ledger holds no schema release of this run (was it cut?)")
+    training = ledger.spend(int(statement["ledger_seq"]))
+    delta = float(statement["delta"])
+    bound = compose_epsilon([*spend["events"], *training["events"]], delta)
+    return {
+        **statement,
+        "epsilon": bound.epsilon,
+        "schema_release_seq": int(spend["seq"]),
+        "statement": (
+            f"(ε ≤ {bound.epsilon:.4g}, δ = {delta:g})-DP, {bound.accountant} (training and the "
+            f"schema release, seq {spend['seq']}, composed)"
+        ),
+    }
 
 
 def label_counts(labels: str, n: int, num_classes: int) -> list[int]:

@@ -226,6 +226,16 @@ def test_schema_epsilon_release_is_in_the_ledger_and_composes(tmp_path: Path) ->
     released = [c for c in columns if c["name"] != "credit_risk"]
     assert all(c["source"].startswith("released with DP") for c in released)
     assert all(c["categories"][-1] == "(other)" for c in released if c["type"] == "categorical")
+    # the sample's statement composes the schema release with the training spend
+    out = tmp_path / "s.csv"
+    ledger = str(tmp_path / "ledger.jsonl")
+    sampled = runner.invoke(
+        app, ["sample", str(tmp_path / "run"), "--n", "20", "--out", str(out), "--ledger", ledger]
+    )
+    assert sampled.exit_code == 0, sampled.output
+    manifest = json.loads((tmp_path / "s.csv.manifest.json").read_text())
+    assert manifest["privacy_source"]["epsilon"] == pytest.approx(total, rel=1e-6)
+    assert "schema release" in manifest["privacy"]
     # a too small total refuses before anything is spent
     before = len(Ledger(tmp_path / "ledger.jsonl").entries())
     again = _train(tmp_path, "--schema", str(schema_path), "--schema-epsilon", "3",

@@ -19,8 +19,12 @@ from torch import nn
 class TableHead(nn.Module):
     """Raw outputs [b, D] → encoded rows: softmax per categorical block, tanh per number."""
 
-    def __init__(self, layout: Sequence[tuple[str, int]]) -> None:
+    def __init__(self, layout: Sequence[tuple[str, int]], hard: bool = False) -> None:
         super().__init__()
+        # hard: each categorical block is the one-hot of its argmax in the forward pass, with the
+        # softmax's gradient in the backward pass (straight-through), so generated rows are
+        # single categories like the data's, not averages of them.
+        self.hard = bool(hard)
         self.layout = tuple((str(kind), int(size)) for kind, size in layout)
         self.dim = sum(size for _, size in self.layout)
         numeric = torch.zeros(self.dim, dtype=torch.bool)
@@ -38,6 +42,13 @@ class TableHead(nn.Module):
         parts, start = [], 0
         for kind, size in self.layout:
             chunk = raw[:, start : start + size]
-            parts.append(torch.tanh(chunk) if kind == "tanh" else torch.softmax(chunk, dim=1))
+            if kind == "tanh":
+                parts.append(torch.tanh(chunk))
+                continue
+            soft = torch.softmax(chunk, dim=1)
+            if self.hard:
+                hard = torch.nn.functional.one_hot(soft.argmax(1), size).to(soft.dtype)
+                soft = hard - soft.detach() + soft
+            parts.append(soft)
             start += size
         return torch.cat(parts, dim=1)

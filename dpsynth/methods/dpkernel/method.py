@@ -153,6 +153,7 @@ TABLE_PRESETS: dict[str, dict[str, Any]] = {
         "sensitivity": "paper",
         "max_grad_norm": functional_sensitivity(1, "paper"),
         "arch": "table",
+        "head": "soft",
         "width": 64,
         "latent_dim": 16,
         "norm": "none",
@@ -171,6 +172,7 @@ TABLE_PRESETS: dict[str, dict[str, Any]] = {
         "sensitivity": "paper",
         "max_grad_norm": functional_sensitivity(1, "paper"),
         "arch": "table",
+        "head": "soft",
         "width": 128,
         "latent_dim": 16,
         "norm": "none",
@@ -266,6 +268,7 @@ class VectorGenerator(nn.Module):
         arch: str = "conv",
         norm: str = "batch",
         layout: Sequence[tuple[str, int]] = (),
+        hard_head: bool = False,
     ) -> None:
         super().__init__()
         self.shape = tuple(int(s) for s in shape)
@@ -288,7 +291,7 @@ class VectorGenerator(nn.Module):
                 nn.Linear(width, width),
                 nn.ReLU(),
                 nn.Linear(width, self.dim),
-                TableHead(layout),
+                TableHead(layout, hard=hard_head),
             )
         elif arch == "mlp":
             self.embed = None
@@ -366,6 +369,7 @@ def _build_network(info: DataInfo, config: Mapping[str, Any]) -> VectorGenerator
         arch=str(config["arch"]),
         norm=str(config["norm"]),
         layout=layout,
+        hard_head=config.get("head", "soft") == "hard",
     )
 
 
@@ -621,10 +625,11 @@ class DPKernelMethod(Method):
         choices = {
             "arch": ("conv", "mlp", "table"),
             "norm": ("batch", "group", "none"),
+            "head": ("soft", "hard"),
             "optimizer": ("rmsprop", "adam"),
         }
         for key, allowed in choices.items():
-            if config[key] not in allowed:
+            if key in config and config[key] not in allowed:
                 raise UsageError(f"--set {key}={config[key]!r}: choose from {', '.join(allowed)}")
 
     def plan(
