@@ -456,3 +456,39 @@ def test_census_rows_with_blanks_and_missing_tokens_round_trip(tmp_path: Path) -
     assert list(frame.columns) == [c.name for c in schema.columns]
     assert (frame["instance_weight"] == "").all()
     assert set(frame["income"]) <= {"- 50000.", "50000+."}
+
+
+def test_target_weights_set_the_generated_label_proportions() -> None:
+    from dpsynth.methods.dpkernel.method import DPKernelMethod, weighted_labels
+    from dpsynth.privacy.plan import PrivacyTarget
+
+    labels = weighted_labels(32, (0.94, 0.06))
+    assert labels.tolist() == [0] * 29 + [1] * 3  # one each, then 30 by largest remainder
+    assert Counter(weighted_labels(10, (0.5, 0.3, 0.2)).tolist()) == {0: 5, 1: 3, 2: 2}
+    assert Counter(weighted_labels(3, (0.98, 0.01, 0.01)).tolist()) == {0: 1, 1: 1, 2: 1}
+    obj = small_schema()
+    obj["columns"][-1]["weights"] = [3, 1]
+    schema = parse_schema(obj)
+    assert schema.target_column.weights == (0.75, 0.25)
+    assert parse_schema(schema.to_json()).target_column.weights == (0.75, 0.25)
+    with pytest.raises(UsageError, match="one positive number per category"):
+        parse_schema(small_schema(columns=[*obj["columns"][:-1], {**obj["columns"][-1],
+                                                                   "weights": [1]}]))  # fmt: skip
+    raw = read_csv_table(TABLES_DIR / "german_credit.csv")
+    bundled = read_table("german-credit")[2].to_json()
+    bundled["columns"][-1]["weights"] = [0.7, 0.3]
+    info = encode_table(raw, parse_schema(bundled), "g", "csv").info()
+    method = DPKernelMethod()
+    config = method.config("tiny", {"steps": "1"}, info)
+    plan = method.plan(info, PrivacyTarget(5.0, 1e-5), config)
+    trainer = method.trainer(info, config, plan, torch.device("cpu"), 0)
+    seen = []
+    original = trainer.net.forward
+
+    def spy(z, onehot):
+        seen.append(onehot.argmax(1))
+        return original(z, onehot)
+
+    trainer.net.forward = spy  # type: ignore[method-assign]
+    trainer.step(torch.zeros(0, info.shape[0]), torch.zeros(0, dtype=torch.int64))
+    assert Counter(seen[0].tolist()) == {0: 22, 1: 10}

@@ -13,7 +13,9 @@ Types: `numeric` (float, public `min` ≤ `max`), `integer` (the same, written a
 `categorical` (public `categories`, strings as they appear in the file after stripping blanks;
 an optional `other`, one of the categories, absorbs values not in the list) and `ignored`
 (not read; its column is written empty). The `target` must be categorical: its categories are
-the public label set (`classes`).
+the public label set (`classes`); it may carry `weights`, public class proportions (e.g. from
+published statistics; normalised to sum 1, never drafted from the data), which a backend may
+use to generate labels in those proportions.
 
 Every bound or category list read off the private data carries `"source":
 "data (not private: review or replace)"` (`draft_schema` writes it). Such a column is not
@@ -51,6 +53,8 @@ class Column:
     categories: tuple[str, ...] = ()
     other: str | None = None
     source: str | None = None
+    # The target only: public class proportions (e.g. published statistics), never drafted.
+    weights: tuple[float, ...] | None = None
 
     @property
     def data_derived(self) -> bool:
@@ -71,6 +75,8 @@ class Column:
             out["categories"] = list(self.categories)
             if self.other is not None:
                 out["other"] = self.other
+            if self.weights is not None:
+                out["weights"] = list(self.weights)
         if self.source is not None:
             out["source"] = self.source
         return out
@@ -171,7 +177,23 @@ def parse_column(obj: Any, index: int) -> Column:
         other = obj.get("other")
         if other is not None and other not in categories:
             raise UsageError(f"{where}: 'other' ({other!r}) must be one of its categories")
-        return Column(name, kind, categories=tuple(categories), other=other, source=source)
+        weights = obj.get("weights")
+        if weights is not None:
+            if (
+                not isinstance(weights, list)
+                or len(weights) != len(categories)
+                or not all(
+                    isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0
+                    for w in weights
+                )
+                or not all(math.isfinite(w) for w in weights)
+            ):
+                raise UsageError(f"{where}: 'weights' must be one positive number per category")
+            total = float(sum(weights))
+            weights = tuple(float(w) / total for w in weights)
+        return Column(
+            name, kind, categories=tuple(categories), other=other, source=source, weights=weights
+        )
     return Column(name, "ignored", source=source)
 
 
@@ -196,6 +218,8 @@ def parse_schema(obj: Any, where: str = "schema") -> Schema:
         raise UsageError(f"{where}: the target {target!r} must be categorical (the label set)")
     if len(schema.classes) < 2:
         raise UsageError(f"{where}: the target {target!r} needs at least two categories")
+    if any(c.weights is not None for c in schema.columns if c.name != schema.target):
+        raise UsageError(f"{where}: only the target may carry 'weights' (class proportions)")
     if not schema.features:
         raise UsageError(f"{where}: no column besides the target is used")
     return schema

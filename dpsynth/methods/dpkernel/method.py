@@ -235,6 +235,25 @@ def generated_kernel_mean(
     return kernel.mean()
 
 
+def weighted_labels(count: int, weights: Sequence[float]) -> torch.Tensor:
+    """`count` labels in public proportions `weights` (each class at least once), by class.
+
+    Largest-remainder rounding; used for a table whose target declares public `weights`, so
+    that the conditional MMD compares generated and data classes of the same mass (balanced
+    labels against a 6% class push that class's generated rows apart).
+    """
+    k = len(weights)
+    spare = count - k
+    if spare < 0:
+        raise UsageError(f"generated_points must be at least the number of classes ({k})")
+    exact = [spare * float(w) for w in weights]
+    counts = [1 + math.floor(e) for e in exact]
+    order = sorted(range(k), key=lambda c: exact[c] - math.floor(exact[c]), reverse=True)
+    for c in order[: count - sum(counts)]:
+        counts[c] += 1
+    return torch.repeat_interleave(torch.arange(k), torch.tensor(counts))
+
+
 def balanced_labels(count: int, num_classes: int, offset: int) -> torch.Tensor:
     """`count` labels cycling through the classes from `offset` (public, data-independent)."""
     return (torch.arange(count) + offset) % num_classes
@@ -373,6 +392,14 @@ def _build_network(info: DataInfo, config: Mapping[str, Any]) -> VectorGenerator
     )
 
 
+def _target_weights(info: DataInfo) -> tuple[float, ...] | None:
+    if info.modality != "table" or not info.schema:
+        return None
+    target = next(c for c in info.schema["columns"] if c["name"] == info.schema["target"])
+    weights = target.get("weights")
+    return tuple(float(w) for w in weights) if weights else None
+
+
 def _onehot(labels: torch.Tensor, num_classes: int) -> torch.Tensor | None:
     return F.one_hot(labels, num_classes).float() if num_classes else None
 
@@ -448,6 +475,8 @@ class DPKernelTrainer(Trainer):
         self.bandwidths = tuple(float(b) for b in config["bandwidths"])
         self.num_generated = int(config["generated_points"])
         self.num_classes = self.net.num_classes
+        # A table's target may declare public class proportions (schema `weights`).
+        self.label_weights = _target_weights(info)
         # The public normaliser B = qN; the realised batch size is never used.
         self.normalizer = float(plan.expected_batch_size)
         self.steps_done = 0
@@ -460,11 +489,12 @@ class DPKernelTrainer(Trainer):
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One update from a Poisson batch; the batch is only forwarded to the private read."""
         self.net.train()
-        labels = (
-            balanced_labels(self.num_generated, self.num_classes, self.steps_done)
-            if self.num_classes
-            else None
-        )
+        if not self.num_classes:
+            labels = None
+        elif self.label_weights is not None:
+            labels = weighted_labels(self.num_generated, self.label_weights)
+        else:
+            labels = balanced_labels(self.num_generated, self.num_classes, self.steps_done)
         z = torch.randn(
             self.num_generated, self.net.latent_dim, generator=self.rng, device=self.rng.device
         )
@@ -617,6 +647,12 @@ class DPKernelMethod(Method):
     def validate_config(self, config: Mapping[str, Any], info: DataInfo) -> None:
         """The shared checks plus DP-Kernel's choices (before any budget is reserved)."""
         super().validate_config(config, info)
+        weights = _target_weights(info)
+        if weights is not None and int(config["generated_points"]) < len(weights):
+            raise UsageError(
+                f"--set generated_points: at least one per class ({len(weights)}) with the "
+                "target's weights"
+            )
         if (info.modality == "table") != (config["arch"] == "table"):
             raise UsageError(
                 "--set arch: tables need arch=table, images conv or mlp "
