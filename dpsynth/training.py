@@ -299,7 +299,7 @@ def _train(
             return message["finished"]
         return _loop(_join(message["start"], device), progress=None, **loop_args)
     try:
-        session = _start(request, device)
+        session = _start(request, device, launch)
     except BaseException as exc:
         if launch is not None:  # the other ranks wait for the start message: end them too
             code = 130 if isinstance(exc, KeyboardInterrupt) else getattr(exc, "exit_code", 1)
@@ -310,7 +310,6 @@ def _train(
             broadcast({"finished": session}, device)
         return session
     if launch is not None:
-        session.run_config = {**session.run_config, "launch": {"world_size": launch.world_size}}
         broadcast({"start": session.start_message()}, device)
     return _loop(session, progress=progress, **loop_args)
 
@@ -366,7 +365,9 @@ def _join(start: Mapping[str, Any], device: torch.device) -> _Session:
     )
 
 
-def _start(request: TrainRequest, torch_device: torch.device) -> _Session | dict[str, Any]:
+def _start(
+    request: TrainRequest, torch_device: torch.device, launch: Launch | None
+) -> _Session | dict[str, Any]:
     """Plan, reserve and write a new run, or check and load a run to resume (rank 0)."""
     out, ledger_path, preset, seed = request.out, request.ledger_path, request.preset, request.seed
     log_private_loss, privacy_seed = request.log_private_loss, request.privacy_seed
@@ -462,6 +463,8 @@ def _start(request: TrainRequest, torch_device: torch.device) -> _Session | dict
         "versions": _package_versions(),
         "warnings": warnings,
     }
+    if launch is not None:  # informational: the mechanism is the same for any world size
+        run_config["launch"] = {"world_size": launch.world_size}
     try:
         run.write_config(run_config)
         # On disk before the first record is read, so that a crash can still be resumed.
