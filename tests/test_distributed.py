@@ -147,28 +147,12 @@ def _comparable(entry: dict) -> dict:
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed beside python")
-def test_torchrun_train_has_the_plan_and_ledger_entry_of_one_process(tmp_path, one_torch_thread):
-    done = _torchrun(*_train_args(tmp_path / "ddp", tmp_path / "ddp.jsonl"), "--json")
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)  # one JSON document: only rank 0 writes to stdout
-    assert result["ledger_status"] == "completed" and result["steps"] == result["total_steps"]
-    single = train_run(
-        method="psg", data="digits", epsilon=4, preset="tiny", out=tmp_path / "one",
-        ledger_path=tmp_path / "one.jsonl", device="cpu", seed=3,
-    )  # fmt: skip
-    ddp_config = json.loads((tmp_path / "ddp" / "config.json").read_text())
-    one_config = json.loads((tmp_path / "one" / "config.json").read_text())
-    assert ddp_config["privacy"] == one_config["privacy"]
-    assert ddp_config["launch"] == {"world_size": 2}
-    ddp_entries = Ledger(tmp_path / "ddp.jsonl").entries()
-    one_entries = Ledger(tmp_path / "one.jsonl").entries()
-    assert [_comparable(e) for e in ddp_entries] == [_comparable(e) for e in one_entries]
-    assert result["epsilon"] == single["epsilon"]
-
-
-@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed beside python")
-def test_a_killed_rank_leaves_the_spend_counted_and_resume_finishes(tmp_path):
-    run, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
+def test_torchrun_killed_rank_stays_counted_and_resume_spends_what_one_process_does(
+    tmp_path, one_torch_thread
+):
+    # One torchrun launch loses rank 1 (SIGKILL at its 4th batch), a second resumes the run
+    # under torchrun; the result must be the plan and ledger of one process's run.
+    run, ledger = tmp_path / "ddp", tmp_path / "ddp.jsonl"
     killed = _torchrun(
         *_train_args(run, ledger), "--checkpoint-every", "0", "--quiet",
         script="ddp_kill.py", env={"KILL_RANK": "1", "KILL_AT": "4"},
@@ -177,15 +161,27 @@ def test_a_killed_rank_leaves_the_spend_counted_and_resume_finishes(tmp_path):
     book = Ledger(ledger)
     entries = book.entries()
     assert [e["kind"] for e in entries] == ["spend"] and entries[0]["status"] == "reserved"
+    config = json.loads((run / "config.json").read_text())
+    assert config["launch"] == {"world_size": 2}
     # counted in full: the dataset's total is this run's planned ε
-    planned = json.loads((run / "config.json").read_text())["privacy"]
+    planned = config["privacy"]
     assert book.total_epsilon("digits", planned["delta"]) >= planned["epsilon_bound"] - 1e-9
     state = json.loads((run / "state.json").read_text())
     assert 1 <= state["step"] <= 3  # checkpointed before the kill at the 4th batch
 
     resumed = _torchrun("train", "--resume", "--out", str(run), "--json")
     assert resumed.returncode == 0, resumed.stderr
-    result = json.loads(resumed.stdout)
+    result = json.loads(resumed.stdout)  # one JSON document: only rank 0 writes to stdout
     assert result["steps"] == result["total_steps"] and result["ledger_status"] == "completed"
-    assert [e["kind"] for e in Ledger(ledger).entries()] == ["spend", "status"]  # charged once
 
+    single = train_run(
+        method="psg", data="digits", epsilon=4, preset="tiny", out=tmp_path / "one",
+        ledger_path=tmp_path / "one.jsonl", device="cpu", seed=3,
+    )  # fmt: skip
+    one_config = json.loads((tmp_path / "one" / "config.json").read_text())
+    assert config["privacy"] == one_config["privacy"]
+    assert result["epsilon"] == single["epsilon"]
+    ddp_entries = Ledger(ledger).entries()
+    one_entries = Ledger(tmp_path / "one.jsonl").entries()
+    assert [e["kind"] for e in ddp_entries] == ["spend", "status"]  # charged once
+    assert [_comparable(e) for e in ddp_entries] == [_comparable(e) for e in one_entries]
