@@ -83,8 +83,7 @@ def launch_from_env() -> Launch | None:
 
 def is_main_process() -> bool:
     """False only on a torchrun rank other than 0 (those stay quiet)."""
-    launch = launch_from_env() if "RANK" in os.environ else None
-    return launch is None or launch.is_main
+    return "WORLD_SIZE" not in os.environ or os.environ.get("RANK", "0").strip() == "0"
 
 
 def _device(launch: Launch, requested: str) -> torch.device:

@@ -701,9 +701,9 @@ def _loop(
     except KeyboardInterrupt:
         checkpoint()
         raise
-    if launch is not None:
-        _check_ranks_agree(trainer, device)
     checkpoint()
+    if launch is not None:  # after the checkpoint: a mismatch can then be resumed from it
+        _check_ranks_agree(trainer, device)
     _write_preview(run, backend, info, config, trainer, run_config["seed"], device)
     # The loop ends only after all plan.steps steps: the run spent exactly its plan (whose
     # events may split the loop into phases, as DPAF's do).
@@ -751,7 +751,8 @@ def _check_ranks_agree(trainer: Trainer, device: torch.device) -> None:
     if len(set(digests)) != 1:
         raise DpsynthError(
             "the ranks' models differ (each rank must start from the same weights and apply "
-            "the same released updates); run on identical devices"
+            "the same released updates; use identical devices); the spend stays counted and "
+            "--resume restarts every rank from rank 0's last checkpoint"
         )
 
 

@@ -150,6 +150,31 @@ def _trainer_steps(method: str, overrides: dict[str, Any], steps: int) -> dict[s
     return trainer.state_tensors()
 
 
+class _StubTrainer:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {"w": torch.full((3,), self.value), "steps": torch.tensor(2)}
+
+
+def _agreement() -> dict[str, bool]:
+    """The loop's check of identical models: silent when equal, an error on every rank when
+    one rank's state differs (only meaningful under a group)."""
+    from dpsynth.errors import DpsynthError
+    from dpsynth.privacy.distributed import world
+    from dpsynth.training import _check_ranks_agree
+
+    if world()[1] == 1:
+        return {}
+    _check_ranks_agree(_StubTrainer(1.0), torch.device("cpu"))
+    try:
+        _check_ranks_agree(_StubTrainer(1.0 + world()[0] * 1e-7), torch.device("cpu"))
+    except DpsynthError:
+        return {"caught_mismatch": True}
+    return {"caught_mismatch": False}
+
+
 def checks() -> dict[str, Any]:
     """Every check's result (in one process: the reference; under a group: this rank's)."""
     return {
@@ -163,6 +188,7 @@ def checks() -> dict[str, Any]:
         "pge": _trainer_steps("pge", {"batch_size": 16}, 2),
         "dpaf": _trainer_steps("dpaf", {"c_steps": 1}, 2),  # phase 1, then one window
         "dpkernel": _trainer_steps("dpkernel", {}, 2),
+        "agreement": _agreement(),
     }
 
 

@@ -40,24 +40,37 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    """Each rank's results of `ddp_worker.checks()` under a 2-process gloo group."""
+def results(tmp_path_factory):
+    """(each rank's `ddp_worker.checks()` under a 2-process gloo group, the same checks in this
+    process without a group), computed side by side."""
     out = tmp_path_factory.mktemp("ddp")
-    mp.start_processes(
-        ddp_worker.run, args=(2, _free_port(), str(out)), nprocs=2, start_method="spawn"
+    context = mp.start_processes(
+        ddp_worker.run,
+        args=(2, _free_port(), str(out)),
+        nprocs=2,
+        start_method="spawn",
+        join=False,
     )
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
-
-
-@pytest.fixture(scope="module")
-def reference():
-    """The same checks in one process (no group)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return ddp_worker.checks()
+        reference = ddp_worker.checks()
     finally:
         torch.set_num_threads(threads)
+    while not context.join():
+        pass
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return ranks, reference
+
+
+@pytest.fixture(scope="module")
+def ranks(results):
+    return results[0]
+
+
+@pytest.fixture(scope="module")
+def reference(results):
+    return results[1]
 
 
 def _close(a, b):
@@ -118,6 +131,35 @@ def test_backend_steps_equal_one_process_and_ranks_stay_identical(ranks, referen
             torch.testing.assert_close(ranks[0][method][name], value, rtol=1e-4, atol=atol)
         else:
             assert torch.equal(ranks[0][method][name], value), name
+
+
+def test_diverged_ranks_are_caught_on_every_rank(ranks):
+    assert [rank["agreement"] for rank in ranks] == [{"caught_mismatch": True}] * 2
+
+
+def test_launch_from_torchrun_environment(monkeypatch):
+    from dpsynth.distributed import _device, is_main_process, launch_from_env
+    from dpsynth.errors import UsageError
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert launch_from_env() is None and is_main_process()  # one process: as always
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    launch = launch_from_env()
+    assert (launch.rank, launch.world_size, launch.local_rank) == (3, 4, 1)
+    assert not launch.is_main and not is_main_process()
+    assert _device(launch, "cpu") == torch.device("cpu")
+    with pytest.raises(UsageError, match="cuda:LOCAL_RANK"):
+        _device(launch, "cuda:0")  # each rank's GPU is its LOCAL_RANK's
+    if not torch.cuda.is_available():
+        assert _device(launch, "auto") == torch.device("cpu")
+        with pytest.raises(UsageError):
+            _device(launch, "cuda")
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(UsageError, match="does not fit"):
+        launch_from_env()
 
 
 def _torchrun(*args: str, script: str | None = None, env: dict[str, str] | None = None):
