@@ -227,3 +227,18 @@ def test_torchrun_killed_rank_stays_counted_and_resume_spends_what_one_process_d
     one_entries = Ledger(tmp_path / "one.jsonl").entries()
     assert [e["kind"] for e in ddp_entries] == ["spend", "status"]  # charged once
     assert [_comparable(e) for e in ddp_entries] == [_comparable(e) for e in one_entries]
+
+
+def test_other_commands_refuse_several_torchrun_processes(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import app
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    ledger = str(tmp_path / "ledger.jsonl")
+    result = CliRunner().invoke(app, ["ledger", "show", "--ledger", ledger])
+    assert result.exit_code == 2
+    assert "only `dpsynth train` runs under torchrun" in result.output
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process under torchrun: as usual
+    assert CliRunner().invoke(app, ["ledger", "show", "--ledger", ledger]).exit_code == 0

@@ -147,12 +147,33 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_version_callback, is_eager=True, help="Version."),
     ] = False,
 ) -> None:
     """dpsynth: differentially private synthetic data with a privacy ledger."""
+    # Under torchrun with several processes, only `train` knows how to share the work; any
+    # other command would run W times over the same outputs and ledger.
+    if ctx.invoked_subcommand not in (None, "train") and _launched_processes() > 1:
+        from dpsynth.distributed import is_main_process
+
+        if is_main_process():
+            stderr.print(
+                f"[red]error:[/red] only `dpsynth train` runs under torchrun with several "
+                f"processes; run `dpsynth {ctx.invoked_subcommand}` directly",
+                highlight=False,
+            )
+        raise typer.Exit(2)
+
+
+def _launched_processes() -> int:
+    """WORLD_SIZE as torchrun sets it (1 outside torchrun or when unreadable)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
 
 
 def main() -> None:
