@@ -88,7 +88,11 @@ def train(
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Train a generator under DP; the spend is reserved in the ledger before any data is read."""
+    """Train a generator under DP; the spend is reserved in the ledger before any data is read.
+
+    Under torchrun (`torchrun --nproc-per-node N --no-python dpsynth train ...`) it trains
+    data-parallel with the same mechanism and accounting; rank 0 alone writes and prints.
+    """
     from dpsynth.data.sources import parse_classes
     from dpsynth.distributed import is_main_process
     from dpsynth.training import TrainRequest, train
