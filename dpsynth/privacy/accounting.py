@@ -4,6 +4,9 @@ Every ε this module returns is an upper bound: the PRV accountant's `eps_upper`
 2021, error bounds included), or, where the PRV discretisation fails or is not applicable, the
 RDP bound (Balle et al. 2020 conversion), which is looser but also proven. Where both exist the
 smaller one is reported, since the minimum of two valid upper bounds is a valid upper bound.
+The PRV bound is computed by `privacy/prv.py` (the `prv-accountant` package's algorithm in
+float64, with its rounding charged to δ), and by the package itself, in long double, where δ
+is too small for float64.
 
 Adjacency is add/remove-one-record throughout (the Opacus and prv-accountant convention).
 Mechanism events are plain dicts, the same ones the ledger stores:
@@ -33,6 +36,7 @@ from prv_accountant.privacy_random_variables import (
 )
 
 from dpsynth.errors import BudgetExceededError, UsageError
+from dpsynth.privacy import prv
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
 PRV_VERSION = version("prv-accountant")
@@ -47,7 +51,13 @@ _SIGMA_RTOL = 0.004
 _COARSE_REL_ERROR = 0.05
 # The accountant's name records its settings: a ledger line is re-verified against the same
 # ones, and lines written under other settings are recognised as such.
-ACCOUNTANT_PRV = f"prv-accountant {PRV_VERSION} PRV upper bound (eps_error {_REL_EPS_ERROR:g}·ε)"
+ACCOUNTANT_PRV = (
+    f"dpsynth PRV upper bound (prv-accountant {PRV_VERSION}'s algorithm in float64, "
+    f"eps_error {_REL_EPS_ERROR:g}·ε)"
+)
+ACCOUNTANT_PRV_LONG_DOUBLE = (
+    f"prv-accountant {PRV_VERSION} PRV upper bound (eps_error {_REL_EPS_ERROR:g}·ε)"
+)
 ACCOUNTANT_RDP = f"prv-accountant {PRV_VERSION} RDP upper bound (PRV fallback, integer orders)"
 
 # Bounds on what the accountant is asked, so that every call ends in seconds with bounded
@@ -264,8 +274,12 @@ def prv_mesh_size(
 
 def _prv_epsilon(
     keys: Sequence[tuple], counts: Sequence[int], delta: float, eps_error: float
-) -> tuple[float, float]:
-    """The PRV accountant's (estimate, upper bound) of ε at `delta`."""
+) -> tuple[float, float, bool]:
+    """The PRV accountant's (estimate, upper bound) of ε at `delta`, and whether it was float64.
+
+    The float64 port (`privacy/prv.py`) answers unless δ is too small for its rounding
+    allowance; the package's long-double accountant answers then.
+    """
     delta_error = delta / 1000.0
     length = max(_safe_domain_length(keys, counts, delta_error), eps_error) + 3.0
     nodes = prv_mesh_size(length, counts, delta_error, eps_error)
@@ -273,6 +287,11 @@ def _prv_epsilon(
         # Estimated before anything is allocated: the accountant's arrays scale with this.
         raise PrvMeshTooLarge(f"PRV mesh of {nodes:.3g} nodes exceeds {MAX_PRV_MESH:.3g}")
     eps_error = _fft_friendly_eps_error(length, counts, delta_error, eps_error)
+    try:
+        estimate, upper = prv.prv_epsilon(keys, counts, delta, eps_error, delta_error, length)
+        return estimate, upper, True
+    except prv.RoundingDominates:
+        pass
     with warnings.catch_warnings():
         # `eps_max` makes the accountant warn that it trusts the domain; ours is the safe one.
         warnings.simplefilter("ignore")
@@ -286,7 +305,7 @@ def _prv_epsilon(
         _, eps_estimate, eps_upper = accountant.compute_epsilon(
             delta=delta, num_self_compositions=list(counts)
         )
-    return float(eps_estimate), float(eps_upper)
+    return float(eps_estimate), float(eps_upper), False
 
 
 @lru_cache(maxsize=4096)
@@ -300,7 +319,7 @@ def _compose_cached(
     # The PRV error is absolute in ε; scale it with the size of the answer (RDP is an upper bound
     # on it) so that small and large ε alike get a bound within a fraction of a percent.
     eps_error = max(_MIN_EPS_ERROR, rel_error * min(rdp_eps, 50.0))
-    prv_eps, estimate = math.inf, None
+    prv_eps, estimate, prv_name = math.inf, None, ACCOUNTANT_PRV
     attempts = [eps_error, eps_error * 4, eps_error * 0.25]
     # Above ε = 50 the error stays 0.25 absolute, and at large ε or T that mesh can be too big;
     # the same relative error without that cap (rel_error · RDP ε) is tried next: a looser but
@@ -310,7 +329,9 @@ def _compose_cached(
         attempts.insert(1, relative)
     for attempt_error in attempts:
         try:
-            candidate_estimate, candidate = _prv_epsilon(keys, counts, delta, attempt_error)
+            candidate_estimate, candidate, float64 = _prv_epsilon(
+                keys, counts, delta, attempt_error
+            )
         except PrvMeshTooLarge as exc:
             notes.append(f"PRV accountant: {exc}; tried a coarser mesh")
             continue
@@ -319,10 +340,11 @@ def _compose_cached(
             continue
         if math.isfinite(candidate) and candidate >= 0:
             prv_eps, estimate = candidate, candidate_estimate
+            prv_name = ACCOUNTANT_PRV if float64 else ACCOUNTANT_PRV_LONG_DOUBLE
             break
         notes.append("PRV accountant returned no finite bound; retried")
     if prv_eps <= rdp_eps:
-        return EpsilonBound(prv_eps, delta, ACCOUNTANT_PRV, tuple(notes), estimate)
+        return EpsilonBound(prv_eps, delta, prv_name, tuple(notes), estimate)
     if math.isinf(prv_eps):
         notes.append("PRV accountant unusable at these settings; reporting the RDP upper bound")
     return EpsilonBound(rdp_eps, delta, ACCOUNTANT_RDP, tuple(notes), estimate)
