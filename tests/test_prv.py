@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 
@@ -12,9 +13,11 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 from prv_accountant import PRVAccountant
 from prv_accountant.domain import Domain
+from prv_accountant.other_accountants import RDP
+from scipy import integrate
 from scipy.fft import irfft, rfft
 
-from dpsynth.privacy import accounting, prv
+from dpsynth.privacy import accounting, prv, rdp
 from dpsynth.privacy.accounting import calibrate_noise, compose_epsilon, poisson_gaussian_event
 
 CASES = [
@@ -96,8 +99,7 @@ def test_rounding_allowance_covers_the_observed_float64_error():
     key, count = ("poisson_gaussian", 2.0, 0.01), 3000
     eps_error, delta_error, length = _settings([key], [count], 1e-6)
     mesh = eps_error / math.sqrt(count / 2.0 * math.log(12.0 / delta_error))
-    domain = Domain.create_aligned(-length, length, mesh)
-    pmf, _ = prv._discretise(key, domain)
+    pmf, _ = prv._discretise(key, prv.aligned_mesh(-length, length, mesh))
     ours = prv._self_compose(pmf, count)
     long = irfft(rfft(pmf.astype(np.longdouble)) ** count, n=len(pmf))
     long = np.roll(long, count - 1 + (len(long) // 2 if count % 2 == 0 else 0))
@@ -143,3 +145,46 @@ def test_calibrated_sigma_at_a_long_run_is_valid_and_tight_under_pld():
     assert pessimistic_pld_epsilon([poisson_gaussian_event(sigma / 1.02, q, steps)], delta) > (
         epsilon
     )
+
+
+MESHES = [(-4.2, 4.2, 1e-3), (-7.31, 7.31, 3.7e-5), (-3, 3, 0.7)]
+
+
+@pytest.mark.parametrize(("low", "high", "dt"), MESHES)
+def test_aligned_mesh_is_the_packages_domain(low, high, dt):
+    ours = prv.aligned_mesh(low, high, dt)
+    theirs = Domain.create_aligned(low, high, dt)
+    assert ours.size == len(theirs)
+    assert ours.t_min == pytest.approx(theirs.t_min(), abs=1e-15)
+    assert ours.dt == pytest.approx(theirs.dt(), rel=1e-15)
+    assert ours.t_max == pytest.approx(theirs.t_max(), abs=1e-12)
+
+
+@pytest.mark.parametrize(("keys", "counts", "delta"), CASES)
+def test_rdp_matches_the_packages_rdp(keys, counts, delta):
+    orders = accounting._RDP_ORDERS
+    theirs = RDP(prvs=[accounting._prv(k) for k in keys], orders=list(orders))
+    _, _, expected = theirs.compute_epsilon(delta=delta, num_self_compositions=list(counts))
+    assert rdp.rdp_epsilon(keys, counts, delta, orders) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [("poisson_gaussian", 2.0, 0.004), ("poisson_gaussian", 0.3, 0.004),
+     ("poisson_gaussian", 0.5, 0.5), ("gaussian", 5.0, 1.0), ("gaussian", 0.3, 1.0)],
+)  # fmt: skip
+def test_truncated_mean_matches_quadrature_of_the_cdf(key):
+    # The package's formula E[Y] = b F(b) − a F(a) − ∫ F, integrated tightly by scipy.
+    t_min, t_max = -3.5, 3.5
+    lower = float(prv._cdf(key, np.array([t_min]))[0])
+    mass = float(prv._cdf(key, np.array([t_max]))[0]) - lower
+
+    def cdf(t: float) -> float:
+        return min(1.0, float(prv._cdf(key, np.array([t]))[0] - lower) / mass)
+
+    points = [t_min, -1e-1, -1e-2, -1e-3, -1e-4, -1e-5, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, t_max]
+    expected = 0.0
+    for left, right in itertools.pairwise(points):
+        area, _ = integrate.quad(cdf, left, right, limit=500, epsabs=1e-15, epsrel=1e-13)
+        expected += right * cdf(right) - left * cdf(left) - area
+    assert prv._truncated_mean(key, t_min, t_max, mass) == pytest.approx(expected, abs=1e-14)

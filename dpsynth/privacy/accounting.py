@@ -26,17 +26,8 @@ from functools import lru_cache
 from importlib.metadata import version
 from typing import Any
 
-from prv_accountant import PRVAccountant
-from prv_accountant.domain import Domain
-from prv_accountant.other_accountants import RDP
-from prv_accountant.privacy_random_variables import (
-    GaussianMechanism,
-    PoissonSubsampledGaussianMechanism,
-    PrivacyRandomVariable,
-)
-
 from dpsynth.errors import BudgetExceededError, UsageError
-from dpsynth.privacy import prv
+from dpsynth.privacy import prv, rdp
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
 PRV_VERSION = version("prv-accountant")
@@ -187,7 +178,13 @@ def _normalise(events: Iterable[Mapping[str, Any]]) -> tuple[bool, dict[tuple, i
     return non_private, groups
 
 
-def _prv(key: tuple) -> PrivacyRandomVariable:
+def _prv(key: tuple) -> Any:
+    """The prv-accountant package's PRV of a mechanism (imported only where it is used)."""
+    from prv_accountant.privacy_random_variables import (
+        GaussianMechanism,
+        PoissonSubsampledGaussianMechanism,
+    )
+
     kind, sigma, q = key
     if kind == "gaussian":
         return GaussianMechanism(noise_multiplier=sigma)
@@ -199,15 +196,23 @@ def _prv(key: tuple) -> PrivacyRandomVariable:
 _RDP_ORDERS = tuple(float(a) for a in [*range(2, 65), 80, 96, 128, 192, 256, 512])
 
 
+def _rdp_epsilon(keys: Sequence[tuple], counts: Sequence[int], delta: float) -> float:
+    """The RDP ε bound (`privacy/rdp.py`: the package's formulas, without its import cost)."""
+    return rdp.rdp_epsilon(keys, counts, delta, _RDP_ORDERS)
+
+
 @lru_cache(maxsize=512)
-def _rdp_accountant(keys: tuple[tuple, ...]) -> RDP:
-    """The RDP curves of a set of mechanisms (the costly part), reused across δ and counts."""
+def _rdp_accountant(keys: tuple[tuple, ...]) -> Any:
+    """The package's RDP accountant of a set of mechanisms (for an RDP bound that is reported)."""
+    from prv_accountant.other_accountants import RDP
+
     return RDP(prvs=[_prv(k) for k in keys], orders=list(_RDP_ORDERS))
 
 
-def _rdp_epsilon(keys: Sequence[tuple], counts: Sequence[int], delta: float) -> float:
-    rdp = _rdp_accountant(tuple(keys))
-    _, _, eps = rdp.compute_epsilon(delta=delta, num_self_compositions=list(counts))
+def _package_rdp_epsilon(keys: Sequence[tuple], counts: Sequence[int], delta: float) -> float:
+    """The prv-accountant package's RDP bound, as `ACCOUNTANT_RDP` names it."""
+    accountant = _rdp_accountant(tuple(keys))
+    _, _, eps = accountant.compute_epsilon(delta=delta, num_self_compositions=list(counts))
     return max(float(eps), 0.0)
 
 
@@ -243,16 +248,16 @@ def _fft_friendly_eps_error(
     in rigour.
     """
     spread = math.sqrt(sum(counts) / 2.0 * math.log(12.0 / delta_error))
-    size = len(Domain.create_aligned(-length, length, eps_error / spread))
+    size = prv.aligned_size(-length, length, eps_error / spread)
     for target in range(size, 2 * size + 16):
         if target % 2 or not _is_fft_friendly(target):
             continue
         candidate = 2.0 * length / (target - 3)
         for _ in range(4):
-            got = len(Domain.create_aligned(-length, length, candidate))
+            got = prv.aligned_size(-length, length, candidate)
             if got == target:
                 error = candidate * spread
-                check = len(Domain.create_aligned(-length, length, error / spread))
+                check = prv.aligned_size(-length, length, error / spread)
                 if check == target and error <= eps_error:
                     return error
                 break
@@ -292,6 +297,8 @@ def _prv_epsilon(
         return estimate, upper, True
     except prv.RoundingDominates:
         pass
+    from prv_accountant import PRVAccountant  # a second of imports, paid only here
+
     with warnings.catch_warnings():
         # `eps_max` makes the accountant warn that it trusts the domain; ours is the safe one.
         warnings.simplefilter("ignore")
@@ -347,6 +354,8 @@ def _compose_cached(
         return EpsilonBound(prv_eps, delta, prv_name, tuple(notes), estimate)
     if math.isinf(prv_eps):
         notes.append("PRV accountant unusable at these settings; reporting the RDP upper bound")
+    # Reported as the package computes it (the same formulas as `privacy/rdp.py`).
+    rdp_eps = _package_rdp_epsilon(keys, counts, delta)
     return EpsilonBound(rdp_eps, delta, ACCOUNTANT_RDP, tuple(notes), estimate)
 
 
