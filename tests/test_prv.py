@@ -125,7 +125,7 @@ def test_tiny_delta_falls_back_to_the_long_double_package():
     # At δ = 1e-11 the δ error (1e-14) is below float64 rounding over the mesh.
     keys, counts = [("poisson_gaussian", 1.5, 0.01)], [500]
     eps_error, delta_error, length = _settings(keys, counts, 1e-11)
-    with pytest.raises(prv.RoundingDominates):
+    with pytest.raises(prv.NeedsLongDouble):
         prv.prv_epsilon(keys, counts, 1e-11, eps_error, delta_error, length)
     ours = compose_epsilon(_events(keys, counts), 1e-11)
     assert ours.accountant == accounting.ACCOUNTANT_PRV_LONG_DOUBLE

@@ -295,7 +295,7 @@ def _prv_epsilon(
     try:
         estimate, upper = prv.prv_epsilon(keys, counts, delta, eps_error, delta_error, length)
         return estimate, upper, True
-    except prv.RoundingDominates:
+    except prv.NeedsLongDouble:
         pass
     from prv_accountant import PRVAccountant  # a second of imports, paid only here
 

@@ -15,7 +15,8 @@ What float64 adds is rounding in the CDF differences, the FFT, the power and the
 That is charged explicitly: the δ at which ε̂ is read is lowered by a first-order bound on
 that rounding (`rounding_allowance`, some 1e-10 on a mesh of 10^6 nodes, where the observed
 difference from the long-double package is some 1e-11) on top of the paper's δ_error, and a δ
-too small for that raises `RoundingDominates`, so that the caller falls back to the package.
+too small for that raises `NeedsLongDouble`, so that the caller falls back to the package;
+so does a domain wider than float64's exp can take (ε in the hundreds).
 
 Only the two mechanisms dpsynth accounts are supported: the Gaussian mechanism and the
 Poisson-subsampled Gaussian (add/remove adjacency, sensitivity 1).
@@ -36,8 +37,12 @@ _MACHINE_EPS = float(np.finfo(np.float64).eps)
 _SIMPSON_PANELS = 1 << 16
 
 
-class RoundingDominates(ValueError):
-    """δ is too small for float64: the long-double accountant must answer."""
+class NeedsLongDouble(ValueError):
+    """float64 cannot answer (δ too small for its rounding, or e^t out of its range)."""
+
+
+# Beyond |t| ≈ 709 e^t overflows float64; the tail sums need headroom above that.
+_MAX_LENGTH = 600.0
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,8 @@ def prv_epsilon(
     `keys` are `("gaussian", σ, 1.0)` or `("poisson_gaussian", σ, q)`; `length` is the
     half-width of the domain (the package's `eps_max`), which the caller sizes safely.
     """
+    if length > _MAX_LENGTH:
+        raise NeedsLongDouble(f"a PRV domain of ±{length:.4g} overflows float64's exp")
     total = sum(counts)
     mesh = eps_error / math.sqrt(total / 2.0 * math.log(12.0 / delta_error))
     domain = aligned_mesh(-length, length, mesh)
@@ -236,6 +243,8 @@ def prv_epsilon(
     d1 = np.cumsum(composed[::-1])[::-1]
     d2 = np.cumsum((composed * np.exp(-t))[::-1])[::-1]
     ndelta = np.exp(t) * d2 - d1
+    if not (np.isfinite(ndelta).all() and np.isfinite(d2).all()):
+        raise NeedsLongDouble("the tail sums left float64's range")
 
     def find_epsilon(delta_target: float) -> float:
         i = int(np.searchsorted(ndelta, -delta_target, side="left"))
@@ -249,7 +258,7 @@ def prv_epsilon(
     tail = float(d1[min(int(np.searchsorted(ndelta, -(delta - delta_error - rounding))), size - 1)])
     rounding += 4.0 * size * _MACHINE_EPS * max(tail, 0.0)
     if rounding > 0.01 * delta or delta - delta_error - rounding <= 0:
-        raise RoundingDominates(
+        raise NeedsLongDouble(
             f"float64 rounding ({rounding:.2g}) is too large for δ={delta:g}; "
             "use the long-double accountant"
         )
