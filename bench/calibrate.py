@@ -35,7 +35,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from rich.console import Console
 from rich.table import Table
 
-from dpsynth.privacy import accounting, rdp
+from dpsynth.privacy import accounting
 
 SETTINGS = [
     # (epsilon, delta, q, steps)
@@ -69,13 +69,20 @@ def pld_epsilon(sigma: float, q: float, steps: int, delta: float) -> float:
     return accountant.get_epsilon(delta)
 
 
+def clear_caches() -> None:
+    """Empty every memoised function of dpsynth's privacy package (a cold call each time)."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("dpsynth.privacy"):
+            for value in vars(module).values():
+                if callable(getattr(value, "cache_clear", None)):
+                    value.cache_clear()
+
+
 def timed(func: Callable[[], float], repeat: int = 1) -> tuple[float, float]:
     """The value of `func()` and the median of `repeat` timings (caches cleared each time)."""
     seconds = []
     for _ in range(repeat):
-        accounting._compose_cached.cache_clear()
-        accounting._rdp_accountant.cache_clear()
-        rdp.rdp_curve.cache_clear()
+        clear_caches()
         start = time.perf_counter()
         value = func()
         seconds.append(time.perf_counter() - start)
@@ -160,6 +167,14 @@ def run(
     return rows
 
 
+def git_commit() -> str | None:
+    """The commit of the code measured (None outside a git checkout)."""
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Only the two smallest settings.")
@@ -192,6 +207,7 @@ def main() -> None:
         "machine": describe("cpu"),
         "command": " ".join(["python", *sys.argv]),
         "accountant": accounting.ACCOUNTANT_PRV,
+        "git_commit": git_commit(),
         "repeat": args.repeat,
         "rows": rows,
     }
