@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from machine import describe  # noqa: E402
 
 from dpsynth.data.sources import load_data  # noqa: E402
 from dpsynth.evaluate.downstream import accuracy_over_seeds  # noqa: E402
@@ -172,13 +173,7 @@ def main() -> None:
         )
     report = {
         "benchmark": "dpkernel",
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "device": "cpu",
-        },
+        "machine": {**describe("cpu"), "threads": args.threads},
         "synthetic_images": SYNTHETIC,
         "runs": runs,
         "real_data_accuracy": real,

@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
 from dpsgd_models import SmallCNN  # noqa: E402
+from machine import describe  # noqa: E402
 
 from dpsynth.privacy.dpsgd import PrivateGradient  # noqa: E402
 
@@ -258,6 +259,7 @@ def main() -> None:
     }
     result = {
         "benchmark": "dpsgd-step",
+        "machine": describe(str(device)),
         "model": f"SmallCNN(channels={args.channels}, norm_after_pool={not args.norm_before_pool})",
         "parameters": sum(p.numel() for p in small_cnn(args).parameters()),
         "batch_size": args.batch_size,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from machine import describe
 
 from dpsynth.evaluate import fid
 
@@ -53,6 +54,7 @@ def main() -> None:
     weights = fid.find_inception_weights(None)
     model = fid.load_inception(weights, args.device)
     rows: dict = {
+        "machine": describe(args.device),
         "device": args.device,
         "torch_threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),

@@ -10,6 +10,8 @@
 # Each method gets its own ledger under OUT_DIR (independent experiments on the same data).
 # Any failing step fails the whole script (exit 1) after naming the method and the step; on
 # CUDA it also fails when a run did not actually train on CUDA.
+# Then every method trains once more under torchrun (NPROC processes, default 1: NCCL on CUDA,
+# gloo on the CPU; NPROC=0 skips it), which must complete its ledger entry on the device.
 set -uo pipefail
 
 out=${1:?usage: bench/gpu_smoke.sh OUT_DIR}
@@ -85,6 +87,37 @@ PY
     failed+=("$method")
   fi
 done
+
+nproc=${NPROC:-1}
+if [ "$nproc" -gt 0 ]; then
+  for method in $methods; do
+    echo "== $method under torchrun ($nproc process(es), $device)"
+    dir="$out/torchrun-$method"
+    rm -rf "$dir" && mkdir -p "$dir" || exit 1
+    if step "torchrun-$method" train "$py" -m torch.distributed.run --nproc-per-node "$nproc" \
+          --no-python "$py" -m dpsynth.cli train --method "$method" --data "$data" \
+          --epsilon 10 --preset tiny --out "$dir/run" --device "$device" \
+          --ledger "$dir/ledger.jsonl" --quiet --json \
+      && "$py" - "$dir/run/config.json" "$device" "$nproc" "$dir/train.json" <<'PY' \
+      && step "torchrun-$method" ledger-verify dpsynth ledger verify --ledger "$dir/ledger.jsonl" --json
+import json, sys
+config, device, nproc = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
+result = json.load(open(sys.argv[4]))
+if not config["device"].startswith(device):
+    sys.exit(f"FAILED: the run trained on {config['device']}, not {device}")
+if config.get("launch") != {"world_size": nproc}:
+    sys.exit(f"FAILED: config.json records launch {config.get('launch')}, not {nproc} processes")
+if result["ledger_status"] != "completed" or result["steps"] != result["total_steps"]:
+    sys.exit(f"FAILED: {result['steps']}/{result['total_steps']} steps, {result['ledger_status']}")
+print(f"  torchrun ok: {result['steps']} steps on {config['device']}, epsilon {result['epsilon']:.3g}")
+PY
+    then
+      :
+    else
+      failed+=("torchrun-$method")
+    fi
+  done
+fi
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu_smoke: FAILED on $device: ${failed[*]}" >&2

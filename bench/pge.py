@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from machine import describe  # noqa: E402
 
 from dpsynth.data.sources import load_data  # noqa: E402
 from dpsynth.evaluate.downstream import accuracy_over_seeds  # noqa: E402
@@ -157,13 +158,7 @@ def main() -> None:
         )
     out = {
         "bench": "pge",
-        "machine": {
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "device": str(device),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        },
+        "machine": {**describe(str(device)), "threads": args.threads},
         "real_train": real,
         "runs": results,
     }

@@ -19,6 +19,8 @@ backend declares released; losses on private batches go to `private/` only on re
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
 import time
 import uuid
@@ -36,6 +38,7 @@ from dpsynth.data.images import DataInfo, ImageData
 from dpsynth.data.schema import parse_schema
 from dpsynth.data.sources import is_table_spec, load_data, load_table
 from dpsynth.data.tabular import TableData
+from dpsynth.distributed import Launch, PeerFailed, broadcast, launch_from_env, process_group
 from dpsynth.errors import DataError, DpsynthError, UsageError
 from dpsynth.methods.base import Method, Trainer
 from dpsynth.methods.registry import get_method, method_names
@@ -255,27 +258,147 @@ def train(request: TrainRequest, progress: ProgressCallback | None = None) -> di
     `privacy_seed` fixes the secret of the DP randomness for tests only: a known secret
     voids the guarantee, so the CLI never passes it (a fresh OS secret is drawn instead).
     `progress` receives a `TrainProgress` now and then.
+
+    Under `torchrun` (see `dpsynth.distributed`) every rank calls `train` with the same
+    request: rank 0 plans, reserves, writes the run dir and the ledger, and sends the others
+    the run's settings, its secret and (on resume) the checkpoint; every rank then reads the
+    data and trains on its share of each global Poisson batch. Only rank 0's summary is the
+    run's; the other ranks return a short one.
     """
     request.validate()
+    launch = launch_from_env()
+    if launch is None:
+        return _train(request, progress, resolve_device(request.device), None)
+    with process_group(launch, request.device) as device:
+        return _train(request, progress, device, launch)
+
+
+@dataclass
+class _Session:
+    """What the loop needs to run: built by rank 0 (or one process) from the request or the
+    run dir, by another rank from rank 0's start message."""
+
+    run: RunDir | None  # None on ranks other than 0: they write nothing
+    ledger: Ledger | None
+    backend: Method
+    records: ImageData
+    info: DataInfo
+    config: Mapping[str, Any]
+    plan: PrivacyPlan
+    trainer: Trainer
+    sampler: PoissonSampler
+    randomness: PrivateRandomness
+    run_config: dict[str, Any]
+    start_step: int
+    warnings: list[str]
+    # The restored trainer tensors of a resumed run (None for a new one), for the other ranks.
+    restored: dict[str, torch.Tensor] | None = None
+
+    def start_message(self) -> dict[str, Any]:
+        """What the other ranks need to join: settings, the secret, the streams' states."""
+        return {
+            "run_config": self.run_config,
+            "secret": self.randomness.to_json(),
+            "generators": self.randomness.state(),
+            "tensors": self.restored,
+            "start_step": self.start_step,
+            "warnings": self.warnings,
+        }
+
+
+def _train(
+    request: TrainRequest,
+    progress: ProgressCallback | None,
+    device: torch.device,
+    launch: Launch | None,
+) -> dict[str, Any]:
+    loop_args = {
+        "device": device,
+        "checkpoint_every_s": request.checkpoint_every_s,
+        "stop_after_steps": request.stop_after_steps,
+        "launch": launch,
+    }
+    if launch is not None and not launch.is_main:
+        message = broadcast(None, device)
+        if "error" in message:
+            raise PeerFailed(int(message["error"]))
+        if "finished" in message:
+            return message["finished"]
+        return _loop(_join(message["start"], device), progress=None, **loop_args)
+    try:
+        session = _start(request, device, launch)
+    except BaseException as exc:
+        if launch is not None:  # the other ranks wait for the start message: end them too
+            code = 130 if isinstance(exc, KeyboardInterrupt) else getattr(exc, "exit_code", 1)
+            _tell_quietly({"error": code}, device)
+        raise
+    if isinstance(session, dict):  # a resumed run that had already finished
+        if launch is not None:
+            broadcast({"finished": session}, device)
+        return session
+    if launch is not None:
+        broadcast({"start": session.start_message()}, device)
+    return _loop(session, progress=progress, **loop_args)
+
+
+def _tell_quietly(message: dict[str, Any], device: torch.device) -> None:
+    """Broadcast `message` if the other ranks can still hear it (they may be gone)."""
+    with contextlib.suppress(Exception):  # the original error is the one to report
+        broadcast(message, device)
+
+
+def _join(start: Mapping[str, Any], device: torch.device) -> _Session:
+    """A rank other than 0 joins the run rank 0 started: it reads the same data (checked by
+    fingerprint), builds the same trainer and streams, and restores the same state."""
+    run_config = dict(start["run_config"])
+    data_cfg = run_config["data"]
+    records = _load_recorded(data_cfg, "rank 0's run")
+    info = records.info()
+    if info.fingerprint != data_cfg["fingerprint"]:
+        raise DataError(
+            f"{data_cfg['spec']}: this rank reads different records than rank 0 (fingerprint "
+            "differs); every node must see the same data"
+        )
+    backend = get_method(run_config["method"])
+    plan = PrivacyPlan.from_json(run_config["privacy"])
+    randomness = PrivateRandomness.from_json(start["secret"])
+    trainer = backend.trainer(
+        info, run_config["config"], plan, device, run_config["seed"], randomness
+    )
+    sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
+    if start["tensors"] is not None:
+        trainer.load_state_tensors(start["tensors"])
+    randomness.load_state(start["generators"])
+    return _Session(
+        run=None,
+        ledger=None,
+        backend=backend,
+        records=records,
+        info=info,
+        config=run_config["config"],
+        plan=plan,
+        trainer=trainer,
+        sampler=sampler,
+        randomness=randomness,
+        run_config=run_config,
+        start_step=int(start["start_step"]),
+        warnings=list(start["warnings"]),
+    )
+
+
+def _start(
+    request: TrainRequest, torch_device: torch.device, launch: Launch | None
+) -> _Session | dict[str, Any]:
+    """Plan, reserve and write a new run, or check and load a run to resume (rank 0)."""
     out, ledger_path, preset, seed = request.out, request.ledger_path, request.preset, request.seed
-    checkpoint_every_s, stop_after_steps = request.checkpoint_every_s, request.stop_after_steps
     log_private_loss, privacy_seed = request.log_private_loss, request.privacy_seed
     image_size, channels = request.image_size, request.channels
     delta = request.delta
     run = RunDir(out)
-    torch_device = resolve_device(request.device)
     if request.resume:
         # Without a ledger given, the run's own (recorded) ledger; the anchor is checked anyway.
         ledger = Ledger(ledger_path or _recorded_ledger(run))
-        return _resume(
-            run,
-            ledger,
-            torch_device,
-            checkpoint_every_s,
-            progress,
-            stop_after_steps,
-            log_private_loss,
-        )
+        return _resume(run, ledger, torch_device, log_private_loss)
     assert ledger_path is not None and request.method is not None and request.data is not None
     ledger = Ledger(ledger_path)
     target_epsilon = parse_epsilon(request.epsilon if request.epsilon is not None else "inf")
@@ -369,6 +492,8 @@ def train(request: TrainRequest, progress: ProgressCallback | None = None) -> di
     }
     if schema_release is not None:
         run_config["schema_release"] = schema_release
+    if launch is not None:  # informational: the mechanism is the same for any world size
+        run_config["launch"] = {"world_size": launch.world_size}
     try:
         run.write_config(run_config)
         # On disk before the first record is read, so that a crash can still be resumed.
@@ -377,24 +502,38 @@ def train(request: TrainRequest, progress: ProgressCallback | None = None) -> di
         # Nothing was read yet: the reservation is closed at zero cost.
         ledger.abort(entry["seq"], events=[], run_id=run_id, fingerprint=info.fingerprint)
         raise
-    return _loop(
-        run,
-        ledger,
-        backend,
-        records,
-        info,
-        config,
-        plan,
-        trainer,
-        sampler,
-        randomness,
-        run_config,
+    return _Session(
+        run=run,
+        ledger=ledger,
+        backend=backend,
+        records=records,
+        info=info,
+        config=config,
+        plan=plan,
+        trainer=trainer,
+        sampler=sampler,
+        randomness=randomness,
+        run_config=run_config,
         start_step=0,
-        device=torch_device,
-        checkpoint_every_s=checkpoint_every_s,
-        progress=progress,
-        stop_after_steps=stop_after_steps,
         warnings=warnings,
+    )
+
+
+def _load_recorded(data_cfg: Mapping[str, Any], name: str) -> ImageData | TableData:
+    """The data a run recorded in config.json, read the same way (resume, other ranks)."""
+    if data_cfg.get("modality") == "table":
+        # The run's schema is public (declared or released when the run began): no new release.
+        return load_table(
+            data_cfg["spec"],
+            parse_schema(data_cfg["schema"], f"{name} schema"),
+            dataset_id=data_cfg["dataset_id"],
+        )
+    return load_data(
+        data_cfg["spec"],
+        image_size=data_cfg.get("image_size"),
+        dataset_id=data_cfg["dataset_id"],
+        classes=data_cfg.get("classes"),
+        channels=data_cfg.get("channels"),
     )
 
 
@@ -461,14 +600,8 @@ def _recorded_ledger(run: RunDir) -> Path:
 
 
 def _resume(
-    run: RunDir,
-    ledger: Ledger,
-    device: torch.device,
-    checkpoint_every_s: float,
-    progress: ProgressCallback | None,
-    stop_after_steps: int | None,
-    log_private_loss: bool,
-) -> dict[str, Any]:
+    run: RunDir, ledger: Ledger, device: torch.device, log_private_loss: bool
+) -> _Session | dict[str, Any]:
     run_config = run.read_config()
     name = str(run.path)
     try:
@@ -509,21 +642,7 @@ def _resume(
         return {**_summary(run, run_config, ledger, plan, plan.steps), "already_finished": True}
     if spend.get("status") == "aborted":
         raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
-    if data_cfg.get("modality") == "table":
-        # The run's schema is public (declared or released when the run began): no new release.
-        records = load_table(
-            data_cfg["spec"],
-            parse_schema(data_cfg["schema"], f"{name} schema"),
-            dataset_id=data_cfg["dataset_id"],
-        )
-    else:
-        records = load_data(
-            data_cfg["spec"],
-            image_size=data_cfg.get("image_size"),
-            dataset_id=data_cfg["dataset_id"],
-            classes=data_cfg.get("classes"),
-            channels=data_cfg.get("channels"),
-        )
+    records = _load_recorded(data_cfg, name)
     info = records.info()
     if info.fingerprint != data_cfg["fingerprint"]:
         raise DataError(
@@ -538,32 +657,31 @@ def _resume(
     )
     sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
     start = 0
+    restored = None
     if run.has_checkpoint():
         tensors, state = run.load_checkpoint()
-        trainer.load_state_tensors(
-            {k.removeprefix("trainer/"): v for k, v in tensors.items() if k.startswith("trainer/")}
-        )
+        restored = {
+            k.removeprefix("trainer/"): v for k, v in tensors.items() if k.startswith("trainer/")
+        }
+        trainer.load_state_tensors(restored)
         start = int(state["step"])
         randomness.load_state(run.load_private_state(start)["generators"])
     run.truncate_log(start)
-    return _loop(
-        run,
-        ledger,
-        backend,
-        records,
-        info,
-        run_config["config"],
-        plan,
-        trainer,
-        sampler,
-        randomness,
-        run_config,
+    return _Session(
+        run=run,
+        ledger=ledger,
+        backend=backend,
+        records=records,
+        info=info,
+        config=run_config["config"],
+        plan=plan,
+        trainer=trainer,
+        sampler=sampler,
+        randomness=randomness,
+        run_config=run_config,
         start_step=start,
-        device=device,
-        checkpoint_every_s=checkpoint_every_s,
-        progress=progress,
-        stop_after_steps=stop_after_steps,
         warnings=run_config.get("warnings", []),
+        restored=restored,
     )
 
 
@@ -602,25 +720,25 @@ class _EpsilonCurve:
 
 
 def _loop(
-    run: RunDir,
-    ledger: Ledger,
-    backend: Method,
-    records: ImageData,
-    info: DataInfo,
-    config: Mapping[str, Any],
-    plan: PrivacyPlan,
-    trainer: Trainer,
-    sampler: PoissonSampler,
-    randomness: PrivateRandomness,
-    run_config: dict[str, Any],
+    session: _Session,
     *,
-    start_step: int,
     device: torch.device,
     checkpoint_every_s: float,
     progress: ProgressCallback | None,
     stop_after_steps: int | None,
-    warnings: list[str],
+    launch: Launch | None,
 ) -> dict[str, Any]:
+    """Steps from `session.start_step` to the plan's end (or `stop_after_steps` more).
+
+    Under torchrun every rank runs the same steps on the same global batches; only rank 0
+    logs, checkpoints, shows progress and completes the ledger entry.
+    """
+    if session.run is None or session.ledger is None:
+        return _follower_loop(session, device, stop_after_steps, launch)
+    run, ledger, backend, records = session.run, session.ledger, session.backend, session.records
+    info, config, plan, trainer = session.info, session.config, session.plan, session.trainer
+    sampler, randomness, run_config = session.sampler, session.randomness, session.run_config
+    start_step, warnings = session.start_step, session.warnings
     pixels = records.as_float().to(device)
     labels = records.y.to(device)
     curve = _EpsilonCurve(plan)
@@ -658,6 +776,8 @@ def _loop(
             index = sampler.next().to(device)
             stats = trainer.step(pixels[index], labels[index])
             step += 1
+            if launch is not None and step == start_step + 1:
+                _check_ranks_agree(trainer, device)
             if step % log_every == 0 or step == plan.steps:
                 eps = curve.at(step)
                 public = {k: _json_stat(v) for k, v in stats.items() if k in released}
@@ -677,6 +797,8 @@ def _loop(
         checkpoint()
         raise
     checkpoint()
+    if launch is not None:  # after the checkpoint: a mismatch can then be resumed from it
+        _check_ranks_agree(trainer, device)
     _write_preview(run, backend, info, config, trainer, run_config["seed"], device)
     # The loop ends only after all plan.steps steps: the run spent exactly its plan (whose
     # events may split the loop into phases, as DPAF's do).
@@ -690,6 +812,46 @@ def _loop(
     if run_config.get("schema_release"):
         summary["schema_release"] = run_config["schema_release"]
     return summary
+
+
+def _follower_loop(
+    session: _Session,
+    device: torch.device,
+    stop_after_steps: int | None,
+    launch: Launch | None,
+) -> dict[str, Any]:
+    """The loop of a rank other than 0: the same steps, and nothing written or shown."""
+    pixels = session.records.as_float().to(device)
+    labels = session.records.y.to(device)
+    step = start = session.start_step
+    while step < session.plan.steps:
+        if stop_after_steps is not None and step - start >= stop_after_steps:
+            return {"rank": launch.rank if launch else 0, "steps": step, "interrupted": True}
+        index = session.sampler.next().to(device)
+        session.trainer.step(pixels[index], labels[index])
+        step += 1
+        if step == start + 1:
+            _check_ranks_agree(session.trainer, device)
+    _check_ranks_agree(session.trainer, device)
+    return {"rank": launch.rank if launch else 0, "steps": step}
+
+
+def _check_ranks_agree(trainer: Trainer, device: torch.device) -> None:
+    """Every rank must hold the same model (same start, same released updates): compare a
+    digest of the trainer's state across ranks; a mismatch stops every rank."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(trainer.state_tensors().items()):
+        digest.update(name.encode())
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    digests: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(digests, digest.hexdigest())
+    if len(set(digests)) != 1:
+        raise DpsynthError(
+            "the ranks' models differ (each rank must start from the same weights and apply "
+            "the same released updates; use identical devices); the spend stays counted and "
+            "--resume restarts every rank from rank 0's last checkpoint"
+        )
 
 
 def _json_eps(value: float) -> float | str:

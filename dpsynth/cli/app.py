@@ -10,6 +10,7 @@ themselves on `app` when `dpsynth.cli` imports them.
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 import warnings
@@ -110,7 +111,9 @@ def handle_errors(func: F) -> F:
         except DpsynthError as exc:
             if debug:
                 raise
-            stderr.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+            if getattr(exc, "quiet", False):  # another process reports it (torchrun's rank 0)
+                raise typer.Exit(exc.exit_code) from None
+            stderr.print(f"[red]error:[/red] {_rank_prefix()}{escape(str(exc))}", highlight=False)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             stderr.print("interrupted", highlight=False)
@@ -119,13 +122,21 @@ def handle_errors(func: F) -> F:
             if debug:
                 raise
             stderr.print(
-                f"[red]unexpected error:[/red] {exc.__class__.__name__}: {escape(str(exc))} "
+                f"[red]unexpected error:[/red] {_rank_prefix()}{exc.__class__.__name__}: "
+                f"{escape(str(exc))} "
                 "(run again with --debug for the traceback)",
                 highlight=False,
             )
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _rank_prefix() -> str:
+    """`rank N: ` on a torchrun rank other than 0 (whose errors are its own), else nothing."""
+    from dpsynth.distributed import is_main_process
+
+    return "" if is_main_process() else f"rank {os.environ.get('RANK')}: "
 
 
 def _version_callback(value: bool) -> None:
@@ -136,12 +147,33 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_version_callback, is_eager=True, help="Version."),
     ] = False,
 ) -> None:
     """dpsynth: differentially private synthetic data with a privacy ledger."""
+    # Under torchrun with several processes, only `train` knows how to share the work; any
+    # other command would run W times over the same outputs and ledger.
+    if ctx.invoked_subcommand not in (None, "train") and _launched_processes() > 1:
+        from dpsynth.distributed import is_main_process
+
+        if is_main_process():
+            stderr.print(
+                f"[red]error:[/red] only `dpsynth train` runs under torchrun with several "
+                f"processes; run `dpsynth {ctx.invoked_subcommand}` directly",
+                highlight=False,
+            )
+        raise typer.Exit(2)
+
+
+def _launched_processes() -> int:
+    """WORLD_SIZE as torchrun sets it (1 outside torchrun or when unreadable)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
 
 
 def main() -> None:

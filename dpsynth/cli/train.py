@@ -109,8 +109,13 @@ def train(
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Train a generator under DP; the spend is reserved in the ledger before any data is read."""
+    """Train a generator under DP; the spend is reserved in the ledger before any data is read.
+
+    Under torchrun (`torchrun --nproc-per-node N --no-python dpsynth train ...`) it trains
+    data-parallel with the same mechanism and accounting; rank 0 alone writes and prints.
+    """
     from dpsynth.data.sources import parse_classes
+    from dpsynth.distributed import is_main_process
     from dpsynth.training import TrainRequest, train
 
     TrainRequest.check_complete(resume=resume, method=method, data=data, epsilon=epsilon)
@@ -141,7 +146,9 @@ def train(
         schema_public=schema_public,
         schema_epsilon=schema_epsilon,
     )
-    show = show_progress(quiet, as_json)
+    # Under torchrun only rank 0 shows progress and the result; the other ranks are quiet.
+    main_rank = is_main_process()
+    show = show_progress(quiet, as_json) and main_rank
     with progress_bar(show, "train") as bar:
         task = None
 
@@ -157,6 +164,8 @@ def train(
             bar.update(task, completed=p.step, info=f"{loss}{eps}")
 
         result = train(request, on_progress)
+    if not main_rank:
+        return
     if as_json:
         emit_json(result)
         return

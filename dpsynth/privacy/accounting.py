@@ -4,6 +4,9 @@ Every ε this module returns is an upper bound: the PRV accountant's `eps_upper`
 2021, error bounds included), or, where the PRV discretisation fails or is not applicable, the
 RDP bound (Balle et al. 2020 conversion), which is looser but also proven. Where both exist the
 smaller one is reported, since the minimum of two valid upper bounds is a valid upper bound.
+The PRV bound is computed by `privacy/prv.py` (the `prv-accountant` package's algorithm in
+float64, with its rounding charged to δ), and by the package itself, in long double, where δ
+is too small for float64.
 
 Adjacency is add/remove-one-record throughout (the Opacus and prv-accountant convention).
 Mechanism events are plain dicts, the same ones the ledger stores:
@@ -26,16 +29,8 @@ from functools import lru_cache
 from importlib.metadata import version
 from typing import Any
 
-from prv_accountant import PRVAccountant
-from prv_accountant.domain import Domain
-from prv_accountant.other_accountants import RDP
-from prv_accountant.privacy_random_variables import (
-    GaussianMechanism,
-    PoissonSubsampledGaussianMechanism,
-    PrivacyRandomVariable,
-)
-
 from dpsynth.errors import BudgetExceededError, UsageError
+from dpsynth.privacy import prv, rdp
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
 PRV_VERSION = version("prv-accountant")
@@ -50,7 +45,13 @@ _SIGMA_RTOL = 0.004
 _COARSE_REL_ERROR = 0.05
 # The accountant's name records its settings: a ledger line is re-verified against the same
 # ones, and lines written under other settings are recognised as such.
-ACCOUNTANT_PRV = f"prv-accountant {PRV_VERSION} PRV upper bound (eps_error {_REL_EPS_ERROR:g}·ε)"
+ACCOUNTANT_PRV = (
+    f"dpsynth PRV upper bound (prv-accountant {PRV_VERSION}'s algorithm in float64, "
+    f"eps_error {_REL_EPS_ERROR:g}·ε)"
+)
+ACCOUNTANT_PRV_LONG_DOUBLE = (
+    f"prv-accountant {PRV_VERSION} PRV upper bound (eps_error {_REL_EPS_ERROR:g}·ε)"
+)
 ACCOUNTANT_RDP = f"prv-accountant {PRV_VERSION} RDP upper bound (PRV fallback, integer orders)"
 
 # Bounds on what the accountant is asked, so that every call ends in seconds with bounded
@@ -182,7 +183,13 @@ def _normalise(events: Iterable[Mapping[str, Any]]) -> tuple[bool, dict[tuple, i
     return non_private, groups
 
 
-def _prv(key: tuple) -> PrivacyRandomVariable:
+def _prv(key: tuple) -> Any:
+    """The prv-accountant package's PRV of a mechanism (imported only where it is used)."""
+    from prv_accountant.privacy_random_variables import (
+        GaussianMechanism,
+        PoissonSubsampledGaussianMechanism,
+    )
+
     kind, sigma, q = key
     if kind == "gaussian":
         return GaussianMechanism(noise_multiplier=sigma)
@@ -194,15 +201,23 @@ def _prv(key: tuple) -> PrivacyRandomVariable:
 _RDP_ORDERS = tuple(float(a) for a in [*range(2, 65), 80, 96, 128, 192, 256, 512])
 
 
+def _rdp_epsilon(keys: Sequence[tuple], counts: Sequence[int], delta: float) -> float:
+    """The RDP ε bound (`privacy/rdp.py`: the package's formulas, without its import cost)."""
+    return rdp.rdp_epsilon(keys, counts, delta, _RDP_ORDERS)
+
+
 @lru_cache(maxsize=512)
-def _rdp_accountant(keys: tuple[tuple, ...]) -> RDP:
-    """The RDP curves of a set of mechanisms (the costly part), reused across δ and counts."""
+def _rdp_accountant(keys: tuple[tuple, ...]) -> Any:
+    """The package's RDP accountant of a set of mechanisms (for an RDP bound that is reported)."""
+    from prv_accountant.other_accountants import RDP
+
     return RDP(prvs=[_prv(k) for k in keys], orders=list(_RDP_ORDERS))
 
 
-def _rdp_epsilon(keys: Sequence[tuple], counts: Sequence[int], delta: float) -> float:
-    rdp = _rdp_accountant(tuple(keys))
-    _, _, eps = rdp.compute_epsilon(delta=delta, num_self_compositions=list(counts))
+def _package_rdp_epsilon(keys: Sequence[tuple], counts: Sequence[int], delta: float) -> float:
+    """The prv-accountant package's RDP bound, as `ACCOUNTANT_RDP` names it."""
+    accountant = _rdp_accountant(tuple(keys))
+    _, _, eps = accountant.compute_epsilon(delta=delta, num_self_compositions=list(counts))
     return max(float(eps), 0.0)
 
 
@@ -238,16 +253,16 @@ def _fft_friendly_eps_error(
     in rigour.
     """
     spread = math.sqrt(sum(counts) / 2.0 * math.log(12.0 / delta_error))
-    size = len(Domain.create_aligned(-length, length, eps_error / spread))
+    size = prv.aligned_size(-length, length, eps_error / spread)
     for target in range(size, 2 * size + 16):
         if target % 2 or not _is_fft_friendly(target):
             continue
         candidate = 2.0 * length / (target - 3)
         for _ in range(4):
-            got = len(Domain.create_aligned(-length, length, candidate))
+            got = prv.aligned_size(-length, length, candidate)
             if got == target:
                 error = candidate * spread
-                check = len(Domain.create_aligned(-length, length, error / spread))
+                check = prv.aligned_size(-length, length, error / spread)
                 if check == target and error <= eps_error:
                     return error
                 break
@@ -269,8 +284,12 @@ def prv_mesh_size(
 
 def _prv_epsilon(
     keys: Sequence[tuple], counts: Sequence[int], delta: float, eps_error: float
-) -> tuple[float, float]:
-    """The PRV accountant's (estimate, upper bound) of ε at `delta`."""
+) -> tuple[float, float, bool]:
+    """The PRV accountant's (estimate, upper bound) of ε at `delta`, and whether it was float64.
+
+    The float64 port (`privacy/prv.py`) answers unless δ is too small for its rounding
+    allowance; the package's long-double accountant answers then.
+    """
     delta_error = delta / 1000.0
     length = max(_safe_domain_length(keys, counts, delta_error), eps_error) + 3.0
     nodes = prv_mesh_size(length, counts, delta_error, eps_error)
@@ -278,6 +297,13 @@ def _prv_epsilon(
         # Estimated before anything is allocated: the accountant's arrays scale with this.
         raise PrvMeshTooLarge(f"PRV mesh of {nodes:.3g} nodes exceeds {MAX_PRV_MESH:.3g}")
     eps_error = _fft_friendly_eps_error(length, counts, delta_error, eps_error)
+    try:
+        estimate, upper = prv.prv_epsilon(keys, counts, delta, eps_error, delta_error, length)
+        return estimate, upper, True
+    except prv.NeedsLongDouble:
+        pass
+    from prv_accountant import PRVAccountant  # a second of imports, paid only here
+
     with warnings.catch_warnings():
         # `eps_max` makes the accountant warn that it trusts the domain; ours is the safe one.
         warnings.simplefilter("ignore")
@@ -291,7 +317,7 @@ def _prv_epsilon(
         _, eps_estimate, eps_upper = accountant.compute_epsilon(
             delta=delta, num_self_compositions=list(counts)
         )
-    return float(eps_estimate), float(eps_upper)
+    return float(eps_estimate), float(eps_upper), False
 
 
 @lru_cache(maxsize=4096)
@@ -305,7 +331,7 @@ def _compose_cached(
     # The PRV error is absolute in ε; scale it with the size of the answer (RDP is an upper bound
     # on it) so that small and large ε alike get a bound within a fraction of a percent.
     eps_error = max(_MIN_EPS_ERROR, rel_error * min(rdp_eps, 50.0))
-    prv_eps, estimate = math.inf, None
+    prv_eps, estimate, prv_name = math.inf, None, ACCOUNTANT_PRV
     attempts = [eps_error, eps_error * 4, eps_error * 0.25]
     # Above ε = 50 the error stays 0.25 absolute, and at large ε or T that mesh can be too big;
     # the same relative error without that cap (rel_error · RDP ε) is tried next: a looser but
@@ -315,7 +341,9 @@ def _compose_cached(
         attempts.insert(1, relative)
     for attempt_error in attempts:
         try:
-            candidate_estimate, candidate = _prv_epsilon(keys, counts, delta, attempt_error)
+            candidate_estimate, candidate, float64 = _prv_epsilon(
+                keys, counts, delta, attempt_error
+            )
         except PrvMeshTooLarge as exc:
             notes.append(f"PRV accountant: {exc}; tried a coarser mesh")
             continue
@@ -324,12 +352,15 @@ def _compose_cached(
             continue
         if math.isfinite(candidate) and candidate >= 0:
             prv_eps, estimate = candidate, candidate_estimate
+            prv_name = ACCOUNTANT_PRV if float64 else ACCOUNTANT_PRV_LONG_DOUBLE
             break
         notes.append("PRV accountant returned no finite bound; retried")
     if prv_eps <= rdp_eps:
-        return EpsilonBound(prv_eps, delta, ACCOUNTANT_PRV, tuple(notes), estimate)
+        return EpsilonBound(prv_eps, delta, prv_name, tuple(notes), estimate)
     if math.isinf(prv_eps):
         notes.append("PRV accountant unusable at these settings; reporting the RDP upper bound")
+    # Reported as the package computes it (the same formulas as `privacy/rdp.py`).
+    rdp_eps = _package_rdp_epsilon(keys, counts, delta)
     return EpsilonBound(rdp_eps, delta, ACCOUNTANT_RDP, tuple(notes), estimate)
 
 

@@ -18,6 +18,9 @@ from 1/σ_w to s_k with independent Gaussian noise), so each window is accounted
 event: the conservative fallback of spec §10.3.6.
 
 Only this module (with `dpsgd`) adds DPAF's noise; the caller passes the secret generators.
+
+Data-parallel (`across_ranks=True`, see `dpsynth.privacy.distributed`): the caller passes its
+rank's share of the records; the sums are all-reduced with one noise draw in all.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch
 from torch import Tensor
 
 from dpsynth.errors import UsageError
-from dpsynth.privacy.dpsgd import add_noise, clip_per_sample
+from dpsynth.privacy.dpsgd import add_noise, clip_per_sample, noisy_global_sum
 
 __all__ = [
     "WINDOW_ACCOUNTING_NOTE",
@@ -61,17 +64,26 @@ def renorm_rows(features: Tensor, bound: float) -> Tensor:
 
 
 def noisy_feature_sum(
-    features: Tensor, bound: float, noise_multiplier: float, generator: torch.Generator
+    features: Tensor,
+    bound: float,
+    noise_multiplier: float,
+    generator: torch.Generator,
+    *,
+    across_ranks: bool = False,
 ) -> Tensor:
     """DPAGG: Σ of the rows of `features` [b, d] (each renormed to ≤ `bound`) + N(0, (σΔ)² I).
 
     b may be 0 (the sum is then 0 and only noise is released). One Gaussian draw from
-    `generator` per call; the result has `features`' dtype and device.
+    `generator` per call; the result has `features`' dtype and device. `across_ranks`: the
+    rows are this rank's share and the sum runs over every rank's (one draw in all).
     """
     if not (math.isfinite(bound) and bound > 0):
         raise UsageError(f"the aggregation bound must be finite and > 0, got {bound}")
-    total = renorm_rows(features, bound).sum(0)
-    return add_noise({"sum": total}, noise_multiplier * bound, generator)["sum"]
+    total = {"sum": renorm_rows(features, bound).sum(0)}
+    std = noise_multiplier * bound
+    if across_ranks:
+        return noisy_global_sum(total, std, generator)["sum"]
+    return add_noise(total, std, generator)["sum"]
 
 
 def compress_per_sample(grads: Mapping[str, Tensor], keep_fraction: float) -> dict[str, Tensor]:
@@ -104,17 +116,21 @@ def private_gradient_sum(
     max_norm: float,
     noise_multiplier: float,
     generator: torch.Generator,
+    across_ranks: bool = False,
 ) -> dict[str, Tensor]:
     """Σ_x clip(top-k(g_x)) + N(0, (σC)² I) over per-record gradients {name: [b, *shape]}.
 
     b may be 0 (noise only). `max_norm` = inf with `noise_multiplier` = 0 is the non-private
-    baseline (compression still applies, no clipping, no noise).
+    baseline (compression still applies, no clipping, no noise). `across_ranks`: the records
+    are this rank's share and the sum runs over every rank's (one noise draw in all).
     """
     compressed = compress_per_sample(grads, keep_fraction)
     if math.isfinite(max_norm):
         compressed, _ = clip_per_sample(compressed, max_norm)
     summed = {name: g.sum(0) for name, g in compressed.items()}
     std = noise_multiplier * max_norm if noise_multiplier > 0 else 0.0
+    if across_ranks:
+        return noisy_global_sum(summed, std, generator)
     return add_noise(summed, std, generator)
 
 

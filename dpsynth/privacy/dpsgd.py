@@ -13,6 +13,11 @@ accountant assumes for a `poisson_gaussian` event:
 
 Per-record gradients use `torch.func` (vmap over grad), never a Python loop over records,
 so losses that themselves differentiate w.r.t. the input (score matching) work too.
+
+Data-parallel (under `torchrun`, see `dpsynth.privacy.distributed`): every rank passes the
+same global batch; each clips and sums its strided share, the partial sums are all-reduced
+and rank 0's share alone carries the one noise draw, so the released gradient is the one of
+a single process on the same batch and noise.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
 
 from dpsynth.errors import UsageError
+from dpsynth.privacy.distributed import (
+    all_reduce_sum,
+    is_data_parallel,
+    noisy_partial,
+    shard,
+)
 
 __all__ = [
     "LossFn",
@@ -34,6 +45,7 @@ __all__ = [
     "add_noise",
     "clip_per_sample",
     "functional_state",
+    "noisy_global_sum",
     "per_sample_grads",
     "per_sample_norms",
 ]
@@ -182,6 +194,20 @@ def add_noise(
     return out
 
 
+def noisy_global_sum(
+    partial: Mapping[str, Tensor], std: float, generator: torch.Generator
+) -> dict[str, Tensor]:
+    """The sum of `partial` over all ranks plus ONE N(0, std²) draw per coordinate.
+
+    Every rank draws the same noise from its copy of the stream (keeping the streams in
+    lockstep); only rank 0 adds it before the all-reduce. In one process: `add_noise`.
+    """
+    noisy = add_noise(partial, std, generator)
+    if not is_data_parallel():
+        return noisy
+    return all_reduce_sum({name: noisy_partial(partial[name], noisy[name]) for name in partial})
+
+
 def _widest_float(tensors: list[Tensor]) -> torch.dtype:
     """The widest floating dtype among `tensors` (float32 if none is floating)."""
     dtypes = [t.dtype for t in tensors if t.is_floating_point()]
@@ -202,6 +228,10 @@ class PrivateGradient:
     added to the sum right away), so memory is bounded by the chunk, not the batch; the
     result is the same. `private=False` is the non-private baseline: the plain mean gradient
     over the realised batch, no clipping and no noise.
+
+    Under an initialised process group of W > 1 ranks every rank must call `compute` with
+    the same global batch: each rank works on its strided share, and every rank gets the
+    gradient (and the stats) of the whole batch with exactly one noise draw.
     """
 
     def __init__(
@@ -248,7 +278,8 @@ class PrivateGradient:
         differentially private: they are for the data owner's eyes and must not drive any
         decision (early stopping, tuning) or be released.
         """
-        size = _batch_size(batch)
+        size = _batch_size(batch)  # the global batch's size: the stats are the whole batch's
+        batch = shard(*batch)
         params, buffers = functional_state(self.model)
         if not self.private:
             grads, stats = self._mean_gradient(params, buffers, batch, size)
@@ -273,7 +304,7 @@ class PrivateGradient:
         summed = {name: torch.zeros_like(p) for name, p in params.items()}
         # [loss sum, norm sum, clipped count], kept on the device: one sync per step, not per chunk
         totals = torch.zeros(3, dtype=torch.float64, device=_device_of(params))
-        for chunk in self._chunks(batch, size):
+        for chunk in self._chunks(batch, _batch_size(batch)):
             grads, losses = _per_sample_grads_and_losses(self.loss_fn, params, buffers, chunk, None)
             chunk_sum, norms = _clipped_sum(grads, self.max_grad_norm)
             del grads
@@ -282,8 +313,10 @@ class PrivateGradient:
             totals += torch.stack(
                 [losses.detach().sum(), norms.sum(), (norms > self.max_grad_norm).sum()]
             ).to(totals.dtype)
-        noisy = add_noise(summed, self.noise_std, self.generator)
+        noisy = noisy_global_sum(summed, self.noise_std, self.generator)
         grads_out = {name: g / self.expected_batch_size for name, g in noisy.items()}
+        if is_data_parallel():
+            totals = all_reduce_sum({"totals": totals})["totals"]
         loss_sum, norm_sum, clipped_count = totals.tolist()
         return grads_out, _stats(size, loss_sum, int(clipped_count), norm_sum)
 
@@ -297,7 +330,7 @@ class PrivateGradient:
         summed = {name: torch.zeros_like(p) for name, p in params.items()}
         loss_sum = 0.0
         names = list(params)
-        for chunk in self._chunks(batch, size):
+        for chunk in self._chunks(batch, _batch_size(batch)):
             leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
             in_dims = (None, None, *([0] * len(chunk)))
             losses = vmap(self.loss_fn, in_dims=in_dims)(leaves, buffers, *chunk)
@@ -308,6 +341,11 @@ class PrivateGradient:
             for name, g in zip(names, parts, strict=True):
                 summed[name] += g
             loss_sum += float(total.detach())
+        if is_data_parallel():  # the mean over the whole (global) batch
+            loss = torch.tensor([loss_sum], dtype=torch.float64, device=_device_of(params))
+            reduced = all_reduce_sum({**summed, "loss sum": loss})
+            loss_sum = float(reduced.pop("loss sum"))
+            summed = reduced
         scale = 1.0 / size if size else 0.0
         grads_out = {name: g * scale for name, g in summed.items()}
         return grads_out, _stats(size, loss_sum, 0, math.nan)

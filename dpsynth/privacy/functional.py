@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from dpsynth.errors import DpsynthError, UsageError
+from dpsynth.privacy.distributed import all_reduce_sum, noisy_partial
 
 SENSITIVITY_CHOICES = ("paper", "add_remove")
 
@@ -206,14 +207,22 @@ def privatize_embedding_gradient(
     normalizer: float,
     generator: torch.Generator,
     jitter: float = 1e-8,
+    across_ranks: bool = False,
 ) -> torch.Tensor:
     """Release ∇_w f_S(w_j) + σΔ·η_j at the generated points (the per-step mechanism).
 
     `embedding_gradient` [M, d] is ∇f_S at `points` with f_S normalised by the public B =
     `normalizer`; σ = `noise_multiplier`, Δ = `sum_sensitivity` / B. Returns float64 [M, d].
+    `across_ranks` (data-parallel, see `dpsynth.privacy.distributed`): `embedding_gradient`
+    is this rank's share of the sum over the batch (it is linear in the records); the shares
+    are all-reduced and only rank 0's carries the one GP draw, which every rank makes alike.
     """
     if noise_multiplier <= 0 or not math.isfinite(noise_multiplier):
         raise UsageError(f"noise multiplier must be positive and finite, got {noise_multiplier}")
     eta = sample_derivative_noise(points, labels, bandwidths, generator, jitter=jitter)[0]
     scale = noise_scale(noise_multiplier, sum_sensitivity, normalizer)
-    return embedding_gradient.to(torch.float64) + scale * eta
+    partial = embedding_gradient.to(torch.float64)
+    noisy = partial + scale * eta
+    if across_ranks:
+        return all_reduce_sum({"gradient": noisy_partial(partial, noisy)})["gradient"]
+    return noisy

@@ -51,6 +51,7 @@ from dpsynth.privacy.aggregation import (
     window_patterns,
     window_sampling_rate,
 )
+from dpsynth.privacy.distributed import shard, shard_mask
 from dpsynth.privacy.dpsgd import PrivateGradient, per_sample_grads
 from dpsynth.privacy.randomness import PrivateRandomness
 
@@ -241,9 +242,12 @@ class DPAFTrainer(Trainer):
         onehot = _onehot(labels, self.num_classes)
         return self.net_g(z, onehot), onehot
 
-    def _release(self, features: torch.Tensor) -> torch.Tensor:
-        """DPAGG of a batch's features, divided by the public normaliser."""
-        noisy = noisy_feature_sum(features, self.features.bound, self.agg_sigma, self.rng_agg)
+    def _release(self, features: torch.Tensor, *, across_ranks: bool = False) -> torch.Tensor:
+        """DPAGG of a batch's features, divided by the public normaliser (`across_ranks`: the
+        features are this rank's share of the real batch)."""
+        noisy = noisy_feature_sum(
+            features, self.features.bound, self.agg_sigma, self.rng_agg, across_ranks=across_ranks
+        )
         return noisy / self.agg_normalizer
 
     def _generator_step(self) -> float:
@@ -266,19 +270,23 @@ class DPAFTrainer(Trainer):
         onehot = _onehot(y, self.num_classes)
         patterns = window_patterns(x.shape[0], self.window, self.step_rate, self.rng_patterns)
         patterns = patterns.to(self.device)
+        # Data-parallel: every rank holds the whole union and its patterns (same streams) and
+        # reads only its share of the records; the released sums are all-reduced.
+        mine = shard_mask(x.shape[0], self.device)
         weights = torch.zeros(x.shape[0], self.features.dim, device=self.device)
         fake_terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         d_losses, g_losses = [], []
         n_critic = int(self.config["n_critic"])
         for s in range(self.window):
             members = patterns[:, s]
+            read = members & mine
             with torch.no_grad():
                 real = (
-                    self.features(x[members], onehot[members])
-                    if bool(members.any())
+                    self.features(x[read], onehot[read])
+                    if bool(read.any())
                     else x.new_zeros(0, self.features.dim)  # an empty Poisson batch: noise only
                 )
-                released_real = self._release(real)
+                released_real = self._release(real, across_ranks=True)
                 fake_images, fake_onehot = self._fakes(self.batch_size)
                 released_fake = self._release(self.features(fake_images, fake_onehot))
             aggregates = torch.stack([released_real, released_fake]).requires_grad_(True)
@@ -321,6 +329,7 @@ class DPAFTrainer(Trainer):
             h = functional_call(features, (params, buffers), (image[None], label[None]))
             return (h[0] * weight).sum()
 
+        x, onehot, weights = shard(x, onehot, weights)  # this rank's share (all in one process)
         if x.shape[0]:
             grads = per_sample_grads(features, record_loss, (x, onehot, weights))
         else:
@@ -331,6 +340,7 @@ class DPAFTrainer(Trainer):
             max_norm=self.clip_conv2,
             noise_multiplier=self.conv2_sigma,
             generator=self.rng_conv2,
+            across_ranks=True,
         )
         fake_loss = sum(
             (features(images, labels) * v[None]).sum() for images, labels, v in fake_terms

@@ -36,6 +36,7 @@ from dpsynth.data.tabular import block_layout
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, Trainer
 from dpsynth.methods.blocks import TableHead
+from dpsynth.privacy.distributed import all_reduce_sum, shard
 from dpsynth.privacy.functional import (
     SENSITIVITY_CHOICES,
     functional_sensitivity,
@@ -502,6 +503,9 @@ class DPKernelTrainer(Trainer):
         points = self.net(
             z.to(self.device), _onehot(dev_labels, self.num_classes) if labels is not None else None
         )
+        # Data-parallel: this rank's share of the batch (all of it in one process); the
+        # embedding gradient is a sum over records, so the shares add up across ranks.
+        x, y = shard(x, y)
         batch_labels = y if labels is not None else None
         gradient = private_embedding_gradient(
             x, batch_labels, points, dev_labels, self.bandwidths, self.normalizer
@@ -517,9 +521,10 @@ class DPKernelTrainer(Trainer):
                 normalizer=self.normalizer,
                 generator=self.rng,
                 jitter=float(self.config["jitter"]),
+                across_ranks=True,
             )
         else:
-            released = gradient
+            released = all_reduce_sum({"gradient": gradient})["gradient"]
         released = released.to(points.dtype).detach()
         yy_term = generated_kernel_mean(points, dev_labels, self.bandwidths)
         surrogate = yy_term - (2.0 / self.num_generated) * (released * points).sum()
