@@ -108,7 +108,39 @@ def run_privacy(run_dir: Path | str, ledger_path: Path | str | None = None) -> d
         run_name=name,
         run_config=run_config,
     )
-    return {**privacy_statement(spend), "ledger": str(path.resolve())}
+    statement = privacy_statement(spend)
+    release = run_config.get("schema_release")
+    if isinstance(release, dict) and statement["private"]:
+        statement = _with_schema_release(statement, Ledger(path), release, run_id, name)
+    return {**statement, "ledger": str(path.resolve())}
+
+
+def _with_schema_release(
+    statement: dict[str, Any], ledger: Ledger, release: dict[str, Any], run_id: str, name: str
+) -> dict[str, Any]:
+    """The statement of a table run whose schema was released with DP before training: the
+    outputs carry the released schema too, so their ε composes both spends (read from the
+    ledger, which must hold the release under this run's id)."""
+    from dpsynth.privacy.accounting import compose_epsilon
+
+    try:
+        spend = ledger.spend(int(release["ledger_seq"]))
+    except (KeyError, TypeError, ValueError, UsageError):
+        spend = {}
+    if spend.get("run_id") != run_id or spend.get("command") != "schema-release":
+        raise DataError(f"{name}: the ledger holds no schema release of this run (was it cut?)")
+    training = ledger.spend(int(statement["ledger_seq"]))
+    delta = float(statement["delta"])
+    bound = compose_epsilon([*spend["events"], *training["events"]], delta)
+    return {
+        **statement,
+        "epsilon": bound.epsilon,
+        "schema_release_seq": int(spend["seq"]),
+        "statement": (
+            f"(ε ≤ {bound.epsilon:.4g}, δ = {delta:g})-DP, {bound.accountant} (training and the "
+            f"schema release, seq {spend['seq']}, composed)"
+        ),
+    }
 
 
 def label_counts(labels: str, n: int, num_classes: int) -> list[int]:
@@ -212,7 +244,7 @@ def sample_run(
     run_dir: Path | str,
     n: int,
     out_dir: Path | str,
-    fmt: str = "png",
+    fmt: str | None = None,
     labels: str = "balanced",
     batch_size: int = 500,
     seed: int = 0,
@@ -228,11 +260,21 @@ def sample_run(
     a staging folder beside OUT and renamed into place at the end, in batches so that memory
     stays flat in N. `force` replaces only an earlier output of `sample` (see
     `dpsynth.outdir.check_target`); staging folders of killed runs are removed first.
+    A table's run writes one CSV file instead (`fmt` csv, the default there): see
+    `sample_table`.
     """
     if n < 1:
         raise UsageError(f"--n must be at least 1, got {n}")
     if n > MAX_SAMPLES:
         raise UsageError(f"--n must be at most {MAX_SAMPLES:.0e}, got {n}")
+    if _run_modality(run_dir) == "table":
+        if fmt not in (None, "csv"):
+            raise UsageError(f"--format {fmt}: a table's run writes csv")
+        return sample_table(
+            run_dir, n, out_dir, labels=labels, batch_size=batch_size, seed=seed,
+            device=device, force=force, ledger_path=ledger_path, progress=progress,
+        )  # fmt: skip
+    fmt = fmt or "png"
     if fmt not in ("png", "npz"):
         raise UsageError(f"--format must be png or npz, got {fmt!r}")
     if batch_size < 1:
@@ -442,3 +484,114 @@ def _record_release(
 def manifest_of(out_dir: Path | str) -> dict[str, Any]:
     """The manifest a `sample` output folder carries."""
     return json.loads((Path(out_dir) / "manifest.json").read_text())
+
+
+def _run_modality(run_dir: Path | str) -> str:
+    try:
+        data = RunDir(run_dir).read_config().get("data")
+    except DataError:
+        return "image"  # the image path reports the problem with its own message
+    return str(data.get("modality", "image")) if isinstance(data, dict) else "image"
+
+
+def table_manifest_path(out: Path | str) -> Path:
+    """Where `sample` writes the manifest of a CSV: `OUT.manifest.json` beside it."""
+    out = Path(out)
+    return out.with_name(out.name + ".manifest.json")
+
+
+def sample_table(
+    run_dir: Path | str,
+    n: int,
+    out: Path | str,
+    labels: str = "balanced",
+    batch_size: int = 500,
+    seed: int = 0,
+    device: str = "auto",
+    force: bool = False,
+    ledger_path: Path | str | None = None,
+    progress: SampleProgress | None = None,
+) -> dict[str, Any]:
+    """Write N synthetic rows of a table's run to the CSV file `out` and record the release.
+
+    The CSV has the original header, column order and category strings (see
+    `dpsynth.data.tabular`); it is streamed batch by batch into a temporary name beside
+    `out` and renamed into place, with `OUT.manifest.json` (provenance, privacy statement,
+    SHA-256 of the CSV). `force` replaces only an earlier CSV of `sample` (one with its
+    manifest). Categorical blocks are sampled with the public `seed`.
+    """
+    import os
+    import uuid
+
+    from dpsynth.data.tabular import codec_for
+
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    out = Path(out)
+    run = RunDir(run_dir)
+    privacy = run_privacy(run_dir, ledger_path)
+    manifest_path = table_manifest_path(out)
+    resolved = out.resolve()
+    if resolved == Path(privacy["ledger"]).resolve() or run.path.resolve() in resolved.parents:
+        raise UsageError(f"--out {out}: would overwrite the ledger or the run directory")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; a table is written to a CSV file")
+    if out.exists():
+        if not force:
+            raise UsageError(f"--out {out} exists; pass --force to replace it")
+        if not manifest_path.is_file():
+            raise UsageError(
+                f"--out {out} was not written by `sample` (no {manifest_path.name}); "
+                "--force replaces only an earlier sample"
+            )
+    generator, run_config, info = load_generator(run_dir, device)
+    codec = codec_for(info)
+    counts = label_counts(labels, n, len(info.classes))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temporary = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
+    digest = hashlib.sha256()
+    rng = np.random.default_rng(seed)
+    done = 0
+    try:
+        with temporary.open("w", encoding="utf-8", newline="") as handle:
+            for rows, chunk in _batches(generator, counts, batch_size, seed):
+                frame = codec.decode(rows.cpu().numpy(), chunk.numpy(), rng)
+                text = codec.csv_text(frame, header=done == 0)
+                handle.write(text)
+                digest.update(text.encode("utf-8"))
+                done += len(frame)
+                if progress is not None:
+                    progress(done, n)
+            handle.flush()
+            os.fsync(handle.fileno())
+        output_sha = digest.hexdigest()
+        release = _record_release(run_config, info, privacy["ledger"], output_sha, n, "csv", out)
+        manifest = {
+            "run_id": run_config["run_id"],
+            "run": str(Path(run_dir).resolve()),
+            "method": run_config["method"],
+            "private": privacy["private"],
+            "privacy": privacy["statement"],
+            "privacy_source": {
+                key: privacy[key]
+                for key in ("ledger", "ledger_seq", "ledger_hash", "status", "epsilon", "delta")
+            },
+            "n": n,
+            "format": "csv",
+            "modality": "table",
+            "classes": list(info.classes),
+            "label_counts": counts,
+            "seed": seed,
+            "columns": [c.name for c in codec.schema.columns],
+            "schema": info.schema,
+            "dataset_id": info.dataset_id,
+            "fingerprint": info.fingerprint,
+            "output_sha256": output_sha,
+            "ledger": release,
+        }
+        write_json_atomic(manifest_path, manifest)
+        os.replace(temporary, out)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return {"out": str(out), "manifest": str(manifest_path), **manifest}

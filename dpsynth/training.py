@@ -35,11 +35,13 @@ import torch
 
 from dpsynth import __version__
 from dpsynth.data.images import DataInfo, ImageData
-from dpsynth.data.sources import load_data
+from dpsynth.data.schema import parse_schema
+from dpsynth.data.sources import is_table_spec, load_data, load_table
+from dpsynth.data.tabular import TableData
 from dpsynth.distributed import Launch, PeerFailed, broadcast, launch_from_env, process_group
 from dpsynth.errors import DataError, DpsynthError, UsageError
 from dpsynth.methods.base import Method, Trainer
-from dpsynth.methods.registry import get_method
+from dpsynth.methods.registry import get_method, method_names
 from dpsynth.privacy.accounting import default_delta, epsilon_for
 from dpsynth.privacy.anchors import (
     AnchorError,
@@ -139,6 +141,11 @@ class TrainRequest:
     stop_after_steps: int | None = None
     log_private_loss: bool = False
     privacy_seed: int | None = None
+    # Tables: the schema file (default: a built-in table's bundled schema), and what to do with
+    # its entries read off the data (declare them public, or release them with DP).
+    schema: Path | str | None = None
+    schema_public: bool = False
+    schema_epsilon: float | None = None
 
     @staticmethod
     def check_complete(
@@ -169,6 +176,20 @@ class TrainRequest:
             if self.ledger_path is None:
                 raise UsageError("a new run needs a ledger path")
             parse_epsilon(self.epsilon if self.epsilon is not None else "inf")
+            table_flags = self.schema is not None or self.schema_public
+            if (table_flags or self.schema_epsilon is not None) and self.data is not None:
+                from dpsynth.data.sources import is_table_spec
+
+                if not is_table_spec(self.data):
+                    raise UsageError(
+                        "--schema, --schema-public and --schema-epsilon are for tables"
+                    )
+            if self.schema_epsilon is not None and not (
+                math.isfinite(self.schema_epsilon) and self.schema_epsilon > 0
+            ):
+                raise UsageError(
+                    f"--schema-epsilon must be a positive number, got {self.schema_epsilon}"
+                )
 
 
 def train_run(
@@ -193,6 +214,9 @@ def train_run(
     stop_after_steps: int | None = None,
     log_private_loss: bool = False,
     privacy_seed: int | None = None,
+    schema: Path | str | None = None,
+    schema_public: bool = False,
+    schema_epsilon: float | None = None,
 ) -> dict[str, Any]:
     """`train` with the request's fields as keyword arguments (see `TrainRequest`)."""
     request = TrainRequest(
@@ -215,6 +239,9 @@ def train_run(
         stop_after_steps=stop_after_steps,
         log_private_loss=log_private_loss,
         privacy_seed=privacy_seed,
+        schema=schema,
+        schema_public=schema_public,
+        schema_epsilon=schema_epsilon,
     )
     return train(request, progress)
 
@@ -325,13 +352,7 @@ def _join(start: Mapping[str, Any], device: torch.device) -> _Session:
     fingerprint), builds the same trainer and streams, and restores the same state."""
     run_config = dict(start["run_config"])
     data_cfg = run_config["data"]
-    records = load_data(
-        data_cfg["spec"],
-        image_size=data_cfg.get("image_size"),
-        dataset_id=data_cfg["dataset_id"],
-        classes=data_cfg.get("classes"),
-        channels=data_cfg.get("channels"),
-    )
+    records = _load_recorded(data_cfg, "rank 0's run")
     info = records.info()
     if info.fingerprint != data_cfg["fingerprint"]:
         raise DataError(
@@ -383,15 +404,27 @@ def _start(
     target_epsilon = parse_epsilon(request.epsilon if request.epsilon is not None else "inf")
     backend = get_method(request.method)
     run.check_new()
-    records = load_data(
-        request.data,
-        image_size=image_size,
-        dataset_id=request.dataset_id,
-        classes=request.classes,
-        channels=channels,
+    run_id = uuid.uuid4().hex[:12]
+    # Drawn before anything is read; it reaches the disk only in the run's private folder.
+    randomness = (
+        PrivateRandomness(privacy_seed) if privacy_seed is not None else PrivateRandomness.fresh()
     )
+    schema_release = None
+    if is_table_spec(request.data):
+        records, schema_release = _load_table(
+            request, backend, ledger, target_epsilon, run_id, randomness
+        )
+    else:
+        _check_modality(backend, "image")
+        records = load_data(
+            request.data,
+            image_size=image_size,
+            dataset_id=request.dataset_id,
+            classes=request.classes,
+            channels=channels,
+        )
     info = records.info()
-    warnings: list[str] = []
+    warnings: list[str] = list((schema_release or {}).get("warnings", []))
     if delta is None:
         delta = default_delta(info.n)
     elif delta >= 1.0 / info.n:
@@ -408,11 +441,6 @@ def _start(
     # Budgets follow the data: spends linked by dataset id or fingerprint are composed in.
     prior = ledger.events_for(info.dataset_id, info.fingerprint)
     plan = backend.plan(info, target, config, prior)
-    # The secret is drawn now (nothing is read yet) so that the trainer can be built before the
-    # reservation; it reaches the disk only in the run's private folder, below.
-    randomness = (
-        PrivateRandomness(privacy_seed) if privacy_seed is not None else PrivateRandomness.fresh()
-    )
     try:
         trainer = backend.trainer(info, config, plan, torch_device, seed, randomness)
         sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
@@ -421,7 +449,6 @@ def _start(
         raise UsageError(
             f"--method {backend.name} cannot start with these settings: {exc}"
         ) from None
-    run_id = uuid.uuid4().hex[:12]
     # `classes` (in info) and `channels` let --resume read the data the same way
     data_json = {**info.to_json(), "image_size": image_size, "channels": channels}
     # The spend binds what config.json will say about method, settings, data and plan.
@@ -463,6 +490,8 @@ def _start(
         "versions": _package_versions(),
         "warnings": warnings,
     }
+    if schema_release is not None:
+        run_config["schema_release"] = schema_release
     if launch is not None:  # informational: the mechanism is the same for any world size
         run_config["launch"] = {"world_size": launch.world_size}
     try:
@@ -487,6 +516,78 @@ def _start(
         run_config=run_config,
         start_step=0,
         warnings=warnings,
+    )
+
+
+def _load_recorded(data_cfg: Mapping[str, Any], name: str) -> ImageData | TableData:
+    """The data a run recorded in config.json, read the same way (resume, other ranks)."""
+    if data_cfg.get("modality") == "table":
+        # The run's schema is public (declared or released when the run began): no new release.
+        return load_table(
+            data_cfg["spec"],
+            parse_schema(data_cfg["schema"], f"{name} schema"),
+            dataset_id=data_cfg["dataset_id"],
+        )
+    return load_data(
+        data_cfg["spec"],
+        image_size=data_cfg.get("image_size"),
+        dataset_id=data_cfg["dataset_id"],
+        classes=data_cfg.get("classes"),
+        channels=data_cfg.get("channels"),
+    )
+
+
+def _check_modality(backend: Method, modality: str) -> None:
+    """UsageError (exit 2) when the backend cannot train on this kind of data."""
+    if modality not in backend.modalities:
+        others = [n for n in method_names() if modality in get_method(n).modalities]
+        kind = "image-only" if backend.modalities == ("image",) else "not for " + modality + "s"
+        raise UsageError(
+            f"--method {backend.name} is {kind}; for {modality}s use --method "
+            f"{' or '.join(others) or '(none)'}"
+        )
+
+
+def _load_table(
+    request: TrainRequest,
+    backend: Method,
+    ledger: Ledger,
+    target_epsilon: float,
+    run_id: str,
+    randomness: PrivateRandomness,
+) -> tuple[TableData, dict[str, Any] | None]:
+    """The table under a public schema; with --schema-epsilon its release is spent first."""
+    from dpsynth.tables import prepare_table
+
+    _check_modality(backend, "table")
+    if request.image_size is not None or request.channels is not None:
+        raise UsageError("--image-size and --channels are for images, not tables")
+    if request.classes is not None:
+        raise UsageError("a table's classes are its schema's target categories; drop --classes")
+
+    def delta_for(n: int) -> float:
+        return float(request.delta) if request.delta is not None else default_delta(n)
+
+    def plan_check(info: DataInfo, events: tuple[dict[str, Any], ...]) -> None:
+        config = backend.config(request.preset, dict(request.overrides), info)
+        backend.validate_config(config, info)
+        prior = (*ledger.events_for(info.dataset_id, info.fingerprint or None), *events)
+        backend.plan(info, PrivacyTarget(target_epsilon, delta_for(info.n)), config, prior)
+
+    assert request.data is not None
+    return prepare_table(
+        spec=request.data,
+        schema_path=request.schema,
+        schema_public=request.schema_public,
+        schema_epsilon=request.schema_epsilon,
+        dataset_id=request.dataset_id,
+        ledger=ledger,
+        delta_for=delta_for,
+        target_epsilon=target_epsilon,
+        method=backend.name,
+        run_id=run_id,
+        randomness=randomness,
+        plan_check=plan_check,
     )
 
 
@@ -541,13 +642,7 @@ def _resume(
         return {**_summary(run, run_config, ledger, plan, plan.steps), "already_finished": True}
     if spend.get("status") == "aborted":
         raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
-    records = load_data(
-        data_cfg["spec"],
-        image_size=data_cfg.get("image_size"),
-        dataset_id=data_cfg["dataset_id"],
-        classes=data_cfg.get("classes"),
-        channels=data_cfg.get("channels"),
-    )
+    records = _load_recorded(data_cfg, name)
     info = records.info()
     if info.fingerprint != data_cfg["fingerprint"]:
         raise DataError(
@@ -713,7 +808,10 @@ def _loop(
         run_id=run_config["run_id"],
         fingerprint=info.fingerprint,
     )
-    return {**_summary(run, run_config, ledger, plan, step), "warnings": warnings}
+    summary = {**_summary(run, run_config, ledger, plan, step), "warnings": warnings}
+    if run_config.get("schema_release"):
+        summary["schema_release"] = run_config["schema_release"]
+    return summary
 
 
 def _follower_loop(
@@ -775,6 +873,8 @@ def _write_preview(
     seed: int,
     device: torch.device,
 ) -> None:
+    if info.modality != "image":
+        return  # a table's preview is a `sample` away; there is no grid to draw
     per_class = 8
     labels = torch.arange(len(info.classes), device=device).repeat_interleave(per_class)
     rng = torch.Generator(device=device).manual_seed(seed + 99)

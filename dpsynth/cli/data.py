@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,11 +19,12 @@ app.add_typer(data_app, name="data", no_args_is_help=True)
 @handle_errors
 def data_list(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
     """Built-in real data sets (no download needed)."""
-    from dpsynth.data.sources import list_builtin
+    from dpsynth.data.sources import list_builtin, list_builtin_tables
 
     items = list_builtin()
+    tables = list_builtin_tables()
     if as_json:
-        emit_json(items)
+        emit_json([*items, *tables])
         return
     table = Table(title="built-in data sets", title_justify="left")
     for column in ("name", "records (train/test)", "shape", "classes", "description"):
@@ -36,9 +38,22 @@ def data_list(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
             item.get("description", ""),
         )
     stdout.print(table)
+    listed = Table(title="built-in tables", title_justify="left")
+    for column in ("name", "rows (train/test)", "columns", "target (classes)", "description"):
+        listed.add_column(column)
+    for item in tables:
+        listed.add_row(
+            item["name"],
+            f"{item['n']}/{item['n_test']}",
+            str(item["columns"]),
+            f"{item['target']} ({', '.join(item['classes'])})",
+            item.get("description", ""),
+        )
+    stdout.print(listed)
     stdout.print(
         "Your own data: mnist:DIR[:test] (IDX files), folder:DIR (one sub-folder per class), "
-        "npz:FILE (x, y arrays; a `classes` array or --classes a,b,...: the label set is public)."
+        "npz:FILE (x, y arrays; a `classes` array or --classes a,b,...: the label set is public), "
+        "csv:FILE with --schema FILE.json (draft one with `dpsynth data schema csv:FILE`)."
     )
 
 
@@ -49,14 +64,20 @@ def data_inspect(
     image_size: Annotated[int | None, typer.Option(help="Resize images to this size.")] = None,
     classes: ClassesOpt = None,
     channels: ChannelsOpt = None,
+    schema: Annotated[Path | None, typer.Option(help="Tables: the schema JSON.")] = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Public facts about a data set (size, shape, classes, fingerprint); no statistics."""
+    from dpsynth.data.schema import read_schema
     from dpsynth.data.sources import inspect_data, parse_classes
 
     info = inspect_data(
-        spec, image_size=image_size, classes=parse_classes(classes), channels=channels
+        spec,
+        image_size=image_size,
+        classes=parse_classes(classes),
+        channels=channels,
+        schema=read_schema(schema) if schema is not None else None,
     )
     if as_json:
         emit_json(info)
@@ -65,9 +86,34 @@ def data_inspect(
         ("spec", info["spec"]),
         ("kind", info["kind"]),
         ("records", info["n"]),
-        ("shape [C,H,W]", info["shape"]),
+        (
+            "shape [D] (encoded)" if info.get("modality") == "table" else "shape [C,H,W]",
+            info["shape"],
+        ),
         ("classes", ", ".join(info["classes"])),
         ("dataset id", info["dataset_id"]),
         ("fingerprint", info["fingerprint"]),
     ]
     stdout.print(kv_table("data", rows))
+
+
+@data_app.command("schema")
+@handle_errors
+def data_schema(
+    spec: Annotated[str, typer.Argument(help="A table: csv:FILE (or a built-in table).")],
+    target: Annotated[
+        str | None, typer.Option(help="The target (label) column [default: the last one].")
+    ] = None,
+    as_json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Draft a schema (JSON on stdout) for you to review: every bound and category list it read
+    off the data is marked "source": "data (not private: review or replace)"."""
+    from dpsynth.data.schema import draft_schema
+    from dpsynth.data.sources import read_table
+
+    raw, _, _ = read_table(spec)
+    drafted = draft_schema(raw.header, raw.columns, target or raw.header[-1])
+    # The draft is JSON either way (for `> schema.json`); --json is accepted for uniformity.
+    del as_json
+    emit_json(drafted.to_json())

@@ -38,7 +38,10 @@ def evaluate(
     ],
     real: Annotated[str, typer.Option(help="Held-out real data spec, e.g. digits:test.")],
     metrics: Annotated[
-        str, typer.Option(help="Comma list: fid, accuracy, precision, recall.")
+        str,
+        typer.Option(
+            help="Comma list: fid, accuracy, precision, recall; tables: accuracy, roc_auc, ml."
+        ),
     ] = "fid,accuracy",
     classifier: Annotated[str, typer.Option(help="cnn or logreg.")] = "cnn",
     seeds: Annotated[int, typer.Option(help="Classifier seeds (mean and std).")] = 3,
@@ -54,6 +57,10 @@ def evaluate(
     real_train: Annotated[
         str | None, typer.Option(help="Real training spec for the upper-bound accuracy.")
     ] = None,
+    schema: Annotated[
+        Path | None,
+        typer.Option(help="Tables: the schema reading --real [default: the sample's or built-in]."),
+    ] = None,
     classes: ClassesOpt = None,
     channels: ChannelsOpt = None,
     device: DeviceOpt = "auto",
@@ -62,7 +69,9 @@ def evaluate(
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """FID and downstream accuracy of synthetic images against held-out real data."""
+    """FID and downstream accuracy of synthetic images against held-out real data; for tables
+    (--real csv:FILE or german-credit:test), logistic regression and gradient boosting trained
+    on the synthetic CSV: accuracy and ROC-AUC (--metrics accuracy,roc_auc or ml)."""
     from dpsynth.data.sources import parse_classes
     from dpsynth.evaluate.report import run_evaluation
 
@@ -92,9 +101,13 @@ def evaluate(
             real_channels=channels,
             ledger_path=resolve_ledger_path(ledger),
             progress=on_progress,
+            schema=schema,
         )
     if as_json:
         emit_json(result)
+        return
+    if result.get("modality") == "table":
+        _render_table(result)
         return
     print_warnings(list(result.get("warnings", [])))
     rows: list[tuple[str, Any]] = [("synthetic", result.get("synthetic")), ("real", real)]
@@ -123,6 +136,26 @@ def evaluate(
         )
         if acc.get("real_train_accuracy") is not None:
             rows.append(("accuracy, real-trained", f"{acc['real_train_accuracy']:.4f}"))
+    if result.get("report_dir"):
+        rows.append(("report", os.path.join(str(result["report_dir"]), "report.md")))
+    stdout.print(kv_table("evaluate", rows))
+
+
+def _render_table(result: dict[str, Any]) -> None:
+    from dpsynth.evaluate.tabular import fmt_score, score_rows
+
+    print_warnings(list(result.get("warnings", [])))
+    rows: list[tuple[str, Any]] = [
+        ("synthetic", f"{result['synthetic']} ({result['n_synthetic']} rows)"),
+        ("real", f"{result['real']} ({result['real_n']} rows), target {result['target']}"),
+    ]
+    if result.get("privacy"):
+        rows.append(("privacy", result["privacy"]))
+    if result.get("non_private"):
+        rows.append(("privacy", "NOT PRIVATE: evaluated on data a DP run spent budget on"))
+    for trained, kind, values in score_rows(result):
+        for metric in result["metrics_requested"]:
+            rows.append((f"{metric}, {kind} trained on {trained}", fmt_score(values[metric])))
     if result.get("report_dir"):
         rows.append(("report", os.path.join(str(result["report_dir"]), "report.md")))
     stdout.print(kv_table("evaluate", rows))

@@ -16,8 +16,13 @@ from dpsynth.cli.render import emit_json, progress_bar, show_progress, stdout
 def sample(
     run: Annotated[Path, typer.Argument(help="A run directory written by `train`.")],
     n: Annotated[int, typer.Option("--n", help="Number of records to generate.")],
-    out: Annotated[Path, typer.Option("--out", help="Output folder.")],
-    fmt: Annotated[str, typer.Option("--format", help="png or npz.")] = "png",
+    out: Annotated[
+        Path, typer.Option("--out", help="Output folder (images) or CSV file (a table's run).")
+    ],
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", help="png or npz for images [png]; csv for tables [csv]."),
+    ] = None,
     labels: Annotated[
         str, typer.Option(help="balanced, or per-class counts a,b,c,... summing to --n.")
     ] = "balanced",
@@ -30,7 +35,8 @@ def sample(
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Write synthetic images from a trained run (post-processing: no privacy cost)."""
+    """Write synthetic images (or table rows as CSV) from a trained run (post-processing: no
+    privacy cost)."""
     from dpsynth.sampling import sample_run
 
     show = show_progress(quiet, as_json)
@@ -57,7 +63,8 @@ def sample(
     if as_json:
         emit_json(result)
         return
+    what = "rows" if result.get("modality") == "table" else "images"
     stdout.print(
-        f"wrote {result['n']} images to {result['out']} ({result['format']}); "
+        f"wrote {result['n']} {what} to {result['out']} ({result['format']}); "
         f"{result['privacy']}; sha256 {result['output_sha256'][:16]}…"
     )

@@ -47,7 +47,9 @@ def _parse_sets(items: list[str] | None) -> dict[str, str]:
 @handle_errors
 def train(
     out: Annotated[Path, typer.Option("--out", help="Run directory to create (or resume).")],
-    method: Annotated[str | None, typer.Option(help="Backend: pge or dpkernel.")] = None,
+    method: Annotated[
+        str | None, typer.Option(help="Backend: pge, dpkernel, psg or dpaf (tables: dpkernel).")
+    ] = None,
     data: Annotated[str | None, typer.Option(help="Data spec (see `dpsynth data list`).")] = None,
     epsilon: Annotated[
         str | None,
@@ -81,6 +83,25 @@ def train(
     ] = None,
     classes: ClassesOpt = None,
     channels: ChannelsOpt = None,
+    schema: Annotated[
+        Path | None,
+        typer.Option(help="Tables: the schema JSON [default: a built-in table's own]."),
+    ] = None,
+    schema_public: Annotated[
+        bool,
+        typer.Option(
+            "--schema-public",
+            help="Tables: declare the schema's entries read off the data public (your statement).",
+        ),
+    ] = False,
+    schema_epsilon: Annotated[
+        float | None,
+        typer.Option(
+            "--schema-epsilon",
+            help="Tables: release the schema's entries read off the data with DP, spending this "
+            "ε (part of --epsilon, recorded in the ledger before training).",
+        ),
+    ] = None,
     checkpoint_every: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 120.0,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
@@ -121,6 +142,9 @@ def train(
         channels=channels,
         checkpoint_every_s=checkpoint_every,
         log_private_loss=log_private_loss,
+        schema=schema,
+        schema_public=schema_public,
+        schema_epsilon=schema_epsilon,
     )
     # Under torchrun only rank 0 shows progress and the result; the other ranks are quiet.
     main_rank = is_main_process()
@@ -164,6 +188,15 @@ def train(
         ("accountant", result["accountant"]),
         ("ledger entry", f"seq {result['ledger_seq']} ({result['ledger_status']})"),
     ]
+    if result.get("schema_release"):
+        release = result["schema_release"]
+        rows.append(
+            (
+                "schema release",
+                f"{len(release['released_columns'])} column(s), ε ≤ {release['epsilon']:.4g} "
+                f"(ledger seq {release['ledger_seq']})",
+            )
+        )
     if result.get("preview"):
         rows.append(("preview", result["preview"]))
     stdout.print(kv_table("train", rows))

@@ -24,10 +24,14 @@ class DataInfo:
     classes: tuple[str, ...]
     fingerprint: str
     dataset_id: str
+    # "image" (shape (C, H, W), uint8 pixels) or "table" (shape (D,), rows encoded under
+    # `schema`, the public schema's JSON: public by construction once declared or released).
+    modality: str = "image"
+    schema: dict | None = None
 
     def to_json(self) -> dict:
-        """A JSON-ready dict (shape and classes as lists)."""
-        return {
+        """A JSON-ready dict (shape and classes as lists; modality and schema for tables)."""
+        out = {
             "spec": self.spec,
             "kind": self.kind,
             "n": self.n,
@@ -36,6 +40,10 @@ class DataInfo:
             "fingerprint": self.fingerprint,
             "dataset_id": self.dataset_id,
         }
+        if self.modality != "image":
+            out["modality"] = self.modality
+            out["schema"] = self.schema
+        return out
 
     @classmethod
     def from_json(cls, obj: dict) -> DataInfo:
@@ -48,6 +56,8 @@ class DataInfo:
             classes=tuple(obj["classes"]),
             fingerprint=obj["fingerprint"],
             dataset_id=obj["dataset_id"],
+            modality=str(obj.get("modality", "image")),
+            schema=obj.get("schema"),
         )
 
 

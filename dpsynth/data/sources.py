@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from dpsynth.data.builtin import BUILTINS, list_builtin
+from dpsynth.data.builtin_tables import TABLE_BUILTINS
 from dpsynth.data.images import ImageData
 from dpsynth.data.readers import (
     RawImages,
@@ -31,19 +32,25 @@ from dpsynth.data.readers import (
     read_npz,
     resize_uint8,
 )
+from dpsynth.data.schema import Schema
+from dpsynth.data.tabular import RawTable, TableData, encode_table
 from dpsynth.errors import UsageError
 
 __all__ = [
     "KINDS",
     "DataSpec",
     "inspect_data",
+    "is_table_spec",
     "list_builtin",
+    "list_builtin_tables",
     "load_data",
+    "load_table",
     "parse_classes",
     "parse_spec",
+    "read_table",
 ]
 
-KINDS: tuple[str, ...] = ("mnist", "folder", "npz")
+KINDS: tuple[str, ...] = ("mnist", "folder", "npz", "csv")
 SPLIT_KINDS = frozenset({"builtin", "mnist"})
 
 
@@ -61,14 +68,24 @@ class DataSpec:
     given: str = ""
 
     @property
+    def is_table(self) -> bool:
+        """True for `csv:FILE` and the built-in tables."""
+        return self.kind == "csv" or (self.kind == "builtin" and self.target in TABLE_BUILTINS)
+
+    @property
     def canonical(self) -> str:
         """`NAME[:test]` for built-ins, `KIND:ABSOLUTE_PATH[:test]` for user data."""
         base = self.target if self.kind == "builtin" else f"{self.kind}:{self.target}"
         return f"{base}:test" if self.split == "test" else base
 
 
+def list_builtin_tables() -> list[dict]:
+    """The built-in tables (name, description, n, n_test, columns, target, classes)."""
+    return [table.to_json() for table in TABLE_BUILTINS.values()]
+
+
 def _usage_hint() -> str:
-    names = ", ".join(BUILTINS)
+    names = ", ".join([*BUILTINS, *TABLE_BUILTINS])
     kinds = ", ".join(f"{kind}:PATH" for kind in KINDS)
     return f"built-in: {names} (NAME:test for the held-out split); your data: {kinds}"
 
@@ -84,7 +101,7 @@ def parse_spec(spec: str) -> DataSpec:
     """Parse a data spec without touching the file system beyond resolving the path."""
     text = spec.strip()
     name, split = _split_suffix(text)
-    if name in BUILTINS:
+    if name in BUILTINS or name in TABLE_BUILTINS:
         return DataSpec("builtin", name, split, name)
     kind, sep, rest = text.partition(":")
     if not sep:
@@ -94,8 +111,6 @@ def parse_spec(spec: str) -> DataSpec:
         elif Path(text).expanduser().is_file():
             hint = f"; did you mean npz:{text}?"
         raise UsageError(f"unknown data set {text!r}{hint} ({_usage_hint()})")
-    if kind == "csv":
-        raise UsageError(f"{text!r} is a table; this command needs image data ({_usage_hint()})")
     if kind not in KINDS:
         raise UsageError(f"unknown data kind {kind!r} in {text!r} ({_usage_hint()})")
     path_text, split = _split_suffix(rest) if kind == "mnist" else (rest, "train")
@@ -113,8 +128,8 @@ def _check_path(parsed: DataSpec) -> Path:
         if split == "test" and Path(base).expanduser().exists():
             hint = " (:test applies to built-in data and mnist:DIR; give the test data's own path)"
         raise UsageError(f"no such file or folder: {parsed.given}{hint}")
-    if parsed.kind == "npz" and not path.is_file():
-        raise UsageError(f"npz:{parsed.given}: not a file")
+    if parsed.kind in ("npz", "csv") and not path.is_file():
+        raise UsageError(f"{parsed.kind}:{parsed.given}: not a file")
     if parsed.kind in ("mnist", "folder") and not path.is_dir():
         raise UsageError(f"{parsed.kind}:{parsed.given}: not a folder")
     return path
@@ -220,6 +235,8 @@ def load_data(
     _check_channels(channels)
     declared = tuple(classes) if classes is not None else None
     parsed = parse_spec(spec)
+    if parsed.is_table:
+        raise UsageError(f"{spec!r} is a table; this command needs image data")
     raw = _read(parsed, image_size, declared, channels)
     _check_declared_classes(parsed, declared, tuple(raw.classes))
     pixels = _convert_channels(raw.x, channels)
@@ -240,6 +257,7 @@ def inspect_data(
     image_size: int | None = None,
     classes: tuple[str, ...] | None = None,
     channels: int | None = None,
+    schema: Schema | None = None,
 ) -> dict:
     """The public description of a data spec: spec, kind, n, shape [C,H,W], classes,
     fingerprint, dataset_id.
@@ -248,6 +266,47 @@ def inspect_data(
     and its output is not differentially private, so it shows only what the privacy model
     treats as public (record count, shape, label set) plus the SHA-256 fingerprint.
     """
+    if is_table_spec(spec):
+        return load_table(spec, schema).info().to_json()
     return (
         load_data(spec, image_size=image_size, classes=classes, channels=channels).info().to_json()
     )
+
+
+def is_table_spec(spec: str) -> bool:
+    """True when a data spec names a table (`csv:FILE`, a built-in table)."""
+    return parse_spec(spec).is_table
+
+
+def read_table(spec: str) -> tuple[RawTable, DataSpec, Schema | None]:
+    """A table spec's rows as read (strings), its parsed spec and its bundled schema (None for
+    a user's `csv:`, whose schema the user gives)."""
+    from dpsynth.data.builtin_tables import load_builtin_table
+    from dpsynth.data.tabular import read_csv_table
+
+    parsed = parse_spec(spec)
+    if not parsed.is_table:
+        raise UsageError(
+            f"{spec!r} is image data; a table is csv:FILE or {', '.join(TABLE_BUILTINS)}"
+        )
+    if parsed.kind == "builtin":
+        raw = load_builtin_table(parsed.target, parsed.split)
+        return raw, parsed, TABLE_BUILTINS[parsed.target].schema()
+    path = _check_path(parsed)
+    return read_csv_table(path, source=f"csv:{parsed.given}"), parsed, None
+
+
+def load_table(spec: str, schema: Schema | None = None, dataset_id: str | None = None) -> TableData:
+    """A table spec encoded under `schema` (default: the built-in table's bundled schema).
+
+    The schema's entries must all be public here (declared or released): the caller checks
+    the `source` marks (see `dpsynth.data.schema`). UsageError without a schema for `csv:`.
+    """
+    raw, parsed, bundled = read_table(spec)
+    schema = schema or bundled
+    if schema is None:
+        raise UsageError(
+            f"{spec}: a csv: table needs --schema FILE.json (draft one with "
+            f"`dpsynth data schema {spec} > schema.json`)"
+        )
+    return encode_table(raw, schema, parsed.canonical, parsed.kind, dataset_id)

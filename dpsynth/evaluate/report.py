@@ -56,6 +56,7 @@ def run_evaluation(
     progress: Progress | None = None,
     cnn_schedule: downstream.CnnSchedule | None = None,
     fid_batch_size: int = fid.DEFAULT_BATCH_SIZE,
+    schema: str | os.PathLike[str] | None = None,
 ) -> dict:
     """Evaluate synthetic images (a sample folder or a run dir) against a real data spec.
 
@@ -66,7 +67,20 @@ def run_evaluation(
     appended when the synthetic data's source data set is known. `real_classes` and
     `real_channels` declare the real data's label set and channels (`--classes`,
     `--channels`) for `--real` and `--real-train`. Returns a JSON-ready dict.
+    A table (`--real csv:FILE` or a built-in table) is evaluated by
+    `dpsynth.evaluate.tabular` (logistic regression and gradient boosting; `schema` reads it).
     """
+    from dpsynth.data.sources import is_table_spec
+
+    if is_table_spec(real):
+        from dpsynth.evaluate.tabular import run_table_evaluation
+
+        return run_table_evaluation(
+            synthetic=synthetic, real=real, metrics=metrics, seeds=seeds, real_train=real_train,
+            schema_path=schema, report_dir=report_dir, ledger_path=ledger_path,
+        )  # fmt: skip
+    if schema is not None:
+        raise UsageError("--schema is for tables (--real csv:FILE or a built-in table)")
     wanted = _parse_metrics(metrics)
     torch_device = resolve_device(device)
     if report_dir is not None:

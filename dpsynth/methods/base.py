@@ -5,7 +5,9 @@ A backend is three objects:
   privacy plan, computed before any data access) and factories for the two objects below;
 - a `Trainer` (stateful, one per run): `step` consumes one Poisson batch that the training
   loop in `dpsynth.training` drew, and exposes its state for checkpoints and `--resume`;
-- a `Generator` (loaded from a run dir): `sample` yields batches of uint8 images.
+- a `Generator` (loaded from a run dir): `sample` yields batches of uint8 images, or for a
+  table (`DataInfo.modality == "table"`) batches of encoded rows float32 [b, D], which
+  `dpsynth.data.tabular.TableCodec` decodes back to the CSV's columns.
 
 The training loop, not the backend, owns Poisson sampling, the ledger, checkpoints and logs,
 so that every backend gets the same privacy plumbing. It also owns the run's secret
@@ -49,9 +51,10 @@ class Generator(ABC):
     def sample(
         self, labels: torch.Tensor, batch_size: int, generator: torch.Generator
     ) -> Iterator[torch.Tensor]:
-        """Yield uint8 image batches [b, C, H, W] for `labels` (int64 [n]), in order.
+        """Yield uint8 image batches [b, C, H, W] for `labels` (int64 [n]), in order; for a
+        table, encoded rows float32 [b, D] (one-hot blocks in [0, 1], numbers in [-1, 1]).
 
-        Each batch has at most `batch_size` images.
+        Each batch has at most `batch_size` records.
         """
 
     def release_details(self, counts: Sequence[int]) -> dict[str, Any]:
@@ -70,7 +73,8 @@ class Trainer(ABC):
 
     @abstractmethod
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-        """One private update from a Poisson batch (x float in [-1, 1] [b,C,H,W], y int64 [b]).
+        """One private update from a Poisson batch (x float in [-1, 1] [b,C,H,W], or for a
+        table the encoded rows [b, D]; y int64 [b]).
 
         b may be 0: an empty batch is still a step (noise only). Returns scalars to log
         (`loss` by convention); only the keys in `released_stats` are public.
@@ -99,6 +103,19 @@ class Method(ABC):
     name: ClassVar[str]
     presets: ClassVar[Mapping[str, Mapping[str, Any]]]
     description: ClassVar[str] = ""
+    # The kinds of data it trains on: "image" (x float in [-1, 1] [b, C, H, W]) and/or "table"
+    # (x the encoded rows float [b, D], see `dpsynth.data.tabular`). The training loop refuses
+    # any other kind (exit 2) before anything is read.
+    modalities: ClassVar[tuple[str, ...]] = ("image",)
+    # Presets for tables, where they differ from the image ones (a backend that supports tables
+    # usually needs other networks and kernels); `presets_for` picks the set for the data.
+    table_presets: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+
+    def presets_for(self, info: DataInfo) -> Mapping[str, Mapping[str, Any]]:
+        """The presets that apply to this data: `table_presets` for a table when given."""
+        if info.modality == "table" and self.table_presets:
+            return self.table_presets
+        return self.presets
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """The run's hyper-parameters: the preset with `--set key=value` overrides applied.
@@ -106,12 +123,14 @@ class Method(ABC):
         Unknown keys and preset names are a UsageError; override values are cast to the
         preset value's type.
         """
-        if preset not in self.presets:
+        presets = self.presets_for(info)
+        if preset not in presets:
+            kind = " on tables" if info.modality == "table" else ""
             raise UsageError(
-                f"unknown preset {preset!r} for --method {self.name}; "
-                f"choose from {', '.join(self.presets)}"
+                f"unknown preset {preset!r} for --method {self.name}{kind}; "
+                f"choose from {', '.join(presets)}"
             )
-        merged = dict(self.presets[preset])
+        merged = dict(presets[preset])
         for key, value in overrides.items():
             if key not in merged:
                 raise UsageError(

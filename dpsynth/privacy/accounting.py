@@ -14,6 +14,9 @@ Mechanism events are plain dicts, the same ones the ledger stores:
 - `{"type": "poisson_gaussian", "noise_multiplier": σ, "sampling_rate": q, "steps": T}`
 - `{"type": "gaussian", "noise_multiplier": σ, "count": k}` (sensitivity-1 Gaussian, k times)
 - `{"type": "non_private", ...}` (the `--epsilon inf` baseline: ε = inf)
+- `{"type": "threshold_delta", "delta": δ_t}` (the failure probability of a thresholding step,
+  e.g. the sparse histogram that releases a category list: it adds δ_t to the δ of everything
+  it is composed with, so ε is computed at δ − Σ δ_t, and is inf when nothing is left)
 """
 
 from __future__ import annotations
@@ -158,6 +161,8 @@ def _normalise(events: Iterable[Mapping[str, Any]]) -> tuple[bool, dict[tuple, i
         if kind == "non_private":
             non_private = True
             continue
+        if kind == "threshold_delta":
+            continue  # no ε of its own; its δ is taken off in compose_epsilon
         if kind == "poisson_gaussian":
             sigma = float(event["noise_multiplier"])
             q = float(event["sampling_rate"])
@@ -368,12 +373,43 @@ def compose_epsilon(
     """
     if not (0.0 < delta < 1.0):
         raise UsageError(f"delta must be in (0, 1), got {delta}")
+    events = list(events)
     non_private, groups = _normalise(events)
     if non_private:
         return EpsilonBound(math.inf, delta, "none (not private)", ("includes a non-private run",))
+    threshold = threshold_delta(events)
+    if threshold >= delta:
+        return EpsilonBound(
+            math.inf,
+            delta,
+            ACCOUNTANT_PRV,
+            (f"δ={delta:g} is not above the thresholding steps' δ={threshold:g}",),
+        )
     if not groups:
         return EpsilonBound(0.0, delta, ACCOUNTANT_PRV)
-    return _compose_cached(tuple(sorted(groups.items())), float(delta), float(rel_error))
+    bound = _compose_cached(
+        tuple(sorted(groups.items())), float(delta - threshold), float(rel_error)
+    )
+    if threshold == 0.0:
+        return bound
+    # Sound: the Gaussian parts are (ε, δ − δ_t)-DP together, and the thresholding steps fail
+    # with total probability δ_t, so the whole is (ε, δ)-DP.
+    note = f"ε at δ − {threshold:g} (thresholding steps' δ)"
+    return EpsilonBound(
+        bound.epsilon, delta, bound.accountant, (*bound.notes, note), bound.estimate
+    )
+
+
+def threshold_delta(events: Iterable[Mapping[str, Any]]) -> float:
+    """Σ δ_t of the `threshold_delta` events (0 when none)."""
+    total = 0.0
+    for event in events:
+        if event.get("type") == "threshold_delta":
+            value = float(event["delta"])
+            if not (0.0 <= value < 1.0) or math.isnan(value):
+                raise UsageError(f"a threshold_delta event needs δ in [0, 1), got {value}")
+            total += value
+    return total
 
 
 def epsilon_for(

@@ -1,0 +1,351 @@
+"""Tables: reading a CSV, encoding its rows under a public schema, and decoding back to a CSV.
+
+Encoding (what generators train on, `TableData.x`, float32 [N, D]): the schema's feature
+columns (all but the target and ignored ones) in file order; a categorical column becomes a
+one-hot block of its category count (0/1), a numeric or integer column one value scaled from
+its public [min, max] to [-1, 1] (values outside are clipped: a public, per-row rule). The
+target becomes the label `y` (its index in the public class list).
+
+Values are stripped of surrounding blanks (Census-Income writes `, value`), so the category
+strings are the stripped ones. Missing values: a categorical column treats a missing-value
+token (`?`, or an empty field) as a category like any other, which the schema lists (the
+draft lists what it saw); a numeric column must hold a number in every row (exit 4 otherwise;
+declare the column categorical or ignored, or clean the file). A categorical value outside the
+public list goes to the column's `other` category when it declares one, else it is an error.
+
+Decoding (`TableCodec.decode`) turns generated rows back into the original header and column
+order: categories by sampling each one-hot block as a distribution (post-processing with the
+public sampling seed), numbers unscaled (integers rounded), the target from the labels, and
+ignored columns left empty.
+
+The fingerprint is the SHA-256 of the canonical parsed table: the header, each used column's
+type and its values (stripped strings, or float64 numbers), independent of bounds and category
+lists, so releasing a schema does not change which data a ledger entry names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from dpsynth.data.images import DataInfo
+from dpsynth.data.schema import Column, Schema
+from dpsynth.errors import DataError
+
+_MAX_SHOWN = 40
+
+
+@dataclass(frozen=True)
+class RawTable:
+    """A CSV as read: its header and one array of stripped strings per column."""
+
+    header: tuple[str, ...]
+    columns: tuple[np.ndarray, ...]
+    source: str
+
+    @property
+    def n(self) -> int:
+        """Number of rows."""
+        return len(self.columns[0]) if self.columns else 0
+
+    def column(self, name: str) -> np.ndarray:
+        """The values of one column (strings)."""
+        return self.columns[self.header.index(name)]
+
+
+def read_csv_table(path: Path | str, source: str | None = None) -> RawTable:
+    """Read a CSV (plain or compressed, by file name) as stripped strings (DataError if not)."""
+    path = Path(path)
+    name = source or str(path)
+    try:
+        frame = pd.read_csv(
+            path,
+            dtype=str,
+            keep_default_na=False,
+            na_filter=False,
+            skipinitialspace=True,
+            compression="infer",
+        )
+    except FileNotFoundError:
+        raise DataError(f"{name}: no such file") from None
+    except (OSError, ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"{name}: not a readable CSV file ({first})") from None
+    if frame.shape[0] == 0 or frame.shape[1] == 0:
+        raise DataError(f"{name}: the table has no rows")
+    header = tuple(str(c).strip() for c in frame.columns)
+    if len(set(header)) != len(header):
+        raise DataError(f"{name}: a column name appears twice in the header")
+    columns = tuple(
+        np.char.strip(frame.iloc[:, i].to_numpy(dtype=str)) for i in range(frame.shape[1])
+    )
+    return RawTable(header, columns, name)
+
+
+def check_header(raw: RawTable, schema: Schema) -> None:
+    """DataError unless the CSV's header is the schema's columns in the same order."""
+    expected = tuple(c.name for c in schema.columns)
+    if raw.header == expected:
+        return
+    missing = [c for c in expected if c not in raw.header]
+    extra = [c for c in raw.header if c not in expected]
+    detail = []
+    if missing:
+        detail.append(f"missing {', '.join(missing[:5])}")
+    if extra:
+        detail.append(f"not in the schema: {', '.join(extra[:5])}")
+    if not detail:
+        detail.append("the columns are in another order")
+    raise DataError(
+        f"{raw.source}: the header does not match the schema ({'; '.join(detail)}); the schema "
+        "lists every column of the file in order (type 'ignored' for unused ones)"
+    )
+
+
+def _numbers(raw: RawTable, column: Column) -> np.ndarray:
+    values = raw.column(column.name)
+    try:
+        numbers = values.astype(np.float64)
+    except ValueError:
+        bad = next(i for i, v in enumerate(values) if not _is_number(v))
+        raise DataError(
+            f"{raw.source}: column {column.name!r} is {column.type} but row {bad + 2} holds "
+            f"{values[bad][:_MAX_SHOWN]!r}; declare it categorical (missing values are "
+            "categories there) or ignored"
+        ) from None
+    if not np.isfinite(numbers).all():
+        bad = int(np.flatnonzero(~np.isfinite(numbers))[0])
+        raise DataError(f"{raw.source}: column {column.name!r} row {bad + 2} is not finite")
+    return numbers
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _codes(raw: RawTable, column: Column) -> np.ndarray:
+    values = raw.column(column.name)
+    lookup = {c: i for i, c in enumerate(column.categories)}
+    fallback = lookup.get(column.other, -1) if column.other is not None else -1
+    uniques, inverse = np.unique(values, return_inverse=True)
+    mapped = np.array([lookup.get(u, fallback) for u in uniques.tolist()], dtype=np.int64)
+    codes = mapped[inverse.reshape(-1)]
+    if (codes < 0).any():
+        bad = int(np.flatnonzero(codes < 0)[0])
+        raise DataError(
+            f"{raw.source}: column {column.name!r} row {bad + 2} holds "
+            f"{values[bad][:_MAX_SHOWN]!r}, which is not in the schema's category list (add it, "
+            "or declare an 'other' category that absorbs unlisted values)"
+        )
+    return codes
+
+
+def table_fingerprint(raw: RawTable, schema: Schema) -> str:
+    """SHA-256 of the canonical parsed table (header, each used column's type and values)."""
+    digest = hashlib.sha256()
+    digest.update(("dpsynth-table-v1|" + "\x1f".join(raw.header) + "|").encode())
+    digest.update(str(raw.n).encode() + b"|")
+    for column in schema.columns:
+        if column.type == "ignored":
+            continue
+        digest.update(f"{column.name}\x1f{column.type}|".encode())
+        if column.is_numeric:
+            digest.update(np.ascontiguousarray(_numbers(raw, column), dtype="<f8").tobytes())
+        else:
+            text = "\x1e".join(raw.column(column.name).tolist())
+            digest.update(hashlib.sha256(text.encode()).digest())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Block:
+    """One feature column's slice of the encoded row: `softmax` (k one-hot) or `tanh` (1)."""
+
+    name: str
+    kind: str
+    start: int
+    size: int
+
+
+class TableCodec:
+    """Encodes parsed rows under a schema and decodes generated rows back to the CSV's form."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        blocks, start = [], 0
+        for column in schema.features:
+            size = len(column.categories) if column.type == "categorical" else 1
+            blocks.append(
+                Block(
+                    column.name, "softmax" if column.type == "categorical" else "tanh", start, size
+                )
+            )
+            start += size
+        self.blocks: tuple[Block, ...] = tuple(blocks)
+        self.dim = start
+
+    def encode(self, raw: RawTable) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features float32 [N, D] and labels int64 [N] (DataError for unreadable values)."""
+        check_header(raw, self.schema)
+        out = np.zeros((raw.n, self.dim), dtype=np.float32)
+        for column, block in zip(self.schema.features, self.blocks, strict=True):
+            if column.type == "categorical":
+                out[np.arange(raw.n), block.start + _codes(raw, column)] = 1.0
+            else:
+                out[:, block.start] = _scale(_numbers(raw, column), column)
+        labels = _codes(raw, self.schema.target_column)
+        return torch.from_numpy(out), torch.from_numpy(labels)
+
+    def decode(
+        self, rows: np.ndarray, labels: np.ndarray, rng: np.random.Generator
+    ) -> pd.DataFrame:
+        """Generated rows [b, D] with their labels [b] → a frame in the CSV's header and order.
+
+        Each categorical block is read as a distribution (negative parts clipped, an all-zero
+        block uniform) and sampled with `rng`; numbers are unscaled into [min, max].
+        """
+        rows = np.asarray(rows, dtype=np.float64)
+        data: dict[str, object] = {}
+        decoded = {}
+        for column, block in zip(self.schema.features, self.blocks, strict=True):
+            part = rows[:, block.start : block.start + block.size]
+            if column.type == "categorical":
+                decoded[column.name] = np.asarray(column.categories, dtype=object)[
+                    _sample_blocks(part, rng)
+                ]
+            else:
+                decoded[column.name] = _unscale(part[:, 0], column)
+        classes = np.asarray(self.schema.classes, dtype=object)
+        for column in self.schema.columns:
+            if column.name == self.schema.target:
+                data[column.name] = classes[np.asarray(labels, dtype=np.int64)]
+            elif column.type == "ignored":
+                data[column.name] = np.full(len(rows), "", dtype=object)
+            else:
+                data[column.name] = decoded[column.name]
+        return pd.DataFrame(data, columns=[c.name for c in self.schema.columns])
+
+    def csv_text(self, frame: pd.DataFrame, header: bool) -> str:
+        """The frame as CSV text (header on request); floats to 7 significant digits (the
+        float32 precision of the encoding: more digits would be noise)."""
+        buffer = io.StringIO()
+        frame.to_csv(buffer, index=False, header=header, lineterminator="\n", float_format="%.7g")
+        return buffer.getvalue()
+
+
+def _scale(values: np.ndarray, column: Column) -> np.ndarray:
+    low, high = float(column.min), float(column.max)  # type: ignore[arg-type]
+    if high == low:
+        return np.zeros_like(values, dtype=np.float32)
+    return (2.0 * (np.clip(values, low, high) - low) / (high - low) - 1.0).astype(np.float32)
+
+
+def _unscale(values: np.ndarray, column: Column) -> np.ndarray:
+    low, high = float(column.min), float(column.max)  # type: ignore[arg-type]
+    out = low + (np.clip(values, -1.0, 1.0) + 1.0) / 2.0 * (high - low)
+    if column.type == "integer":
+        return np.clip(np.rint(out), np.ceil(low), np.floor(high)).astype(np.int64)
+    return out
+
+
+def _sample_blocks(part: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    weights = np.clip(part, 0.0, None)
+    totals = weights.sum(1, keepdims=True)
+    weights = np.where(totals > 0, weights / np.where(totals > 0, totals, 1.0), 1.0 / part.shape[1])
+    cumulative = np.cumsum(weights, 1)
+    draws = rng.random((len(part), 1)) * cumulative[:, -1:]
+    return np.minimum((cumulative < draws).sum(1), part.shape[1] - 1)
+
+
+@dataclass
+class TableData:
+    """A table encoded under its public schema, held in memory (the table twin of ImageData).
+
+    x: float32 [N, D] (see the module docstring); y: int64 [N] indices into `classes`.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    schema: Schema
+    spec: str
+    kind: str
+    fingerprint: str
+    dataset_id: str = ""
+    codec: TableCodec | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.dataset_id:
+            self.dataset_id = self.spec
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The public label set (the target's categories)."""
+        return self.schema.classes
+
+    @property
+    def n(self) -> int:
+        """Number of rows."""
+        return int(self.x.shape[0])
+
+    @property
+    def shape(self) -> tuple[int]:
+        """Per-record shape (D,): the encoded width."""
+        return (int(self.x.shape[1]),)
+
+    def info(self) -> DataInfo:
+        """The public description: N, (D,), classes, identity and the public schema."""
+        return DataInfo(
+            spec=self.spec,
+            kind=self.kind,
+            n=self.n,
+            shape=self.shape,  # type: ignore[arg-type]
+            classes=tuple(self.classes),
+            fingerprint=self.fingerprint,
+            dataset_id=self.dataset_id,
+            modality="table",
+            schema=self.schema.to_json(),
+        )
+
+    def as_float(self) -> torch.Tensor:
+        """The encoded rows (already floats on the generator's scale)."""
+        return self.x
+
+
+def encode_table(
+    raw: RawTable, schema: Schema, spec: str, kind: str, dataset_id: str | None = None
+) -> TableData:
+    """Parse and encode a raw table under a schema whose entries are all public."""
+    codec = TableCodec(schema)
+    x, y = codec.encode(raw)
+    fingerprint = table_fingerprint(raw, schema)
+    return TableData(x, y, schema, spec, kind, fingerprint, dataset_id or spec, codec)
+
+
+def codec_for(info: DataInfo) -> TableCodec:
+    """The codec of a table's public description (from the schema it carries)."""
+    from dpsynth.data.schema import parse_schema
+
+    if info.schema is None:
+        raise DataError(f"{info.spec}: the data description carries no schema")
+    return TableCodec(parse_schema(info.schema, f"{info.spec} schema"))
+
+
+def block_layout(info: DataInfo) -> tuple[tuple[str, int], ...]:
+    """(kind, size) of each feature block of a table's encoding, for generator output heads."""
+    return tuple((b.kind, b.size) for b in codec_for(info).blocks)
+
+
+def column_values(raw: RawTable, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The named columns' string values."""
+    return {name: raw.column(name) for name in names}

@@ -1,0 +1,372 @@
+"""`evaluate` for tables: classifiers trained on synthetic rows, tested on real held-out rows.
+
+Logistic regression (one-hot categories, standardised numbers) and gradient boosting
+(scikit-learn's HistGradientBoostingClassifier, categories as native categorical features) are
+fitted on the synthetic CSV only and tested on the real held-out table: accuracy and ROC-AUC
+(binary: of the second class's score; more classes: one-vs-rest macro average), mean ± std over
+`seeds` (the classifiers' random state; logistic regression is deterministic, so its std is 0).
+The final model is reported, nothing is selected on the test rows. `--real-train SPEC` adds the
+same classifiers trained on real rows, for reference (a non-private statistic of those rows).
+
+The schema that reads both tables: `--schema`, else the one in the synthetic CSV's manifest
+(the run's public schema), else a built-in table's own. Values the schema does not list are
+kept: one-hot encoding ignores them and the boosted trees treat them as missing. Rows whose
+target is not one of the classes are dropped (with a warning). The ledger rules are the image
+ones (`dpsynth.evaluate.report`): real data that a DP run spent budget on is flagged, metrics
+on a user's own held-out rows are listed as non-private, and the evaluation is recorded as a
+zero-cost release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import warnings as python_warnings
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpsynth.data.schema import Schema, parse_schema, read_schema
+from dpsynth.data.sources import read_table
+from dpsynth.data.tabular import RawTable, read_csv_table, table_fingerprint
+from dpsynth.errors import DataError, UsageError
+from dpsynth.runs import write_bytes_atomic
+
+TABLE_METRICS = ("accuracy", "roc_auc")
+CLASSIFIERS = ("logreg", "gbm")
+_ALIASES = {"ml": TABLE_METRICS, "auc": ("roc_auc",), "roc-auc": ("roc_auc",)}
+
+
+def parse_table_metrics(metrics: Sequence[str]) -> list[str]:
+    """accuracy, roc_auc (aliases: auc, roc-auc; ml for both)."""
+    wanted: list[str] = []
+    for name in (m.strip().lower() for m in metrics if m.strip()):
+        for metric in _ALIASES.get(name, (name,)):
+            if metric not in TABLE_METRICS:
+                raise UsageError(
+                    f"--metrics {name!r} is not a table metric; choose from accuracy, roc_auc "
+                    "(or ml for both)"
+                )
+            if metric not in wanted:
+                wanted.append(metric)
+    if not wanted:
+        raise UsageError("--metrics: name at least one of accuracy, roc_auc, ml")
+    return wanted
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    sidecar = path.with_name(path.name + ".manifest.json")
+    try:
+        obj = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _frame(raw: RawTable, schema: Schema) -> tuple[pd.DataFrame, np.ndarray]:
+    """Feature frame (strings for categories, floats for numbers) and label indices (−1 when
+    the target is not one of the classes)."""
+    data = {}
+    for column in schema.features:
+        values = raw.column(column.name)
+        if column.is_numeric:
+            try:
+                data[column.name] = values.astype(np.float64)
+            except ValueError:
+                raise DataError(
+                    f"{raw.source}: column {column.name!r} holds a value that is not a number"
+                ) from None
+        else:
+            data[column.name] = values.astype(object)
+    lookup = {c: i for i, c in enumerate(schema.classes)}
+    labels = np.array([lookup.get(v, -1) for v in raw.column(schema.target).tolist()])
+    return pd.DataFrame(data), labels
+
+
+def _model(kind: str, schema: Schema, seed: int) -> Any:
+    from sklearn.compose import ColumnTransformer
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
+
+    categorical = [c.name for c in schema.features if not c.is_numeric]
+    numeric = [c.name for c in schema.features if c.is_numeric]
+    if kind == "logreg":
+        encode = ColumnTransformer(
+            [
+                ("cat", OneHotEncoder(handle_unknown="ignore"), categorical),
+                ("num", StandardScaler(), numeric),
+            ]
+        )
+        return make_pipeline(encode, LogisticRegression(max_iter=2000, random_state=seed))
+    encode = ColumnTransformer(
+        [
+            (
+                "cat",
+                OrdinalEncoder(
+                    handle_unknown="use_encoded_value",
+                    unknown_value=np.nan,
+                    encoded_missing_value=np.nan,
+                ),
+                categorical,
+            ),
+            ("num", "passthrough", numeric),
+        ]
+    )
+    wide = [len(c.categories) > 250 for c in schema.features if not c.is_numeric]
+    mask = [not w for w in wide] + [False] * len(numeric)
+    return make_pipeline(
+        encode,
+        HistGradientBoostingClassifier(random_state=seed, categorical_features=mask),
+    )
+
+
+def _scores(model: Any, x: pd.DataFrame, y: np.ndarray, classes: int, metrics: list[str]) -> dict:
+    from sklearn.metrics import accuracy_score, roc_auc_score
+
+    out: dict[str, float] = {}
+    fitted = list(model.classes_)
+    proba = np.zeros((len(x), classes))
+    proba[:, fitted] = model.predict_proba(x)
+    if "accuracy" in metrics:
+        out["accuracy"] = float(accuracy_score(y, proba.argmax(1)))
+    if "roc_auc" in metrics:
+        if len(np.unique(y)) < 2:
+            out["roc_auc"] = math.nan
+        elif classes == 2:
+            out["roc_auc"] = float(roc_auc_score(y, proba[:, 1]))
+        else:
+            present = np.unique(y)
+            sub = proba[:, present]
+            sub = sub / np.clip(sub.sum(1, keepdims=True), 1e-12, None)
+            out["roc_auc"] = float(
+                roc_auc_score(y, sub, multi_class="ovr", average="macro", labels=present)
+            )
+    return out
+
+
+def classifier_scores(
+    train: tuple[pd.DataFrame, np.ndarray],
+    test: tuple[pd.DataFrame, np.ndarray],
+    schema: Schema,
+    metrics: list[str],
+    seeds: int,
+    classifiers: Sequence[str] = CLASSIFIERS,
+) -> dict[str, Any]:
+    """Per classifier and metric: mean, std and per-seed values (NaN when undefined, e.g. a
+    training set with one class only)."""
+    x_train, y_train = train
+    x_test, y_test = test
+    out: dict[str, Any] = {}
+    for kind in classifiers:
+        per_seed: dict[str, list[float]] = {m: [] for m in metrics}
+        for seed in range(seeds):
+            if len(np.unique(y_train)) < 2:
+                values = {m: math.nan for m in metrics}
+            else:
+                model = _model(kind, schema, seed)
+                with python_warnings.catch_warnings():
+                    python_warnings.simplefilter("ignore")
+                    model.fit(x_train, y_train)
+                values = _scores(model, x_test, y_test, len(schema.classes), metrics)
+            for metric in metrics:
+                per_seed[metric].append(values[metric])
+        out[kind] = {
+            metric: {
+                "mean": _json_float(float(np.mean(v))),
+                "std": _json_float(float(np.std(v))),
+                "per_seed": [_json_float(x) for x in v],
+            }
+            for metric, v in per_seed.items()
+        }
+    return out
+
+
+def _json_float(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _real_table(spec: str, schema: Schema | None) -> tuple[RawTable, Schema, str, str]:
+    raw, parsed, bundled = read_table(spec)
+    chosen = schema or bundled
+    if chosen is None:
+        raise UsageError(f"--real {spec}: pass --schema FILE.json (the table's public schema)")
+    return raw, chosen, parsed.canonical, parsed.kind
+
+
+def run_table_evaluation(
+    *,
+    synthetic: str,
+    real: str,
+    metrics: Sequence[str],
+    seeds: int = 3,
+    real_train: str | None = None,
+    schema_path: str | os.PathLike[str] | None = None,
+    report_dir: str | os.PathLike[str] | None = None,
+    ledger_path: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Evaluate a synthetic CSV against a real held-out table (see the module docstring)."""
+    from dpsynth.evaluate.report import (
+        check_report_dir,
+        record_evaluation_release,
+        training_data_warnings,
+    )
+
+    wanted = parse_table_metrics(metrics)
+    if seeds < 1:
+        raise UsageError(f"--seeds must be at least 1, got {seeds}")
+    if report_dir is not None:
+        check_report_dir(Path(report_dir))
+    synth_path = Path(synthetic)
+    if synth_path.is_dir():
+        raise UsageError(
+            f"--synthetic {synthetic}: for a table give the CSV written by `sample --out FILE.csv`"
+        )
+    manifest = _manifest(synth_path)
+    schema = None
+    if schema_path is not None:
+        schema = read_schema(schema_path)
+    elif isinstance(manifest.get("schema"), dict):
+        schema = parse_schema(manifest["schema"], f"{synthetic} manifest schema")
+    raw_real, schema, real_spec, real_kind = _real_table(real, schema)
+    synth_raw = read_csv_table(synth_path, source=f"--synthetic {synthetic}")
+    real_fp = table_fingerprint(raw_real, schema)
+    warnings_list: list[str] = []
+    real_id = SimpleNamespace(spec=real_spec, dataset_id=real_spec, fingerprint=real_fp)
+    warnings_list += training_data_warnings(real_id, ledger_path, "--real")  # type: ignore[arg-type]
+    non_private = bool(warnings_list)
+    x_real, y_real = _frame(raw_real, schema)
+    x_syn, y_syn = _frame(synth_raw, schema)
+    for name, labels in (("real", y_real), ("synthetic", y_syn)):
+        dropped = int((labels < 0).sum())
+        if dropped:
+            warnings_list.append(f"{dropped} {name} row(s) have a target outside the classes")
+    keep_real, keep_syn = y_real >= 0, y_syn >= 0
+    test = (x_real[keep_real].reset_index(drop=True), y_real[keep_real])
+    train = (x_syn[keep_syn].reset_index(drop=True), y_syn[keep_syn])
+    if len(np.unique(train[1])) < 2:
+        warnings_list.append("the synthetic rows hold fewer than two classes: no classifier")
+    scores = classifier_scores(train, test, schema, wanted, seeds)
+    result_metrics: dict[str, Any] = {"classifiers": scores}
+    if real_train is not None:
+        raw_train, _, train_spec, train_kind = _real_table(real_train, schema)
+        train_id = SimpleNamespace(
+            spec=train_spec, dataset_id=train_spec, fingerprint=table_fingerprint(raw_train, schema)
+        )
+        found = training_data_warnings(train_id, ledger_path, "--real-train")  # type: ignore[arg-type]
+        non_private = non_private or bool(found)
+        warnings_list += found
+        x_rt, y_rt = _frame(raw_train, schema)
+        result_metrics["real_train"] = train_spec
+        result_metrics["real_train_classifiers"] = classifier_scores(
+            (x_rt[y_rt >= 0].reset_index(drop=True), y_rt[y_rt >= 0]), test, schema, wanted, seeds
+        )
+        if train_kind != "builtin":
+            warnings_list.append(
+                f"the real-trained reference reads {train_spec} without DP: a non-private "
+                "statistic of that data; do not publish it for private data"
+            )
+    provenance = {
+        key: manifest[key]
+        for key in ("run_id", "method", "dataset_id", "fingerprint")
+        if key in manifest
+    }
+    result: dict[str, Any] = {
+        "modality": "table",
+        "synthetic": str(synth_path),
+        "synthetic_source": "sample" if manifest else "file",
+        "n_synthetic": len(train[1]),
+        "real": real_spec,
+        "real_kind": real_kind,
+        "non_private": non_private,
+        "real_n": len(test[1]),
+        "real_fingerprint": real_fp,
+        "classes": list(schema.classes),
+        "target": schema.target,
+        "metrics_requested": wanted,
+        "metrics": result_metrics,
+        "seeds": seeds,
+        "provenance": provenance,
+        "warnings": warnings_list,
+        "report_dir": None,
+    }
+    if manifest.get("privacy"):
+        result["privacy"] = manifest["privacy"]
+    reasons = []
+    if "real_train_classifiers" in result_metrics and real_train is not None:
+        reasons.append("real-trained scores: a statistic of the real training data")
+    if non_private:
+        reasons.append("metrics on data that DP training spent budget on")
+    if real_kind != "builtin":
+        reasons.append(
+            f"scores on {real_spec}: a statistic of the user's own held-out rows, computed "
+            "without DP"
+        )
+    result["non_private_contents"] = reasons
+    if report_dir is not None:
+        folder = Path(report_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        result["report_dir"] = str(folder)
+        result["report_files"] = {"json": "report.json", "markdown": "report.md"}
+        data = json.dumps(result, indent=2, ensure_ascii=False).encode() + b"\n"
+        write_bytes_atomic(folder / "report.json", data)
+        write_bytes_atomic(folder / "report.md", render_table_markdown(result).encode())
+        digest = hashlib.sha256(data).hexdigest()
+    else:
+        digest = hashlib.sha256(
+            json.dumps(result, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+    result["release"] = record_evaluation_release(ledger_path, result, digest)
+    return result
+
+
+def score_rows(result: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(trained on, classifier, {metric: {mean, std}}) rows of a result, synthetic first."""
+    metrics = result["metrics"]
+    rows = [("synthetic", k, v) for k, v in metrics["classifiers"].items()]
+    for kind, values in metrics.get("real_train_classifiers", {}).items():
+        rows.append((f"real ({metrics['real_train']})", kind, values))
+    return rows
+
+
+def fmt_score(value: dict[str, Any]) -> str:
+    """`mean ± std`, or n/a."""
+    if value.get("mean") is None:
+        return "n/a"
+    return f"{value['mean']:.4f} ± {value['std']:.4f}"
+
+
+def render_table_markdown(result: dict[str, Any]) -> str:
+    """The Markdown page of a table evaluation."""
+    wanted = result["metrics_requested"]
+    lines = [
+        "# dpsynth evaluation report (table)",
+        "",
+        f"- Synthetic: `{result['synthetic']}` ({result['n_synthetic']} rows)",
+        f"- Real held-out: `{result['real']}` ({result['real_n']} rows, fingerprint "
+        f"`{result['real_fingerprint'][:16]}…`), target `{result['target']}`",
+    ]
+    if result.get("privacy"):
+        lines.append(f"- Privacy of the synthetic rows: {result['privacy']}")
+    lines.append(f"- Mean ± std over {result['seeds']} seed(s); final models, no selection")
+    lines.append("")
+    if result["warnings"]:
+        lines += ["## Warnings", ""] + [f"- **{w}**" for w in result["warnings"]] + [""]
+    lines += [
+        "## Classifiers tested on the real held-out rows",
+        "",
+        "| trained on | classifier | " + " | ".join(wanted) + " |",
+        "|---|---|" + "---|" * len(wanted),
+    ]
+    for trained, kind, values in score_rows(result):
+        cells = " | ".join(fmt_score(values[m]) for m in wanted)
+        lines.append(f"| {trained} | {kind} | {cells} |")
+    lines.append("")
+    return "\n".join(lines)
