@@ -364,3 +364,18 @@ def test_cli_refuses_the_paper_mode_without_spending_or_printing_an_epsilon(tmp_
     )
     assert not ledger.exists() or ledger.read_text().strip() == ""
     assert not (tmp_path / "run").exists()
+
+
+def test_paper_preset_takes_a_step_at_mnist_size(one_torch_thread):
+    info = DataInfo(**{**DIGITS_INFO.__dict__, "shape": (1, 28, 28), "n": 60_000})
+    method = RDPGANMethod()
+    config = method.config("paper", {"batch_size": "8"}, info)
+    method.validate_config(config, info)
+    plan = method.plan(info, PrivacyTarget(5.0, 1e-5), config)
+    assert plan.steps == 5000 and plan.epsilon_bound <= 5.0
+    trainer = RDPGANTrainer(info, config, plan, torch.device("cpu"), 0, PrivateRandomness(3))
+    x = torch.rand(6, 1, 28, 28) * 2 - 1
+    before = [p.clone() for p in trainer.net_d.parameters()]
+    stats = trainer.step(x, torch.arange(6) % 10)
+    assert math.isnan(stats["g_loss"])  # n_d = 5: no G step yet
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.net_d.parameters()))
