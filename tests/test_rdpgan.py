@@ -378,4 +378,6 @@ def test_paper_preset_takes_a_step_at_mnist_size(one_torch_thread):
     before = [p.clone() for p in trainer.net_d.parameters()]
     stats = trainer.step(x, torch.arange(6) % 10)
     assert math.isnan(stats["g_loss"])  # n_d = 5: no G step yet
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.net_d.parameters()))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(before, trainer.net_d.parameters(), strict=True)
+    )
