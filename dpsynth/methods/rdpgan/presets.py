@@ -44,16 +44,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         "lr_d": 1e-3,
         "lr_g": 1e-3,
     },
-    # digits (8×8, N = 1437) on one CPU core in a few minutes; tuned on public digits only
-    # (bench/results/tuning-digits.md).
+    # digits (8×8, N = 1437) on one CPU core in a couple of minutes: the conditional DCGAN
+    # (D: 16 → 32 channels, GroupNorm); tuned on public digits only (bench/results/tuning-digits.md).
     "small": {
         **_COMMON,
-        "arch": "mlp",
+        "arch": "conv",
         "batch_size": 256,
         "n_d": 2,
         "n_g": 1500,
         "hidden": 32,
-        "width": 32,
+        "width": 16,
         "latent_dim": 32,
         "lr_d": 1e-3,
         "lr_g": 1e-3,
