@@ -12,8 +12,9 @@ Keys:
   `time` (z₀/(1+k·t)), `exp` (z₀·e^(−k·t)), `step` (z₀·k^⌊t/t*⌋); `decay` is k and
   `step_every` t*. z₀ is calibrated so that the whole schedule meets ε (see `schedule.py`);
   `ant` (adaptive, spec §4.3.4) is refused;
-- `arch`: `mlp` (flat vectors; the authors' MNIST code) or `conv` (the spec's 3-layer
-  conditional DCGAN, §10.3); `hidden` (MLP width) / `width` (conv channels), `latent_dim`;
+- `arch`: `mlp` (flat vectors; the authors' MNIST code; a table mode only needs its encoding)
+  or `conv` (the spec's 3-layer conditional DCGAN, §10.3; far better on digits);
+  `hidden` (MLP width) / `width` (conv channels), `latent_dim`;
 - optimisation: Adam, β = (`beta1`, 0.999), `lr_d`, `lr_g`.
 """
 
@@ -45,7 +46,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "lr_g": 1e-3,
     },
     # digits (8×8, N = 1437) on one CPU core in a couple of minutes: the conditional DCGAN
-    # (D: 16 → 32 channels, GroupNorm); tuned on public digits only (bench/results/tuning-digits.md).
+    # (D: 16 → 32 channels, GroupNorm); tuned on public digits only
+    # (bench/results/tuning-digits.md).
     "small": {
         **_COMMON,
         "arch": "conv",
