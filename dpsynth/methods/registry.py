@@ -12,6 +12,7 @@ _BACKENDS: dict[str, str] = {
     "dpkernel": "dpsynth.methods.dpkernel.method:DPKernelMethod",
     "psg": "dpsynth.methods.psg.method:PSGMethod",
     "dpaf": "dpsynth.methods.dpaf.method:DPAFMethod",
+    "rdpgan": "dpsynth.methods.rdpgan.method:RDPGANMethod",
 }
 
 

@@ -639,6 +639,73 @@ def _largest_fitting_integer(
     return lo
 
 
+def schedule_events(
+    scale: float, sampling_rate: float, segments: Sequence[tuple[float, int]]
+) -> list[dict[str, Any]]:
+    """One `poisson_gaussian` event per segment (factor f, steps n): σ = scale·f, in order."""
+    return [
+        poisson_gaussian_event(scale * float(factor), sampling_rate, int(steps))
+        for factor, steps in segments
+    ]
+
+
+def calibrate_schedule(
+    epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    segments: Sequence[tuple[float, int]],
+    prior_events: Sequence[Mapping[str, Any]] = (),
+) -> Calibration:
+    """The smallest scale z₀ (to 0.2%) such that the schedule σ_i = z₀·f_i meets `epsilon`.
+
+    `segments` is a data-independent noise schedule as (factor f_i > 0, steps n_i) pairs, each
+    a run of n_i Poisson(q)-subsampled Gaussian steps at multiplier z₀·f_i; all of them are
+    composed heterogeneously (PRV, RDP fallback) with `prior_events`. The returned
+    Calibration's `noise_multiplier` is z₀ and `steps` the total Σ n_i; its ε is that of
+    `schedule_events(z₀, q, segments)`. A single segment (1.0, T) is `calibrate_noise`.
+    """
+    segments = [(float(f), int(n)) for f, n in segments if int(n) > 0]
+    if not segments:
+        raise UsageError("a noise schedule needs at least one step")
+    if any(not (math.isfinite(f) and f > 0) for f, _ in segments):
+        raise UsageError("noise schedule factors must be positive and finite")
+    steps = sum(n for _, n in segments)
+    validate_probability_inputs(epsilon, delta, sampling_rate, steps)
+    if len(segments) == 1 and segments[0][0] == 1.0:
+        return calibrate_noise(epsilon, delta, sampling_rate, steps, prior_events)
+    prior = _check_prior(prior_events, epsilon, delta)
+
+    def bound_at(scale: float, rel_error: float) -> EpsilonBound:
+        events = schedule_events(scale, sampling_rate, segments)
+        return compose_epsilon([*prior_events, *events], delta, rel_error)
+
+    def coarse_estimate(scale: float) -> float:
+        result = bound_at(scale, _COARSE_REL_ERROR)
+        return result.estimate if result.estimate is not None else result.epsilon
+
+    smallest = min(f for f, _ in segments)
+    guess = _closed_form_sigma_guess(epsilon - prior, delta, sampling_rate, steps) / math.sqrt(
+        sum(n * f**-2 for f, n in segments) / steps
+    )
+    located = _solve_sigma(coarse_estimate, epsilon * (1.0 - 1.2 * _REL_EPS_ERROR), guess)
+    scale = _certify_sigma(lambda s: bound_at(s, _REL_EPS_ERROR).epsilon, epsilon, located)
+    validate_noise_multiplier(scale * smallest)
+    events = schedule_events(scale, sampling_rate, segments)
+    alone = compose_epsilon(events, delta)
+    total = compose_epsilon([*prior_events, *events], delta)
+    return Calibration(
+        noise_multiplier=scale,
+        sampling_rate=sampling_rate,
+        steps=steps,
+        delta=delta,
+        epsilon=alone.epsilon,
+        total_epsilon=total.epsilon,
+        prior_epsilon=prior,
+        accountant=total.accountant,
+        notes=total.notes,
+    )
+
+
 def plan_poisson_gaussian(
     target: PrivacyTarget,
     n: int,

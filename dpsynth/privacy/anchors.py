@@ -106,6 +106,37 @@ def _merged_loop_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     return list(merged.values())
 
 
+def _is_schedule(
+    events: Sequence[Mapping[str, Any]],
+    private: bool,
+    noise_multiplier: float,
+    sampling_rate: float,
+    steps: int,
+) -> bool:
+    """True for a noise schedule: only `poisson_gaussian` events, all at the loop's q, whose
+    steps add up to the loop's T and whose smallest σ is the plan's σ.
+
+    A backend with a σ schedule (rdpgan) takes each step's σ from these events, which the
+    ledger holds; the plan's single σ is their minimum, so every ε computed from it alone (the
+    loop's progress display) is an upper bound on the schedule's.
+    """
+    if not private or not events:
+        return False
+    if any(e.get("type") != "poisson_gaussian" for e in events):
+        return False
+    try:
+        rates = {float(e["sampling_rate"]) for e in events}
+        total = sum(int(e["steps"]) for e in events)
+        smallest = min(float(e["noise_multiplier"]) for e in events)
+    except (KeyError, TypeError, ValueError):
+        return False
+    return (
+        rates == {float(sampling_rate)}
+        and total == int(steps)
+        and (smallest == float(noise_multiplier))
+    )
+
+
 def check_plan_parameters(
     events: Sequence[Mapping[str, Any]],
     *,
@@ -125,7 +156,12 @@ def check_plan_parameters(
         raise AnchorError(f"{run_name}: the plan in config.json has no valid noise multiplier")
     expected = loop_events(private, noise_multiplier, sampling_rate, steps)
     exact = any(_same_events([expected], [event]) for event in events)
-    if not exact and not any(_same_events([expected], [e]) for e in _merged_loop_events(events)):
+    merged = any(_same_events([expected], [e]) for e in _merged_loop_events(events))
+    if (
+        not exact
+        and not merged
+        and not _is_schedule(events, private, noise_multiplier, sampling_rate, steps)
+    ):
         raise AnchorError(
             f"{run_name}: the plan in config.json (σ={noise_multiplier:g}, q={sampling_rate:g}, "
             f"T={steps}) does not match its mechanism events; config.json was edited"

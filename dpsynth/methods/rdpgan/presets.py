@@ -1,0 +1,83 @@
+"""RDP-GAN presets: plain data (public constants, never tuned on private data at run time).
+
+Keys:
+- `mode`: `sound` only (spec §4.3.1: DP-SGD on the discriminator's real-loss term); the
+  paper's loss-noise modes are refused (see `method.py`);
+- `batch_size` m: the expected Poisson batch of each discriminator step (q = m/N); the fake
+  batch of each D step and each G step has exactly m samples;
+- `n_d` discriminator steps per generator step, `n_g` generator steps: the run is
+  T = n_g·n_d loop steps, one D step each;
+- `max_grad_norm` C: the per-record clip of the real-loss gradient;
+- `schedule` of the noise multiplier over generator iterations t (spec §3.3): `constant`,
+  `time` (z₀/(1+k·t)), `exp` (z₀·e^(−k·t)), `step` (z₀·k^⌊t/t*⌋); `decay` is k and
+  `step_every` t*. z₀ is calibrated so that the whole schedule meets ε (see `schedule.py`);
+  `ant` (adaptive, spec §4.3.4) is refused;
+- `arch`: `mlp` (flat vectors; the authors' MNIST code; a table mode only needs its encoding)
+  or `conv` (the spec's 3-layer conditional DCGAN, §10.3; far better on digits);
+  `hidden` (MLP width) / `width` (conv channels), `latent_dim`;
+- optimisation: Adam, β = (`beta1`, 0.999), `lr_d`, `lr_g`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_COMMON: dict[str, Any] = {
+    "mode": "sound",
+    "schedule": "constant",
+    "decay": 0.01,
+    "step_every": 100,
+    "max_grad_norm": 1.0,
+    "beta1": 0.5,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Seconds on CPU (tests).
+    "tiny": {
+        **_COMMON,
+        "arch": "mlp",
+        "batch_size": 16,
+        "n_d": 2,
+        "n_g": 4,
+        "hidden": 32,
+        "width": 8,
+        "latent_dim": 16,
+        "lr_d": 1e-3,
+        "lr_g": 1e-3,
+    },
+    # digits (8×8, N = 1437) on one CPU core in a couple of minutes: the conditional DCGAN
+    # (D: 16 → 32 channels, GroupNorm); tuned on public digits only
+    # (bench/results/tuning-digits.md).
+    "small": {
+        **_COMMON,
+        "arch": "conv",
+        "batch_size": 256,
+        "n_d": 2,
+        "n_g": 1500,
+        "hidden": 32,
+        "width": 16,
+        "latent_dim": 32,
+        "lr_d": 1e-3,
+        "lr_g": 1e-3,
+    },
+    # The paper's MNIST setting (spec §5, §10.3): conditional 3-layer DCGAN, m = 64, n_d = 5,
+    # n_g = 1000 (T = 5000 D steps), lr 5e-5 for both, Adam β = (0.5, 0.999). Minutes on a GPU.
+    "paper": {
+        **_COMMON,
+        "arch": "conv",
+        "batch_size": 64,
+        "n_d": 5,
+        "n_g": 1000,
+        "hidden": 256,
+        "width": 64,
+        "latent_dim": 100,
+        "lr_d": 5e-5,
+        "lr_g": 5e-5,
+    },
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "mode": ("sound",),
+    "schedule": ("constant", "time", "exp", "step"),
+    "arch": ("mlp", "conv"),
+}
