@@ -99,7 +99,14 @@ def test_config_derives_sensitivity_and_refuses_unsafe_overrides():
         method.config("tiny", {"max_grad_norm": "0.1"}, DIGITS_INFO)
     with pytest.raises(UsageError):
         method.config("tiny", {"bandwidths": "-1"}, DIGITS_INFO)
-    assert set(method.presets) >= {"tiny", "small", "paper"}
+    assert set(method.presets) >= {
+        "tiny",
+        "small",
+        "small-eps1",
+        "mnist",
+        "mnist-eps1",
+        "paper-200k",
+    }
 
 
 def test_plan_events_are_within_target_under_dp_accounting():
