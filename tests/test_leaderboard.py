@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from dpsynth.data.images import DataInfo
 from dpsynth.methods import registry
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "leaderboard.py"
@@ -59,10 +61,22 @@ def test_every_registered_method_is_on_the_board(leaderboard, monkeypatch):
 
 
 def test_default_presets_and_sizes(leaderboard):
-    assert leaderboard.default_preset("digits") == "small"
-    assert leaderboard.default_preset("mnist-5k") == "paper"
-    assert leaderboard.preset_for("dpkernel", "paper") == "paper"
-    assert leaderboard.preset_for("dpkernel", "no-such-preset") == "small"
+    digits = DataInfo("digits", "builtin", 1437, (1, 8, 8), tuple("0123456789"), "f", "digits")
+    mnist = dataclasses.replace(digits, spec="mnist-5k", n=4000, shape=(1, 28, 28))
+    # --preset for every method; a method without it falls back to small.
+    assert leaderboard.preset_for("dpkernel", mnist, "10", "paper-200k") == "paper-200k"
+    assert leaderboard.preset_for("dpkernel", mnist, "10", "no-such-preset") == "small"
+    # Without --preset each method recommends one from public facts (no 200k-step default).
+    assert leaderboard.preset_for("dpkernel", digits, "10", None) == "small"
+    assert leaderboard.preset_for("dpkernel", mnist, "10", None) == "mnist"
+    assert leaderboard.preset_for("dpkernel", mnist, "1", None) == "mnist-eps1"
+    assert leaderboard.preset_for("dpkernel", mnist, "inf", None) == "mnist"
+    for method in registry.method_names():
+        for data in (digits, mnist):
+            for epsilon in ("1", "10", "inf"):
+                chosen = leaderboard.preset_for(method, data, epsilon, None)
+                assert chosen in registry.get_method(method).presets, (method, chosen)
+                assert not chosen.startswith("paper"), (method, chosen)
     assert leaderboard.default_synthetic_n("digits") == 2000
     assert leaderboard.default_synthetic_n("mnist-5k") == 10_000
     quick = leaderboard.parse_args(["--quick"])

@@ -141,6 +141,15 @@ class Method(ABC):
         merged["preset"] = preset
         return merged
 
+    def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
+        """The preset this backend recommends for data of this public shape and size at ε.
+
+        Only public facts go in (the record count, shape, label set and the target ε, which
+        may be inf), so the choice spends no budget. The leaderboard takes it when no
+        `--preset` is given; a backend with presets designed for other data overrides this.
+        """
+        return "small"
+
     def validate_config(self, config: Mapping[str, Any], info: DataInfo) -> None:
         """Raise UsageError for a value the run could not use (exit 2).
 

@@ -45,6 +45,10 @@ from dpsynth.privacy.functional import (
 from dpsynth.privacy.randomness import PrivateRandomness
 
 _PAPER_BANDWIDTHS = (1.0, 2.0, 4.0, 8.0, 16.0)
+# `recommended_preset`: records with at least this many values get the 28×28 presets, and
+# targets at or below this ε the single-kernel `-eps1` ones.
+_LARGE_IMAGE_VALUES = 400
+_SMALL_EPSILON = 3.0
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Seconds on CPU for digits (tests).
@@ -110,11 +114,60 @@ PRESETS: dict[str, dict[str, Any]] = {
         "jitter": 1e-8,
         "ema": 0.99,
     },
+    # 28×28 images (mnist-5k: 4,000 records), ε about 10. The bandwidth is fixed a priori for
+    # [-1, 1] pixels in 784 dimensions, where typical squared distances are 10–20 times those
+    # of 8×8 digits (an image to its class mean about 160, two images of one class about 330,
+    # of two classes about 440): wide kernels (ℓ ≥ 24) see every class alike and blur them,
+    # so one kernel of width 12 keeps classes apart at half the sensitivity² of two. A larger
+    # q for N = 4,000 (B = 512, q = 0.128); the digits generator (width 64, EMA 0.99). Tuned
+    # on the public mnist-5k set (bench/results/tuning-mnist5k.md: ε = 10 CNN 0.74 with
+    # ℓ = 12, 0.71 with 16, 0.58 with 24, collapse with 8); about 4–7 minutes on one CPU
+    # thread, so minutes at most on a GPU.
+    "mnist": {
+        "batch_size": 512,
+        "generated_points": 128,
+        "steps": 2000,
+        "bandwidths": (12.0,),
+        "sensitivity": "paper",
+        "max_grad_norm": functional_sensitivity(1, "paper"),
+        "arch": "conv",
+        "width": 64,
+        "latent_dim": 10,
+        "norm": "group",
+        "conditional": True,
+        "optimizer": "adam",
+        "lr": 1e-3,
+        "jitter": 1e-8,
+        "ema": 0.99,
+    },
+    # `mnist` for small ε (about 1): a wider kernel, ℓ = 16. The derivative noise per
+    # coordinate falls as 1/ℓ, and at ε = 1 (σ ≈ 22) that outweighs the blur: CNN 0.48 against
+    # 0.36 with ℓ = 12 on the public mnist-5k set (bench/results/tuning-mnist5k.md).
+    "mnist-eps1": {
+        "batch_size": 512,
+        "generated_points": 128,
+        "steps": 2000,
+        "bandwidths": (16.0,),
+        "sensitivity": "paper",
+        "max_grad_norm": functional_sensitivity(1, "paper"),
+        "arch": "conv",
+        "width": 64,
+        "latent_dim": 10,
+        "norm": "group",
+        "conditional": True,
+        "optimizer": "adam",
+        "lr": 1e-3,
+        "jitter": 1e-8,
+        "ema": 0.99,
+    },
     # The paper's conditional MNIST setting (spec §2.4, §5): DCGAN decoder ngf=64, nz=10,
     # BatchNorm on the generated side only, RMSprop lr 5e-5, B = M = 60, bandwidths
-    # {1,2,4,8,16}. The paper runs 200k steps (GPU); spec §3.6 expects larger data-independent
-    # bandwidths (e.g. --set bandwidths=8,16,32) to work better under the sound mechanism.
-    "paper": {
+    # {1,2,4,8,16}, 200,000 steps. Named for its length (it was `paper`): about 110 ms per
+    # step on one CPU thread (6 h), and on a GPU about 3,500 small kernel launches per step,
+    # so likely over an hour on an H100 (not measured). On 4,000 records it is weak (H100,
+    # ε = 10: CNN 0.135); spec §3.6 expects larger data-independent bandwidths to work better
+    # under the sound mechanism. For 28×28 data the `mnist` presets are the tuned choice.
+    "paper-200k": {
         "batch_size": 60,
         "generated_points": 60,
         "steps": 200_000,
@@ -619,6 +672,16 @@ class DPKernelMethod(Method):
         "DP-Kernel (functional Gaussian mechanism on the kernel mean embedding), sound variant: "
         "releases the derivative-GP-noised gradient field at generated points"
     )
+
+    def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
+        """`mnist` for 28×28-sized images (≥ 400 values a record), else `small` (8×8 digits);
+        their `-eps1` variant (one kernel: half the sensitivity²) at ε ≤ 3.
+
+        The bandwidths of each were fixed for its pixel count, so the shape picks the preset;
+        the split at ε = 3 is where the tuning logs saw the single kernel pull ahead.
+        """
+        base = "mnist" if math.prod(info.shape) >= _LARGE_IMAGE_VALUES else "small"
+        return f"{base}-eps1" if epsilon <= _SMALL_EPSILON else base
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """Preset plus overrides, validated; `max_grad_norm` is derived from the kernel.
