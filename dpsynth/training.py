@@ -127,7 +127,7 @@ class TrainRequest:
     data: str | None = None
     epsilon: float | str | None = None
     delta: float | None = None
-    preset: str = "small"
+    preset: str = "auto"
     ledger_path: Path | str | None = None
     device: str = "auto"
     seed: int = 0
@@ -198,7 +198,7 @@ def train_run(
     data: str,
     epsilon: float | str,
     delta: float | None = None,
-    preset: str = "small",
+    preset: str = "auto",
     out: Path | str,
     ledger_path: Path | str | None,
     device: str = "auto",
@@ -432,6 +432,7 @@ def _start(
             f"δ={delta:g} is not below 1/N = {1.0 / info.n:.3g}: a mechanism could release a "
             "whole record with that probability; use a smaller --delta"
         )
+    preset = resolve_preset(backend, preset, info, target_epsilon)
     config = backend.config(preset, dict(request.overrides), info)
     # Everything that can fail for a reason known before the first private read fails here,
     # before the spend is reserved: the config's values, then the plan, then building the
@@ -537,6 +538,12 @@ def _load_recorded(data_cfg: Mapping[str, Any], name: str) -> ImageData | TableD
     )
 
 
+def resolve_preset(backend: Method, preset: str, info: DataInfo, epsilon: float) -> str:
+    """`preset`, or for `auto` the backend's recommendation for this data's public shape and
+    size at the target ε (no data is read: the choice spends no budget)."""
+    return backend.recommended_preset(info, epsilon) if preset == "auto" else preset
+
+
 def _check_modality(backend: Method, modality: str) -> None:
     """UsageError (exit 2) when the backend cannot train on this kind of data."""
     if modality not in backend.modalities:
@@ -569,7 +576,8 @@ def _load_table(
         return float(request.delta) if request.delta is not None else default_delta(n)
 
     def plan_check(info: DataInfo, events: tuple[dict[str, Any], ...]) -> None:
-        config = backend.config(request.preset, dict(request.overrides), info)
+        preset = resolve_preset(backend, request.preset, info, target_epsilon)
+        config = backend.config(preset, dict(request.overrides), info)
         backend.validate_config(config, info)
         prior = (*ledger.events_for(info.dataset_id, info.fingerprint or None), *events)
         backend.plan(info, PrivacyTarget(target_epsilon, delta_for(info.n)), config, prior)

@@ -125,3 +125,24 @@ def test_train_usage_errors_exit_2(tmp_path, args):
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "l.jsonl").exists() or Ledger(tmp_path / "l.jsonl").entries() == []
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "expected"), [("1", "small-eps1"), ("10", "small"), ("inf", "small")]
+)
+def test_train_without_preset_takes_the_methods_recommendation(tmp_path, epsilon, expected):
+    """`--preset` defaults to `auto`: dpkernel on 8×8 digits resolves by ε, and the run's
+    config records the preset it resolved to (its bandwidths, too)."""
+    from dpsynth.methods.dpkernel.method import PRESETS
+
+    out = tmp_path / "run"
+    result = invoke(
+        "train", "--method", "dpkernel", "--data", "digits", "--epsilon", epsilon,
+        "--out", str(out), "--ledger", str(tmp_path / "l.jsonl"), "--device", "cpu",
+        "--set", "steps=2", "--set", "batch_size=16", "--set", "generated_points=8",
+        "--quiet", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["preset"] == expected
+    assert config["config"]["bandwidths"] == list(PRESETS[expected]["bandwidths"])

@@ -56,7 +56,13 @@ def train(
         typer.Option(help="Total ε for the dataset after this run, or 'inf' (not private)."),
     ] = None,
     delta: Annotated[float | None, typer.Option(help="δ [default: below 1/N].")] = None,
-    preset: Annotated[str, typer.Option(help="tiny, small or paper.")] = "small",
+    preset: Annotated[
+        str,
+        typer.Option(
+            help="A preset of the method (see README), or auto: the method's recommendation "
+            "for the data's public shape and size at the target ε."
+        ),
+    ] = "auto",
     seed: Annotated[
         int,
         typer.Option(
