@@ -675,7 +675,8 @@ class DPKernelMethod(Method):
 
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
         """`small` for tables; for images `mnist` for 28×28-sized ones (≥ 400 values a record),
-        else `small` (8×8 digits); their `-eps1` variant (one kernel: half the sensitivity²) at ε ≤ 3.
+        else `small` (8×8 digits); their `-eps1` variant (one kernel: half the sensitivity²)
+        at ε ≤ 3.
 
         The bandwidths of each were fixed for its pixel count, so the shape picks the preset;
         the split at ε = 3 is where the tuning logs saw the single kernel pull ahead.
