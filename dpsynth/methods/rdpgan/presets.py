@@ -81,3 +81,35 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "schedule": ("constant", "time", "exp", "step"),
     "arch": ("mlp", "conv"),
 }
+
+# Tables (encoded rows: one-hot blocks in {0, 1}, numbers in [-1, 1]): an MLP D on
+# (row ‖ one-hot target) without normalisation layers, and an MLP G ending in the shared
+# `TableHead` (softmax per categorical block, tanh per number). Only `arch=mlp` applies.
+TABLE_PRESETS: dict[str, dict[str, Any]] = {
+    # Seconds on CPU (tests, german-credit).
+    "tiny": {
+        **_COMMON,
+        "arch": "mlp",
+        "batch_size": 64,
+        "n_d": 1,
+        "n_g": 40,
+        "hidden": 32,
+        "width": 8,
+        "latent_dim": 16,
+        "lr_d": 2e-3,
+        "lr_g": 2e-3,
+    },
+    # german-credit or Census-Income KDD on one CPU thread in about two minutes at most.
+    "small": {
+        **_COMMON,
+        "arch": "mlp",
+        "batch_size": 256,
+        "n_d": 1,
+        "n_g": 2000,
+        "hidden": 128,
+        "width": 8,
+        "latent_dim": 32,
+        "lr_d": 1e-3,
+        "lr_g": 1e-3,
+    },
+}
