@@ -89,7 +89,8 @@ def build_generator(info: DataInfo, config: Mapping[str, Any]) -> nn.Module:
         return ConvGenerator(tuple(info.shape), len(info.classes), latent, int(config["width"]))
     layout = block_layout(info) if info.modality == "table" else ()
     return MLPGenerator(
-        tuple(info.shape), len(info.classes), latent, int(config["hidden"]), layout=layout
+        tuple(info.shape), len(info.classes), latent, int(config["hidden"]), layout=layout,
+        hard_head=config.get("head", "soft") == "hard",
     )
 
 
@@ -366,7 +367,7 @@ class RDPGANMethod(Method):
                 "not implemented; use constant, time, exp or step"
             )
         for key, choices in CHOICES.items():
-            if config[key] not in choices:
+            if key in config and config[key] not in choices:
                 raise UsageError(f"--set {key}: must be one of {', '.join(choices)}")
         for key in ("n_d", "n_g", "hidden", "width", "latent_dim", "step_every"):
             if int(config[key]) < 1:

@@ -60,6 +60,7 @@ class MLPGenerator(nn.Module):
         latent_dim: int,
         hidden: int,
         layout: tuple[tuple[str, int], ...] = (),
+        hard_head: bool = False,
     ) -> None:
         super().__init__()
         self.shape = tuple(int(s) for s in shape)
@@ -72,7 +73,7 @@ class MLPGenerator(nn.Module):
             nn.ReLU(),
             nn.Linear(hidden, _flat(shape)),
         )
-        self.head: nn.Module = TableHead(layout) if layout else nn.Tanh()
+        self.head: nn.Module = TableHead(layout, hard=hard_head) if layout else nn.Tanh()
 
     def forward(self, z: Tensor, onehot: Tensor) -> Tensor:
         """Records [b, *shape] in [-1, 1] (encoded rows [b, D] for a table)."""

@@ -77,6 +77,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
+    "head": ("soft", "hard"),
     "mode": ("sound",),
     "schedule": ("constant", "time", "exp", "step"),
     "arch": ("mlp", "conv"),
@@ -90,6 +91,7 @@ TABLE_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         **_COMMON,
         "arch": "mlp",
+        "head": "hard",
         "batch_size": 64,
         "n_d": 1,
         "n_g": 40,
@@ -103,6 +105,7 @@ TABLE_PRESETS: dict[str, dict[str, Any]] = {
     "small": {
         **_COMMON,
         "arch": "mlp",
+        "head": "hard",
         "batch_size": 256,
         "n_d": 1,
         "n_g": 2000,
