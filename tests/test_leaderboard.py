@@ -109,7 +109,19 @@ def test_table_methods_come_from_the_registry_modalities(leaderboard, monkeypatc
     )
 
 
-def test_table_leaderboard_on_german_credit_tiny(leaderboard, tmp_path, one_torch_thread):
+def test_table_leaderboard_on_german_credit_tiny(
+    leaderboard, tmp_path, one_torch_thread, monkeypatch
+):
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import app
+
+    def in_process(args):  # the CLI in this process: no interpreter start-up per command
+        result = CliRunner().invoke(app, [*args, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout), 0.0
+
+    monkeypatch.setattr(leaderboard, "run_cli", in_process)
     out = tmp_path / "lb.json"
     leaderboard.main(
         ["--data", "german-credit", "--methods", "rdpgan", "--epsilon", "1", "--preset", "tiny",

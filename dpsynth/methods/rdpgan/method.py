@@ -89,7 +89,11 @@ def build_generator(info: DataInfo, config: Mapping[str, Any]) -> nn.Module:
         return ConvGenerator(tuple(info.shape), len(info.classes), latent, int(config["width"]))
     layout = block_layout(info) if info.modality == "table" else ()
     return MLPGenerator(
-        tuple(info.shape), len(info.classes), latent, int(config["hidden"]), layout=layout,
+        tuple(info.shape),
+        len(info.classes),
+        latent,
+        int(config["hidden"]),
+        layout=layout,
         hard_head=config.get("head", "soft") == "hard",
     )
 
