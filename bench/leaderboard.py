@@ -341,6 +341,25 @@ def table_method_row(
     } | _table_scores(evaluation)
 
 
+SCORE_KEYS = ("logreg_accuracy", "logreg_roc_auc", "gbm_accuracy", "gbm_roc_auc")
+
+
+def combine_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from K training runs: each score's mean ± std over the runs' means (training
+    runs differ in their secret batches and noise; classifier seeds barely move a score)."""
+    import numpy as np
+
+    if len(runs) == 1:
+        return runs[0] | {"runs": 1}
+    row = dict(runs[0]) | {"runs": len(runs), "per_run": runs}
+    row["train_seconds"] = round(float(np.mean([r["train_seconds"] for r in runs])), 1)
+    for key in SCORE_KEYS:
+        values = [r[f"{key}_mean"] for r in runs]
+        row[f"{key}_mean"] = float(np.mean(values))
+        row[f"{key}_std"] = float(np.std(values))
+    return row
+
+
 def _pm(row: dict[str, Any], key: str) -> str:
     mean, std = row.get(f"{key}_mean"), row.get(f"{key}_std")
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
@@ -433,7 +452,9 @@ def write_results(report: dict[str, Any], json_path: Path, markdown_path: Path) 
             f"# Leaderboard: {report['data']}\n\n"
             f"{report['date']} · {where} · torch {machine['torch']} · "
             f"{report['synthetic_n']:,} synthetic rows per run (balanced labels) · "
-            f"classifiers {report['seeds']} seeds · tested on {report['test']}\n\n"
+            f"classifiers {report['seeds']} seeds · {report.get('runs', 1)} training run(s) "
+            f"per row (± over {'runs' if report.get('runs', 1) > 1 else 'classifier seeds'}) · "
+            f"tested on {report['test']}\n\n"
             f"`{report['command']}`\n\n"
         )
         markdown_path.parent.mkdir(parents=True, exist_ok=True)
@@ -470,6 +491,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--schema", type=Path, default=None, help="tables: the schema JSON")
     parser.add_argument(
         "--schema-public", action="store_true", help="tables: declare --schema's entries public"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="tables: training runs per row (± is over runs)"
     )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
@@ -540,6 +564,7 @@ def main_tables(args: argparse.Namespace, argv: list[str] | None) -> None:
         "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
         "synthetic_n": n,
         "seeds": args.seeds,
+        "runs": args.runs,
         "majority_class_rate": majority_rate(args),
         "real": None,
         "rows": [],
@@ -550,7 +575,10 @@ def main_tables(args: argparse.Namespace, argv: list[str] | None) -> None:
     for method in methods:
         for epsilon in args.epsilon:
             try:
-                row = table_method_row(method, epsilon, args, args.seeds, n)
+                runs = [
+                    table_method_row(method, epsilon, args, args.seeds, n) for _ in range(args.runs)
+                ]
+                row = combine_runs(runs)
             except RuntimeError as exc:  # one failing method must not lose the others' rows
                 row = {"method": method, "epsilon": epsilon, "error": str(exc)}
             report["rows"].append(row)

@@ -139,3 +139,14 @@ def test_table_leaderboard_on_german_credit_tiny(
     page = (tmp_path / "lb.md").read_text()
     assert "| real train data | – | – |" in page and "| rdpgan | tiny | 1 |" in page
     assert "Majority-class accuracy on the test table" in page
+
+
+def test_table_rows_combine_training_runs(leaderboard):
+    runs = [
+        {"method": "m", "train_seconds": t, **{f"{k}_mean": v for k in leaderboard.SCORE_KEYS}}
+        for t, v in ((10.0, 0.6), (20.0, 0.8))
+    ]
+    row = leaderboard.combine_runs(runs)
+    assert row["runs"] == 2 and row["train_seconds"] == 15.0 and row["per_run"] == runs
+    assert row["logreg_roc_auc_mean"] == pytest.approx(0.7)
+    assert row["gbm_accuracy_std"] == pytest.approx(0.1)
