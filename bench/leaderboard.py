@@ -17,6 +17,21 @@ The real-trained row is the same evaluation of the real train split written as i
 Writes `bench/results/leaderboard-<data>.json` (rows, date, machine, the command) and
 `leaderboard-<data>.md` (the table), and prints the table.
 
+Tables (a built-in table such as `german-credit`, or `csv:FILE`):
+
+    python bench/leaderboard.py --data german-credit
+    python bench/leaderboard.py --data csv:../shared/data/census_income_kdd_train.csv.gz \
+        --test csv:../shared/data/census_income_kdd_test.csv.gz --schema census.schema.json \
+        --schema-public
+
+The methods are those whose `modalities` include "table" (again by the registry alone); the
+preset defaults to `small` (the methods' table presets); `sample` writes a CSV of `--n` rows
+(default 20,000) with balanced labels; `evaluate --metrics ml` trains logistic regression and
+gradient boosting on it and scores accuracy and ROC-AUC on `--test` (default `DATA:test`),
+mean ± std over `--seeds`. The real-trained row is the same evaluation of the real train
+table written as a CSV; the majority-class rate of the test table is reported beside it.
+`--schema-public` is passed to `train` (the benchmark declares the drafted schema public).
+
 Times are wall clock of the whole CLI command (start-up, calibration, data loading and PNG
 writing included), so images/s understates the generator's own speed for small n.
 `--quick` is a smoke run: no FID and one classifier seed. Any preset value can be overridden
@@ -58,6 +73,20 @@ def data_info(data: str) -> Any:
     return load_data(data).info()
 
 
+def is_table(data: str) -> bool:
+    """A table spec (a built-in table or csv:FILE) rather than images."""
+    from dpsynth.data.sources import is_table_spec
+
+    return is_table_spec(data)
+
+
+def table_methods() -> list[str]:
+    """The registered backends that take tables (`Method.modalities`), in registry order."""
+    from dpsynth.methods.registry import get_method
+
+    return [name for name in registered_methods() if "table" in get_method(name).modalities]
+
+
 def preset_for(method: str, info: Any, epsilon: str, wanted: str | None) -> str:
     """`wanted` if given (`small` when the method lacks it), else the method's recommendation.
 
@@ -68,12 +97,14 @@ def preset_for(method: str, info: Any, epsilon: str, wanted: str | None) -> str:
 
     backend = get_method(method)
     if wanted:
-        return wanted if wanted in backend.presets else "small"
+        return wanted if wanted in backend.presets_for(info) else "small"
     return backend.recommended_preset(info, float(epsilon))
 
 
 def default_synthetic_n(data: str) -> int:
-    """10,000 synthetic images, 2,000 for digits (its test split has 360)."""
+    """10,000 synthetic images, 2,000 for digits (its test split has 360); 20,000 table rows."""
+    if is_table(data):
+        return 20_000
     return 2000 if data.split(":")[0] == "digits" else 10_000
 
 
@@ -211,6 +242,170 @@ def method_row(
     } | _scores(evaluation)
 
 
+# --------------------------------------------------------------------------- tables
+
+
+def _table_schema(args: argparse.Namespace):
+    """The schema reading the test table: --schema, else the built-in table's own."""
+    from dpsynth.data.schema import read_schema
+    from dpsynth.data.sources import read_table
+
+    return read_schema(args.schema) if args.schema else read_table(args.data)[2]
+
+
+def test_spec(args: argparse.Namespace) -> str:
+    """The held-out table: --test, else `DATA:test` (built-in tables)."""
+    return args.test or f"{args.data}:test"
+
+
+def majority_rate(args: argparse.Namespace) -> float:
+    """The share of the test table's most common target class (the trivial accuracy)."""
+    from collections import Counter
+
+    from dpsynth.data.sources import read_table
+
+    schema = _table_schema(args)
+    raw = read_table(test_spec(args))[0]
+    counts = Counter(raw.column(schema.target))
+    return max(counts.values()) / sum(counts.values())
+
+
+def _evaluate_table(csv: Path, args: argparse.Namespace, ledger: Path, seeds: int) -> dict:
+    command = [
+        "evaluate", "--synthetic", str(csv), "--real", test_spec(args), "--metrics", "ml",
+        "--seeds", str(seeds), "--ledger", str(ledger), "--quiet",
+    ]  # fmt: skip
+    if args.schema:
+        command += ["--schema", str(args.schema)]
+    evaluation, _ = run_cli(command)
+    return evaluation
+
+
+def _table_scores(evaluation: dict) -> dict[str, Any]:
+    scores = evaluation["metrics"]["classifiers"]
+    out: dict[str, Any] = {}
+    for kind in ("logreg", "gbm"):
+        for metric in ("accuracy", "roc_auc"):
+            found = scores[kind][metric]
+            out[f"{kind}_{metric}_mean"] = found["mean"]
+            out[f"{kind}_{metric}_std"] = found["std"]
+    out["warnings"] = evaluation.get("warnings", [])
+    return out
+
+
+def real_table_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
+    """The real-trained reference: the train table, written as a CSV, evaluated as synthetic."""
+    import pandas as pd
+
+    from dpsynth.data.sources import read_table
+
+    raw = read_table(args.data)[0]
+    with tempfile.TemporaryDirectory(prefix="leaderboard-real-") as tmp:
+        csv = Path(tmp) / "real-train.csv"
+        frame = pd.DataFrame({h: c for h, c in zip(raw.header, raw.columns, strict=True)})
+        frame.to_csv(csv, index=False)
+        evaluation = _evaluate_table(csv, args, Path(tmp) / "ledger.jsonl", seeds)
+    return {"method": "real train data", "preset": None, "epsilon": None, "n": len(frame)} | (
+        _table_scores(evaluation)
+    )
+
+
+def table_method_row(
+    method: str, epsilon: str, args: argparse.Namespace, seeds: int, n: int
+) -> dict[str, Any]:
+    """Train, sample a CSV and evaluate one (method, ε) on a table in a fresh ledger."""
+    preset = args.preset or "small"
+    with tempfile.TemporaryDirectory(prefix=f"leaderboard-{method}-") as tmp:
+        root = Path(tmp)
+        ledger = root / "ledger.jsonl"
+        command = [
+            "train", "--method", method, "--data", args.data, "--epsilon", epsilon,
+            "--preset", preset, "--out", str(root / "run"), "--device", args.device,
+            "--ledger", str(ledger), "--quiet",
+        ]  # fmt: skip
+        if args.schema:
+            command += ["--schema", str(args.schema)]
+        if args.schema_public:
+            command.append("--schema-public")
+        for item in args.set or []:
+            command += ["--set", item]
+        trained, train_s = run_cli(command)
+        sampled, sample_s = run_cli(
+            ["sample", str(root / "run"), "--n", str(n), "--out", str(root / "synth.csv"),
+             "--device", args.device, "--ledger", str(ledger), "--quiet"]
+        )  # fmt: skip
+        evaluation = _evaluate_table(root / "synth.csv", args, ledger, seeds)
+    return {
+        "method": method,
+        "preset": preset,
+        "overrides": list(args.set or []),
+        "epsilon": trained["epsilon"],
+        "epsilon_target": epsilon,
+        "delta": trained["delta"],
+        "private": trained["private"],
+        "noise_multiplier": trained["noise_multiplier"],
+        "sampling_rate": trained["sampling_rate"],
+        "steps": trained["steps"],
+        "train_seconds": round(train_s, 1),
+        "n": sampled["n"],
+        "sample_seconds": round(sample_s, 1),
+    } | _table_scores(evaluation)
+
+
+SCORE_KEYS = ("logreg_accuracy", "logreg_roc_auc", "gbm_accuracy", "gbm_roc_auc")
+
+
+def combine_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from K training runs: each score's mean ± std over the runs' means (training
+    runs differ in their secret batches and noise; classifier seeds barely move a score)."""
+    import numpy as np
+
+    if len(runs) == 1:
+        return runs[0] | {"runs": 1}
+    row = dict(runs[0]) | {"runs": len(runs), "per_run": runs}
+    row["train_seconds"] = round(float(np.mean([r["train_seconds"] for r in runs])), 1)
+    for key in SCORE_KEYS:
+        values = [r[f"{key}_mean"] for r in runs]
+        row[f"{key}_mean"] = float(np.mean(values))
+        row[f"{key}_std"] = float(np.std(values))
+    return row
+
+
+def _pm(row: dict[str, Any], key: str) -> str:
+    mean, std = row.get(f"{key}_mean"), row.get(f"{key}_std")
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    return f"{mean:.3f} ± {std:.3f}"
+
+
+def table_markdown(report: dict[str, Any]) -> str:
+    """The table leaderboard: LR and GB accuracy and ROC-AUC, the real-trained row first."""
+    head = (
+        "| method | preset | ε | steps | train time (s) | LR accuracy | LR ROC-AUC "
+        "| GB accuracy | GB ROC-AUC |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    rows = ([report["real"]] if report.get("real") else []) + list(report["rows"])
+    for row in rows:
+        epsilon = _fmt_eps(row.get("epsilon_target", row.get("epsilon")))
+        if "error" in row:
+            lines.append(
+                f"| {row['method']} | {row.get('preset') or '–'} | {epsilon} "
+                f"| failed: {row['error'][:80]} | | | | | |"
+            )
+            continue
+        steps = f"{row['steps']:,}" if row.get("steps") is not None else "–"
+        lines.append(
+            f"| {row['method']} | {row.get('preset') or '–'} | {epsilon} | {steps} "
+            f"| {_fmt(row.get('train_seconds'), '.0f')} | {_pm(row, 'logreg_accuracy')} "
+            f"| {_pm(row, 'logreg_roc_auc')} | {_pm(row, 'gbm_accuracy')} "
+            f"| {_pm(row, 'gbm_roc_auc')} |"
+        )
+    majority = report.get("majority_class_rate")
+    tail = f"\nMajority-class accuracy on the test table: {majority:.3f}.\n" if majority else ""
+    return head + "\n".join(lines) + "\n" + tail
+
+
 def _fmt_eps(value: Any) -> str:
     if value is None:
         return "–"
@@ -263,6 +458,19 @@ def write_results(report: dict[str, Any], json_path: Path, markdown_path: Path) 
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     machine = report["machine"]
     where = machine["gpu"] or f"{machine['cpu']}, {machine['cpu_cores']} cores"
+    if report.get("modality") == "table":
+        header = (
+            f"# Leaderboard: {report['data']}\n\n"
+            f"{report['date']} · {where} · torch {machine['torch']} · "
+            f"{report['synthetic_n']:,} synthetic rows per run (balanced labels) · "
+            f"classifiers {report['seeds']} seeds · {report.get('runs', 1)} training run(s) "
+            f"per row (± over {'runs' if report.get('runs', 1) > 1 else 'classifier seeds'}) · "
+            f"tested on {report['test']}\n\n"
+            f"`{report['command']}`\n\n"
+        )
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(header + table_markdown(report))
+        return
     header = (
         f"# Leaderboard: {report['data']}\n\n"
         f"{report['date']} · {where} · torch {machine['torch']} · "
@@ -292,6 +500,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-real", action="store_true", help="skip the real-trained row")
     parser.add_argument("--quick", action="store_true", help="smoke run: no FID, one seed")
     parser.add_argument("--inception-weights", type=Path, default=None)
+    parser.add_argument("--test", default=None, help="tables: held-out spec [DATA:test]")
+    parser.add_argument("--schema", type=Path, default=None, help="tables: the schema JSON")
+    parser.add_argument(
+        "--schema-public", action="store_true", help="tables: declare --schema's entries public"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="tables: training runs per row (± is over runs)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -303,6 +519,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run the leaderboard and write its JSON and Markdown."""
     args = parse_args(argv)
+    if is_table(args.data):
+        main_tables(args, argv)
+        return
     stem = f"leaderboard-{args.data.replace(':', '-')}"
     json_path = args.json or RESULTS / f"{stem}.json"
     markdown_path = args.markdown or json_path.with_suffix(".md")
@@ -334,6 +553,53 @@ def main(argv: list[str] | None = None) -> None:
             write_results(report, json_path, markdown_path)
     write_results(report, json_path, markdown_path)
     print(markdown_table(report))
+    print(f"wrote {json_path} and {markdown_path}")
+
+
+def _stem(data: str) -> str:
+    """`leaderboard-<data>`: a csv: spec by its file name without suffixes."""
+    if data.startswith("csv:"):
+        data = Path(data[4:]).name.split(".")[0]
+    return f"leaderboard-{data.replace(':', '-')}"
+
+
+def main_tables(args: argparse.Namespace, argv: list[str] | None) -> None:
+    """The table leaderboard (see the module docstring)."""
+    json_path = args.json or RESULTS / f"{_stem(args.data)}.json"
+    markdown_path = args.markdown or json_path.with_suffix(".md")
+    methods = args.methods or table_methods()
+    n = args.n or default_synthetic_n(args.data)
+    report: dict[str, Any] = {
+        "data": args.data,
+        "modality": "table",
+        "test": test_spec(args),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_description(args.device),
+        "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
+        "synthetic_n": n,
+        "seeds": args.seeds,
+        "runs": args.runs,
+        "majority_class_rate": majority_rate(args),
+        "real": None,
+        "rows": [],
+    }
+    if not args.no_real:
+        report["real"] = real_table_row(args, args.seeds)
+        print(json.dumps(report["real"]), file=sys.stderr, flush=True)
+    for method in methods:
+        for epsilon in args.epsilon:
+            try:
+                runs = [
+                    table_method_row(method, epsilon, args, args.seeds, n) for _ in range(args.runs)
+                ]
+                row = combine_runs(runs)
+            except RuntimeError as exc:  # one failing method must not lose the others' rows
+                row = {"method": method, "epsilon": epsilon, "error": str(exc)}
+            report["rows"].append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            write_results(report, json_path, markdown_path)
+    write_results(report, json_path, markdown_path)
+    print(table_markdown(report))
     print(f"wrote {json_path} and {markdown_path}")
 
 

@@ -107,3 +107,60 @@ def test_write_results_json_and_markdown(leaderboard, tmp_path):
     assert "Test CPU, 2 cores" in page and "not measured (--no-fid)" in page
     assert "`python bench/leaderboard.py --data digits`" in page
     assert "| dpkernel | small | 1 |" in page
+
+
+def test_table_methods_come_from_the_registry_modalities(leaderboard, monkeypatch):
+    from dpsynth.methods.registry import get_method
+
+    expected = [m for m in registry.method_names() if "table" in get_method(m).modalities]
+    assert leaderboard.table_methods() == expected
+    assert {"dpkernel", "rdpgan"} <= set(expected) and "pge" not in expected
+    assert leaderboard.is_table("german-credit") and not leaderboard.is_table("digits")
+    assert leaderboard.default_preset("german-credit") == "small"
+    assert leaderboard.default_synthetic_n("csv:x.csv") == 20_000
+    assert leaderboard._stem("csv:/a/census_income_kdd_train.csv.gz") == (
+        "leaderboard-census_income_kdd_train"
+    )
+
+
+def test_table_leaderboard_on_german_credit_tiny(
+    leaderboard, tmp_path, one_torch_thread, monkeypatch
+):
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import app
+
+    def in_process(args):  # the CLI in this process: no interpreter start-up per command
+        result = CliRunner().invoke(app, [*args, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout), 0.0
+
+    monkeypatch.setattr(leaderboard, "run_cli", in_process)
+    out = tmp_path / "lb.json"
+    leaderboard.main(
+        ["--data", "german-credit", "--methods", "rdpgan", "--epsilon", "1", "--preset", "tiny",
+         "--n", "300", "--seeds", "1", "--json", str(out)]
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["modality"] == "table" and report["test"] == "german-credit:test"
+    assert 0.6 <= report["majority_class_rate"] <= 0.8
+    real, (row,) = report["real"], report["rows"]
+    assert "error" not in row, row
+    assert 0.72 <= real["logreg_roc_auc_mean"] <= 0.9  # the real-trained reference
+    assert row["method"] == "rdpgan" and float(row["epsilon"]) <= 1.0 and row["n"] == 300
+    for key in ("logreg_accuracy", "logreg_roc_auc", "gbm_accuracy", "gbm_roc_auc"):
+        assert 0.0 <= row[f"{key}_mean"] <= 1.0
+    page = (tmp_path / "lb.md").read_text()
+    assert "| real train data | – | – |" in page and "| rdpgan | tiny | 1 |" in page
+    assert "Majority-class accuracy on the test table" in page
+
+
+def test_table_rows_combine_training_runs(leaderboard):
+    runs = [
+        {"method": "m", "train_seconds": t, **{f"{k}_mean": v for k in leaderboard.SCORE_KEYS}}
+        for t, v in ((10.0, 0.6), (20.0, 0.8))
+    ]
+    row = leaderboard.combine_runs(runs)
+    assert row["runs"] == 2 and row["train_seconds"] == 15.0 and row["per_run"] == runs
+    assert row["logreg_roc_auc_mean"] == pytest.approx(0.7)
+    assert row["gbm_accuracy_std"] == pytest.approx(0.1)

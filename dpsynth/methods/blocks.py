@@ -42,6 +42,7 @@ class TableHead(nn.Module):
         parts, start = [], 0
         for kind, size in self.layout:
             chunk = raw[:, start : start + size]
+            start += size
             if kind == "tanh":
                 parts.append(torch.tanh(chunk))
                 continue
@@ -50,5 +51,4 @@ class TableHead(nn.Module):
                 hard = torch.nn.functional.one_hot(soft.argmax(1), size).to(soft.dtype)
                 soft = hard - soft.detach() + soft
             parts.append(soft)
-            start += size
         return torch.cat(parts, dim=1)

@@ -33,6 +33,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo, to_uint8
+from dpsynth.data.tabular import block_layout
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import (
     MAX_STEPS,
@@ -50,7 +51,7 @@ from dpsynth.methods.rdpgan.nets import (
     MLPGenerator,
     init_weights,
 )
-from dpsynth.methods.rdpgan.presets import CHOICES, PRESETS
+from dpsynth.methods.rdpgan.presets import CHOICES, PRESETS, TABLE_PRESETS
 from dpsynth.privacy.accounting import calibrate_schedule
 from dpsynth.privacy.dpsgd import PrivateGradient
 from dpsynth.privacy.randomness import PrivateRandomness
@@ -86,7 +87,24 @@ def build_generator(info: DataInfo, config: Mapping[str, Any]) -> nn.Module:
     latent = int(config["latent_dim"])
     if config["arch"] == "conv":
         return ConvGenerator(tuple(info.shape), len(info.classes), latent, int(config["width"]))
-    return MLPGenerator(tuple(info.shape), len(info.classes), latent, int(config["hidden"]))
+    layout = block_layout(info) if info.modality == "table" else ()
+    return MLPGenerator(
+        tuple(info.shape),
+        len(info.classes),
+        latent,
+        int(config["hidden"]),
+        layout=layout,
+        hard_head=config.get("head", "soft") == "hard",
+    )
+
+
+def label_weights(info: DataInfo) -> torch.Tensor | None:
+    """A table target's declared public class weights (schema `weights`), else None."""
+    if info.modality != "table" or not info.schema:
+        return None
+    target = next(c for c in info.schema["columns"] if c["name"] == info.schema["target"])
+    weights = target.get("weights")
+    return torch.tensor([float(w) for w in weights], dtype=torch.float64) if weights else None
 
 
 def _onehot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -119,10 +137,18 @@ def step_sigmas(plan: PrivacyPlan) -> tuple[list[int], list[float]]:
 
 
 class RDPGANGenerator(Generator):
-    """Samples uint8 images [b, C, H, W] from the trained conditional generator."""
+    """Samples uint8 images [b, C, H, W] (or encoded table rows float32 [b, D]) from the
+    trained conditional generator."""
 
-    def __init__(self, net: nn.Module, classes: tuple[str, ...], device: torch.device):
+    def __init__(
+        self,
+        net: nn.Module,
+        classes: tuple[str, ...],
+        device: torch.device,
+        modality: str = "image",
+    ):
         self.net = net.to(device).eval()
+        self.modality = modality
         self.classes = tuple(classes)
         self.shape = tuple(net.shape)  # type: ignore[assignment]
         self.device = device
@@ -138,7 +164,11 @@ class RDPGANGenerator(Generator):
                 chunk.numel(), self.net.latent_dim, generator=generator, device=generator.device
             )
             onehot = _onehot(chunk.to(self.device), self.net.num_classes)
-            yield to_uint8(self.net(z.to(self.device), onehot)).cpu()
+            records = self.net(z.to(self.device), onehot)
+            if self.modality == "table":
+                yield records.float().cpu()  # encoded rows; `sample_table` decodes them
+            else:
+                yield to_uint8(records).cpu()
 
 
 # --------------------------------------------------------------------------- trainer
@@ -167,6 +197,9 @@ class RDPGANTrainer(Trainer):
         self.batch_size = int(config["batch_size"])
         self.n_d = int(config["n_d"])
         self.ends, self.sigmas = step_sigmas(plan)
+        # Generated labels: uniform, or a table target's declared public proportions (the
+        # same rule as dpkernel); never the data's own class counts.
+        self.label_weights = label_weights(info)
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
             torch.manual_seed(seed)
             self.net_d = build_discriminator(info, config).to(self.device)
@@ -207,13 +240,18 @@ class RDPGANTrainer(Trainer):
         return F.softplus(-logit).sum()
 
     def _fakes(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`count` generated records with uniform (public) labels, and their one-hot labels."""
+        """`count` generated records with public labels (uniform, or the declared weights)."""
         z = torch.randn(
             count, self.net_g.latent_dim, generator=self.rng_latents, device=self.device
         )
-        labels = torch.randint(
-            self.num_classes, (count,), generator=self.rng_latents, device=self.device
-        )
+        if self.label_weights is None:
+            labels = torch.randint(
+                self.num_classes, (count,), generator=self.rng_latents, device=self.device
+            )
+        else:
+            labels = torch.multinomial(
+                self.label_weights.to(self.device), count, True, generator=self.rng_latents
+            )
         onehot = _onehot(labels, self.num_classes)
         return self.net_g(z, onehot), onehot
 
@@ -297,7 +335,7 @@ class RDPGANTrainer(Trainer):
         """A sampler over a copy of the current generator weights."""
         net = build_generator(self.info, self.config)
         net.load_state_dict(self.net_g.state_dict())
-        return RDPGANGenerator(net, self.info.classes, self.device)
+        return RDPGANGenerator(net, self.info.classes, self.device, self.info.modality)
 
 
 def _with_prefix(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -312,6 +350,8 @@ class RDPGANMethod(Method):
 
     name = "rdpgan"
     presets = PRESETS
+    table_presets = TABLE_PRESETS
+    modalities = ("image", "table")
     description = (
         "RDP-GAN, sound mode: DP-SGD on the discriminator's real-loss term (the paper's "
         "loss-value noise never reaches the gradient), Poisson sampling, PRV accounting, "
@@ -331,7 +371,7 @@ class RDPGANMethod(Method):
                 "not implemented; use constant, time, exp or step"
             )
         for key, choices in CHOICES.items():
-            if config[key] not in choices:
+            if key in config and config[key] not in choices:
                 raise UsageError(f"--set {key}: must be one of {', '.join(choices)}")
         for key in ("n_d", "n_g", "hidden", "width", "latent_dim", "step_every"):
             if int(config[key]) < 1:
@@ -351,6 +391,8 @@ class RDPGANMethod(Method):
             raise UsageError(f"--set decay: must be ≥ 0, got {decay}")
         if config["schedule"] == "exp" and decay * int(config["n_g"]) > 20:
             raise UsageError("--set decay: e^(−k·n_g) below e^−20 leaves no noise to speak of")
+        if info.modality == "table" and config["arch"] != "mlp":
+            raise UsageError("--set arch: tables need arch=mlp (a row is a flat vector)")
         if config["arch"] == "conv":
             shape = tuple(info.shape)
             if len(shape) != 3 or shape[1] % 4 or shape[2] % 4:
@@ -458,4 +500,4 @@ class RDPGANMethod(Method):
         """Rebuild the sampler from saved `generator.*` tensors."""
         net = build_generator(info, config)
         net.load_state_dict(_with_prefix(tensors, "generator."))
-        return RDPGANGenerator(net, info.classes, torch.device(device))
+        return RDPGANGenerator(net, info.classes, torch.device(device), info.modality)

@@ -20,6 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from dpsynth.methods.blocks import TableHead
+
 
 def _flat(shape: tuple[int, ...]) -> int:
     return int(math.prod(shape))
@@ -45,10 +47,20 @@ class MLPDiscriminator(nn.Module):
 
 
 class MLPGenerator(nn.Module):
-    """(z ‖ one-hot label) → hidden → hidden → flat record → tanh, reshaped to `shape`."""
+    """(z ‖ one-hot label) → hidden → hidden → flat record → tanh, reshaped to `shape`.
+
+    With a table `layout` ((kind, size) blocks of the encoding), the output head is the shared
+    `TableHead` instead: a softmax per categorical block and a tanh per number.
+    """
 
     def __init__(
-        self, shape: tuple[int, ...], num_classes: int, latent_dim: int, hidden: int
+        self,
+        shape: tuple[int, ...],
+        num_classes: int,
+        latent_dim: int,
+        hidden: int,
+        layout: tuple[tuple[str, int], ...] = (),
+        hard_head: bool = False,
     ) -> None:
         super().__init__()
         self.shape = tuple(int(s) for s in shape)
@@ -61,10 +73,11 @@ class MLPGenerator(nn.Module):
             nn.ReLU(),
             nn.Linear(hidden, _flat(shape)),
         )
+        self.head: nn.Module = TableHead(layout, hard=hard_head) if layout else nn.Tanh()
 
     def forward(self, z: Tensor, onehot: Tensor) -> Tensor:
-        """Records [b, *shape] in [-1, 1]."""
-        return torch.tanh(self.body(torch.cat([z, onehot], dim=1))).view(-1, *self.shape)
+        """Records [b, *shape] in [-1, 1] (encoded rows [b, D] for a table)."""
+        return self.head(self.body(torch.cat([z, onehot], dim=1))).view(-1, *self.shape)
 
 
 def _groups(channels: int) -> int:

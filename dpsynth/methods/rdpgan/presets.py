@@ -77,7 +77,45 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
+    "head": ("soft", "hard"),
     "mode": ("sound",),
     "schedule": ("constant", "time", "exp", "step"),
     "arch": ("mlp", "conv"),
+}
+
+# Tables (encoded rows: one-hot blocks in {0, 1}, numbers in [-1, 1]): an MLP D on
+# (row ‖ one-hot target) without normalisation layers, and an MLP G ending in the shared
+# `TableHead` (softmax per categorical block, tanh per number). Only `arch=mlp` applies.
+TABLE_PRESETS: dict[str, dict[str, Any]] = {
+    # Seconds on CPU (tests, german-credit).
+    "tiny": {
+        **_COMMON,
+        "arch": "mlp",
+        "head": "hard",
+        "batch_size": 64,
+        "n_d": 1,
+        "n_g": 40,
+        "hidden": 32,
+        "width": 8,
+        "latent_dim": 16,
+        "lr_d": 2e-3,
+        "lr_g": 2e-3,
+    },
+    # german-credit or Census-Income KDD on one CPU thread in about two minutes at most.
+    # Tuned on public census only (bench/results/tuning-tables.md): a narrower D (64) and a
+    # larger batch (512: less relative noise per step) did best of five settings at ε = 1, but
+    # run-to-run spread is large (see the log).
+    "small": {
+        **_COMMON,
+        "arch": "mlp",
+        "head": "hard",
+        "batch_size": 512,
+        "n_d": 1,
+        "n_g": 2000,
+        "hidden": 64,
+        "width": 8,
+        "latent_dim": 32,
+        "lr_d": 1e-3,
+        "lr_g": 1e-3,
+    },
 }
