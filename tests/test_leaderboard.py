@@ -116,7 +116,8 @@ def test_table_methods_come_from_the_registry_modalities(leaderboard, monkeypatc
     assert leaderboard.table_methods() == expected
     assert {"dpkernel", "rdpgan"} <= set(expected) and "pge" not in expected
     assert leaderboard.is_table("german-credit") and not leaderboard.is_table("digits")
-    assert leaderboard.default_preset("german-credit") == "small"
+    # The table path trains `small` (or --preset): every table method must ship it.
+    assert all("small" in (get_method(m).table_presets or get_method(m).presets) for m in expected)
     assert leaderboard.default_synthetic_n("csv:x.csv") == 20_000
     assert leaderboard._stem("csv:/a/census_income_kdd_train.csv.gz") == (
         "leaderboard-census_income_kdd_train"
