@@ -24,8 +24,13 @@ def sample(
         typer.Option("--format", help="png or npz for images [png]; csv for tables [csv]."),
     ] = None,
     labels: Annotated[
-        str, typer.Option(help="balanced, or per-class counts a,b,c,... summing to --n.")
-    ] = "balanced",
+        str,
+        typer.Option(
+            help="balanced, per-class counts a,b,c,... summing to --n, or (tables) weights: "
+            "the target's class proportions; auto: weights for a table whose schema gives "
+            "them (declared or DP-released), else balanced."
+        ),
+    ] = "auto",
     batch_size: Annotated[int, typer.Option(help="Images generated at once.")] = 500,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
