@@ -3,6 +3,7 @@
 Usage: python bench/tables.py [--data german|census] [--eps 1,10] [--preset small]
                               [--set key=value ...] [--n 2000] [--json OUT]
                               [--weights declared|none|dp] [--weights-share 0.02]
+                              [--sample-labels auto,balanced]
 
 - german: the built-in `german-credit` (800 train rows), tested on `german-credit:test`.
 - census: `csv:../shared/data/census_income_kdd_train.csv.gz` (199,523 rows) with a schema
@@ -71,6 +72,11 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--weights", choices=("declared", "none", "dp"), default="declared")
     parser.add_argument("--weights-share", type=float, default=0.02)
+    parser.add_argument(
+        "--sample-labels",
+        default="auto",
+        help="sample's --labels rules to evaluate, e.g. auto,balanced",
+    )
     args = parser.parse_args()
     overrides = dict(item.split("=", 1) for item in args.set)
     folder = Path(tempfile.mkdtemp(prefix="dpsynth-bench-tables-"))
@@ -100,37 +106,45 @@ def main() -> None:
             ),
         )  # fmt: skip
         trained = time.time() - start
-        out = folder / f"synth-{eps}.csv"
-        sample_table(run, n, out, ledger_path=folder / f"ledger-{eps}.jsonl", device="cpu")
-        result = run_table_evaluation(
-            synthetic=str(out), real=real, metrics=["ml"], seeds=args.seeds,
-            real_train=real_train if index == 0 else None, schema_path=schema,
-        )  # fmt: skip
-        metrics = result["metrics"]
-        row = {
-            "epsilon": eps,
-            "train_s": round(trained, 1),
-            "sigma": summary["noise_multiplier"],
-            "weights": args.weights,
-            "class_weights": (summary.get("schema_release") or {}).get("class_weights"),
-            "synthetic": metrics["classifiers"],
-            "real_train": metrics.get("real_train_classifiers"),
-        }
-        rows.append(row)
-        syn = metrics["classifiers"]
-        line = (
-            f"eps={eps} train {trained:.0f}s sigma={summary['noise_multiplier']:.3g}  "
-            f"logreg auc {syn['logreg']['roc_auc']['mean']:.4f} acc "
-            f"{syn['logreg']['accuracy']['mean']:.4f}  gbm auc {syn['gbm']['roc_auc']['mean']:.4f}"
-        )
-        if row["real_train"]:
-            ref = row["real_train"]
-            line += (
-                f"  | real logreg auc {ref['logreg']['roc_auc']['mean']:.4f} acc "
-                f"{ref['logreg']['accuracy']['mean']:.4f} gbm auc "
-                f"{ref['gbm']['roc_auc']['mean']:.4f}"
+        for which, labels in enumerate(args.sample_labels.split(",")):
+            out = folder / f"synth-{eps}-{labels}.csv"
+            sample_table(run, n, out, labels=labels, ledger_path=folder / f"ledger-{eps}.jsonl",
+                         device="cpu")  # fmt: skip
+            result = run_table_evaluation(
+                synthetic=str(out), real=real, metrics=["ml"], seeds=args.seeds,
+                real_train=real_train if index == 0 and which == 0 else None,
+                schema_path=schema,
+            )  # fmt: skip
+            metrics = result["metrics"]
+            row = {
+                "epsilon": eps,
+                "train_s": round(trained, 1),
+                "sigma": summary["noise_multiplier"],
+                "weights": args.weights,
+                "sample_labels": labels,
+                "class_weights": (summary.get("schema_release") or {}).get("class_weights"),
+                "synthetic": metrics["classifiers"],
+                "real_train": metrics.get("real_train_classifiers"),
+            }
+            rows.append(row)
+            syn = metrics["classifiers"]
+            line = (
+                f"eps={eps} weights={args.weights} sample={labels} train {trained:.0f}s "
+                f"sigma={summary['noise_multiplier']:.3g}  logreg auc "
+                f"{syn['logreg']['roc_auc']['mean']:.4f} acc "
+                f"{syn['logreg']['accuracy']['mean']:.4f}  gbm auc "
+                f"{syn['gbm']['roc_auc']['mean']:.4f}"
             )
-        print(line, flush=True)
+            if row["class_weights"]:
+                line += f"  released weights {row['class_weights']['weights']}"
+            if row["real_train"]:
+                ref = row["real_train"]
+                line += (
+                    f"  | real logreg auc {ref['logreg']['roc_auc']['mean']:.4f} acc "
+                    f"{ref['logreg']['accuracy']['mean']:.4f} gbm auc "
+                    f"{ref['gbm']['roc_auc']['mean']:.4f}"
+                )
+            print(line, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"data": args.data, "rows": rows}, indent=2))
 

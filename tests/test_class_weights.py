@@ -205,6 +205,14 @@ def test_refusals_spend_nothing(tmp_path: Path) -> None:
     refused = _train(tmp_path, "--schema", str(derived), data=f"csv:{path}")
     assert refused.exit_code == 2 and "--class-weights-epsilon" in refused.output
     assert _spends(tmp_path) == []
+    # --schema-public declares them public (recorded in the run's schema)
+    public = _train(tmp_path, "--schema", str(derived), "--schema-public", data=f"csv:{path}",
+                    out="public")  # fmt: skip
+    assert public.exit_code == 0, public.output
+    config = json.loads((tmp_path / "public" / "config.json").read_text())
+    target = config["data"]["schema"]["columns"][-1]
+    assert target["weights"] == pytest.approx([0.7, 0.3])
+    assert target["weights_source"] == "declared public by the user (--schema-public)"
     # --labels weights on a run whose schema has none
     plain = _train(tmp_path, out="plain")
     assert plain.exit_code == 0, plain.output
