@@ -3,7 +3,7 @@
 Usage: python bench/tables.py [--data german|census] [--eps 1,10] [--preset small]
                               [--set key=value ...] [--n 2000] [--json OUT]
                               [--weights declared|none|dp] [--weights-share 0.02]
-                              [--sample-labels auto,balanced]
+                              [--sample-labels weights,balanced]
 
 - german: the built-in `german-credit` (800 train rows), tested on `german-credit:test`.
 - census: `csv:../shared/data/census_income_kdd_train.csv.gz` (199,523 rows) with a schema
@@ -74,8 +74,8 @@ def main() -> None:
     parser.add_argument("--weights-share", type=float, default=0.02)
     parser.add_argument(
         "--sample-labels",
-        default="auto",
-        help="sample's --labels rules to evaluate, e.g. auto,balanced",
+        default="balanced",
+        help="sample's --labels rules to evaluate, e.g. weights,balanced",
     )
     args = parser.parse_args()
     overrides = dict(item.split("=", 1) for item in args.set)

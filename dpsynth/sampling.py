@@ -146,10 +146,10 @@ def _with_schema_release(
 def label_counts(labels: str, n: int, num_classes: int) -> list[int]:
     """Records per class: `balanced` (data-independent, free) or per-class COUNTS `a,b,...`.
 
-    Balanced gives each class n // K records and the first n % K classes one more; `auto` is
-    balanced here (a table's run resolves it first: see `table_label_counts`).
+    Balanced gives each class n // K records and the first n % K classes one more (a table's
+    run may also ask for its target's `weights`: see `table_label_counts`).
     """
-    if labels in ("balanced", "auto"):
+    if labels == "balanced":
         return [n // num_classes + (1 if c < n % num_classes else 0) for c in range(num_classes)]
     try:
         counts = [int(part) for part in labels.split(",")]
@@ -179,21 +179,21 @@ def weighted_counts(n: int, weights: Sequence[float]) -> list[int]:
 def table_label_counts(labels: str, n: int, info: DataInfo) -> tuple[list[int], str]:
     """Records per class of a table's sample and the rule used, stated in its manifest.
 
-    `auto` (the default) follows the run's schema: the target's `weights` (declared public or
-    released with DP before training: the same proportions the generator was trained with)
-    when it has them, else balanced; `weights` insists on them; `balanced` or COUNTS as for
-    images.
+    `weights`: the target's `weights` in the run's schema (declared public or released with DP
+    before training: the proportions the generator was trained with); `balanced` (the default:
+    on census it gave downstream classifiers a higher ROC-AUC than the true 6% share) or
+    COUNTS as for images.
     """
     schema = info.schema or {}
     target = next((c for c in schema.get("columns", ()) if c["name"] == schema.get("target")), {})
     weights = target.get("weights")
-    if labels == "weights" or (labels == "auto" and weights):
+    if labels == "weights":
         if not weights:
             raise UsageError("--labels weights: the run's schema gives its target no 'weights'")
         source = target.get("weights_source") or "declared public in the schema"
         return weighted_counts(n, weights), f"weights of the target ({source})"
     counts = label_counts(labels, n, len(info.classes))
-    return counts, "balanced" if labels in ("balanced", "auto") else "counts (--labels)"
+    return counts, "balanced" if labels == "balanced" else "counts (--labels)"
 
 
 def parse_labels(labels: str, n: int, num_classes: int) -> torch.Tensor:
@@ -276,7 +276,7 @@ def sample_run(
     n: int,
     out_dir: Path | str,
     fmt: str | None = None,
-    labels: str = "auto",
+    labels: str = "balanced",
     batch_size: int = 500,
     seed: int = 0,
     device: str = "auto",
@@ -535,7 +535,7 @@ def sample_table(
     run_dir: Path | str,
     n: int,
     out: Path | str,
-    labels: str = "auto",
+    labels: str = "balanced",
     batch_size: int = 500,
     seed: int = 0,
     device: str = "auto",

@@ -133,21 +133,21 @@ def test_released_weights_are_spent_composed_stored_and_used(tmp_path: Path) -> 
     from dpsynth.methods.dpkernel.method import _target_weights
 
     assert _target_weights(DataInfo.from_json(config["data"])) == pytest.approx(tuple(weights))
-    # sampling follows them by default and says so; the statement composes both spends
+    # sampling follows them on request and says so; the statement composes both spends
     out = tmp_path / "s.csv"
     sampled = runner.invoke(
-        app, ["sample", str(tmp_path / "run"), "--n", "200", "--out", str(out), "--json"]
-    )
+        app,
+        ["sample", str(tmp_path / "run"), "--n", "200", "--out", str(out), "--json",
+         "--labels", "weights"],
+    )  # fmt: skip
     assert sampled.exit_code == 0, sampled.output
     manifest = json.loads((tmp_path / "s.csv.manifest.json").read_text())
     assert manifest["label_counts"] == weighted_counts(200, weights)
     assert manifest["labels"].startswith("weights of the target (released with DP")
     assert manifest["privacy_source"]["epsilon"] == pytest.approx(total, rel=1e-6)
-    balanced = runner.invoke(
-        app,
-        ["sample", str(tmp_path / "run"), "--n", "200", "--out", str(tmp_path / "b.csv"),
-         "--labels", "balanced"],
-    )  # fmt: skip
+    balanced = runner.invoke(  # the default
+        app, ["sample", str(tmp_path / "run"), "--n", "200", "--out", str(tmp_path / "b.csv")]
+    )
     assert balanced.exit_code == 0, balanced.output
     manifest = json.loads((tmp_path / "b.csv.manifest.json").read_text())
     assert manifest["label_counts"] == [100, 100] and manifest["labels"] == "balanced"

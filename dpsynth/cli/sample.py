@@ -27,10 +27,9 @@ def sample(
         str,
         typer.Option(
             help="balanced, per-class counts a,b,c,... summing to --n, or (tables) weights: "
-            "the target's class proportions; auto: weights for a table whose schema gives "
-            "them (declared or DP-released), else balanced."
+            "the target's class proportions in the run's schema (declared or DP-released)."
         ),
-    ] = "auto",
+    ] = "balanced",
     batch_size: Annotated[int, typer.Option(help="Images generated at once.")] = 500,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
