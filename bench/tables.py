@@ -2,6 +2,8 @@
 
 Usage: python bench/tables.py [--data german|census] [--eps 1,10] [--preset small]
                               [--set key=value ...] [--n 2000] [--json OUT]
+                              [--weights declared|none|dp] [--weights-share 0.02]
+                              [--sample-labels weights,balanced]
 
 - german: the built-in `german-credit` (800 train rows), tested on `german-credit:test`.
 - census: `csv:../shared/data/census_income_kdd_train.csv.gz` (199,523 rows) with a schema
@@ -9,6 +11,9 @@ Usage: python bench/tables.py [--data german|census] [--eps 1,10] [--preset smal
   benchmark's assumption: the UCI documentation publishes the category lists, ranges and the
   income shares, given as the target's `weights`);
   tested on the real test file (99,762 rows). Skipped when the file is absent.
+  `--weights none` drops the target's weights (balanced labels in training and sampling);
+  `--weights dp` drops them and releases them with `--class-weights-epsilon`
+  (share × ε of each run's total ε).
 Each setting: one training run per ε through the library (`train_run`, `sample_table`,
 `run_table_evaluation`), printing logistic regression and gradient boosting accuracy and
 ROC-AUC of the synthetic-trained models beside the real-trained ones.
@@ -35,15 +40,16 @@ from dpsynth.training import train_run  # noqa: E402
 CENSUS = REPO.parent / "shared" / "data"
 
 
-def census_schema(folder: Path) -> Path:
-    """A schema for Census-Income KDD: drafted, instance_weight ignored, declared public."""
+def census_schema(folder: Path, weights: bool = True) -> Path:
+    """A schema for Census-Income KDD: drafted, instance_weight ignored, declared public
+    (the income shares declared as the target's `weights` unless `weights` is False)."""
     path = folder / "census.schema.json"
     raw = read_csv_table(CENSUS / "census_income_kdd_train.csv.gz")
     schema = draft_schema(raw.header, raw.columns, "income").to_json()
     income = raw.column("income")
     for column in schema["columns"]:
         column.pop("source", None)
-        if column["name"] == "income":
+        if column["name"] == "income" and weights:
             # public: the survey's published income distribution (here: the file's shares)
             column["weights"] = [float((income == c).mean()) for c in column["categories"]]
         if column["name"] == "instance_weight":
@@ -64,6 +70,13 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=None, help="synthetic rows (default: as train)")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--weights", choices=("declared", "none", "dp"), default="declared")
+    parser.add_argument("--weights-share", type=float, default=0.02)
+    parser.add_argument(
+        "--sample-labels",
+        default="balanced",
+        help="sample's --labels rules to evaluate, e.g. weights,balanced",
+    )
     args = parser.parse_args()
     overrides = dict(item.split("=", 1) for item in args.set)
     folder = Path(tempfile.mkdtemp(prefix="dpsynth-bench-tables-"))
@@ -75,7 +88,7 @@ def main() -> None:
         if not (CENSUS / "census_income_kdd_train.csv.gz").is_file():
             print(f"skipped: {CENSUS} has no Census-Income KDD files")
             return
-        schema = census_schema(folder)
+        schema = census_schema(folder, weights=args.weights == "declared")
         data = f"csv:{CENSUS / 'census_income_kdd_train.csv.gz'}"
         real = f"csv:{CENSUS / 'census_income_kdd_test.csv.gz'}"
         real_train, n = data, 20000
@@ -88,37 +101,50 @@ def main() -> None:
             method="dpkernel", data=data, epsilon=eps, preset=args.preset, out=run,
             ledger_path=folder / f"ledger-{eps}.jsonl", device="cpu", overrides=overrides,
             schema=schema, schema_public=schema is not None,
+            class_weights_epsilon=(
+                args.weights_share * float(eps) if args.weights == "dp" else None
+            ),
         )  # fmt: skip
         trained = time.time() - start
-        out = folder / f"synth-{eps}.csv"
-        sample_table(run, n, out, ledger_path=folder / f"ledger-{eps}.jsonl", device="cpu")
-        result = run_table_evaluation(
-            synthetic=str(out), real=real, metrics=["ml"], seeds=args.seeds,
-            real_train=real_train if index == 0 else None, schema_path=schema,
-        )  # fmt: skip
-        metrics = result["metrics"]
-        row = {
-            "epsilon": eps,
-            "train_s": round(trained, 1),
-            "sigma": summary["noise_multiplier"],
-            "synthetic": metrics["classifiers"],
-            "real_train": metrics.get("real_train_classifiers"),
-        }
-        rows.append(row)
-        syn = metrics["classifiers"]
-        line = (
-            f"eps={eps} train {trained:.0f}s sigma={summary['noise_multiplier']:.3g}  "
-            f"logreg auc {syn['logreg']['roc_auc']['mean']:.4f} acc "
-            f"{syn['logreg']['accuracy']['mean']:.4f}  gbm auc {syn['gbm']['roc_auc']['mean']:.4f}"
-        )
-        if row["real_train"]:
-            ref = row["real_train"]
-            line += (
-                f"  | real logreg auc {ref['logreg']['roc_auc']['mean']:.4f} acc "
-                f"{ref['logreg']['accuracy']['mean']:.4f} gbm auc "
-                f"{ref['gbm']['roc_auc']['mean']:.4f}"
+        for which, labels in enumerate(args.sample_labels.split(",")):
+            out = folder / f"synth-{eps}-{labels}.csv"
+            sample_table(run, n, out, labels=labels, ledger_path=folder / f"ledger-{eps}.jsonl",
+                         device="cpu")  # fmt: skip
+            result = run_table_evaluation(
+                synthetic=str(out), real=real, metrics=["ml"], seeds=args.seeds,
+                real_train=real_train if index == 0 and which == 0 else None,
+                schema_path=schema,
+            )  # fmt: skip
+            metrics = result["metrics"]
+            row = {
+                "epsilon": eps,
+                "train_s": round(trained, 1),
+                "sigma": summary["noise_multiplier"],
+                "weights": args.weights,
+                "sample_labels": labels,
+                "class_weights": (summary.get("schema_release") or {}).get("class_weights"),
+                "synthetic": metrics["classifiers"],
+                "real_train": metrics.get("real_train_classifiers"),
+            }
+            rows.append(row)
+            syn = metrics["classifiers"]
+            line = (
+                f"eps={eps} weights={args.weights} sample={labels} train {trained:.0f}s "
+                f"sigma={summary['noise_multiplier']:.3g}  logreg auc "
+                f"{syn['logreg']['roc_auc']['mean']:.4f} acc "
+                f"{syn['logreg']['accuracy']['mean']:.4f}  gbm auc "
+                f"{syn['gbm']['roc_auc']['mean']:.4f}"
             )
-        print(line, flush=True)
+            if row["class_weights"]:
+                line += f"  released weights {row['class_weights']['weights']}"
+            if row["real_train"]:
+                ref = row["real_train"]
+                line += (
+                    f"  | real logreg auc {ref['logreg']['roc_auc']['mean']:.4f} acc "
+                    f"{ref['logreg']['accuracy']['mean']:.4f} gbm auc "
+                    f"{ref['gbm']['roc_auc']['mean']:.4f}"
+                )
+            print(line, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"data": args.data, "rows": rows}, indent=2))
 

@@ -146,7 +146,8 @@ def _with_schema_release(
 def label_counts(labels: str, n: int, num_classes: int) -> list[int]:
     """Records per class: `balanced` (data-independent, free) or per-class COUNTS `a,b,...`.
 
-    Balanced gives each class n // K records and the first n % K classes one more.
+    Balanced gives each class n // K records and the first n % K classes one more (a table's
+    run may also ask for its target's `weights`: see `table_label_counts`).
     """
     if labels == "balanced":
         return [n // num_classes + (1 if c < n % num_classes else 0) for c in range(num_classes)]
@@ -163,6 +164,36 @@ def label_counts(labels: str, n: int, num_classes: int) -> list[int]:
     if sum(counts) != n:
         raise UsageError(f"--labels counts sum to {sum(counts)}, but --n is {n}")
     return counts
+
+
+def weighted_counts(n: int, weights: Sequence[float]) -> list[int]:
+    """`n` records split in proportions `weights` (largest remainder; they sum to n)."""
+    exact = [n * float(w) / float(sum(weights)) for w in weights]
+    counts = [math.floor(e) for e in exact]
+    order = sorted(range(len(exact)), key=lambda c: exact[c] - counts[c], reverse=True)
+    for c in order[: n - sum(counts)]:
+        counts[c] += 1
+    return counts
+
+
+def table_label_counts(labels: str, n: int, info: DataInfo) -> tuple[list[int], str]:
+    """Records per class of a table's sample and the rule used, stated in its manifest.
+
+    `weights`: the target's `weights` in the run's schema (declared public or released with DP
+    before training: the proportions the generator was trained with); `balanced` (the default:
+    on census it gave downstream classifiers a higher ROC-AUC than the true 6% share) or
+    COUNTS as for images.
+    """
+    schema = info.schema or {}
+    target = next((c for c in schema.get("columns", ()) if c["name"] == schema.get("target")), {})
+    weights = target.get("weights")
+    if labels == "weights":
+        if not weights:
+            raise UsageError("--labels weights: the run's schema gives its target no 'weights'")
+        source = target.get("weights_source") or "declared public in the schema"
+        return weighted_counts(n, weights), f"weights of the target ({source})"
+    counts = label_counts(labels, n, len(info.classes))
+    return counts, "balanced" if labels == "balanced" else "counts (--labels)"
 
 
 def parse_labels(labels: str, n: int, num_classes: int) -> torch.Tensor:
@@ -546,7 +577,7 @@ def sample_table(
             )
     generator, run_config, info = load_generator(run_dir, device)
     codec = codec_for(info)
-    counts = label_counts(labels, n, len(info.classes))
+    counts, label_rule = table_label_counts(labels, n, info)
     out.parent.mkdir(parents=True, exist_ok=True)
     temporary = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
     digest = hashlib.sha256()
@@ -581,6 +612,7 @@ def sample_table(
             "modality": "table",
             "classes": list(info.classes),
             "label_counts": counts,
+            "labels": label_rule,
             "seed": seed,
             "columns": [c.name for c in codec.schema.columns],
             "schema": info.schema,

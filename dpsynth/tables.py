@@ -9,6 +9,11 @@ drafts it) is not public. `train` refuses it (exit 2) unless the user
   before training; the training run's plan then composes it as a prior spend, so that
   `--epsilon` stays the data set's total.
 The target's category list is the label set and is never released this way: it is declared.
+Its class proportions (`weights`) may be declared, or released with `--class-weights-epsilon
+E` through `privacy.histograms.release_class_weights` (a Gaussian noisy histogram over the
+public classes, sensitivity 1, no threshold); that release's event joins the same ledger entry
+as the schema release (command `schema-release`), spent before training and composed into its
+plan, and the released weights are written into the run's schema as declared ones would be.
 """
 
 from __future__ import annotations
@@ -25,7 +30,14 @@ from dpsynth.data.schema import Column, Schema, read_schema
 from dpsynth.data.sources import read_table
 from dpsynth.data.tabular import RawTable, TableData, check_header, encode_table, table_fingerprint
 from dpsynth.errors import UsageError
-from dpsynth.privacy.histograms import plan_histogram_release, release_schema_statistics
+from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.privacy.histograms import (
+    ClassWeightsPlan,
+    plan_class_weights_release,
+    plan_histogram_release,
+    release_class_weights,
+    release_schema_statistics,
+)
 from dpsynth.privacy.ledger import Ledger
 from dpsynth.privacy.randomness import PrivateRandomness
 
@@ -51,6 +63,28 @@ def resolve_schema(spec: str, schema_path: Path | str | None) -> tuple[RawTable,
         )
     check_header(raw, schema)
     return raw, parsed.canonical, parsed.kind, schema
+
+
+def check_class_weights(
+    schema: Schema, schema_public: bool, class_weights_epsilon: float | None
+) -> None:
+    """UsageError (exit 2) for target weights read off the data and neither declared nor
+    released, or for a release of weights the schema already declares public."""
+    target = schema.target_column
+    if class_weights_epsilon is not None:
+        if target.weights is not None and not target.weights_derived:
+            raise UsageError(
+                f"--class-weights-epsilon: the target {target.name!r} already declares public "
+                "'weights'; drop them from the schema to release them with DP instead"
+            )
+        return
+    if target.weights_derived and not schema_public:
+        raise UsageError(
+            f"the target {target.name!r}'s 'weights' were read off the data and are not "
+            "private: replace them with public figures (then delete 'weights_source'), or "
+            "pass --schema-public to declare them public, or --class-weights-epsilon E to "
+            "release them with DP"
+        )
 
 
 def check_public(schema: Schema, schema_public: bool, schema_epsilon: float | None) -> None:
@@ -92,32 +126,58 @@ def prepare_table(
     run_id: str,
     randomness: PrivateRandomness,
     plan_check: PlanCheck,
+    class_weights_epsilon: float | None = None,
 ) -> tuple[TableData, dict[str, Any] | None]:
-    """The encoded table under a public schema, and the schema release's record (or None).
+    """The encoded table under a public schema, and the release's record (or None).
 
-    Nothing is spent unless `--schema-epsilon` is given, and then only after the release and
-    the training plan after it were both checked to fit under `target_epsilon`.
+    Nothing is spent unless `--schema-epsilon` or `--class-weights-epsilon` is given, and then
+    only after the release(s) and the training plan after them were checked to fit under
+    `target_epsilon`; both releases go into one ledger entry (one event each).
     """
     raw, canonical, kind, schema = resolve_schema(spec, schema_path)
     check_public(schema, schema_public, schema_epsilon)
+    check_class_weights(schema, schema_public, class_weights_epsilon)
     if schema_public:
         schema = schema.with_source(schema.data_derived(), PUBLIC_SOURCE)
-    dataset = dataset_id or canonical
-    release = None
-    if schema_epsilon is not None:
-        if not math.isfinite(target_epsilon):
-            raise UsageError("--schema-epsilon needs a finite --epsilon (the data set's total)")
-        if not schema_epsilon < target_epsilon:
-            raise UsageError(
-                f"--schema-epsilon {schema_epsilon:g} must be below --epsilon {target_epsilon:g} "
-                "(the total, training included)"
+        if schema.target_column.weights_derived:
+            schema = schema.replace_column(
+                replace(schema.target_column, weights_source=PUBLIC_SOURCE)
             )
-        fingerprint = table_fingerprint(raw, schema)
-        schema, release = _release(
-            raw, schema, schema_epsilon, delta_for(raw.n), dataset, fingerprint, ledger, method,
-            run_id, randomness, lambda events: plan_check(_provisional(raw, schema, canonical,
-                                                  kind, dataset, fingerprint), events),
-        )  # fmt: skip
+    dataset = dataset_id or canonical
+    spent = sum(e for e in (schema_epsilon, class_weights_epsilon) if e is not None)
+    if not spent:
+        return encode_table(raw, schema, canonical, kind, dataset), None
+    flags = " + ".join(
+        flag
+        for flag, value in (
+            ("--schema-epsilon", schema_epsilon),
+            ("--class-weights-epsilon", class_weights_epsilon),
+        )
+        if value is not None
+    )
+    if not math.isfinite(target_epsilon):
+        raise UsageError(f"{flags} needs a finite --epsilon (the data set's total)")
+    if not spent < target_epsilon:
+        raise UsageError(
+            f"{flags} ({spent:g}) must be below --epsilon {target_epsilon:g} "
+            "(the total, training included)"
+        )
+    delta = delta_for(raw.n)
+    fingerprint = table_fingerprint(raw, schema)
+    weights_plan = (
+        plan_class_weights_release(class_weights_epsilon, delta)
+        if class_weights_epsilon is not None
+        else None
+    )
+    drafted = schema
+    if weights_plan is not None:  # placeholder weights, so the config is checked with weights
+        k = len(schema.classes)
+        drafted = schema.replace_column(replace(schema.target_column, weights=(1.0 / k,) * k))
+    provisional = _provisional(raw, drafted, canonical, kind, dataset, fingerprint)
+    schema, release = _release(
+        raw, schema, schema_epsilon, delta, dataset, fingerprint, ledger, method, run_id,
+        randomness, lambda events: plan_check(provisional, events), weights_plan,
+    )  # fmt: skip
     return encode_table(raw, schema, canonical, kind, dataset), release
 
 
@@ -135,7 +195,7 @@ def _provisional(
 def _release(
     raw: RawTable,
     schema: Schema,
-    epsilon: float,
+    epsilon: float | None,
     delta: float,
     dataset: str,
     fingerprint: str,
@@ -144,36 +204,66 @@ def _release(
     run_id: str,
     randomness: PrivateRandomness,
     check: Callable[[tuple[dict[str, Any], ...]], None],
+    weights_plan: ClassWeightsPlan | None = None,
 ) -> tuple[Schema, dict[str, Any]]:
-    derived = [
-        schema.columns[[c.name for c in schema.columns].index(n)] for n in schema.data_derived()
-    ]
+    derived = (
+        [schema.columns[[c.name for c in schema.columns].index(n)] for n in schema.data_derived()]
+        if epsilon is not None
+        else []
+    )
     categorical = [c for c in derived if c.type == "categorical"]
     numeric = [c for c in derived if c.is_numeric]
-    plan = plan_histogram_release(epsilon, delta, len(derived), len(categorical))
-    check(plan.events)  # the training run must still fit after this spend
+    plan = (
+        plan_histogram_release(epsilon, delta, len(derived), len(categorical))
+        if epsilon is not None
+        else None
+    )
+    events = (*(plan.events if plan else ()), *(weights_plan.events if weights_plan else ()))
+    check(events)  # the training run must still fit after these spends
     entry = ledger.reserve(
         dataset_id=dataset,
         fingerprint=fingerprint,
         command="schema-release",
         method=method,
         run_id=run_id,
-        events=list(plan.events),
+        events=list(events),
         delta=delta,
         max_total_epsilon=None,
     )
     try:
-        categories, bounds = release_schema_statistics(
-            {c.name: raw.column(c.name) for c in categorical},
-            {c.name: raw.column(c.name).astype(float) for c in numeric},
-            plan,
-            randomness.generator("schema/release"),
-        )
+        categories: dict[str, list[str]] = {}
+        bounds: dict[str, tuple[float, float] | None] = {}
+        if plan is not None:
+            categories, bounds = release_schema_statistics(
+                {c.name: raw.column(c.name) for c in categorical},
+                {c.name: raw.column(c.name).astype(float) for c in numeric},
+                plan,
+                randomness.generator("schema/release"),
+            )
+        weights = None
+        if weights_plan is not None:
+            weights = release_class_weights(
+                raw.column(schema.target),
+                schema.classes,
+                weights_plan,
+                randomness.generator("schema/class-weights"),
+            )
     except BaseException:
         ledger.abort(entry["seq"], run_id=run_id, fingerprint=fingerprint)
         raise
-    ledger.complete(entry["seq"], list(plan.events), run_id=run_id, fingerprint=fingerprint)
-    source = f"released with DP (--schema-epsilon {epsilon:g}, ledger seq {entry['seq']})"
+    ledger.complete(entry["seq"], list(events), run_id=run_id, fingerprint=fingerprint)
+    if weights_plan is not None and weights is not None:
+        schema = schema.replace_column(
+            replace(
+                schema.target_column,
+                weights=weights,
+                weights_source=(
+                    f"released with DP (--class-weights-epsilon {weights_plan.epsilon:.3g}, "
+                    f"ledger seq {entry['seq']})"
+                ),
+            )
+        )
+    source = f"released with DP (--schema-epsilon {epsilon or 0:g}, ledger seq {entry['seq']})"
     warnings = []
     for column in categorical:
         kept = categories[column.name]
@@ -196,12 +286,18 @@ def _release(
             low, high = float(math.ceil(low)), float(math.floor(high))
             high = max(high, low)
         schema = schema.replace_column(replace(column, min=low, max=high, source=source))
-    record = {
+    record: dict[str, Any] = {
         "ledger_seq": entry["seq"],
         "released_columns": [c.name for c in derived],
-        **plan.to_json(),
+        **(plan.to_json() if plan is not None else {}),
         "warnings": warnings,
     }
+    if weights_plan is not None:
+        record["class_weights"] = {**weights_plan.to_json(), "weights": list(weights or ())}
+        # the entry's ε: both releases composed (one event each)
+        record["epsilon"] = compose_epsilon(events, delta).epsilon
+        record["delta"] = delta
+        record["events"] = [dict(e) for e in events]
     return schema, record
 
 

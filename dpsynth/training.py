@@ -146,6 +146,8 @@ class TrainRequest:
     schema: Path | str | None = None
     schema_public: bool = False
     schema_epsilon: float | None = None
+    # Tables: release the target's class proportions with DP (this ε, part of the total).
+    class_weights_epsilon: float | None = None
 
     @staticmethod
     def check_complete(
@@ -177,19 +179,21 @@ class TrainRequest:
                 raise UsageError("a new run needs a ledger path")
             parse_epsilon(self.epsilon if self.epsilon is not None else "inf")
             table_flags = self.schema is not None or self.schema_public
-            if (table_flags or self.schema_epsilon is not None) and self.data is not None:
+            released = self.schema_epsilon is not None or self.class_weights_epsilon is not None
+            if (table_flags or released) and self.data is not None:
                 from dpsynth.data.sources import is_table_spec
 
                 if not is_table_spec(self.data):
                     raise UsageError(
-                        "--schema, --schema-public and --schema-epsilon are for tables"
+                        "--schema, --schema-public, --schema-epsilon and "
+                        "--class-weights-epsilon are for tables"
                     )
-            if self.schema_epsilon is not None and not (
-                math.isfinite(self.schema_epsilon) and self.schema_epsilon > 0
+            for flag, value in (
+                ("--schema-epsilon", self.schema_epsilon),
+                ("--class-weights-epsilon", self.class_weights_epsilon),
             ):
-                raise UsageError(
-                    f"--schema-epsilon must be a positive number, got {self.schema_epsilon}"
-                )
+                if value is not None and not (math.isfinite(value) and value > 0):
+                    raise UsageError(f"{flag} must be a positive number, got {value}")
 
 
 def train_run(
@@ -217,6 +221,7 @@ def train_run(
     schema: Path | str | None = None,
     schema_public: bool = False,
     schema_epsilon: float | None = None,
+    class_weights_epsilon: float | None = None,
 ) -> dict[str, Any]:
     """`train` with the request's fields as keyword arguments (see `TrainRequest`)."""
     request = TrainRequest(
@@ -242,6 +247,7 @@ def train_run(
         schema=schema,
         schema_public=schema_public,
         schema_epsilon=schema_epsilon,
+        class_weights_epsilon=class_weights_epsilon,
     )
     return train(request, progress)
 
@@ -588,6 +594,7 @@ def _load_table(
         schema_path=request.schema,
         schema_public=request.schema_public,
         schema_epsilon=request.schema_epsilon,
+        class_weights_epsilon=request.class_weights_epsilon,
         dataset_id=request.dataset_id,
         ledger=ledger,
         delta_for=delta_for,

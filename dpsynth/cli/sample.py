@@ -24,7 +24,11 @@ def sample(
         typer.Option("--format", help="png or npz for images [png]; csv for tables [csv]."),
     ] = None,
     labels: Annotated[
-        str, typer.Option(help="balanced, or per-class counts a,b,c,... summing to --n.")
+        str,
+        typer.Option(
+            help="balanced, per-class counts a,b,c,... summing to --n, or (tables) weights: "
+            "the target's class proportions in the run's schema (declared or DP-released)."
+        ),
     ] = "balanced",
     batch_size: Annotated[int, typer.Option(help="Images generated at once.")] = 500,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,

@@ -108,6 +108,14 @@ def train(
             "ε (part of --epsilon, recorded in the ledger before training).",
         ),
     ] = None,
+    class_weights_epsilon: Annotated[
+        float | None,
+        typer.Option(
+            "--class-weights-epsilon",
+            help="Tables: release the target's class proportions (its 'weights') with DP, "
+            "spending this ε (part of --epsilon, recorded in the ledger before training).",
+        ),
+    ] = None,
     checkpoint_every: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 120.0,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
@@ -151,6 +159,7 @@ def train(
         schema=schema,
         schema_public=schema_public,
         schema_epsilon=schema_epsilon,
+        class_weights_epsilon=class_weights_epsilon,
     )
     # Under torchrun only rank 0 shows progress and the result; the other ranks are quiet.
     main_rank = is_main_process()
@@ -196,10 +205,15 @@ def train(
     ]
     if result.get("schema_release"):
         release = result["schema_release"]
+        columns = len(release["released_columns"])
+        parts = [f"{columns} column(s)"] if columns else []
+        if release.get("class_weights"):
+            shares = ", ".join(f"{w:.3g}" for w in release["class_weights"]["weights"])
+            parts.append(f"class weights ({shares})")
         rows.append(
             (
                 "schema release",
-                f"{len(release['released_columns'])} column(s), ε ≤ {release['epsilon']:.4g} "
+                f"{' + '.join(parts)}, ε ≤ {release['epsilon']:.4g} "
                 f"(ledger seq {release['ledger_seq']})",
             )
         )

@@ -15,7 +15,9 @@ an optional `other`, one of the categories, absorbs values not in the list) and 
 (not read; its column is written empty). The `target` must be categorical: its categories are
 the public label set (`classes`); it may carry `weights`, public class proportions (e.g. from
 published statistics; normalised to sum 1, never drafted from the data), which a backend may
-use to generate labels in those proportions.
+use to generate labels in those proportions. Weights marked `"weights_source": "data ..."` are
+not public: `train` refuses them unless declared (`--schema-public`) or replaced by a DP release
+(`--class-weights-epsilon`, which writes `weights` and its own `weights_source`).
 
 Every bound or category list read off the private data carries `"source":
 "data (not private: review or replace)"` (`draft_schema` writes it). Such a column is not
@@ -53,8 +55,15 @@ class Column:
     categories: tuple[str, ...] = ()
     other: str | None = None
     source: str | None = None
-    # The target only: public class proportions (e.g. published statistics), never drafted.
+    # The target only: public class proportions (e.g. published statistics), never drafted;
+    # `weights_source` says where they came from ("data ..." marks them not public).
     weights: tuple[float, ...] | None = None
+    weights_source: str | None = None
+
+    @property
+    def weights_derived(self) -> bool:
+        """True when its class proportions were read off the private data (not public)."""
+        return self.weights is not None and (self.weights_source or "").startswith("data")
 
     @property
     def data_derived(self) -> bool:
@@ -77,6 +86,8 @@ class Column:
                 out["other"] = self.other
             if self.weights is not None:
                 out["weights"] = list(self.weights)
+                if self.weights_source is not None:
+                    out["weights_source"] = self.weights_source
         if self.source is not None:
             out["source"] = self.source
         return out
@@ -191,8 +202,17 @@ def parse_column(obj: Any, index: int) -> Column:
                 raise UsageError(f"{where}: 'weights' must be one positive number per category")
             total = float(sum(weights))
             weights = tuple(float(w) / total for w in weights)
+        weights_source = obj.get("weights_source")
+        if weights_source is not None and (weights is None or not isinstance(weights_source, str)):
+            raise UsageError(f"{where}: 'weights_source' must be a string beside 'weights'")
         return Column(
-            name, kind, categories=tuple(categories), other=other, source=source, weights=weights
+            name,
+            kind,
+            categories=tuple(categories),
+            other=other,
+            source=source,
+            weights=weights,
+            weights_source=weights_source,
         )
     return Column(name, "ignored", source=source)
 

@@ -164,3 +164,84 @@ def release_schema_statistics(
 def released_columns(plan: HistogramReleasePlan, names: Sequence[str]) -> dict[str, Any]:
     """The ledger details of a release: which columns, and the plan's public parameters."""
     return {"columns": list(names), **plan.to_json()}
+
+
+# --- Class proportions of the target, released with DP -----------------------------------
+#
+# The target's category list (the label set) is public, so its histogram needs no threshold:
+# every class gets a bin, each row adds 1 to exactly one bin (L2 sensitivity 1, add/remove),
+# and every bin gets N(0, σ²) noise, σ the noise multiplier of one `gaussian` event. The noisy
+# counts are post-processed to proportions: negatives clipped to 0, normalised, each share
+# raised to at least CLASS_WEIGHT_FLOOR (a class is never dropped), normalised again.
+
+CLASS_WEIGHT_FLOOR = 1e-3
+
+
+@dataclass(frozen=True)
+class ClassWeightsPlan:
+    """The noise of one release of the target's class proportions, fixed before the read."""
+
+    noise_multiplier: float
+    noise_std: float
+    epsilon: float
+    delta: float
+    events: tuple[dict[str, Any], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "mechanism": "gaussian noisy histogram of the target over its public classes",
+            "sensitivity": 1.0,
+            "noise_multiplier": self.noise_multiplier,
+            "noise_std": self.noise_std,
+            "floor": CLASS_WEIGHT_FLOOR,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "events": [dict(e) for e in self.events],
+        }
+
+
+def plan_class_weights_release(epsilon: float, delta: float) -> ClassWeightsPlan:
+    """Calibrate the class-proportion release so that it alone is (ε, δ)-DP (sensitivity 1);
+    its `gaussian` event composes with everything else in the ledger."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise UsageError(f"--class-weights-epsilon must be a positive number, got {epsilon}")
+    calibration = calibrate_noise(epsilon, delta, 1.0, 1)
+    sigma = calibration.noise_multiplier
+    return ClassWeightsPlan(
+        noise_multiplier=sigma,
+        noise_std=sigma,  # sensitivity 1: one row moves one bin by 1
+        epsilon=calibration.total_epsilon,
+        delta=delta,
+        events=({"type": "gaussian", "noise_multiplier": sigma, "count": 1},),
+    )
+
+
+def class_counts(labels: np.ndarray, classes: Sequence[str]) -> np.ndarray:
+    """Rows per public class (rows outside the list count nowhere), one bin per class."""
+    values = np.asarray(labels, dtype=str)
+    return np.array([np.count_nonzero(values == c) for c in classes], dtype=np.float64)
+
+
+def proportions_from_counts(counts: np.ndarray, floor: float = CLASS_WEIGHT_FLOOR) -> np.ndarray:
+    """Noisy counts → proportions (post-processing): clip at 0, normalise (uniform when nothing
+    is left), raise every share to `floor`, normalise again."""
+    clipped = np.clip(np.asarray(counts, dtype=np.float64), 0.0, None)
+    total = clipped.sum()
+    shares = clipped / total if total > 0 else np.full(len(clipped), 1.0 / len(clipped))
+    shares = np.maximum(shares, floor)
+    return shares / shares.sum()
+
+
+def release_class_weights(
+    labels: np.ndarray,
+    classes: Sequence[str],
+    plan: ClassWeightsPlan,
+    generator: torch.Generator,
+) -> tuple[float, ...]:
+    """The released class proportions (one per class, positive, summing to 1).
+
+    The ONLY code that reads the target's rows for this release; the noisy counts never leave.
+    """
+    released = noisy(class_counts(labels, classes), plan.noise_std, generator)
+    return tuple(float(w) for w in proportions_from_counts(released))
