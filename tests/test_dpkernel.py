@@ -394,3 +394,28 @@ def test_mnist_presets_train_a_step_on_28x28_and_sample(preset):
         list(trainer.generator().sample(torch.arange(12) % 10, 6, torch.Generator()))
     )
     assert images.shape == (12, 1, 28, 28) and images.dtype == torch.uint8
+
+
+def test_label_input_layers_feeds_the_label_to_every_layer():
+    net = VectorGenerator((1, 28, 28), 10, 10, 8, "conv", "group", label_input="layers")
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.ConvTranspose2d)]
+    # Every transposed convolution sees the K label channels beside its usual input.
+    assert [c.in_channels for c in convs] == [10 + 10, 32 + 10, 16 + 10, 8 + 10]
+    z = torch.randn(1, 10).expand(10, -1)
+    out = net(z, torch.eye(10))
+    assert out.shape == (10, 784) and out.abs().max() <= 1
+    assert (out[0] - out[1]).abs().max() > 0  # one latent, two labels: two images
+    with pytest.raises(UsageError, match="label_input"):
+        VectorGenerator((1, 28, 28), 10, 10, 8, "conv", "group", label_input="once")
+
+    method, config, _, trainer = _trainer(1.0, label_input="layers")
+    x, y = _digits()
+    for bx, by in _poisson_batches(x, y, 0.05, 3):
+        trainer.step(bx, by)
+    sampler = method.generator_from_state(
+        DIGITS_INFO, config, trainer.state_tensors(), torch.device("cpu")
+    )
+    images = next(sampler.sample(torch.arange(10), 10, torch.Generator().manual_seed(0)))
+    assert images.shape == (10, 1, 8, 8) and images.dtype == torch.uint8
+    with pytest.raises(UsageError, match="label_input"):
+        method.validate_config({**config, "label_input": "once"}, DIGITS_INFO)
