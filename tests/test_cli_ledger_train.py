@@ -128,16 +128,17 @@ def test_train_usage_errors_exit_2(tmp_path, args):
 
 
 @pytest.mark.parametrize(
-    ("epsilon", "expected"), [("1", "small-eps1"), ("10", "small"), ("inf", "small")]
+    ("data", "epsilon", "expected"),
+    [("digits", "10", "small-eps1"), ("mnist-5k", "1", "mnist-eps1"), ("mnist-5k", "10", "mnist")],
 )
-def test_train_without_preset_takes_the_methods_recommendation(tmp_path, epsilon, expected):
-    """`--preset` defaults to `auto`: dpkernel on 8×8 digits resolves by ε, and the run's
-    config records the preset it resolved to (its bandwidths, too)."""
+def test_train_without_preset_takes_the_methods_recommendation(tmp_path, data, epsilon, expected):
+    """`--preset` defaults to `auto`: dpkernel resolves by the data's shape (and ε on 28×28),
+    and the run's config records the preset it resolved to (its bandwidths, too)."""
     from dpsynth.methods.dpkernel.method import PRESETS
 
     out = tmp_path / "run"
     result = invoke(
-        "train", "--method", "dpkernel", "--data", "digits", "--epsilon", epsilon,
+        "train", "--method", "dpkernel", "--data", data, "--epsilon", epsilon,
         "--out", str(out), "--ledger", str(tmp_path / "l.jsonl"), "--device", "cpu",
         "--set", "steps=2", "--set", "batch_size=16", "--set", "generated_points=8",
         "--quiet", "--json",

@@ -366,7 +366,7 @@ MNIST_INFO = dataclasses.replace(
 
 def test_recommended_preset_follows_the_public_shape_and_epsilon():
     method = DPKernelMethod()
-    assert method.recommended_preset(DIGITS_INFO, 10.0) == "small"
+    assert method.recommended_preset(DIGITS_INFO, 10.0) == "small-eps1"
     assert method.recommended_preset(DIGITS_INFO, 1.0) == "small-eps1"
     assert method.recommended_preset(MNIST_INFO, 10.0) == "mnist"
     assert method.recommended_preset(MNIST_INFO, 1.0) == "mnist-eps1"

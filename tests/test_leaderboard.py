@@ -67,7 +67,7 @@ def test_default_presets_and_sizes(leaderboard):
     assert leaderboard.preset_for("dpkernel", mnist, "10", "paper-200k") == "paper-200k"
     assert leaderboard.preset_for("dpkernel", mnist, "10", "no-such-preset") == "small"
     # Without --preset each method recommends one from public facts (no 200k-step default).
-    assert leaderboard.preset_for("dpkernel", digits, "10", None) == "small"
+    assert leaderboard.preset_for("dpkernel", digits, "10", None) == "small-eps1"
     assert leaderboard.preset_for("dpkernel", mnist, "10", None) == "mnist"
     assert leaderboard.preset_for("dpkernel", mnist, "1", None) == "mnist-eps1"
     assert leaderboard.preset_for("dpkernel", mnist, "inf", None) == "mnist"
