@@ -203,6 +203,34 @@ def real_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
     )
 
 
+def _run_row(
+    method: str,
+    preset: str,
+    epsilon: str,
+    args: argparse.Namespace,
+    train: tuple[dict[str, Any], float],
+    sample: tuple[dict[str, Any], float],
+) -> dict[str, Any]:
+    """The fields every leaderboard row shares: the run's settings, its privacy and its times
+    (`train` and `sample` are the commands' JSON and seconds)."""
+    (trained, train_s), (sampled, sample_s) = train, sample
+    return {
+        "method": method,
+        "preset": preset,
+        "overrides": list(args.set or []),
+        "epsilon": trained["epsilon"],
+        "epsilon_target": epsilon,
+        "delta": trained["delta"],
+        "private": trained["private"],
+        "noise_multiplier": trained["noise_multiplier"],
+        "sampling_rate": trained["sampling_rate"],
+        "steps": trained["steps"],
+        "train_seconds": round(train_s, 1),
+        "n": sampled["n"],
+        "sample_seconds": round(sample_s, 1),
+    }
+
+
 def method_row(
     method: str, epsilon: str, args: argparse.Namespace, seeds: int, n: int, info: Any
 ) -> dict[str, Any]:
@@ -224,22 +252,8 @@ def method_row(
              "--device", args.device, "--ledger", str(ledger), "--quiet"]
         )  # fmt: skip
         evaluation, _ = _evaluate(root / "synth", args, ledger, seeds)
-    return {
-        "method": method,
-        "preset": preset,
-        "overrides": list(args.set or []),
-        "epsilon": trained["epsilon"],
-        "epsilon_target": epsilon,
-        "delta": trained["delta"],
-        "private": trained["private"],
-        "noise_multiplier": trained["noise_multiplier"],
-        "sampling_rate": trained["sampling_rate"],
-        "steps": trained["steps"],
-        "train_seconds": round(train_s, 1),
-        "n": sampled["n"],
-        "sample_seconds": round(sample_s, 1),
-        "sample_images_per_s": round(sampled["n"] / sample_s, 1),
-    } | _scores(evaluation)
+    row = _run_row(method, preset, epsilon, args, (trained, train_s), (sampled, sample_s))
+    return row | {"sample_images_per_s": round(sampled["n"] / sample_s, 1)} | _scores(evaluation)
 
 
 # --------------------------------------------------------------------------- tables
@@ -335,21 +349,8 @@ def table_method_row(
              "--device", args.device, "--ledger", str(ledger), "--quiet"]
         )  # fmt: skip
         evaluation = _evaluate_table(root / "synth.csv", args, ledger, seeds)
-    return {
-        "method": method,
-        "preset": preset,
-        "overrides": list(args.set or []),
-        "epsilon": trained["epsilon"],
-        "epsilon_target": epsilon,
-        "delta": trained["delta"],
-        "private": trained["private"],
-        "noise_multiplier": trained["noise_multiplier"],
-        "sampling_rate": trained["sampling_rate"],
-        "steps": trained["steps"],
-        "train_seconds": round(train_s, 1),
-        "n": sampled["n"],
-        "sample_seconds": round(sample_s, 1),
-    } | _table_scores(evaluation)
+    row = _run_row(method, preset, epsilon, args, (trained, train_s), (sampled, sample_s))
+    return row | _table_scores(evaluation)
 
 
 SCORE_KEYS = ("logreg_accuracy", "logreg_roc_auc", "gbm_accuracy", "gbm_roc_auc")
