@@ -399,3 +399,87 @@ def test_auto_without_batch_loss_is_vmap_and_bad_settings_are_refused():
     )
     with pytest.raises(UsageError, match="one loss per record"):
         ghost.compute(torch.randn(4, 3))
+
+
+# --------------------------------------------------------------------------- backends
+
+BACKEND_GRADIENTS = {  # backend, tiny-preset overrides, the trainer's PrivateGradient attribute
+    "psg": ("psg", {}, "private_gradient"),
+    "rdpgan-mlp": ("rdpgan", {}, "private_d"),
+    "rdpgan-conv": ("rdpgan", {"arch": "conv"}, "private_d"),
+    "dpaf-phase1": ("dpaf", {"c_steps": 3}, "private_c"),
+}
+
+
+def _backend_steps(case: str, force_vmap: bool) -> tuple[str, dict[str, Tensor]]:
+    from dpsynth.data.sources import load_data
+    from dpsynth.methods.registry import get_method
+    from dpsynth.privacy.dpsgd import PoissonSampler
+    from dpsynth.privacy.plan import PrivacyPlan
+    from dpsynth.privacy.randomness import PrivateRandomness
+
+    method, overrides, attribute = BACKEND_GRADIENTS[case]
+    backend = get_method(method)
+    records = load_data("digits")
+    info = records.info()
+    config = backend.config("tiny", overrides, info)
+    batch = float(config["batch_size"])
+    plan = PrivacyPlan(
+        private=True,
+        target_epsilon=10.0,
+        delta=1e-5,
+        noise_multiplier=1.0,
+        sampling_rate=batch / info.n,
+        steps=2,
+        max_grad_norm=float(config.get("max_grad_norm", 1.0)),
+        expected_batch_size=batch,
+        events=(
+            {
+                "type": "poisson_gaussian",
+                "noise_multiplier": 1.0,
+                "sampling_rate": batch / info.n,
+                "steps": 2,
+            },
+        ),
+        epsilon_bound=10.0,
+        total_epsilon_bound=10.0,
+        accountant="fixed for the test",
+    )
+    randomness = PrivateRandomness(0x0123456789ABCDEF0123456789ABCDEF)
+    trainer = backend.trainer(info, config, plan, torch.device("cpu"), 3, randomness)
+    gradient = getattr(trainer, attribute)
+    mode = gradient.active_mode
+    if force_vmap:
+        gradient.active_mode = "vmap"
+    pixels = records.as_float()
+    # One noiseless release on 16 records, read straight from the parameters' .grad.
+    x, y = pixels[:16], records.y[:16]
+    onehot = F.one_hot(y, len(info.classes)).float()
+    args = {"psg": (x, y), "rdpgan": (x, onehot), "dpaf": (x, torch.zeros_like(onehot), y)}
+    sigma = gradient.noise_multiplier
+    gradient.noise_multiplier = 0.0
+    gradient.compute(*args[method])
+    released = {f"grad.{n}": p.grad.clone() for n, p in gradient.model.named_parameters()}
+    gradient.noise_multiplier = sigma
+    for p in gradient.model.parameters():
+        p.grad = None
+    sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
+    for _ in range(2):
+        index = sampler.next()
+        trainer.step(pixels[index], records.y[index])
+    return mode, {**released, **trainer.state_tensors()}
+
+
+@pytest.mark.parametrize("case", sorted(BACKEND_GRADIENTS))
+def test_backends_use_ghost_and_train_as_with_vmap(case: str):
+    mode, ghost = _backend_steps(case, force_vmap=False)
+    assert mode == "ghost"
+    _, vmap = _backend_steps(case, force_vmap=True)
+    assert ghost.keys() == vmap.keys()
+    for name, value in vmap.items():
+        if name.startswith("grad."):  # the clipped sum itself: float rounding only
+            torch.testing.assert_close(ghost[name], value, rtol=1e-5, atol=1e-7, msg=name)
+        elif value.is_floating_point():  # Adam's first steps: a ~0 gradient can become ±lr
+            torch.testing.assert_close(ghost[name], value, rtol=1e-4, atol=2e-4, msg=name)
+        else:
+            assert torch.equal(ghost[name], value), name
