@@ -21,6 +21,8 @@ the data's content does not change the cost):
   vmap, clip, one noise draw) + SGD step;
 - `dpsynth-ghost`: the same with `grad_mode="ghost"` (`dpsynth.privacy.ghost`: norms from
   activations and output gradients, book-keeping clipped sum; no per-record gradients);
+- `dpsynth-ghost-unfold`: ghost with a convolution's per-record gradients (where the Gram
+  trick is not cheaper) by unfold + matmul instead of the grouped weight-gradient kernel;
 - `dpsynth-micro64`: vmap with micro-batches of 64 (bounded memory);
 - `dpsynth-compile` (only with `--compile`): vmap wrapped in `torch.compile`;
 - `opacus-hooks`, `opacus-functorch`: `GradSampleModule` (hooks / functorch per-sample
@@ -72,6 +74,7 @@ VARIANTS = (
     "non-private",
     "dpsynth-vmap",
     "dpsynth-ghost",
+    "dpsynth-ghost-unfold",
     "dpsynth-micro64",
     "dpsynth-compile",
     "opacus-hooks",
@@ -104,6 +107,10 @@ def _labels(b: int, g: torch.Generator) -> tuple[Tensor, ...]:
 def _images_and_onehot(b: int, g: torch.Generator) -> tuple[Tensor, ...]:
     onehot = F.one_hot(torch.randint(0, 10, (b,), generator=g), 10).float()
     return torch.randn(b, 1, 28, 28, generator=g), onehot
+
+
+def _no_targets(b: int, g: torch.Generator) -> tuple[Tensor, ...]:
+    return ()
 
 
 def _ce(out: Tensor, y: Tensor) -> Tensor:
@@ -148,7 +155,7 @@ def task(args: argparse.Namespace) -> Task:
             return ConvDiscriminator((1, 28, 28), 10, int(paper["width"])).apply(init_weights)
 
         return Task(
-            "rdpgan-d", build, int(paper["batch_size"]), _images_and_onehot, tuple, _real_term
+            "rdpgan-d", build, int(paper["batch_size"]), _images_and_onehot, _no_targets, _real_term
         )
     if args.model == "dpaf-c":
         from dpsynth.methods.dpaf.model import Classifier, Features
@@ -251,6 +258,8 @@ def make_step(variant: str, model: nn.Module, spec: Task, batch_size: int, input
 
         return step
     if variant.startswith("dpsynth"):
+        from dpsynth.privacy import ghost
+
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         dp = PrivateGradient(
             model,
@@ -261,11 +270,13 @@ def make_step(variant: str, model: nn.Module, spec: Task, batch_size: int, input
             generator=torch.Generator(device=device).manual_seed(0),
             micro_batch_size=64 if variant == "dpsynth-micro64" else None,
             batch_loss_fn=lambda *b: spec.loss(model(*b[:inputs]), *b[inputs:]),
-            grad_mode="ghost" if variant == "dpsynth-ghost" else "vmap",
+            grad_mode="ghost" if variant.startswith("dpsynth-ghost") else "vmap",
             compile_vmap=variant == "dpsynth-compile",
         )
+        conv = "unfold" if variant == "dpsynth-ghost-unfold" else "grouped"
 
         def step(*batch: Tensor) -> None:
+            ghost.CONV_PER_RECORD = conv  # the variants share a process while timed
             dp.compute(*batch)
             opt.step()
 

@@ -154,6 +154,14 @@ def test_norms_and_clipped_sum_equal_vmap(case: str):
     assert all(p.grad is None for p in model.parameters())  # nothing written behind our back
 
 
+@pytest.mark.parametrize("case", ["conv1d", "conv2d", "small-cnn"])
+def test_unfold_per_record_conv_gradients_equal_vmap(case: str, monkeypatch):
+    from dpsynth.privacy import ghost
+
+    monkeypatch.setattr(ghost, "CONV_PER_RECORD", "unfold")
+    test_norms_and_clipped_sum_equal_vmap(case)
+
+
 def test_frozen_parameters_and_unused_layers():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)).double()

@@ -330,16 +330,21 @@ class PrivateGradient:
         batch: tuple[Tensor, ...],
         size: int,
     ) -> tuple[dict[str, Tensor], dict[str, float]]:
-        summed = {name: torch.zeros_like(p) for name, p in params.items()}
+        summed: dict[str, Tensor] | None = None
         # [loss sum, norm sum, clipped count], kept on the device: one sync per step, not per chunk
         totals = torch.zeros(3, dtype=torch.float64, device=_device_of(params))
         for chunk in self._chunks(batch, _batch_size(batch)):
             chunk_sum, norms, losses = self._clipped_chunk(params, buffers, chunk)
-            for name, s in chunk_sum.items():
-                summed[name] += s
+            if summed is None:  # the first chunk's sums are fresh tensors: no zeros + add
+                summed = {name: chunk_sum[name] for name in params}
+            else:
+                for name, s in chunk_sum.items():
+                    summed[name] += s
             totals += torch.stack(
                 [losses.detach().sum(), norms.sum(), (norms > self.max_grad_norm).sum()]
             ).to(totals.dtype)
+        if summed is None:  # an empty batch: the noise alone
+            summed = {name: torch.zeros_like(p) for name, p in params.items()}
         noisy = noisy_global_sum(summed, self.noise_std, self.generator)
         grads_out = {name: g / self.expected_batch_size for name, g in noisy.items()}
         if is_data_parallel():

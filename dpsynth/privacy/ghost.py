@@ -50,6 +50,12 @@ BatchLossFn = Callable[..., Tensor]
 """`batch_loss_fn(*batch) -> Tensor [B]`: each record's loss, calling the module itself."""
 
 _NORM_EPS = 1e-6  # the same slack as dpsgd's clip factor min(1, C / (norm + 1e-6))
+
+CONV_PER_RECORD = "grouped"
+"""How a convolution's per-record weight gradients are formed where they are needed:
+"grouped" (the backward kernel with the batch folded into the groups; faster on the CPU and
+no unfolded copy) or "unfold" (unfold + batched matmul, as Opacus does). A tuning knob for
+the GPU measurement (`bench/dpsgd.py` variant `dpsynth-ghost-unfold`); both are exact."""
 _NORMS = (nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
 
 
@@ -209,7 +215,8 @@ def _conv_norms(layer: _Layer, a: Tensor, g: Tensor) -> Tensor:
         positions = g_flat.shape[-1]
         out_dim = weight.shape[0] // groups
         in_dim = weight[0].numel()
-        if positions * (out_dim + in_dim) < out_dim * in_dim:
+        gram = positions * (out_dim + in_dim) < out_dim * in_dim
+        if gram or CONV_PER_RECORD == "unfold":
             cols = F.unfold(
                 image,
                 geo["kernel"],
@@ -218,9 +225,15 @@ def _conv_norms(layer: _Layer, a: Tensor, g: Tensor) -> Tensor:
                 stride=geo["stride"],
             ).view(batch, groups, in_dim, positions)
             grads = g_flat.view(batch, groups, out_dim, positions)
-            gram_a = torch.matmul(cols.transpose(2, 3), cols)  # [B, G, L, L]
-            gram_g = torch.matmul(grads.transpose(2, 3), grads)
-            sq = sq + (gram_a * gram_g).sum((1, 2, 3))
+            if gram:
+                gram_a = torch.matmul(cols.transpose(2, 3), cols)  # [B, G, L, L]
+                gram_g = torch.matmul(grads.transpose(2, 3), grads)
+                sq = sq + (gram_a * gram_g).sum((1, 2, 3))
+            else:
+                per_record = torch.matmul(grads, cols.transpose(2, 3))  # [B, G, p, d]
+                per_record = per_record.reshape(batch, *weight.shape)
+                layer.per_record["weight"] = per_record
+                sq = sq + per_record.flatten(1).pow(2).sum(1)
         else:
             g4 = g.unsqueeze(2) if g.dim() == 3 else g  # Conv1d: as a 1×L image
             per_record = _conv_weight_grad(
