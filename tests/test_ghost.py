@@ -491,3 +491,18 @@ def test_backends_use_ghost_and_train_as_with_vmap(case: str):
             torch.testing.assert_close(ghost[name], value, rtol=1e-4, atol=2e-4, msg=name)
         else:
             assert torch.equal(ghost[name], value), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("conv", ["grouped", "unfold"])
+def test_ghost_equals_vmap_on_cuda(conv: str, monkeypatch):
+    from dpsynth.privacy import ghost
+
+    monkeypatch.setattr(ghost, "CONV_PER_RECORD", conv)
+    model, x, y = build("small-cnn", records=16)
+    model, x, y = model.cuda(), x.cuda(), y.cuda()
+    grads = per_sample_grads(model, record_loss(model), (x, y))
+    want, want_norms = _clipped_sum(grads, 0.5)
+    summed, norms, _ = ghost_clipped_sum(model, batch_loss(model), (x, y), 0.5)
+    torch.testing.assert_close(norms, want_norms, rtol=1e-9, atol=1e-12)
+    assert_grads_close(summed, want, rtol=1e-9, atol=1e-12)

@@ -412,7 +412,8 @@ def ghost_clipped_sum(
     try:
         for layer in layers.values():
             handles.append(layer.module.register_forward_hook(record(layer)))
-        losses = batch_loss_fn(*batch)
+        with torch.enable_grad():  # the output gradients need the graph, even under no_grad
+            losses = batch_loss_fn(*batch)
     finally:
         for handle in handles:
             handle.remove()
