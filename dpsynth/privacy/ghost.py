@@ -117,6 +117,11 @@ class _Layer:
     per_record: dict[str, Tensor] = field(default_factory=dict)  # materialised grads [B, ...]
 
 
+def _sq_norms(rows: Tensor) -> Tensor:
+    """‖row_i‖² of each record's flattened tensor (no squared copy of a large tensor)."""
+    return torch.linalg.vector_norm(rows.flatten(1), dim=1).square()
+
+
 def _linear_norms(layer: _Layer, a: Tensor, g: Tensor) -> Tensor:
     """Squared per-record norms of a Linear's weight/bias gradients from a [B,*,d], g [B,*,p]."""
     batch = a.shape[0]
@@ -147,7 +152,7 @@ def _product_sq_norms(layer: _Layer, name: str, g3: Tensor, a3: Tensor) -> Tenso
         return (gram_a * gram_g).sum((1, 2))
     per_record = torch.bmm(g3.transpose(1, 2), a3)  # [B, p, d]
     layer.per_record[name] = per_record
-    return per_record.pow(2).sum((1, 2))
+    return _sq_norms(per_record)
 
 
 def _linear_sum(layer: _Layer, a: Tensor, g: Tensor, factors: Tensor) -> dict[str, Tensor]:
@@ -233,7 +238,7 @@ def _conv_norms(layer: _Layer, a: Tensor, g: Tensor) -> Tensor:
                 per_record = torch.matmul(grads, cols.transpose(2, 3))  # [B, G, p, d]
                 per_record = per_record.reshape(batch, *weight.shape)
                 layer.per_record["weight"] = per_record
-                sq = sq + per_record.flatten(1).pow(2).sum(1)
+                sq = sq + _sq_norms(per_record)
         else:
             g4 = g.unsqueeze(2) if g.dim() == 3 else g  # Conv1d: as a 1×L image
             per_record = _conv_weight_grad(
@@ -245,7 +250,7 @@ def _conv_norms(layer: _Layer, a: Tensor, g: Tensor) -> Tensor:
             )
             per_record = per_record.view(batch, *weight.shape)
             layer.per_record["weight"] = per_record
-            sq = sq + per_record.flatten(1).pow(2).sum(1)
+            sq = sq + _sq_norms(per_record)
     if "bias" in layer.params:
         bias = g_flat.sum(2)
         layer.per_record["bias"] = bias
@@ -321,7 +326,7 @@ def _norm_layer_norms(layer: _Layer, a: Tensor, g: Tensor) -> Tensor:
     if "bias" in layer.params:
         layer.per_record["bias"] = g.sum(dims) if dims else g
     for name in layer.params:
-        sq = sq + layer.per_record[name].flatten(1).pow(2).sum(1)
+        sq = sq + _sq_norms(layer.per_record[name])
     return sq
 
 
@@ -349,7 +354,7 @@ def _embedding_norms(layer: _Layer, a: Tensor, g: Tensor) -> Tensor:
         rows = (idx + vocab * torch.arange(batch, device=idx.device).unsqueeze(1)).flatten()
         dense.index_add_(0, rows, g3.reshape(-1, g3.shape[2]))
         layer.per_record["weight"] = dense.view(batch, vocab, -1)
-        return dense.view(batch, -1).pow(2).sum(1)
+        return _sq_norms(dense.view(batch, -1))
     same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g3.dtype)
     return (torch.bmm(g3, g3.transpose(1, 2)) * same).sum((1, 2))
 
