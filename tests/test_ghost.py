@@ -342,6 +342,10 @@ def _shared() -> nn.Module:
 
 
 UNSUPPORTED = {
+    # refused even in eval mode (where its running statistics would keep records apart)
+    "batchnorm-without-parameters": lambda: nn.Sequential(
+        nn.Linear(4, 4), nn.BatchNorm1d(4, affine=False), nn.Linear(4, 2)
+    ).eval(),
     "prelu": lambda: nn.Sequential(nn.Linear(4, 4), nn.PReLU(), nn.Linear(4, 2)),
     "layer-without-rule": WithBilinear,
     "shared-parameter": _shared,

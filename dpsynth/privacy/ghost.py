@@ -101,6 +101,10 @@ def unsupported_reasons(model: nn.Module) -> list[str]:
             problem = _layer_problem(module)
             if problem:
                 reasons.append(f"{label}: {problem}")
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            # batch statistics mix the records even without trained parameters: a record's
+            # output gradient would then depend on the others
+            reasons.append(f"{label}: BatchNorm mixes the records of a batch")
     return sorted(set(reasons))
 
 
