@@ -2,7 +2,7 @@
 
 Usage: python bench/dpsgd.py [--model smallcnn|psg|rdpgan-d|dpaf-c] [--device auto|cpu|cuda]
                              [--batch-size B] [--steps 30] [--variants a,b,...] [--compile]
-                             [--json bench/results/dpsgd.json]
+                             [--json bench/results/dpsgd-MODEL-DEVICE.json]
 
 Models (`--batch-size` defaults to the size each is trained at):
 - `smallcnn`: `SmallCNN` of tests/dpsgd_models.py, MNIST 1×28×28, cross-entropy, batch 256;

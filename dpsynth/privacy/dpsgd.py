@@ -294,6 +294,7 @@ class PrivateGradient:
         self.grad_mode = grad_mode
         self.active_mode = _resolve_mode(model, batch_loss_fn, grad_mode)
         self._per_record_fn = _compiled(loss_fn) if compile_vmap else None
+        self._uses_checked = False
 
     @property
     def noise_std(self) -> float:
@@ -358,7 +359,15 @@ class PrivateGradient:
         """(Σ clipped gradients, per-record norms, per-record losses) of one chunk."""
         if self.active_mode == "ghost":
             try:
-                return ghost_clipped_sum(self.model, self.batch_loss_fn, chunk, self.max_grad_norm)
+                out = ghost_clipped_sum(
+                    self.model,
+                    self.batch_loss_fn,
+                    chunk,
+                    self.max_grad_norm,
+                    check_uses=not self._uses_checked,
+                )
+                self._uses_checked = True  # the graph walk once per PrivateGradient
+                return out
             except GhostError as err:
                 if self.grad_mode == "ghost":
                     raise UsageError(f"grad_mode ghost: {err}") from err

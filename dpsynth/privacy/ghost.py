@@ -401,8 +401,12 @@ def ghost_clipped_sum(
     batch_loss_fn: BatchLossFn,
     batch: tuple[Tensor, ...],
     max_norm: float,
+    check_uses: bool = True,
 ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """Σ_i clip(∂ℓ_i/∂θ) over the batch, without per-record gradients of the whole model.
+
+    `check_uses` walks the autograd graph to check that each trained parameter enters it only
+    through its own layer's (hooked) call; a caller may skip it once a model passed it.
 
     Returns (clipped sums keyed like `model.named_parameters()`, trainable ones only; the
     per-record norms before clipping [B]; the per-record losses [B], detached). Raises
@@ -439,6 +443,8 @@ def ghost_clipped_sum(
         a, out, a_version, out_version = layer.calls[0]
         if a._version != a_version or out._version != out_version:
             raise GhostError(f"the input or output of {name} is modified in place")
+    if check_uses:
+        _check_parameter_uses(losses, layers)
     outputs = [layer.calls[0][1] for layer in used.values()]
     grads = (
         torch.autograd.grad(losses.sum(), outputs, allow_unused=True, materialize_grads=True)
@@ -466,6 +472,34 @@ def ghost_clipped_sum(
                 part.to(p.dtype) if part is not None else torch.zeros_like(p)
             )
     return _in_model_order(model, summed), norms.detach(), losses.detach()
+
+
+def _check_parameter_uses(losses: Tensor, layers: Mapping[str, _Layer]) -> None:
+    """Each trained parameter must enter the graph once per call of its layer and no other
+    way (e.g. `F.linear(x, self.lin.weight)` in a parent's forward would escape the hooks)."""
+    uses: dict[int, int] = {}
+    seen: set = set()
+    stack = [losses.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for child, _ in node.next_functions:
+            if child is None:
+                continue
+            variable = getattr(child, "variable", None)  # an AccumulateGrad: a leaf's use
+            if variable is not None:
+                uses[id(variable)] = uses.get(id(variable), 0) + 1
+            else:
+                stack.append(child)
+    for name, layer in layers.items():
+        for pname, p in layer.params.items():
+            if uses.get(id(p), 0) != len(layer.calls):
+                raise GhostError(
+                    f"parameter {name}.{pname} is used outside its layer's forward "
+                    f"({uses.get(id(p), 0)} uses, {len(layer.calls)} calls)"
+                )
 
 
 def _param_dtype(layers: Mapping[str, _Layer]) -> torch.dtype:
