@@ -10,9 +10,11 @@ norm follows from `a` and `g` alone, and so does the sum of the clipped gradient
 2. ONE backward pass gives the output gradients g (autograd w.r.t. the recorded outputs;
    no parameter gradient is formed);
 3. per record and layer, ‖∂ℓ_i/∂W‖² from (a_i, g_i): for a Linear on a sequence (or a
-   convolution, via unfold) either by the Gram trick Σ_ts (a a^T)_ts (g g^T)_ts ("ghost
-   norm", Goodfellow 2015; Li et al. 2022) or by forming a_i^T g_i, whichever needs fewer
-   operations; the record's norm is the root of the sum over all layers;
+   convolution over its unfolded input) either by the Gram trick Σ_ts (a a^T)_ts (g g^T)_ts
+   ("ghost norm", Goodfellow 2015; Li et al. 2022) or by forming the record's layer gradient
+   (for a convolution with the framework's weight-gradient kernel, the batch folded into the
+   groups), whichever needs fewer operations; the record's norm is the root of the sum over
+   all layers;
 4. with c_i = min(1, C / (‖∂ℓ_i‖ + 1e-6)), each parameter's clipped sum Σ_i c_i ∂ℓ_i/∂W is
    formed from the stored a and c·g ("book-keeping", Bu et al. 2023): one weight-gradient
    kernel per layer, no second backward pass.
