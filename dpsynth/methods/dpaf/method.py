@@ -40,7 +40,14 @@ from torch.nn import functional as F
 from dpsynth.data.images import DataInfo, to_uint8
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, Trainer
-from dpsynth.methods.dpaf.model import Classifier, CondGenerator, Features, Head, init_weights
+from dpsynth.methods.dpaf.model import (
+    AggregateRows,
+    Classifier,
+    CondGenerator,
+    Features,
+    Head,
+    init_weights,
+)
 from dpsynth.methods.dpaf.presets import CHOICES, PRESETS
 from dpsynth.privacy.accounting import calibrate_noise
 from dpsynth.privacy.aggregation import (
@@ -77,6 +84,11 @@ def build_generator(info: DataInfo, config: Mapping[str, Any]) -> CondGenerator:
     return CondGenerator(
         tuple(info.shape), len(info.classes), int(config["latent_dim"]), int(config["g_width"])
     )
+
+
+def _noise_ratio(config: Mapping[str, Any]) -> float:
+    """σ_agg/σ_conv2 for the window split; 0 (no conv2* step) with `train_conv2=false`."""
+    return float(config["noise_ratio"]) if config["train_conv2"] else 0.0
 
 
 def _onehot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -138,11 +150,15 @@ class DPAFTrainer(Trainer):
         self.step_rate = min(1.0, self.batch_size / info.n)
         # Public normalisers: B for a mean aggregate, μB for the conv2* step.
         self.agg_normalizer = float(self.batch_size) if config["agg_reduction"] == "mean" else 1.0
+        self.train_conv2 = bool(config["train_conv2"])
+        self.match = config["g_loss"] == "match"
+        # The head is trained only where something uses it (the BCE generator loss or conv2*).
+        self.use_head = not self.match or self.train_conv2
         if plan.private:
             window_sigma = float(plan.noise_multiplier)
             self.c_sigma = window_sigma
             self.agg_sigma, self.conv2_sigma = split_window_noise(
-                window_sigma, self.window, float(config["noise_ratio"])
+                window_sigma, self.window, _noise_ratio(config)
             )
             self.clip_conv2 = float(config["clip_conv2"])
         else:
@@ -151,7 +167,13 @@ class DPAFTrainer(Trainer):
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
             torch.manual_seed(seed)
             self.features = build_features(info, config).to(self.device)
-            self.head = Head(self.features.dim, int(config["fc_hidden"]), 1).to(self.device)
+            self.rows = AggregateRows(
+                self.features.dim,
+                self.num_classes,
+                bool(config["class_aggregates"]),
+                float(config["count_feature"]),
+            )
+            self.head = Head(self.rows.dim, int(config["fc_hidden"]), 1).to(self.device)
             self.net_g = build_generator(info, config).to(self.device)
             self.classifier = (
                 Classifier(build_features(info, config), int(config["fc_hidden"])).to(self.device)
@@ -194,6 +216,9 @@ class DPAFTrainer(Trainer):
             )
         self.steps_done = 0
         self.d_steps = 0
+        # The running (decayed) sum of the released real aggregates: public, the matching
+        # loss's target (`g_loss=match`).
+        self.released_sum = torch.zeros(self.rows.dim, device=self.device)
 
     # ----------------------------------------------------------------- phase 1
 
@@ -246,19 +271,47 @@ class DPAFTrainer(Trainer):
         """DPAGG of a batch's features, divided by the public normaliser (`across_ranks`: the
         features are this rank's share of the real batch)."""
         noisy = noisy_feature_sum(
-            features, self.features.bound, self.agg_sigma, self.rng_agg, across_ranks=across_ranks
+            features, self.rows.bound, self.agg_sigma, self.rng_agg, across_ranks=across_ranks
         )
         return noisy / self.agg_normalizer
 
     def _generator_step(self) -> float:
-        """Non-saturating G loss through D without aggregation (D̂); touches no data."""
+        """One G step on its loss (BCE through D, or matching); touches no data."""
+        if self.match:
+            return self._matching_step()
         images, onehot = self._fakes(self.batch_size)
-        features = self.features(images, onehot)
+        features = self.rows(self.features(images, onehot), onehot)
         if self.config["g_view"] == "aggregate":
             # the clean aggregate of the fake batch: the input D's head was trained on
             features = features.sum(0, keepdim=True) / self.agg_normalizer
         logits = self.head(features).squeeze(1)
         loss = F.softplus(-logits).mean()
+        grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
+        self.opt_g.zero_grad(set_to_none=True)
+        for p, g in zip(self.net_g.parameters(), grads, strict=True):
+            p.grad = g
+        self.opt_g.step()
+        return float(loss.detach())
+
+    def _matching_step(self) -> float:
+        """G matches its per-class mean features to the released real aggregates' (public).
+
+        The target of class c is block c of the running released sum divided by the block's
+        noisy count coordinate; the generator's batch is balanced over the classes (labels
+        public), so each class mean is over `g_batch / K` samples.
+        """
+        targets = self.rows.class_means(self.released_sum)
+        if targets is None:
+            return math.nan
+        count = int(self.config["g_batch"])
+        z = torch.randn(
+            count, self.net_g.latent_dim, generator=self.rng_latents, device=self.device
+        )
+        labels = torch.arange(count, device=self.device) % self.num_classes
+        onehot = _onehot(labels, self.num_classes)
+        h = self.features(self.net_g(z, onehot), onehot)
+        fake_means = (onehot.t() @ h) / onehot.sum(0).clamp_min(1.0)[:, None]
+        loss = (fake_means - targets).pow(2).sum(1).mean()
         grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
         self.opt_g.zero_grad(set_to_none=True)
         for p, g in zip(self.net_g.parameters(), grads, strict=True):
@@ -273,22 +326,32 @@ class DPAFTrainer(Trainer):
         # Data-parallel: every rank holds the whole union and its patterns (same streams) and
         # reads only its share of the records; the released sums are all-reduced.
         mine = shard_mask(x.shape[0], self.device)
-        weights = torch.zeros(x.shape[0], self.features.dim, device=self.device)
+        weights = torch.zeros(x.shape[0], self.rows.dim, device=self.device)
         fake_terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         d_losses, g_losses = [], []
         n_critic = int(self.config["n_critic"])
+        decay = float(self.config["target_decay"])
         for s in range(self.window):
             members = patterns[:, s]
             read = members & mine
             with torch.no_grad():
                 real = (
-                    self.features(x[read], onehot[read])
+                    self.rows(self.features(x[read], onehot[read]), onehot[read])
                     if bool(read.any())
-                    else x.new_zeros(0, self.features.dim)  # an empty Poisson batch: noise only
+                    else x.new_zeros(0, self.rows.dim)  # an empty Poisson batch: noise only
                 )
                 released_real = self._release(real, across_ranks=True)
+                self.released_sum.mul_(decay).add_(released_real * self.agg_normalizer)
+            self.d_steps += 1
+            if not self.use_head:
+                for _ in range(int(self.config["g_steps"])):
+                    g_losses.append(self._generator_step())
+                continue
+            with torch.no_grad():
                 fake_images, fake_onehot = self._fakes(self.batch_size)
-                released_fake = self._release(self.features(fake_images, fake_onehot))
+                released_fake = self._release(
+                    self.rows(self.features(fake_images, fake_onehot), fake_onehot)
+                )
             aggregates = torch.stack([released_real, released_fake]).requires_grad_(True)
             logits = self.head(aggregates).squeeze(1)
             loss_real, loss_fake = F.softplus(-logits[0]), F.softplus(logits[1])
@@ -301,12 +364,13 @@ class DPAFTrainer(Trainer):
             weights += members[:, None].to(weights.dtype) * v_real[None]
             fake_terms.append((fake_images, fake_onehot, v_fake))
             d_losses.append(float(loss.detach()))
-            self.d_steps += 1
             if self.d_steps % n_critic == 0:
-                g_losses.append(self._generator_step())
-        self._conv2_step(x, onehot, weights, fake_terms)
+                for _ in range(int(self.config["g_steps"])):
+                    g_losses.append(self._generator_step())
+        if self.train_conv2:
+            self._conv2_step(x, onehot, weights, fake_terms)
         return {
-            "d_loss": sum(d_losses) / len(d_losses),
+            "d_loss": sum(d_losses) / len(d_losses) if d_losses else math.nan,
             "g_loss": sum(g_losses) / len(g_losses) if g_losses else math.nan,
         }
 
@@ -325,9 +389,11 @@ class DPAFTrainer(Trainer):
         """
         features = self.features
 
+        rows = self.rows
+
         def record_loss(params, buffers, image, label, weight) -> torch.Tensor:
             h = functional_call(features, (params, buffers), (image[None], label[None]))
-            return (h[0] * weight).sum()
+            return (rows(h, label[None])[0] * weight).sum()
 
         x, onehot, weights = shard(x, onehot, weights)  # this rank's share (all in one process)
         if x.shape[0]:
@@ -343,7 +409,8 @@ class DPAFTrainer(Trainer):
             across_ranks=True,
         )
         fake_loss = sum(
-            (features(images, labels) * v[None]).sum() for images, labels, v in fake_terms
+            (rows(features(images, labels), labels) * v[None]).sum()
+            for images, labels, v in fake_terms
         )
         fake_grads = torch.autograd.grad(fake_loss, list(self.conv2_params.values()))
         scale = 1.0 / (self.window * self.batch_size)
@@ -392,12 +459,14 @@ class DPAFTrainer(Trainer):
                     out[f"{prefix}.{index}.{key}"] = tensor.detach().cpu().clone()
         out["trainer.steps_done"] = torch.tensor(self.steps_done, dtype=torch.int64)
         out["trainer.d_steps"] = torch.tensor(self.d_steps, dtype=torch.int64)
+        out["trainer.released_sum"] = self.released_sum.detach().cpu().clone()
         return out
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore what `state_tensors` returned, so a resumed run continues exactly."""
         self.steps_done = int(tensors["trainer.steps_done"])
         self.d_steps = int(tensors["trainer.d_steps"])
+        self.released_sum = tensors["trainer.released_sum"].to(self.device).clone()
         if self.steps_done >= self.c_steps and self.classifier is not None:
             self.classifier = self.opt_c = self.private_c = None  # phase 1 was over
         for prefix, module in self._modules().items():
@@ -465,6 +534,8 @@ class DPAFMethod(Method):
             "latent_dim",
             "g_width",
             "n_critic",
+            "g_steps",
+            "g_batch",
         ):
             if int(config[key]) < 1:
                 raise UsageError(f"--set {key}: must be at least 1, got {config[key]}")
@@ -480,6 +551,13 @@ class DPAFMethod(Method):
             value = float(config[key])
             if not (math.isfinite(value) and value > 0):
                 raise UsageError(f"--set {key}: must be a positive finite number, got {value}")
+        if not 0.0 < float(config["target_decay"]) <= 1.0:
+            raise UsageError(f"--set target_decay: must be in (0, 1], got {config['target_decay']}")
+        count = float(config["count_feature"])
+        if not (math.isfinite(count) and count > 0):
+            raise UsageError(f"--set count_feature: must be a positive finite number, got {count}")
+        if config["g_loss"] == "match" and not config["class_aggregates"]:
+            raise UsageError("--set g_loss=match needs class_aggregates=true")
         if not 0.0 < float(config["grad_keep"]) <= 1.0:
             raise UsageError(f"--set grad_keep: must be in (0, 1], got {config['grad_keep']}")
         if min(info.shape[1], info.shape[2]) < 2:
@@ -516,7 +594,8 @@ class DPAFMethod(Method):
             )
         cal = calibrate_noise(target.epsilon, target.delta, q_w, steps, prior_events)
         sigma_w = cal.noise_multiplier
-        agg_sigma, conv2_sigma = split_window_noise(sigma_w, window, float(config["noise_ratio"]))
+        agg_sigma, conv2_sigma = split_window_noise(sigma_w, window, _noise_ratio(config))
+        trains_conv2 = bool(config["train_conv2"])
         events = []
         if c_steps:
             events.append(
@@ -535,18 +614,20 @@ class DPAFMethod(Method):
                 "noise_multiplier": sigma_w,
                 "sampling_rate": q_w,
                 "steps": windows,
-                "mechanism": f"dpaf phase 2: windows of {window} DPAGG steps + 1 conv2* step",
+                "mechanism": f"dpaf phase 2: windows of {window} DPAGG steps"
+                + (" + 1 conv2* step" if trains_conv2 else " (conv2* frozen)"),
                 "accounting": WINDOW_ACCOUNTING_NOTE,
                 "window": window,
                 "step_sampling_rate": q,
                 "agg_noise_multiplier": agg_sigma,
-                "conv2_noise_multiplier": conv2_sigma,
-                "conv2_max_grad_norm": float(config["clip_conv2"]),
+                "conv2_noise_multiplier": conv2_sigma if trains_conv2 else None,
+                "conv2_max_grad_norm": float(config["clip_conv2"]) if trains_conv2 else None,
             }
         )
+        conv2_note = f"conv2* σ = {conv2_sigma:.4g}" if trains_conv2 else "conv2* frozen"
         notes = (
             f"σ_w = {sigma_w:.4g} per loop step (q_w = {q_w:.4g}); DPAGG σ = {agg_sigma:.4g}, "
-            f"conv2* σ = {conv2_sigma:.4g}, phase-1 σ = {sigma_w:.4g}",
+            f"{conv2_note}, phase-1 σ = {sigma_w:.4g}",
             "phase 2 accounted with the " + WINDOW_ACCOUNTING_NOTE,
             *cal.notes,
         )
