@@ -1,4 +1,4 @@
-"""A fast in-process DPAF trial on digits (CPU): train, sample 2,000 balanced, CNN accuracy.
+"""A fast in-process DPAF trial (digits by default, CPU): train, sample, CNN accuracy.
 
     python bench/dpaf_trial.py --epsilon 10 --set windows=300 --seeds 1
 
@@ -33,6 +33,7 @@ def _value(text: str):
 def main() -> None:
     """Parse, train, evaluate, print one line."""
     parser = argparse.ArgumentParser()
+    parser.add_argument("--data", default="digits")
     parser.add_argument("--epsilon", type=float, default=10.0)
     parser.add_argument("--preset", default="small")
     parser.add_argument("--set", action="append", default=[])
@@ -42,8 +43,8 @@ def main() -> None:
     parser.add_argument("--grid", default="")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
-    data = load_data("digits")
-    test = load_data("digits:test")
+    data = load_data(args.data)
+    test = load_data(f"{args.data}:test")
     info = data.info()
     method = get_method("dpaf")
     overrides = dict(item.split("=", 1) for item in args.set)
