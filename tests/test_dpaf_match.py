@@ -172,3 +172,43 @@ def test_match_resume_restores_the_released_sum(one_torch_thread):
     b.load_state_tensors(a.state_tensors())
     torch.testing.assert_close(b.released_sum, a.released_sum, rtol=0, atol=0)
     assert b.steps_done == a.steps_done
+
+
+def test_match_run_resumes_exactly_through_the_training_loop(tmp_path, one_torch_thread):
+    from safetensors.torch import load_file
+
+    from dpsynth.training import train_run
+
+    def run(name: str, **kwargs):
+        return train_run(
+            method="dpaf",
+            data="digits",
+            epsilon=4.0,
+            preset="tiny",
+            overrides={**MATCH, "windows": 6},
+            out=tmp_path / name,
+            ledger_path=tmp_path / f"{name}.jsonl",
+            device="cpu",
+            privacy_seed=77,
+            **kwargs,
+        )
+
+    straight = run("straight")
+    assert float(straight["epsilon"]) <= 4.0
+    cut = run("cut", stop_after_steps=4)  # inside phase 2, with a released sum to restore
+    assert cut["interrupted"]
+    resumed = train_run(
+        method="dpaf",
+        data="digits",
+        epsilon=4.0,
+        out=tmp_path / "cut",
+        ledger_path=None,
+        resume=True,
+        device="cpu",
+    )
+    assert resumed["steps"] == straight["steps"] and resumed["ledger_status"] == "completed"
+    a = load_file(str(tmp_path / "straight" / "checkpoint.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "checkpoint.safetensors"))
+    assert a.keys() == b.keys() and any("released_sum" in k for k in a)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
