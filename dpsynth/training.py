@@ -47,6 +47,7 @@ from dpsynth.privacy.anchors import (
     AnchorError,
     SpendAnchor,
     check_plan_parameters,
+    not_dp_label,
     run_config_digest,
     verified_spend,
 )
@@ -918,6 +919,8 @@ def _summary(
         "epsilon": _json_eps(plan.epsilon_bound),
         "dataset_total_epsilon": spend.get("total_epsilon"),
         "accountant": plan.accountant,
+        # A run that added noise under a claimed ε that is not a proven bound says so.
+        "privacy_label": not_dp_label(plan.events),
         "ledger_seq": seq,
         "ledger_status": spend.get("status"),
         "preview": str(run.preview_path) if run.preview_path.exists() else None,

@@ -11,9 +11,20 @@ from rich.table import Table
 from dpsynth.cli.app import DebugOpt, JsonOpt, LedgerOpt, app, handle_errors, resolve_ledger_path
 from dpsynth.cli.render import emit_json, fmt_eps, print_warnings, stdout
 from dpsynth.errors import UsageError
+from dpsynth.privacy.anchors import NOT_DP_LABEL, not_dp_label
 
 ledger_app = typer.Typer(help="Show, verify and cap the privacy spent per dataset.")
 app.add_typer(ledger_app, name="ledger", no_args_is_help=True)
+
+
+def _entry_eps(entry: dict) -> str:
+    """An entry's ε for the table; a run labelled not a DP guarantee shows the label, never
+    the ε its method claims."""
+    if entry.get("kind") not in ("spend", "status"):
+        return "0"
+    if not_dp_label(entry.get("events") or ()):
+        return f"∞ ({NOT_DP_LABEL})"
+    return fmt_eps(entry.get("epsilon"))
 
 
 @ledger_app.command("show")
@@ -74,9 +85,15 @@ def ledger_show(
             entry.get("method", "") or "",
             entry.get("run_id", "") or str(entry.get("ref", "")),
             entry.get("status", "") or "",
-            fmt_eps(entry.get("epsilon")) if entry.get("kind") in ("spend", "status") else "0",
+            _entry_eps(entry),
         )
     stdout.print(detail)
+    for entry in entries:
+        label = not_dp_label(entry.get("events") or ()) if entry.get("kind") == "spend" else None
+        if label:  # in full, whatever the terminal's width: no ε of this run is a bound
+            stdout.print(
+                f"seq {entry.get('seq')} (run {entry.get('run_id')}): NOT PRIVATE, {label}"
+            )
 
 
 @ledger_app.command("verify")

@@ -187,11 +187,12 @@ def train(
     print_warnings(list(result.get("warnings", [])))
     if result.get("already_finished"):
         stdout.print(f"{out}: this run already finished ({result['steps']} steps); nothing to do")
-    privacy = (
-        "NOT PRIVATE (--epsilon inf: no clipping, no noise)"
-        if not result["private"]
-        else f"(ε ≤ {fmt_eps(result['epsilon'])}, δ = {result['delta']:g})-DP"
-    )
+    if result.get("privacy_label"):
+        privacy = f"NOT PRIVATE ({result['privacy_label']})"
+    elif not result["private"]:
+        privacy = "NOT PRIVATE (--epsilon inf: no clipping, no noise)"
+    else:
+        privacy = f"(ε ≤ {fmt_eps(result['epsilon'])}, δ = {result['delta']:g})-DP"
     rows = [
         ("run", result["run"]),
         ("method / preset", f"{result['method']} / {result['preset']}"),

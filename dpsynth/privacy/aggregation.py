@@ -150,11 +150,13 @@ def split_window_noise(window_sigma: float, window: int, ratio: float) -> tuple[
     """(σ_agg, σ_conv2) with σ_agg/σ_conv2 = `ratio` whose window multiplier is `window_sigma`.
 
     1/σ_w² = μ/σ_agg² + ratio²/σ_agg², so σ_agg = σ_w·√(μ + ratio²) and σ_conv2 = σ_agg/ratio.
+    `ratio` = 0 means no conv2* step at all (σ_conv2 = inf): the window is μ DPAGG steps only,
+    σ_agg = σ_w·√μ.
     """
-    if not (math.isfinite(ratio) and ratio > 0):
-        raise UsageError(f"the noise ratio must be finite and > 0, got {ratio}")
+    if not (math.isfinite(ratio) and ratio >= 0):
+        raise UsageError(f"the noise ratio must be finite and ≥ 0, got {ratio}")
     agg = window_sigma * math.sqrt(window + ratio**2)
-    return agg, agg / ratio
+    return agg, (agg / ratio if ratio > 0 else math.inf)
 
 
 def window_patterns(

@@ -231,6 +231,21 @@ def verified_spend(
     return ledger.spend(anchor.seq)
 
 
+NOT_DP_LABEL = "not a DP guarantee"
+"""The label of a `non_private` event whose run added noise under a claimed ε that is not a
+proven bound (a paper's own accounting, reproduced behind an explicit flag). Such a run counts
+as not private everywhere: its dataset's total ε is inf and its ε never enters a statement."""
+
+
+def not_dp_label(events: Sequence[Mapping[str, Any]]) -> str | None:
+    """The label (with its mechanism) of the first labelled `non_private` event, or None."""
+    for event in events:
+        if event.get("type") == "non_private" and event.get("label"):
+            mechanism = event.get("mechanism")
+            return f"{event['label']}: {mechanism}" if mechanism else str(event["label"])
+    return None
+
+
 def privacy_statement(spend: Mapping[str, Any]) -> dict[str, Any]:
     """What an output of the run may say about its privacy, taken from its ledger spend.
 
@@ -246,7 +261,8 @@ def privacy_statement(spend: Mapping[str, Any]) -> dict[str, Any]:
     if private:
         text = f"(ε ≤ {value:.4g}, δ = {delta:g})-DP, {spend.get('accountant')}"
     else:
-        text = "NOT PRIVATE (trained with --epsilon inf)"
+        label = not_dp_label(spend.get("events") or ())
+        text = f"NOT PRIVATE ({label})" if label else "NOT PRIVATE (trained with --epsilon inf)"
     return {
         "private": private,
         "epsilon": value if private else "inf",

@@ -18,6 +18,14 @@ What differs from the paper (whose guarantee does not hold, spec §10.1-F2..F4):
 - the fake aggregate gets an independent noise draw of the same std as the real one (the
   same draw would cancel in the difference and reveal the real sum).
 
+The generator's loss: the paper's (`g_loss=bce`, through the head on single samples) collapses
+within each class, because a head that only sees batch means gives every fake sample the same
+linear score; `g_loss=match` (preset `small`) has the generator match its per-class mean
+features to the released per-class aggregates (`class_aggregates`), post-processing only.
+
+`mode=paper` (explicit flag only) reproduces the paper's mechanism and claim (spec §10.2); it
+is not DP, so its plan is recorded as not private with a labelled event (`NOT_DP_LABEL`).
+
 How a step of the training loop maps onto DPAF: the loop draws one Poisson batch at rate
 q_w = 1 − (1 − q)^μ per step. The first `c_steps` steps are phase-1 DP-SGD steps of C on that
 lot; every later step is one window: each record of the union gets its participation pattern
@@ -40,9 +48,16 @@ from torch.nn import functional as F
 from dpsynth.data.images import DataInfo, to_uint8
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, Trainer
-from dpsynth.methods.dpaf.model import Classifier, CondGenerator, Features, Head, init_weights
+from dpsynth.methods.dpaf.model import (
+    AggregateRows,
+    Classifier,
+    CondGenerator,
+    Features,
+    Head,
+    init_weights,
+)
 from dpsynth.methods.dpaf.presets import CHOICES, PRESETS
-from dpsynth.privacy.accounting import calibrate_noise
+from dpsynth.privacy.accounting import calibrate_noise, compose_epsilon
 from dpsynth.privacy.aggregation import (
     WINDOW_ACCOUNTING_NOTE,
     noisy_feature_sum,
@@ -51,11 +66,21 @@ from dpsynth.privacy.aggregation import (
     window_patterns,
     window_sampling_rate,
 )
-from dpsynth.privacy.distributed import shard, shard_mask
+from dpsynth.privacy.anchors import NOT_DP_LABEL
+from dpsynth.privacy.distributed import is_data_parallel, shard, shard_mask
 from dpsynth.privacy.dpsgd import PrivateGradient, per_sample_grads
 from dpsynth.privacy.randomness import PrivateRandomness
 
 _ADAM_BETAS = (0.5, 0.999)
+_CONV1_PREFIXES = ("image_in.", "label_in.", "conv1_rest.")
+# The paper's canonical budget split (spec §2.9): ε₁ = 0.1 (conv1), ε₃ = 0.1 (DPAGG), the rest
+# to conv2*; used only by `mode=paper`, whose accounting is not a DP guarantee.
+_PAPER_SPLIT = (0.1, 0.1)
+PAPER_MECHANISM = (
+    "dpaf paper mode (spec §10.2): conv1 by DP-SGD through C's clean aggregate and non-private "
+    "layers, conv2* gradients at the clean aggregate, the paper's three independent streams; "
+    "the claimed epsilon is not a proven bound (spec §10.1 F2-F4)"
+)
 
 
 # --------------------------------------------------------------------------- networks
@@ -77,6 +102,11 @@ def build_generator(info: DataInfo, config: Mapping[str, Any]) -> CondGenerator:
     return CondGenerator(
         tuple(info.shape), len(info.classes), int(config["latent_dim"]), int(config["g_width"])
     )
+
+
+def _noise_ratio(config: Mapping[str, Any]) -> float:
+    """σ_agg/σ_conv2 for the window split; 0 (no conv2* step) with `train_conv2=false`."""
+    return float(config["noise_ratio"]) if config["train_conv2"] else 0.0
 
 
 def _onehot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -138,11 +168,25 @@ class DPAFTrainer(Trainer):
         self.step_rate = min(1.0, self.batch_size / info.n)
         # Public normalisers: B for a mean aggregate, μB for the conv2* step.
         self.agg_normalizer = float(self.batch_size) if config["agg_reduction"] == "mean" else 1.0
-        if plan.private:
+        self.train_conv2 = bool(config["train_conv2"])
+        self.match = config["g_loss"] == "match"
+        # The head is trained only where something uses it (the BCE generator loss or conv2*).
+        self.use_head = not self.match or self.train_conv2
+        self.paper = config["mode"] == "paper"
+        paper_event = next((e for e in plan.events if e.get("label") == NOT_DP_LABEL), None)
+        if self.paper and is_data_parallel():
+            raise UsageError("--set mode=paper runs in one process only")
+        if paper_event is not None:
+            # The paper's own noise (not a DP guarantee; the plan is labelled so).
+            self.c_sigma = float(paper_event["c_noise_multiplier"])
+            self.agg_sigma = float(paper_event["agg_noise_multiplier"])
+            self.conv2_sigma = float(paper_event["conv2_noise_multiplier"])
+            self.clip_conv2 = float(config["clip_conv2"])
+        elif plan.private:
             window_sigma = float(plan.noise_multiplier)
             self.c_sigma = window_sigma
             self.agg_sigma, self.conv2_sigma = split_window_noise(
-                window_sigma, self.window, float(config["noise_ratio"])
+                window_sigma, self.window, _noise_ratio(config)
             )
             self.clip_conv2 = float(config["clip_conv2"])
         else:
@@ -151,7 +195,13 @@ class DPAFTrainer(Trainer):
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
             torch.manual_seed(seed)
             self.features = build_features(info, config).to(self.device)
-            self.head = Head(self.features.dim, int(config["fc_hidden"]), 1).to(self.device)
+            self.rows = AggregateRows(
+                self.features.dim,
+                self.num_classes,
+                bool(config["class_aggregates"]),
+                float(config["count_feature"]),
+            )
+            self.head = Head(self.rows.dim, int(config["fc_hidden"]), 1).to(self.device)
             self.net_g = build_generator(info, config).to(self.device)
             self.classifier = (
                 Classifier(build_features(info, config), int(config["fc_hidden"])).to(self.device)
@@ -177,6 +227,8 @@ class DPAFTrainer(Trainer):
         self.rng_conv2 = randomness.generator("dpaf/conv2-noise", self.device)
         self.rng_latents = randomness.generator("dpaf/latents", self.device)
         rng_c = randomness.generator("dpaf/classifier-noise", self.device)
+        self.rng_c = rng_c
+        self.clip_c = float(config["clip_c"]) if plan.private or paper_event else math.inf
         self.opt_c = None
         self.private_c = None
         if self.classifier is not None:
@@ -195,6 +247,9 @@ class DPAFTrainer(Trainer):
             )
         self.steps_done = 0
         self.d_steps = 0
+        # The running (decayed) sum of the released real aggregates: public, the matching
+        # loss's target (`g_loss=match`).
+        self.released_sum = torch.zeros(self.rows.dim, device=self.device)
 
     # ----------------------------------------------------------------- phase 1
 
@@ -208,12 +263,72 @@ class DPAFTrainer(Trainer):
         return F.cross_entropy(self.classifier(x, label_input), y, reduction="none")
 
     def _phase1_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        if self.paper:
+            return self._paper_phase1_step(x, y)
         onehot = _onehot(y, self.num_classes)
         label_input = onehot if self.config["c_label_input"] else torch.zeros_like(onehot)
         self.opt_c.zero_grad(set_to_none=True)
         stats = self.private_c.compute(x, label_input, y)
         self.opt_c.step()
         return {"c_loss": stats["mean_loss"]}
+
+    def _paper_phase1_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """The paper's C step (spec §2.4 lines 4-7): MSE between softmax(head(clean mean of
+        the batch's SIN features)) and the batch's class proportions; plain Adam on C's conv2
+        and head, DP-SGD (top-k, clip u₁, σ₁) on conv1 with each record's gradient taken
+        through the clean aggregate. NOT DP: that gradient depends on the whole batch and the
+        other layers trained non-privately on the same data (F2)."""
+        # The paper's batch of B: a Poisson(q) subset of the loop's Poisson(q_w) lot.
+        keep = window_patterns(x.shape[0], self.window, self.step_rate, self.rng_patterns)[:, 0]
+        x, y = x[keep.to(x.device)], y[keep.to(y.device)]
+        classifier = self.classifier
+        onehot = _onehot(y, self.num_classes)
+        label_input = onehot if self.config["c_label_input"] else torch.zeros_like(onehot)
+        h = classifier.features(x, label_input)
+        mean_h = h.sum(0) / self.agg_normalizer
+        aggregate = mean_h.detach().requires_grad_(True)
+        proportions = onehot.sum(0) / self.agg_normalizer
+        predicted = torch.softmax(classifier.head(aggregate[None])[0], 0)
+        loss = (predicted - proportions).pow(2).sum()
+        named = dict(classifier.named_parameters())
+        head_names = [n for n in named if n.startswith("head.")]
+        conv2_names = [n for n in named if n.startswith("features.conv2.")]
+        # ∂L/∂a at the clean aggregate, then the exact gradients of the non-private layers
+        weight, *head_grads = torch.autograd.grad(
+            loss, [aggregate, *(named[n] for n in head_names)]
+        )
+        exact = dict(zip(head_names, head_grads, strict=True))
+        if conv2_names:
+            conv2_grads = torch.autograd.grad(
+                (mean_h * weight).sum(), [named[n] for n in conv2_names]
+            )
+            exact.update(zip(conv2_names, conv2_grads, strict=True))
+        features = classifier.features
+
+        def record_loss(params, buffers, image, label, w) -> torch.Tensor:
+            out = functional_call(features, (params, buffers), (image[None], label[None]))
+            return (out[0] * w).sum()
+
+        weights = weight.detach()[None].expand(x.shape[0], -1)
+        if x.shape[0]:
+            per_record = per_sample_grads(features, record_loss, (x, label_input, weights))
+        else:
+            per_record = {n: p.new_zeros(0, *p.shape) for n, p in features.named_parameters()}
+        conv1 = {n: g for n, g in per_record.items() if n.startswith(_CONV1_PREFIXES)}
+        noisy = private_gradient_sum(
+            conv1,
+            keep_fraction=float(self.config["grad_keep"]),
+            max_norm=self.clip_c,
+            noise_multiplier=self.c_sigma,
+            generator=self.rng_c,
+        )
+        self.opt_c.zero_grad(set_to_none=True)
+        for name, grad in noisy.items():
+            named["features." + name].grad = grad / self.batch_size
+        for name, grad in exact.items():
+            named[name].grad = grad
+        self.opt_c.step()
+        return {"c_loss": float(loss.detach())}
 
     def _transfer_conv1(self) -> None:
         """Copy C's (DP-trained) conv1 into the discriminator, where it stays frozen (and its
@@ -251,19 +366,47 @@ class DPAFTrainer(Trainer):
         """DPAGG of a batch's features, divided by the public normaliser (`across_ranks`: the
         features are this rank's share of the real batch)."""
         noisy = noisy_feature_sum(
-            features, self.features.bound, self.agg_sigma, self.rng_agg, across_ranks=across_ranks
+            features, self.rows.bound, self.agg_sigma, self.rng_agg, across_ranks=across_ranks
         )
         return noisy / self.agg_normalizer
 
     def _generator_step(self) -> float:
-        """Non-saturating G loss through D without aggregation (D̂); touches no data."""
+        """One G step on its loss (BCE through D, or matching); touches no data."""
+        if self.match:
+            return self._matching_step()
         images, onehot = self._fakes(self.batch_size)
-        features = self.features(images, onehot)
+        features = self.rows(self.features(images, onehot), onehot)
         if self.config["g_view"] == "aggregate":
             # the clean aggregate of the fake batch: the input D's head was trained on
             features = features.sum(0, keepdim=True) / self.agg_normalizer
         logits = self.head(features).squeeze(1)
         loss = F.softplus(-logits).mean()
+        grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
+        self.opt_g.zero_grad(set_to_none=True)
+        for p, g in zip(self.net_g.parameters(), grads, strict=True):
+            p.grad = g
+        self.opt_g.step()
+        return float(loss.detach())
+
+    def _matching_step(self) -> float:
+        """G matches its per-class mean features to the released real aggregates' (public).
+
+        The target of class c is block c of the running released sum divided by the block's
+        noisy count coordinate; the generator's batch is balanced over the classes (labels
+        public), so each class mean is over `g_batch / K` samples.
+        """
+        targets = self.rows.class_means(self.released_sum)
+        if targets is None:
+            return math.nan
+        count = int(self.config["g_batch"])
+        z = torch.randn(
+            count, self.net_g.latent_dim, generator=self.rng_latents, device=self.device
+        )
+        labels = torch.arange(count, device=self.device) % self.num_classes
+        onehot = _onehot(labels, self.num_classes)
+        h = self.features(self.net_g(z, onehot), onehot)
+        fake_means = (onehot.t() @ h) / onehot.sum(0).clamp_min(1.0)[:, None]
+        loss = (fake_means - targets).pow(2).sum(1).mean()
         grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
         self.opt_g.zero_grad(set_to_none=True)
         for p, g in zip(self.net_g.parameters(), grads, strict=True):
@@ -278,22 +421,32 @@ class DPAFTrainer(Trainer):
         # Data-parallel: every rank holds the whole union and its patterns (same streams) and
         # reads only its share of the records; the released sums are all-reduced.
         mine = shard_mask(x.shape[0], self.device)
-        weights = torch.zeros(x.shape[0], self.features.dim, device=self.device)
+        weights = torch.zeros(x.shape[0], self.rows.dim, device=self.device)
         fake_terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         d_losses, g_losses = [], []
         n_critic = int(self.config["n_critic"])
+        decay = float(self.config["target_decay"])
         for s in range(self.window):
             members = patterns[:, s]
             read = members & mine
             with torch.no_grad():
                 real = (
-                    self.features(x[read], onehot[read])
+                    self.rows(self.features(x[read], onehot[read]), onehot[read])
                     if bool(read.any())
-                    else x.new_zeros(0, self.features.dim)  # an empty Poisson batch: noise only
+                    else x.new_zeros(0, self.rows.dim)  # an empty Poisson batch: noise only
                 )
                 released_real = self._release(real, across_ranks=True)
+                self.released_sum.mul_(decay).add_(released_real * self.agg_normalizer)
+            self.d_steps += 1
+            if not self.use_head:
+                for _ in range(int(self.config["g_steps"])):
+                    g_losses.append(self._generator_step())
+                continue
+            with torch.no_grad():
                 fake_images, fake_onehot = self._fakes(self.batch_size)
-                released_fake = self._release(self.features(fake_images, fake_onehot))
+                fake_rows = self.rows(self.features(fake_images, fake_onehot), fake_onehot)
+                released_fake = self._release(fake_rows)
+            clean_v = self._clean_aggregate_v(real, fake_rows) if self.paper else None
             aggregates = torch.stack([released_real, released_fake]).requires_grad_(True)
             logits = self.head(aggregates).squeeze(1)
             loss_real, loss_fake = F.softplus(-logits[0]), F.softplus(logits[1])
@@ -302,18 +455,32 @@ class DPAFTrainer(Trainer):
             loss.backward()
             # ∂ℓ/∂ã at the released aggregates with the current (public) head.
             v_real, v_fake = aggregates.grad[0].detach(), aggregates.grad[1].detach()
+            if clean_v is not None:  # the paper's D̃: at the clean aggregates (not DP, F2)
+                v_real, v_fake = clean_v
             self.opt_head.step()
             weights += members[:, None].to(weights.dtype) * v_real[None]
             fake_terms.append((fake_images, fake_onehot, v_fake))
             d_losses.append(float(loss.detach()))
-            self.d_steps += 1
             if self.d_steps % n_critic == 0:
-                g_losses.append(self._generator_step())
-        self._conv2_step(x, onehot, weights, fake_terms)
+                for _ in range(int(self.config["g_steps"])):
+                    g_losses.append(self._generator_step())
+        if self.train_conv2:
+            self._conv2_step(x, onehot, weights, fake_terms)
         return {
-            "d_loss": sum(d_losses) / len(d_losses),
+            "d_loss": sum(d_losses) / len(d_losses) if d_losses else math.nan,
             "g_loss": sum(g_losses) / len(g_losses) if g_losses else math.nan,
         }
+
+    def _clean_aggregate_v(
+        self, real: torch.Tensor, fake: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """∂L'/∂a at the clean (noise-free) real and fake aggregates with the current head:
+        the paper's conv2* gradient (mode=paper only; it depends on every record of the batch)."""
+        clean = torch.stack([real.sum(0), fake.sum(0)]) / self.agg_normalizer
+        clean.requires_grad_(True)
+        logits = self.head(clean).squeeze(1)
+        (grad,) = torch.autograd.grad(F.softplus(-logits[0]) + F.softplus(logits[1]), clean)
+        return grad[0].detach(), grad[1].detach()
 
     def _conv2_step(
         self,
@@ -330,9 +497,11 @@ class DPAFTrainer(Trainer):
         """
         features = self.features
 
+        rows = self.rows
+
         def record_loss(params, buffers, image, label, weight) -> torch.Tensor:
             h = functional_call(features, (params, buffers), (image[None], label[None]))
-            return (h[0] * weight).sum()
+            return (rows(h, label[None])[0] * weight).sum()
 
         x, onehot, weights = shard(x, onehot, weights)  # this rank's share (all in one process)
         if x.shape[0]:
@@ -348,7 +517,8 @@ class DPAFTrainer(Trainer):
             across_ranks=True,
         )
         fake_loss = sum(
-            (features(images, labels) * v[None]).sum() for images, labels, v in fake_terms
+            (rows(features(images, labels), labels) * v[None]).sum()
+            for images, labels, v in fake_terms
         )
         fake_grads = torch.autograd.grad(fake_loss, list(self.conv2_params.values()))
         scale = 1.0 / (self.window * self.batch_size)
@@ -397,12 +567,14 @@ class DPAFTrainer(Trainer):
                     out[f"{prefix}.{index}.{key}"] = tensor.detach().cpu().clone()
         out["trainer.steps_done"] = torch.tensor(self.steps_done, dtype=torch.int64)
         out["trainer.d_steps"] = torch.tensor(self.d_steps, dtype=torch.int64)
+        out["trainer.released_sum"] = self.released_sum.detach().cpu().clone()
         return out
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore what `state_tensors` returned, so a resumed run continues exactly."""
         self.steps_done = int(tensors["trainer.steps_done"])
         self.d_steps = int(tensors["trainer.d_steps"])
+        self.released_sum = tensors["trainer.released_sum"].to(self.device).clone()
         if self.steps_done >= self.c_steps and self.classifier is not None:
             self.classifier = self.opt_c = self.private_c = None  # phase 1 was over
         for prefix, module in self._modules().items():
@@ -451,10 +623,12 @@ class DPAFMethod(Method):
 
     def validate_config(self, config: Mapping[str, Any], info: DataInfo) -> None:
         """Raise UsageError for a value the run could not use (before any budget is spent)."""
-        if config.get("mode") == "paper":
+        if config.get("mode") == "paper" and (
+            config["g_loss"] != "bce" or not config["train_conv2"] or config["class_aggregates"]
+        ):
             raise UsageError(
-                "--set mode=paper is not available: the paper's accounting is not a DP "
-                "guarantee (spec dpaf §10.1); dpaf runs in strict mode only"
+                "--set mode=paper reproduces the paper's learning: it needs g_loss=bce, "
+                "train_conv2=true and class_aggregates=false (e.g. --preset paper or tiny)"
             )
         for key, choices in CHOICES.items():
             if config[key] not in choices:
@@ -470,6 +644,8 @@ class DPAFMethod(Method):
             "latent_dim",
             "g_width",
             "n_critic",
+            "g_steps",
+            "g_batch",
         ):
             if int(config[key]) < 1:
                 raise UsageError(f"--set {key}: must be at least 1, got {config[key]}")
@@ -485,6 +661,13 @@ class DPAFMethod(Method):
             value = float(config[key])
             if not (math.isfinite(value) and value > 0):
                 raise UsageError(f"--set {key}: must be a positive finite number, got {value}")
+        if not 0.0 < float(config["target_decay"]) <= 1.0:
+            raise UsageError(f"--set target_decay: must be in (0, 1], got {config['target_decay']}")
+        count = float(config["count_feature"])
+        if not (math.isfinite(count) and count > 0):
+            raise UsageError(f"--set count_feature: must be a positive finite number, got {count}")
+        if config["g_loss"] == "match" and not config["class_aggregates"]:
+            raise UsageError("--set g_loss=match needs class_aggregates=true")
         if not 0.0 < float(config["grad_keep"]) <= 1.0:
             raise UsageError(f"--set grad_keep: must be in (0, 1], got {config['grad_keep']}")
         if min(info.shape[1], info.shape[2]) < 2:
@@ -519,9 +702,12 @@ class DPAFMethod(Method):
                 accountant="none (not private)",
                 notes=("NOT PRIVATE: trained without clipping or noise (--epsilon inf)",),
             )
+        if config["mode"] == "paper":
+            return self._paper_plan(info, target, config, q_w)
         cal = calibrate_noise(target.epsilon, target.delta, q_w, steps, prior_events)
         sigma_w = cal.noise_multiplier
-        agg_sigma, conv2_sigma = split_window_noise(sigma_w, window, float(config["noise_ratio"]))
+        agg_sigma, conv2_sigma = split_window_noise(sigma_w, window, _noise_ratio(config))
+        trains_conv2 = bool(config["train_conv2"])
         events = []
         if c_steps:
             events.append(
@@ -540,18 +726,20 @@ class DPAFMethod(Method):
                 "noise_multiplier": sigma_w,
                 "sampling_rate": q_w,
                 "steps": windows,
-                "mechanism": f"dpaf phase 2: windows of {window} DPAGG steps + 1 conv2* step",
+                "mechanism": f"dpaf phase 2: windows of {window} DPAGG steps"
+                + (" + 1 conv2* step" if trains_conv2 else " (conv2* frozen)"),
                 "accounting": WINDOW_ACCOUNTING_NOTE,
                 "window": window,
                 "step_sampling_rate": q,
                 "agg_noise_multiplier": agg_sigma,
-                "conv2_noise_multiplier": conv2_sigma,
-                "conv2_max_grad_norm": float(config["clip_conv2"]),
+                "conv2_noise_multiplier": conv2_sigma if trains_conv2 else None,
+                "conv2_max_grad_norm": float(config["clip_conv2"]) if trains_conv2 else None,
             }
         )
+        conv2_note = f"conv2* σ = {conv2_sigma:.4g}" if trains_conv2 else "conv2* frozen"
         notes = (
             f"σ_w = {sigma_w:.4g} per loop step (q_w = {q_w:.4g}); DPAGG σ = {agg_sigma:.4g}, "
-            f"conv2* σ = {conv2_sigma:.4g}, phase-1 σ = {sigma_w:.4g}",
+            f"{conv2_note}, phase-1 σ = {sigma_w:.4g}",
             "phase 2 accounted with the " + WINDOW_ACCOUNTING_NOTE,
             *cal.notes,
         )
@@ -569,6 +757,79 @@ class DPAFMethod(Method):
             total_epsilon_bound=cal.total_epsilon,
             accountant=cal.accountant,
             notes=notes,
+        )
+
+    def _paper_plan(
+        self, info: DataInfo, target: PrivacyTarget, config: Mapping[str, Any], q_w: float
+    ) -> PrivacyPlan:
+        """`mode=paper`: the paper's noise and its Theorem-5-style claim, recorded as NOT private.
+
+        σ₁ (conv1, T₁ = c_steps at q = B/N), σ₃ (DPAGG, T₃ = μ·windows at q) and σ₂ (conv2*,
+        T₂ = windows at q₂ = μB/N) are each calibrated alone to the canonical split (ε₁, ε₃) =
+        (0.1, 0.1), ε₂ = ε − 0.2, and the claim composes the three as independent streams
+        (PRV on Poisson sampling rather than the paper's WOR RDP bound). The mechanism does not
+        satisfy that claim (spec §10.1 F2-F4), so the plan is not private: the ledger's total
+        for the data set becomes inf and the claim is kept only as an annotation.
+        """
+        batch, window = int(config["batch_size"]), int(config["window"])
+        c_steps, windows = int(config["c_steps"]), int(config["windows"])
+        q, q2 = min(1.0, batch / info.n), min(1.0, window * batch / info.n)
+        eps_c, eps_agg = _PAPER_SPLIT
+        if target.epsilon <= eps_c + eps_agg:
+            raise UsageError(
+                f"--set mode=paper needs ε > {eps_c + eps_agg:g} (the paper gives {eps_c:g} to "
+                f"conv1 and {eps_agg:g} to DPAGG), got {target.epsilon:g}"
+            )
+        delta = target.delta
+        sigma_c = calibrate_noise(eps_c, delta, q, c_steps).noise_multiplier if c_steps else 0.0
+        sigma_agg = calibrate_noise(eps_agg, delta, q, window * windows).noise_multiplier
+        eps_conv2 = target.epsilon - eps_c - eps_agg
+        sigma_conv2 = calibrate_noise(eps_conv2, delta, q2, windows).noise_multiplier
+        streams = [
+            {"type": "poisson_gaussian", "noise_multiplier": s_, "sampling_rate": r, "steps": t}
+            for s_, r, t in (
+                (sigma_c, q, c_steps),
+                (sigma_agg, q, window * windows),
+                (sigma_conv2, q2, windows),
+            )
+            if t
+        ]
+        claimed = compose_epsilon(streams, delta).epsilon
+        steps = c_steps + windows
+        label = {
+            "type": "non_private",
+            "label": NOT_DP_LABEL,
+            "mechanism": PAPER_MECHANISM,
+            "claimed_epsilon": claimed,
+            "claimed_accounting": (
+                "the paper's decomposition (Theorem 5): three independent Poisson-subsampled "
+                "Gaussian streams composed with PRV; ignores F2-F4 and the factor 2 of "
+                "replace-one neighbours"
+            ),
+            "streams": streams,
+            "c_noise_multiplier": sigma_c,
+            "agg_noise_multiplier": sigma_agg,
+            "conv2_noise_multiplier": sigma_conv2,
+        }
+        loop = {"type": "non_private", "sampling_rate": q_w, "steps": steps}
+        return PrivacyPlan(
+            private=False,
+            target_epsilon=math.inf,
+            delta=delta,
+            noise_multiplier=0.0,
+            sampling_rate=q_w,
+            steps=steps,
+            max_grad_norm=float(config["clip_conv2"]),
+            expected_batch_size=q_w * info.n,
+            events=(loop, label),
+            epsilon_bound=math.inf,
+            total_epsilon_bound=math.inf,
+            accountant=f"none ({NOT_DP_LABEL})",
+            notes=(
+                f"WARNING: mode=paper is {NOT_DP_LABEL}: the paper's claim ε = {claimed:.4g} "
+                "(independent streams) is not a proven bound; recorded as NOT PRIVATE",
+                f"σ₁ = {sigma_c:.4g}, DPAGG σ₃ = {sigma_agg:.4g}, conv2* σ₂ = {sigma_conv2:.4g}",
+            ),
         )
 
     def trainer(

@@ -102,6 +102,46 @@ class Features(nn.Module):
         return sin(F.leaky_relu(self.conv2(out), 0.2))
 
 
+class AggregateRows:
+    """What one record contributes to the aggregate: its h, or (`per_class`) onehot(y) ⊗ [h, a].
+
+    Per-class rows put a record's features (and a constant count coordinate a) into the block
+    of its own label and zeros elsewhere, so the sum over a batch holds each class's feature
+    sum and a·(its count). A row's norm is ‖[h, a]‖ ≤ √(m·p² + a²) = `bound` either way: the
+    same sensitivity, one noise draw for all blocks.
+    """
+
+    def __init__(self, feature_dim: int, num_classes: int, per_class: bool, count: float) -> None:
+        self.feature_dim = feature_dim
+        self.num_classes = num_classes
+        self.per_class = per_class
+        self.count = float(count)
+        if per_class:
+            self.dim = num_classes * (feature_dim + 1)
+            self.bound = math.sqrt(feature_dim + self.count**2)
+        else:
+            self.dim = feature_dim
+            self.bound = math.sqrt(feature_dim)
+
+    def __call__(self, h: Tensor, onehot: Tensor) -> Tensor:
+        """Rows [b, dim] for features h [b, m·p²] and one-hot labels [b, K]."""
+        if not self.per_class:
+            return h
+        extended = torch.cat([h, h.new_full((h.shape[0], 1), self.count)], dim=1)
+        return (onehot[:, :, None] * extended[:, None, :]).flatten(1)
+
+    def class_means(self, total: Tensor) -> Tensor | None:
+        """Per-class mean features [K, m·p²] from a (noisy) sum of rows; None before any.
+
+        Each block's feature sum is divided by its count coordinate / a (at least 1).
+        """
+        if not self.per_class or not bool(total.any()):
+            return None
+        blocks = total.view(self.num_classes, self.feature_dim + 1)
+        counts = (blocks[:, -1] / self.count).clamp_min(1.0)
+        return blocks[:, :-1] / counts[:, None]
+
+
 class Head(nn.Module):
     """The two FC* layers after the aggregation: dim → hidden → outputs."""
 
