@@ -42,6 +42,16 @@ _COMMON: dict[str, Any] = {
     "image_size": 0,
     "resize": "pad",
     "micro_batch_size": 256,
+    # DP warm start (dpsynth.privacy.central): share of ε for the central images (0: off), the
+    # records' clipping norm, the counts' weight in the release, then the pretraining.
+    "warm_start_share": 0.0,
+    "warm_start_clip": 8.0,
+    "warm_start_count_weight": 0.5,
+    "warm_start_steps": 0,
+    "warm_start_batch": 128,
+    "warm_start_lr": 3e-3,
+    "warm_start_jitter": 0.1,
+    "sampler_init": "uniform",
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
