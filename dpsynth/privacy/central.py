@@ -204,6 +204,21 @@ class CentralImages:
     counts: torch.Tensor
 
 
+def noisy_statistics(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    plan: CentralImagesPlan,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """`central_statistics` plus N(0, (σ·Δ)²) on every coordinate, from the secret `generator`."""
+    stats = central_statistics(x, y, num_classes, plan)
+    noise = torch.randn(
+        stats.shape, generator=generator, dtype=torch.float64, device=generator.device
+    )
+    return stats + plan.noise_std * noise.to(stats.device)
+
+
 def release_central_images(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -214,13 +229,9 @@ def release_central_images(
     """The DP release of the class means of x [N, C, H, W] (in [-1, 1]) by labels y [N].
 
     The ONLY code that reads the records for this release; noise from the run's secret
-    `generator` (σ = 0: exact, for non-private runs).
+    `generator` (σ = 0: exact, for non-private runs). The rest is post-processing.
     """
-    stats = central_statistics(x, y, num_classes, plan)
-    noise = torch.randn(
-        stats.shape, generator=generator, dtype=torch.float64, device=generator.device
-    )
-    released = stats + plan.noise_std * noise.to(stats.device)
+    released = noisy_statistics(x, y, num_classes, plan, generator)
     k, d = num_classes, x[0].numel()
     sums = released[: k * d].reshape(k, d) * plan.clip_norm
     counts = released[k * d :] / plan.count_weight
