@@ -183,6 +183,8 @@ class PGEMethod(Method):
         for key in ("lambda0", "box", "rr_epsilon"):
             if not float(config[key]) > 0:
                 raise UsageError(f"--set {key}: must be positive, got {config[key]}")
+        if not 0 <= int(config["sampler_first_level"]) < int(config["n_levels"]):
+            raise UsageError("--set sampler_first_level: must be in [0, n_levels)")
         if int(config["warm_start_steps"]) < 0:
             raise UsageError("--set warm_start_steps: must be at least 0")
         if float(config["warm_start_jitter"]) < 0:
@@ -450,10 +452,12 @@ class PGEGenerator(Generator):
             yield self._sample_batch(chunk.to(self.device, torch.int64), generator)
 
     def _round_levels(self) -> list[int]:
+        """The noise level of each HMC round, spread from `sampler_first_level` to the last."""
         rounds, n_levels = int(self.config["sampler_rounds"]), len(self.sigmas)
+        first = min(int(self.config.get("sampler_first_level", 0)), n_levels - 1)
         if rounds == 1:
             return [n_levels - 1]
-        return [round(m * (n_levels - 1) / (rounds - 1)) for m in range(rounds)]
+        return [first + round(m * (n_levels - 1 - first) / (rounds - 1)) for m in range(rounds)]
 
     def _score_fn(self, y: torch.Tensor, level: int, z: torch.Tensor | None):
         sigma = self.sigmas[level].expand(y.shape[0])
@@ -476,12 +480,13 @@ class PGEGenerator(Generator):
         shape = (b, self.info.shape[0], h, w)
         gdev = generator.device
         x = (torch.rand(shape, generator=generator, device=gdev) * 2 - 1).to(self.device)
-        if cfg["sampler_init"] == "central" and self.central is not None:
-            # Start at the class's DP central image plus noise at the largest level.
+        levels = self._round_levels()
+        if cfg.get("sampler_init") == "central" and self.central is not None:
+            # Start at the class's DP central image plus noise at the first round's level
+            # (runs trained before these keys existed have neither: uniform noise, level 0).
             start = to_working(self.central[y], cfg, self.info.shape)
             noise = torch.randn(shape, generator=generator, device=gdev).to(self.device)
-            x = (start + float(self.sigmas[0]) * noise).clamp(-1.0, 1.0)
-        levels = self._round_levels()
+            x = (start + float(self.sigmas[levels[0]]) * noise).clamp(-1.0, 1.0)
         z_shape = None
         if self.net.residual_channels > 0:
             f = self.net.downsample_factor

@@ -52,6 +52,9 @@ _COMMON: dict[str, Any] = {
     "warm_start_lr": 3e-3,
     "warm_start_jitter": 0.1,
     "sampler_init": "uniform",
+    # With sampler_init=central: the first round's level (SDEdit-like: a later start keeps
+    # more of the central image).
+    "sampler_first_level": 0,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
