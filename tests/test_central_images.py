@@ -173,3 +173,35 @@ def test_pge_warm_start_through_the_loop_once_per_run(tmp_path) -> None:
     for key in a:
         if key.startswith("trainer/"):
             assert torch.equal(a[key], b[key]), key
+
+
+def test_pge_presets_use_it_and_auto_picks_by_epsilon() -> None:
+    """`small` and `small-eps1` plan the release (the latter with the larger share); `tiny`
+    does not; `--preset auto` takes `small-eps1` at ε ≤ 3."""
+    from dpsynth.data.images import DataInfo
+    from dpsynth.methods.pge import PGEMethod
+
+    info = DataInfo("digits", "builtin", 1437, (1, 8, 8), tuple("0123456789"), "f", "digits")
+    method = PGEMethod()
+    assert method.recommended_preset(info, 1.0) == "small-eps1"
+    assert method.recommended_preset(info, 10.0) == "small"
+    target = PrivacyTarget(1.0, 1e-5)
+    shares = {}
+    for preset in ("tiny", "small", "small-eps1"):
+        plan = method.plan(info, target, method.config(preset, {}, info))
+        release = central_plan_in(plan.events)
+        shares[preset] = None if release is None else _pld_epsilon([plan.events[0]], 1e-5)
+    assert shares["tiny"] is None
+    assert shares["small"] == pytest.approx(0.3, rel=0.02)
+    assert shares["small-eps1"] == pytest.approx(0.7, rel=0.02)
+
+
+def test_audit_runs_a_plan_with_the_release() -> None:
+    """The white-box audit takes the release's `gaussian` event as a full-batch step."""
+    from dpsynth.audit.whitebox import mechanism_steps
+
+    plan = plan_dpsgd_with_central_images(
+        PrivacyTarget(10.0, 1e-5), 1437, 256, 100, 1.0, share=0.3, clip_norm=8.0
+    )
+    steps = mechanism_steps(list(plan.events))
+    assert [(s.sampling_rate, s.steps) for s in steps] == [(1.0, 1), (plan.sampling_rate, 100)]

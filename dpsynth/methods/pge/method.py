@@ -37,6 +37,9 @@ from dpsynth.methods.pge.ssm import make_record_loss, randomized_response
 from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.randomness import PrivateRandomness
 
+# At or below this ε `--preset auto` takes `small-eps1`.
+SMALL_EPSILON = 3.0
+
 _CHOICES: dict[str, tuple[str, ...]] = {
     "ssm_variant": ("plain", "vr"),
     "divergence": ("jvp", "fd"),
@@ -148,6 +151,14 @@ class PGEMethod(Method):
         "PGE's score network (sliced score matching, residual module, HMC sampler) trained "
         "with DP-SGD; the paper's randomized response gives no privacy and earns no credit"
     )
+
+    def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
+        """`small-eps1` at ε ≤ 3 (most of the budget on the central images), else `small`.
+
+        Both were tuned on 8×8 digits (bench/results/tuning-pge.md); only public facts (ε)
+        choose, so the choice spends nothing.
+        """
+        return "small-eps1" if epsilon <= SMALL_EPSILON else "small"
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """The preset with overrides, validated, plus the resolved working resolution."""
