@@ -39,6 +39,7 @@ from dpsynth.evaluate.downstream import accuracy_over_seeds  # noqa: E402
 from dpsynth.methods.base import PrivacyTarget  # noqa: E402
 from dpsynth.methods.pge.method import PGEMethod  # noqa: E402
 from dpsynth.privacy.accounting import default_delta  # noqa: E402
+from dpsynth.privacy.central import central_plan_in, release_central_images  # noqa: E402
 from dpsynth.privacy.dpsgd import PoissonSampler  # noqa: E402
 
 
@@ -80,6 +81,14 @@ def run_one(args: argparse.Namespace, epsilon: float, device: torch.device) -> d
     base_rss = _rss_kib("VmRSS")
     losses = []
     start = time.perf_counter()
+    release = central_plan_in(plan.events)
+    if release is not None:  # the warm start, as the training loop does it (timed with it)
+        central_rng = torch.Generator().manual_seed(args.seed + 2)
+        trainer.warm_start(
+            release_central_images(
+                pixels.cpu(), labels.cpu(), len(info.classes), release, central_rng
+            )
+        )
     for _ in range(plan.steps):
         index = sampler.next().to(device)
         losses.append(trainer.step(pixels[index], labels[index])["loss"])

@@ -51,6 +51,7 @@ from dpsynth.privacy.anchors import (
     run_config_digest,
     verified_spend,
 )
+from dpsynth.privacy.central import central_plan_in, release_central_images
 from dpsynth.privacy.dpsgd import PoissonSampler
 from dpsynth.privacy.ledger import Ledger
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
@@ -300,6 +301,8 @@ class _Session:
     warnings: list[str]
     # The restored trainer tensors of a resumed run (None for a new one), for the other ranks.
     restored: dict[str, torch.Tensor] | None = None
+    # The secret stream of the plan's central-images release (None when it has none).
+    central_rng: torch.Generator | None = None
 
     def start_message(self) -> dict[str, Any]:
         """What the other ranks need to join: settings, the secret, the streams' states."""
@@ -373,6 +376,7 @@ def _join(start: Mapping[str, Any], device: torch.device) -> _Session:
         info, run_config["config"], plan, device, run_config["seed"], randomness
     )
     sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
+    central_rng = _central_generator(plan, randomness)
     if start["tensors"] is not None:
         trainer.load_state_tensors(start["tensors"])
     randomness.load_state(start["generators"])
@@ -387,9 +391,11 @@ def _join(start: Mapping[str, Any], device: torch.device) -> _Session:
         trainer=trainer,
         sampler=sampler,
         randomness=randomness,
+        central_rng=central_rng,
         run_config=run_config,
         start_step=int(start["start_step"]),
         warnings=list(start["warnings"]),
+        restored=start["tensors"],
     )
 
 
@@ -452,6 +458,7 @@ def _start(
     try:
         trainer = backend.trainer(info, config, plan, torch_device, seed, randomness)
         sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
+        central_rng = _central_generator(plan, randomness)
     except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
         # e.g. an optimizer refusing a value, a seed out of range, a network too large to build
         raise UsageError(
@@ -521,6 +528,7 @@ def _start(
         trainer=trainer,
         sampler=sampler,
         randomness=randomness,
+        central_rng=central_rng,
         run_config=run_config,
         start_step=0,
         warnings=warnings,
@@ -672,6 +680,7 @@ def _resume(
         info, run_config["config"], plan, device, run_config["seed"], randomness
     )
     sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
+    central_rng = _central_generator(plan, randomness)
     start = 0
     restored = None
     if run.has_checkpoint():
@@ -694,11 +703,38 @@ def _resume(
         trainer=trainer,
         sampler=sampler,
         randomness=randomness,
+        central_rng=central_rng,
         run_config=run_config,
         start_step=start,
         warnings=run_config.get("warnings", []),
         restored=restored,
     )
+
+
+def _central_generator(plan: PrivacyPlan, randomness: PrivateRandomness) -> torch.Generator | None:
+    """The secret stream of the plan's central-images release, handed out with the loop's
+    other streams (so that a checkpoint saves and restores it with them)."""
+    if central_plan_in(plan.events) is None:
+        return None
+    return randomness.generator("loop/central-images")
+
+
+def _warm_start(session: _Session, pixels: torch.Tensor, labels: torch.Tensor) -> None:
+    """Release the plan's central images and hand them to the trainer, once per run.
+
+    Only a run that starts from scratch does it: a resumed run's checkpoint already holds the
+    warm-started weights (and the stream's state after the release). A run resumed before its
+    first checkpoint redoes it from the fresh secret stream, which draws the same noise, so
+    the release is the same one the plan accounted for.
+    """
+    release_plan = central_plan_in(session.plan.events)
+    if release_plan is None or session.start_step > 0 or session.restored is not None:
+        return
+    assert session.central_rng is not None
+    release = release_central_images(
+        pixels.cpu(), labels.cpu(), len(session.info.classes), release_plan, session.central_rng
+    )
+    session.trainer.warm_start(release)
 
 
 class _EpsilonCurve:
@@ -765,6 +801,8 @@ def _loop(
 
     log_private = bool(run_config.get("log_private_loss"))
     released = tuple(type(trainer).released_stats)
+    if start_step == 0 and not run.has_checkpoint():
+        _warm_start(session, pixels, labels)
 
     def checkpoint() -> None:
         tensors = {f"trainer/{k}": v for k, v in trainer.state_tensors().items()}
@@ -840,6 +878,7 @@ def _follower_loop(
     pixels = session.records.as_float().to(device)
     labels = session.records.y.to(device)
     step = start = session.start_step
+    _warm_start(session, pixels, labels)
     while step < session.plan.steps:
         if stop_after_steps is not None and step - start >= stop_after_steps:
             return {"rank": launch.rank if launch else 0, "steps": step, "interrupted": True}

@@ -84,10 +84,15 @@ def mechanism_steps(events: Sequence[dict[str, Any]]) -> list[MechanismStep]:
     """The plan's events as DP-SGD steps; UsageError naming any event this audit cannot run."""
     steps: list[MechanismStep] = []
     for event in events:
+        if event.get("type") == "gaussian":
+            # A Gaussian release of noise multiplier σ (e.g. the central images, normalised to
+            # sensitivity 1) is, for a canary, a full-batch step: q = 1, `count` times.
+            steps.append(MechanismStep(float(event["noise_multiplier"]), 1.0, int(event["count"])))
+            continue
         if event.get("type") != "poisson_gaussian":
             raise UsageError(
-                f"the white-box audit runs poisson_gaussian events only; this plan has a "
-                f"{event.get('type')!r} event"
+                f"the white-box audit runs poisson_gaussian and gaussian events only; this "
+                f"plan has a {event.get('type')!r} event"
             )
         steps.append(
             MechanismStep(

@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 import torch
 
 from dpsynth.data.images import DataInfo
-from dpsynth.errors import UsageError
+from dpsynth.errors import DpsynthError, UsageError
+from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 from dpsynth.privacy.randomness import PrivateRandomness
 
@@ -95,6 +96,15 @@ class Trainer(ABC):
     @abstractmethod
     def generator(self) -> Generator:
         """The generator as of now (EMA weights where the method keeps them)."""
+
+    def warm_start(self, release: CentralImages) -> None:
+        """Initialise from a DP central-images release before the first DP-SGD step.
+
+        The training loop calls it once, for a new run whose plan holds the release (config
+        `warm_start_share` > 0, see `Method.plan`), with what `dpsynth.privacy.central`
+        released: it is public, so the trainer may pretrain on it and keep it in its state.
+        """
+        raise DpsynthError(f"{type(self).__name__} has no warm start from central images")
 
 
 class Method(ABC):
@@ -190,9 +200,26 @@ class Method(ABC):
     ) -> PrivacyPlan:
         """Default plan: one Poisson-subsampled Gaussian over `config['steps']` steps.
 
-        Uses config keys `batch_size` (expected), `steps`, `max_grad_norm`.
+        Uses config keys `batch_size` (expected), `steps`, `max_grad_norm`. With
+        `warm_start_share` > 0 (and `warm_start_clip`, `warm_start_count_weight`) the plan
+        first releases DP central images with that share of the ε, composed with the steps
+        (`dpsynth.privacy.central`); the loop hands the release to `Trainer.warm_start`.
         """
         from dpsynth.privacy.accounting import plan_poisson_gaussian
+        from dpsynth.privacy.central import plan_dpsgd_with_central_images
+
+        if float(config.get("warm_start_share", 0.0)) > 0:
+            return plan_dpsgd_with_central_images(
+                target=target,
+                n=info.n,
+                expected_batch_size=float(config["batch_size"]),
+                steps=int(config["steps"]),
+                max_grad_norm=float(config["max_grad_norm"]),
+                share=float(config["warm_start_share"]),
+                clip_norm=float(config["warm_start_clip"]),
+                count_weight=float(config.get("warm_start_count_weight", 1.0)),
+                prior_events=prior_events,
+            )
 
         return plan_poisson_gaussian(
             target=target,

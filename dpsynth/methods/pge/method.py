@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+from torch.func import grad, vmap
 from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo, to_uint8
@@ -33,7 +34,11 @@ from dpsynth.methods.pge.hmc import MH_MODES, annealed_hmc, step_schedule
 from dpsynth.methods.pge.nets import RandomConvEncoder, ScoreUNet
 from dpsynth.methods.pge.presets import PRESETS
 from dpsynth.methods.pge.ssm import make_record_loss, randomized_response
+from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.randomness import PrivateRandomness
+
+# At or below this ε `--preset auto` takes `small-eps1`.
+SMALL_EPSILON = 3.0
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "ssm_variant": ("plain", "vr"),
@@ -42,6 +47,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "step_schedule": ("sigma", "paper"),
     "mh": MH_MODES,
     "resize": ("pad", "resize"),
+    "sampler_init": ("uniform", "central"),
 }
 
 
@@ -146,6 +152,14 @@ class PGEMethod(Method):
         "with DP-SGD; the paper's randomized response gives no privacy and earns no credit"
     )
 
+    def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
+        """`small-eps1` at ε ≤ 3 (most of the budget on the central images), else `small`.
+
+        Both were tuned on 8×8 digits (bench/results/tuning-pge.md); only public facts (ε)
+        choose, so the choice spends nothing.
+        """
+        return "small-eps1" if epsilon <= SMALL_EPSILON else "small"
+
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """The preset with overrides, validated, plus the resolved working resolution."""
         merged = super().config(preset, overrides, info)
@@ -169,7 +183,7 @@ class PGEMethod(Method):
         super().validate_config(config, info)
         at_least_one = (
             "sampler_steps", "micro_batch_size", "nf", "num_res_blocks", "residual_channels",
-            "rr_k",
+            "rr_k", "warm_start_batch",
         )  # fmt: skip
         for key in at_least_one:
             if int(config[key]) < 1:
@@ -180,6 +194,12 @@ class PGEMethod(Method):
         for key in ("lambda0", "box", "rr_epsilon"):
             if not float(config[key]) > 0:
                 raise UsageError(f"--set {key}: must be positive, got {config[key]}")
+        if not 0 <= int(config["sampler_first_level"]) < int(config["n_levels"]):
+            raise UsageError("--set sampler_first_level: must be in [0, n_levels)")
+        if int(config["warm_start_steps"]) < 0:
+            raise UsageError("--set warm_start_steps: must be at least 0")
+        if float(config["warm_start_jitter"]) < 0:
+            raise UsageError("--set warm_start_jitter: must be at least 0")
         if float(config["feature_noise"]) < 0:
             raise UsageError(
                 f"--set feature_noise: must be at least 0, got {config['feature_noise']}"
@@ -220,7 +240,8 @@ class PGEMethod(Method):
         encoder = build_encoder(config, info)
         if encoder is not None and any(k.startswith("encoder.") for k in tensors):
             encoder.load_state_dict(_subdict(tensors, "encoder."))
-        return PGEGenerator(info, config, net.to(device), encoder, device)
+        central = tensors.get("central.means")
+        return PGEGenerator(info, config, net.to(device), encoder, device, central)
 
 
 def _subdict(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -263,6 +284,7 @@ class PGETrainer(Trainer):
         self.noise_rng = randomness.generator("pge/noise", device)
         self.sigmas = noise_levels(config).to(device)
         self.steps_done = 0
+        self.central: torch.Tensor | None = None  # the released central images, once warm-started
         self.private_gradient = PrivateGradient(
             self.model,
             make_record_loss(self.model, str(config["ssm_variant"]), str(config["divergence"])),
@@ -346,6 +368,8 @@ class PGETrainer(Trainer):
         for idx, state in self.optimizer.state_dict()["state"].items():
             for key, t in state.items():
                 out[f"opt.{idx}.{key}"] = torch.as_tensor(t)
+        if self.central is not None:  # a DP release: public
+            out["central.means"] = self.central
         out["trainer.steps"] = torch.tensor(self.steps_done, dtype=torch.int64)
         return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
 
@@ -363,12 +387,49 @@ class PGETrainer(Trainer):
         state_dict["state"] = opt_state
         self.optimizer.load_state_dict(state_dict)
         self.steps_done = int(tensors["trainer.steps"])
+        if "central.means" in tensors:
+            self.central = tensors["central.means"].to(self.device)
 
     def generator(self) -> PGEGenerator:
         """The sampler around a copy of the current EMA weights."""
         return PGEGenerator(
-            self.info, self.config, copy.deepcopy(self.ema), self.encoder, self.device
+            self.info, self.config, copy.deepcopy(self.ema), self.encoder, self.device, self.central
         )
+
+    def warm_start(self, release: CentralImages) -> None:
+        """Pretrain on the DP central images (public once released), as DP-FETA does.
+
+        `warm_start_steps` Adam steps (lr `warm_start_lr`, batch `warm_start_batch`) of the
+        same SSM loss on "records" x = mean[y] + `warm_start_jitter`·N(0, I) with uniform y;
+        the EMA then starts from the pretrained weights and DP-SGD fine-tunes with a fresh
+        Adam. The means are kept (they are public) for `sampler_init=central`.
+        """
+        cfg = self.config
+        means = to_working(release.means.to(self.device), cfg, self.info.shape)
+        self.central = release.means.to(self.device)
+        steps, batch = int(cfg["warm_start_steps"]), int(cfg["warm_start_batch"])
+        if steps == 0:
+            return
+        params = {k: p.detach() for k, p in self.model.named_parameters()}
+        buffers = dict(self.model.named_buffers())
+        loss_fn = make_record_loss(self.model, str(cfg["ssm_variant"]), str(cfg["divergence"]))
+        batched = vmap(loss_fn, in_dims=(None, None, *([0] * 7)))
+
+        def mean_loss(p: dict[str, torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+            return batched(p, buffers, *inputs).mean()
+
+        grad_fn = grad(mean_loss)
+        # Detached views share the model's storage: Adam updates the model in place.
+        optimizer = torch.optim.Adam(list(params.values()), lr=float(cfg["warm_start_lr"]))
+        jitter, g = float(cfg["warm_start_jitter"]), self.rng
+        for _ in range(steps):
+            y = torch.randint(0, len(self.info.classes), (batch,), generator=g, device=self.device)
+            x = means[y] + jitter * torch.randn(means[y].shape, generator=g, device=self.device)
+            grads = grad_fn(params, x.clamp(-1.0, 1.0), *self.record_randomness(x, y))
+            for name, leaf in params.items():
+                leaf.grad = grads[name]
+            optimizer.step()
+        self.ema.load_state_dict(self.model.state_dict())
 
 
 class PGEGenerator(Generator):
@@ -381,8 +442,10 @@ class PGEGenerator(Generator):
         net: ScoreUNet,
         encoder: RandomConvEncoder | None,
         device: torch.device,
+        central: torch.Tensor | None = None,
     ) -> None:
         self.info = info
+        self.central = None if central is None else central.to(device)
         self.config = dict(config)
         self.net = net.to(device).eval()
         self.encoder = encoder
@@ -400,10 +463,12 @@ class PGEGenerator(Generator):
             yield self._sample_batch(chunk.to(self.device, torch.int64), generator)
 
     def _round_levels(self) -> list[int]:
+        """The noise level of each HMC round, spread from `sampler_first_level` to the last."""
         rounds, n_levels = int(self.config["sampler_rounds"]), len(self.sigmas)
+        first = min(int(self.config.get("sampler_first_level", 0)), n_levels - 1)
         if rounds == 1:
             return [n_levels - 1]
-        return [round(m * (n_levels - 1) / (rounds - 1)) for m in range(rounds)]
+        return [first + round(m * (n_levels - 1 - first) / (rounds - 1)) for m in range(rounds)]
 
     def _score_fn(self, y: torch.Tensor, level: int, z: torch.Tensor | None):
         sigma = self.sigmas[level].expand(y.shape[0])
@@ -427,6 +492,12 @@ class PGEGenerator(Generator):
         gdev = generator.device
         x = (torch.rand(shape, generator=generator, device=gdev) * 2 - 1).to(self.device)
         levels = self._round_levels()
+        if cfg.get("sampler_init") == "central" and self.central is not None:
+            # Start at the class's DP central image plus noise at the first round's level
+            # (runs trained before these keys existed have neither: uniform noise, level 0).
+            start = to_working(self.central[y], cfg, self.info.shape)
+            noise = torch.randn(shape, generator=generator, device=gdev).to(self.device)
+            x = (start + float(self.sigmas[levels[0]]) * noise).clamp(-1.0, 1.0)
         z_shape = None
         if self.net.residual_channels > 0:
             f = self.net.downsample_factor
