@@ -40,8 +40,8 @@ def _record_loss(model: nn.Module):
     return loss
 
 
-def _dpsgd(sigma: float, private: bool = True) -> dict[str, Any]:
-    """One DP-SGD gradient of a fixed 13-record batch (micro-batches of 4)."""
+def _dpsgd(sigma: float, private: bool = True, mode: str = "vmap") -> dict[str, Any]:
+    """One DP-SGD gradient of a fixed 13-record batch (micro-batches of 4) in `mode`."""
     model = _mlp()
     data = torch.Generator().manual_seed(1)
     x = torch.randn(13, 6, generator=data) * 3
@@ -55,6 +55,8 @@ def _dpsgd(sigma: float, private: bool = True) -> dict[str, Any]:
         generator=torch.Generator().manual_seed(5),
         micro_batch_size=4,
         private=private,
+        batch_loss_fn=lambda x, y: F.cross_entropy(model(x), y, reduction="none"),
+        grad_mode=mode,
     )
     stats = gradient.compute(x, y)
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -180,6 +182,8 @@ def checks() -> dict[str, Any]:
     return {
         "dpsgd": _dpsgd(0.7),
         "clipped_sum": _dpsgd(0.0),
+        "dpsgd_ghost": _dpsgd(0.7, mode="ghost"),
+        "clipped_sum_ghost": _dpsgd(0.0, mode="ghost"),
         "nonprivate": _dpsgd(0.0, private=False),
         "noise": _noise(),
         "dpaf_mechanisms": _dpaf_mechanisms(),

@@ -94,7 +94,9 @@ def _equal(a, b):
         assert a == b or (a != a and b != b)
 
 
-@pytest.mark.parametrize("check", ["clipped_sum", "dpsgd", "nonprivate"])
+@pytest.mark.parametrize(
+    "check", ["clipped_sum", "dpsgd", "nonprivate", "clipped_sum_ghost", "dpsgd_ghost"]
+)
 def test_dpsgd_step_equals_one_process_on_the_same_batch(ranks, reference, check):
     # σ = 0: the summed clipped gradient / qN; σ > 0 with the same stream: the same noise
     # draw, added once (twice would double it, never would drop it); and the stats.

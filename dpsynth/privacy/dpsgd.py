@@ -12,7 +12,11 @@ accountant assumes for a `poisson_gaussian` event:
   realised size would leak it).
 
 Per-record gradients use `torch.func` (vmap over grad), never a Python loop over records,
-so losses that themselves differentiate w.r.t. the input (score matching) work too.
+so losses that themselves differentiate w.r.t. the input (score matching) work too. Where
+the loss is a plain function of the network's outputs and every trained layer has a
+ghost-norm rule, `grad_mode="ghost"` (or `"auto"`) gets the same clipped sum from layer
+activations and output gradients without forming per-record gradients
+(`dpsynth.privacy.ghost`); the noise is added here either way.
 
 Data-parallel (under `torchrun`, see `dpsynth.privacy.distributed`): every rank passes the
 same global batch; each clips and sums its strided share, the partial sums are all-reduced
@@ -37,8 +41,11 @@ from dpsynth.privacy.distributed import (
     noisy_partial,
     shard,
 )
+from dpsynth.privacy.ghost import BatchLossFn, GhostError, ghost_clipped_sum, unsupported_reasons
 
 __all__ = [
+    "GRAD_MODES",
+    "BatchLossFn",
     "LossFn",
     "PoissonSampler",
     "PrivateGradient",
@@ -57,6 +64,10 @@ Call the model as `functional_call(model, (params, buffers), (x.unsqueeze(0),))`
 """
 
 _NORM_EPS = 1e-6
+
+GRAD_MODES = ("auto", "vmap", "ghost")
+"""How `PrivateGradient` forms the clipped sum: `vmap` per-record gradients, `ghost` norms
+from activations (needs `batch_loss_fn` and supported layers), `auto` ghost where it can."""
 
 
 class PoissonSampler:
@@ -224,6 +235,17 @@ class PrivateGradient:
     Gaussian noise of std `noise_multiplier * max_grad_norm` per coordinate from
     `generator`, and divides by `expected_batch_size`. Any torch optimizer can then step.
 
+    `grad_mode` picks how the clipped sum is formed (`GRAD_MODES`): `vmap` (per-record
+    gradients of `loss_fn`; any loss, including ones that differentiate w.r.t. the input),
+    `ghost` (`dpsynth.privacy.ghost`: per-record norms from layer activations and output
+    gradients, then the clipped sum from the same; needs `batch_loss_fn(*batch)` returning
+    the per-record losses [B] from a plain call of `model`, and only supported layers
+    holding trainable parameters; refused otherwise), or `auto` (default: ghost when
+    `batch_loss_fn` is given and every trainable layer is supported, else vmap; a ghost
+    requirement found broken at run time switches it to vmap for good). Both give the same
+    clipped sum up to float rounding; `active_mode` says which one runs. `compile_vmap=True`
+    wraps the vmap function in `torch.compile` (opt-in: compilation costs time up front).
+
     `micro_batch_size` processes the batch in chunks (each chunk's gradients are clipped and
     added to the sum right away), so memory is bounded by the chunk, not the batch; the
     result is the same. `private=False` is the non-private baseline: the plain mean gradient
@@ -245,6 +267,9 @@ class PrivateGradient:
         generator: torch.Generator,
         micro_batch_size: int | None = None,
         private: bool = True,
+        batch_loss_fn: BatchLossFn | None = None,
+        grad_mode: str = "auto",
+        compile_vmap: bool = False,
     ) -> None:
         if private:
             if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
@@ -265,6 +290,11 @@ class PrivateGradient:
         self.generator = generator
         self.micro_batch_size = micro_batch_size
         self.private = private
+        self.batch_loss_fn = batch_loss_fn
+        self.grad_mode = grad_mode
+        self.active_mode = _resolve_mode(model, batch_loss_fn, grad_mode)
+        self._per_record_fn = _compiled(loss_fn) if compile_vmap else None
+        self._uses_checked = False
 
     @property
     def noise_std(self) -> float:
@@ -301,24 +331,53 @@ class PrivateGradient:
         batch: tuple[Tensor, ...],
         size: int,
     ) -> tuple[dict[str, Tensor], dict[str, float]]:
-        summed = {name: torch.zeros_like(p) for name, p in params.items()}
+        summed: dict[str, Tensor] | None = None
         # [loss sum, norm sum, clipped count], kept on the device: one sync per step, not per chunk
         totals = torch.zeros(3, dtype=torch.float64, device=_device_of(params))
         for chunk in self._chunks(batch, _batch_size(batch)):
-            grads, losses = _per_sample_grads_and_losses(self.loss_fn, params, buffers, chunk, None)
-            chunk_sum, norms = _clipped_sum(grads, self.max_grad_norm)
-            del grads
-            for name, s in chunk_sum.items():
-                summed[name] += s
+            chunk_sum, norms, losses = self._clipped_chunk(params, buffers, chunk)
+            if summed is None:  # the first chunk's sums are fresh tensors: no zeros + add
+                summed = {name: chunk_sum[name] for name in params}
+            else:
+                for name, s in chunk_sum.items():
+                    summed[name] += s
             totals += torch.stack(
                 [losses.detach().sum(), norms.sum(), (norms > self.max_grad_norm).sum()]
             ).to(totals.dtype)
+        if summed is None:  # an empty batch: the noise alone
+            summed = {name: torch.zeros_like(p) for name, p in params.items()}
         noisy = noisy_global_sum(summed, self.noise_std, self.generator)
         grads_out = {name: g / self.expected_batch_size for name, g in noisy.items()}
         if is_data_parallel():
             totals = all_reduce_sum({"totals": totals})["totals"]
         loss_sum, norm_sum, clipped_count = totals.tolist()
         return grads_out, _stats(size, loss_sum, int(clipped_count), norm_sum)
+
+    def _clipped_chunk(
+        self, params: dict[str, Tensor], buffers: dict[str, Tensor], chunk: tuple[Tensor, ...]
+    ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+        """(Σ clipped gradients, per-record norms, per-record losses) of one chunk."""
+        if self.active_mode == "ghost":
+            try:
+                out = ghost_clipped_sum(
+                    self.model,
+                    self.batch_loss_fn,
+                    chunk,
+                    self.max_grad_norm,
+                    check_uses=not self._uses_checked,
+                )
+                self._uses_checked = True  # the graph walk once per PrivateGradient
+                return out
+            except GhostError as err:
+                if self.grad_mode == "ghost":
+                    raise UsageError(f"grad_mode ghost: {err}") from err
+                self.active_mode = "vmap"  # auto: this model/loss needs per-record gradients
+        if self._per_record_fn is not None:
+            grads, losses = self._per_record_fn(dict(params), dict(buffers), *chunk)
+        else:
+            grads, losses = _per_sample_grads_and_losses(self.loss_fn, params, buffers, chunk, None)
+        chunk_sum, norms = _clipped_sum(grads, self.max_grad_norm)
+        return chunk_sum, norms, losses
 
     def _mean_gradient(
         self,
@@ -349,6 +408,32 @@ class PrivateGradient:
         scale = 1.0 / size if size else 0.0
         grads_out = {name: g * scale for name, g in summed.items()}
         return grads_out, _stats(size, loss_sum, 0, math.nan)
+
+
+def _resolve_mode(model: nn.Module, batch_loss_fn: BatchLossFn | None, grad_mode: str) -> str:
+    """The mode `PrivateGradient` starts in: "ghost" or "vmap" (see its doc)."""
+    if grad_mode not in GRAD_MODES:
+        raise UsageError(f"grad mode must be one of {', '.join(GRAD_MODES)}, got {grad_mode!r}")
+    if grad_mode == "vmap":
+        return "vmap"
+    reasons = unsupported_reasons(model)
+    if grad_mode == "ghost":
+        if batch_loss_fn is None:
+            raise UsageError("grad_mode ghost needs a batch_loss_fn (per-record losses [B])")
+        if reasons:
+            raise UsageError("grad_mode ghost cannot handle " + "; ".join(reasons))
+        return "ghost"
+    return "ghost" if batch_loss_fn is not None and not reasons else "vmap"
+
+
+def _compiled(loss_fn: LossFn) -> Callable[..., tuple[dict[str, Tensor], Tensor]]:
+    """`torch.compile` of vmap(grad_and_value(loss_fn)) over the batch (params shared)."""
+
+    def per_record(params: dict, buffers: dict, *batch: Tensor):
+        in_dims = (None, None, *([0] * len(batch)))
+        return vmap(grad_and_value(loss_fn), in_dims=in_dims)(params, buffers, *batch)
+
+    return torch.compile(per_record, dynamic=True)
 
 
 def _device_of(params: Mapping[str, Tensor]) -> torch.device:

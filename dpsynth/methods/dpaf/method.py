@@ -191,6 +191,7 @@ class DPAFTrainer(Trainer):
                 expected_batch_size=float(plan.expected_batch_size),
                 generator=rng_c,
                 private=plan.private,
+                batch_loss_fn=self._classifier_losses,  # ghost clipping where it applies
             )
         self.steps_done = 0
         self.d_steps = 0
@@ -201,6 +202,10 @@ class DPAFTrainer(Trainer):
         """One record's cross-entropy under C (per-sample targets: no aggregation)."""
         logits = functional_call(self.classifier, (params, buffers), (x[None], label_input[None]))
         return F.cross_entropy(logits, y[None])
+
+    def _classifier_losses(self, x, label_input, y) -> torch.Tensor:
+        """Each record's cross-entropy under C [b] (`_classifier_loss`, batched)."""
+        return F.cross_entropy(self.classifier(x, label_input), y, reduction="none")
 
     def _phase1_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         onehot = _onehot(y, self.num_classes)

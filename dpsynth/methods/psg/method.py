@@ -124,6 +124,8 @@ class PSGTrainer(Trainer):
             generator=randomness.generator("psg/noise", self.device),
             micro_batch_size=int(config["micro_batch_size"]),
             private=plan.private,
+            # ghost clipping (no per-record gradients) where every trained layer allows it
+            batch_loss_fn=self._batch_loss,
         )
 
     def _record_loss(
@@ -136,6 +138,10 @@ class PSGTrainer(Trainer):
         """Cross-entropy of ONE record (no batch dim) under the given parameters."""
         logits = functional_call(self.net, (params, buffers), (x.unsqueeze(0),))
         return F.cross_entropy(logits, y.unsqueeze(0))
+
+    def _batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Each record's cross-entropy [b] (the same loss as `_record_loss`, batched)."""
+        return F.cross_entropy(self.net(x), y, reduction="none")
 
     def _fresh_network(self, run_index: int) -> None:
         """Re-draw θ for run `run_index` with the default init, from public randomness."""

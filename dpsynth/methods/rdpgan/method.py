@@ -225,6 +225,7 @@ class RDPGANTrainer(Trainer):
             expected_batch_size=float(plan.expected_batch_size),
             generator=self.rng_noise,
             private=plan.private,
+            batch_loss_fn=self._real_losses,  # ghost clipping: no per-record gradients
         )
         self.steps_done = 0
 
@@ -238,6 +239,10 @@ class RDPGANTrainer(Trainer):
         """One real record's BCE term −log σ(D(x)) = softplus(−logit)."""
         logit = functional_call(self.net_d, (params, buffers), (x[None], onehot[None]))
         return F.softplus(-logit).sum()
+
+    def _real_losses(self, x: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
+        """Each real record's term softplus(−D(x)) [b] (`_real_loss`, batched)."""
+        return F.softplus(-self.net_d(x, onehot))
 
     def _fakes(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`count` generated records with public labels (uniform, or the declared weights)."""
