@@ -23,6 +23,7 @@ Poisson batches would need the class sizes and a rate q_c ≈ L·q. So a run is 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +38,7 @@ from dpsynth.methods.psg.matching import match_loss
 from dpsynth.methods.psg.model import NORMS, ConvNet
 from dpsynth.methods.psg.presets import PRESETS
 from dpsynth.methods.psg.release import PSGGenerator
+from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.dpsgd import PrivateGradient
 from dpsynth.privacy.randomness import PrivateRandomness
 
@@ -100,7 +102,8 @@ class PSGTrainer(Trainer):
         self.batches = int(config["batches"])
         self.inner_loop = int(config["inner_loop"])
         init = torch.Generator().manual_seed(public_seed(seed, "synthetic-init"))
-        # S starts as N(0, 1) in the training scale, never from real data.
+        # S starts as N(0, 1) in the training scale, never from real data; with a warm start
+        # (`warm_start`) it is replaced by the DP central images before the first release.
         images = torch.randn(
             self.num_classes * self.spc, *info.shape, generator=init, device=init.device
         )
@@ -127,6 +130,22 @@ class PSGTrainer(Trainer):
             # ghost clipping (no per-record gradients) where every trained layer allows it
             batch_loss_fn=self._batch_loss,
         )
+
+    def warm_start(self, release: CentralImages) -> None:
+        """Start S from the DP central images (spec psg §2.4's open item, issue 14).
+
+        Each class's spc members become the released class mean (public once released, in
+        the training scale [-1, 1]) plus `warm_start_jitter`·N(0, I) from the public seed, so
+        that the members differ and gradient matching can pull them apart. S's momentum
+        starts at zero; θ is untouched. The release's cost is the plan's `gaussian` event.
+        """
+        means = release.means.to(self.device, torch.float32)
+        noise_rng = torch.Generator().manual_seed(public_seed(self.seed, "warm-start-jitter"))
+        noise = torch.randn(self.images.shape, generator=noise_rng, device=noise_rng.device)
+        jitter = float(self.config["warm_start_jitter"])
+        with torch.no_grad():
+            self.images.copy_(means[self.labels] + jitter * noise.to(self.device))
+        self.syn_optimizer.state.clear()
 
     def _record_loss(
         self,
@@ -280,6 +299,11 @@ class PSGMethod(Method):
             raise UsageError("batch_size and max_grad_norm must be positive")
         if merged["lr_syn"] <= 0 or merged["lr_net"] <= 0 or merged["momentum_syn"] < 0:
             raise UsageError("lr_syn and lr_net must be positive, momentum_syn ≥ 0")
+        if float(merged["warm_start_jitter"]) < 0:
+            raise UsageError("--set warm_start_jitter: must be at least 0")
+        if float(merged["warm_start_clip"]) == 0:
+            # 0: the largest norm of a record in [-1, 1] (no clipping), from the public shape
+            merged["warm_start_clip"] = math.sqrt(math.prod(int(s) for s in info.shape))
         if merged["norm"] not in NORMS:
             raise UsageError(f"norm must be one of {', '.join(NORMS)} (no BatchNorm under DP)")
         merged["steps"] = int(merged["runs"]) * int(merged["outer_loop"]) * int(merged["batches"])
