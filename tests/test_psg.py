@@ -481,3 +481,18 @@ def test_warm_start_through_the_loop_once_and_both_events_in_the_ledger(tmp_path
         events[1]["steps"],
     )
     assert accountant.get_epsilon(1e-5) <= float(privacy["epsilon_bound"]) <= 5.0
+
+
+def test_presets_warm_start_and_recommendation_follows_epsilon():
+    method = PSGMethod()
+    assert method.recommended_preset(_info(), 1.0) == "small-eps1"
+    assert method.recommended_preset(_info(), 10.0) == "small"
+    assert method.recommended_preset(_info(), math.inf) == "small"
+    small = method.config("small", {}, _info())
+    eps1 = method.config("small-eps1", {}, _info())
+    assert 0 < small["warm_start_share"] < eps1["warm_start_share"] < 1
+    assert eps1["steps"] < small["steps"]
+    assert small["warm_start_clip"] == 8.0  # 0 in the preset: √d for 8×8 in [-1, 1]
+    assert method.config("tiny", {}, _info())["warm_start_share"] == 0.0  # tests stay fast
+    with pytest.raises(UsageError):
+        method.config("small", {"warm_start_jitter": "-1"}, _info())

@@ -42,6 +42,9 @@ from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.dpsgd import PrivateGradient
 from dpsynth.privacy.randomness import PrivateRandomness
 
+# `recommended_preset`: at or below this ε the `-eps1` preset (more of ε to the class means).
+_SMALL_EPSILON = 3.0
+
 _POSITIVE_INTS = (
     "spc",
     "runs",
@@ -281,6 +284,10 @@ class PSGMethod(Method):
         "PSG (private set generation): a small synthetic set S matched to DP-SGD gradients "
         "(Poisson, per-record clipping, Gaussian noise) of fresh random ConvNets"
     )
+
+    def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
+        """`small-eps1` at ε ≤ 3, else `small` (from the public ε only; tuning-psg.md)."""
+        return "small-eps1" if epsilon <= _SMALL_EPSILON else "small"
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """Preset plus overrides, validated; `steps` = runs · outer_loop · batches (derived)."""
