@@ -488,6 +488,9 @@ def test_presets_warm_start_and_recommendation_follows_epsilon():
     assert method.recommended_preset(_info(), 1.0) == "small-eps1"
     assert method.recommended_preset(_info(), 10.0) == "small"
     assert method.recommended_preset(_info(), math.inf) == "small"
+    mnist = dataclasses.replace(_info(4000), shape=(1, 28, 28))
+    assert method.recommended_preset(mnist, 10.0) == "mnist"
+    assert method.recommended_preset(mnist, 1.0) == "mnist-eps1"
     small = method.config("small", {}, _info())
     eps1 = method.config("small-eps1", {}, _info())
     assert 0 < small["warm_start_share"] < eps1["warm_start_share"] < 1

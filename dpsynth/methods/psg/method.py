@@ -42,7 +42,9 @@ from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.dpsgd import PrivateGradient
 from dpsynth.privacy.randomness import PrivateRandomness
 
-# `recommended_preset`: at or below this ε the `-eps1` preset (more of ε to the class means).
+# `recommended_preset`: records with at least this many values get the 28×28 presets, and
+# targets at or below this ε the `-eps1` ones (more of ε to the class means).
+_LARGE_IMAGE_VALUES = 400
 _SMALL_EPSILON = 3.0
 
 _POSITIVE_INTS = (
@@ -286,8 +288,10 @@ class PSGMethod(Method):
     )
 
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
-        """`small-eps1` at ε ≤ 3, else `small` (from the public ε only; tuning-psg.md)."""
-        return "small-eps1" if epsilon <= _SMALL_EPSILON else "small"
+        """`small` for small images (8×8 digits), `mnist` for 28×28-sized ones (≥ 400 values a
+        record); the `-eps1` variant at ε ≤ 3. Public facts only (shape, ε; tuning-psg.md)."""
+        base = "mnist" if math.prod(info.shape) >= _LARGE_IMAGE_VALUES else "small"
+        return f"{base}-eps1" if epsilon <= _SMALL_EPSILON else base
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """Preset plus overrides, validated; `steps` = runs · outer_loop · batches (derived)."""
