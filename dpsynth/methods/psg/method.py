@@ -17,7 +17,9 @@ sum (from the run's secret randomness), divided by the public B. Everything afte
 momentum, θ's updates) is post-processing of the released gradients. One class-mixed batch is
 matched against the gradient of the whole of S, as the paper does (spec §3.6): per-class
 Poisson batches would need the class sizes and a rate q_c ≈ L·q. So a run is exactly one
-`poisson_gaussian` event of R·T·K steps at (σ, q), planned before the data is read.
+`poisson_gaussian` event of R·T·K steps at (σ, q), planned before the data is read; with a
+warm start (`warm_start_share` > 0) the plan adds one `gaussian` event before it, the DP class
+means (`dpsynth.privacy.central`) that S starts from, and the PRV accountant composes both.
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ class PSGTrainer(Trainer):
         )
 
     def warm_start(self, release: CentralImages) -> None:
-        """Start S from the DP central images (spec psg §2.4's open item, issue 14).
+        """Start S from the DP central images (issues 14 and 12) instead of N(0, 1).
 
         Each class's spc members become the released class mean (public once released, in
         the training scale [-1, 1]) plus `warm_start_jitter`·N(0, I) from the public seed, so
