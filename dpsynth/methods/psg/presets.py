@@ -89,7 +89,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # 28×28 images such as mnist-5k on a CPU (1000 releases, about 2–3 minutes): `small` with a
     # larger jitter around the class means, so the spc members of a class start apart and
-    # matching spreads them (0.1: CNN 0.54, 0.5: 0.70 at ε = 10 on mnist-5k, tuning-psg.md).
+    # matching spreads them (0.1: CNN 0.54, 0.5: 0.70 at ε = 10 on mnist-5k), and a 3× larger
+    # step on S (lr_syn 0.3: 0.57, 1: 0.68–0.70, 3: 0.72; tuning-psg.md).
     "mnist": {
         **_PAPER_COMMON,
         "runs": 40,
@@ -100,7 +101,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_grad_norm": 0.1,
         "width": 16,
         "depth": 2,
-        "lr_syn": 1.0,
+        "lr_syn": 3.0,
         "warm_start_share": 0.2,
         "warm_start_jitter": 0.5,
     },
