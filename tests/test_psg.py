@@ -401,3 +401,101 @@ def test_paper_setting_releases_and_the_papers_sigma_under_our_accountant():
     assert 9.29 <= at_ten.epsilon <= 9.36 and at_ten.estimate == pytest.approx(9.291, abs=0.01)
     at_one = epsilon_for(2.553, q, 20_000, 1e-5)
     assert 0.914 <= at_one.epsilon <= 0.93 and at_one.estimate == pytest.approx(0.914, abs=0.003)
+
+
+def test_warm_start_initialises_s_from_the_released_means():
+    from dpsynth.privacy.central import CentralImages
+
+    means = torch.linspace(-0.9, 0.9, 10)[:, None, None, None].expand(10, 1, 8, 8).clone()
+    release = CentralImages(means=means, counts=torch.full((10,), 100.0))
+    _, _, trainer = _trainer(1.0, warm_start_share=0.3, warm_start_jitter=0.0)
+    assert not torch.allclose(trainer.images.detach(), means[trainer.labels])  # N(0, 1) before
+    trainer.warm_start(release)
+    assert torch.equal(trainer.images.detach(), means[trainer.labels])
+    _, _, jittered = _trainer(1.0, warm_start_share=0.3, warm_start_jitter=0.1)
+    jittered.warm_start(release)
+    residual = jittered.images.detach() - means[jittered.labels]
+    assert 0.08 < float(residual.std()) < 0.12 and abs(float(residual.mean())) < 0.03
+    first, second = jittered.images.detach()[:2]  # two members of class 0 differ
+    assert not torch.equal(first, second)
+    # The jitter is public randomness from the seed: the same seed gives the same S.
+    _, _, again = _trainer(1.0, warm_start_share=0.3, warm_start_jitter=0.1)
+    again.warm_start(release)
+    assert torch.equal(again.images.detach(), jittered.images.detach())
+
+
+def test_warm_start_through_the_loop_once_and_both_events_in_the_ledger(tmp_path, monkeypatch):
+    """A tiny PSG run with the warm start: the release is one `gaussian` event next to the
+    R·T·K DP-SGD steps (re-accounted with dp-accounting within the printed ε), S starts from
+    it, and a run cut after 3 releases resumes without releasing again, ending equal to a
+    straight run."""
+    from dpsynth.methods.psg.method import PSGTrainer
+    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.runs import RunDir
+    from dpsynth.training import train_run
+
+    calls: list[torch.Tensor] = []
+    original = PSGTrainer.warm_start
+
+    def counting(self, release):
+        calls.append(release.means.clone())
+        original(self, release)
+
+    monkeypatch.setattr(PSGTrainer, "warm_start", counting)
+    common = {
+        "method": "psg",
+        "data": "digits",
+        "epsilon": 5.0,
+        "preset": "tiny",
+        "device": "cpu",
+        "seed": 0,
+        "overrides": {"warm_start_share": 0.3, "warm_start_jitter": 0.0},
+        "privacy_seed": 4242,
+    }
+    train_run(out=tmp_path / "a", ledger_path=tmp_path / "a.jsonl", **common)
+    assert len(calls) == 1
+    train_run(out=tmp_path / "b", ledger_path=tmp_path / "b.jsonl", stop_after_steps=3, **common)
+    assert len(calls) == 2 and torch.equal(calls[0], calls[1])
+    train_run(out=tmp_path / "b", ledger_path=tmp_path / "b.jsonl", resume=True, **common)
+    assert len(calls) == 2  # resume restores S from the checkpoint: no second release
+    (straight, _), (resumed, _) = (RunDir(tmp_path / n).load_checkpoint() for n in ("a", "b"))
+    for key in (k for k in straight if k.startswith("trainer/")):
+        assert torch.equal(straight[key], resumed[key]), key
+    # S moved from the released means by matching only (8 small steps), not from N(0, 1).
+    released = calls[0][torch.arange(10).repeat_interleave(2)]
+    assert float((straight["trainer/synthetic.images"] - released).abs().mean()) < 0.5
+
+    dp_event = pytest.importorskip("dp_accounting.dp_event")
+    pld = pytest.importorskip("dp_accounting.pld.pld_privacy_accountant")
+    privacy = RunDir(tmp_path / "b").read_config()["privacy"]
+    events = Ledger(tmp_path / "b.jsonl").events_for("digits")
+    assert [e["type"] for e in events] == ["gaussian", "poisson_gaussian"]
+    assert events[0]["mechanism"] == "central_images" and events[0]["count"] == 1
+    assert events[1]["steps"] == 8
+    accountant = pld.PLDAccountant()
+    accountant.compose(dp_event.GaussianDpEvent(events[0]["noise_multiplier"]), 1)
+    accountant.compose(
+        dp_event.PoissonSampledDpEvent(
+            events[1]["sampling_rate"], dp_event.GaussianDpEvent(events[1]["noise_multiplier"])
+        ),
+        events[1]["steps"],
+    )
+    assert accountant.get_epsilon(1e-5) <= float(privacy["epsilon_bound"]) <= 5.0
+
+
+def test_presets_warm_start_and_recommendation_follows_epsilon():
+    method = PSGMethod()
+    assert method.recommended_preset(_info(), 1.0) == "small-eps1"
+    assert method.recommended_preset(_info(), 10.0) == "small"
+    assert method.recommended_preset(_info(), math.inf) == "small"
+    mnist = dataclasses.replace(_info(4000), shape=(1, 28, 28))
+    assert method.recommended_preset(mnist, 10.0) == "mnist"
+    assert method.recommended_preset(mnist, 1.0) == "mnist-eps1"
+    small = method.config("small", {}, _info())
+    eps1 = method.config("small-eps1", {}, _info())
+    assert 0 < small["warm_start_share"] < eps1["warm_start_share"] < 1
+    assert eps1["steps"] < small["steps"]
+    assert small["warm_start_clip"] == 8.0  # 0 in the preset: √d for 8×8 in [-1, 1]
+    assert method.config("tiny", {}, _info())["warm_start_share"] == 0.0  # tests stay fast
+    with pytest.raises(UsageError):
+        method.config("small", {"warm_start_jitter": "-1"}, _info())

@@ -17,12 +17,15 @@ sum (from the run's secret randomness), divided by the public B. Everything afte
 momentum, θ's updates) is post-processing of the released gradients. One class-mixed batch is
 matched against the gradient of the whole of S, as the paper does (spec §3.6): per-class
 Poisson batches would need the class sizes and a rate q_c ≈ L·q. So a run is exactly one
-`poisson_gaussian` event of R·T·K steps at (σ, q), planned before the data is read.
+`poisson_gaussian` event of R·T·K steps at (σ, q), planned before the data is read; with a
+warm start (`warm_start_share` > 0) the plan adds one `gaussian` event before it, the DP class
+means (`dpsynth.privacy.central`) that S starts from, and the PRV accountant composes both.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,8 +40,14 @@ from dpsynth.methods.psg.matching import match_loss
 from dpsynth.methods.psg.model import NORMS, ConvNet
 from dpsynth.methods.psg.presets import PRESETS
 from dpsynth.methods.psg.release import PSGGenerator
+from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.dpsgd import PrivateGradient
 from dpsynth.privacy.randomness import PrivateRandomness
+
+# `recommended_preset`: records with at least this many values get the 28×28 presets, and
+# targets at or below this ε the `-eps1` ones (more of ε to the class means).
+_LARGE_IMAGE_VALUES = 400
+_SMALL_EPSILON = 3.0
 
 _POSITIVE_INTS = (
     "spc",
@@ -100,7 +109,8 @@ class PSGTrainer(Trainer):
         self.batches = int(config["batches"])
         self.inner_loop = int(config["inner_loop"])
         init = torch.Generator().manual_seed(public_seed(seed, "synthetic-init"))
-        # S starts as N(0, 1) in the training scale, never from real data.
+        # S starts as N(0, 1) in the training scale, never from real data; with a warm start
+        # (`warm_start`) it is replaced by the DP central images before the first release.
         images = torch.randn(
             self.num_classes * self.spc, *info.shape, generator=init, device=init.device
         )
@@ -127,6 +137,22 @@ class PSGTrainer(Trainer):
             # ghost clipping (no per-record gradients) where every trained layer allows it
             batch_loss_fn=self._batch_loss,
         )
+
+    def warm_start(self, release: CentralImages) -> None:
+        """Start S from the DP central images (issues 14 and 12) instead of N(0, 1).
+
+        Each class's spc members become the released class mean (public once released, in
+        the training scale [-1, 1]) plus `warm_start_jitter`·N(0, I) from the public seed, so
+        that the members differ and gradient matching can pull them apart. S's momentum
+        starts at zero; θ is untouched. The release's cost is the plan's `gaussian` event.
+        """
+        means = release.means.to(self.device, torch.float32)
+        noise_rng = torch.Generator().manual_seed(public_seed(self.seed, "warm-start-jitter"))
+        noise = torch.randn(self.images.shape, generator=noise_rng, device=noise_rng.device)
+        jitter = float(self.config["warm_start_jitter"])
+        with torch.no_grad():
+            self.images.copy_(means[self.labels] + jitter * noise.to(self.device))
+        self.syn_optimizer.state.clear()
 
     def _record_loss(
         self,
@@ -263,6 +289,12 @@ class PSGMethod(Method):
         "(Poisson, per-record clipping, Gaussian noise) of fresh random ConvNets"
     )
 
+    def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
+        """`small` for small images (8×8 digits), `mnist` for 28×28-sized ones (≥ 400 values a
+        record); the `-eps1` variant at ε ≤ 3. Public facts only (shape, ε; tuning-psg.md)."""
+        base = "mnist" if math.prod(info.shape) >= _LARGE_IMAGE_VALUES else "small"
+        return f"{base}-eps1" if epsilon <= _SMALL_EPSILON else base
+
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """Preset plus overrides, validated; `steps` = runs · outer_loop · batches (derived)."""
         if "steps" in overrides:
@@ -280,6 +312,11 @@ class PSGMethod(Method):
             raise UsageError("batch_size and max_grad_norm must be positive")
         if merged["lr_syn"] <= 0 or merged["lr_net"] <= 0 or merged["momentum_syn"] < 0:
             raise UsageError("lr_syn and lr_net must be positive, momentum_syn ≥ 0")
+        if float(merged["warm_start_jitter"]) < 0:
+            raise UsageError("--set warm_start_jitter: must be at least 0")
+        if float(merged["warm_start_clip"]) == 0:
+            # 0: the largest norm of a record in [-1, 1] (no clipping), from the public shape
+            merged["warm_start_clip"] = math.sqrt(math.prod(int(s) for s in info.shape))
         if merged["norm"] not in NORMS:
             raise UsageError(f"norm must be one of {', '.join(NORMS)} (no BatchNorm under DP)")
         merged["steps"] = int(merged["runs"]) * int(merged["outer_loop"]) * int(merged["batches"])
