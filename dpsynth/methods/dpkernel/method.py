@@ -36,6 +36,7 @@ from dpsynth.data.tabular import block_layout
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, Trainer
 from dpsynth.methods.blocks import TableHead
+from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.distributed import all_reduce_sum, shard
 from dpsynth.privacy.functional import (
     SENSITIVITY_CHOICES,
@@ -49,6 +50,17 @@ _PAPER_BANDWIDTHS = (1.0, 2.0, 4.0, 8.0, 16.0)
 # targets at or below this ε the single-kernel `-eps1` ones.
 _LARGE_IMAGE_VALUES = 400
 _SMALL_EPSILON = 3.0
+
+# The DP warm start (`dpsynth.privacy.central`): `warm_start_share` of ε (0: off) on noised
+# per-class means; the generator then takes `warm_start_steps` non-private MMD steps (same
+# kernel) towards "records" mean[y] + `warm_start_jitter`·N(0, I) before its DP steps.
+WARM_START_DEFAULTS: dict[str, Any] = {
+    "warm_start_share": 0.0,
+    "warm_start_clip": 0.0,
+    "warm_start_count_weight": 0.5,
+    "warm_start_jitter": 0.3,
+    "warm_start_steps": 300,
+}
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Seconds on CPU for digits (tests).
@@ -196,6 +208,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "ema": 0.0,
     },
 }
+for _preset in PRESETS.values():
+    for _key, _value in WARM_START_DEFAULTS.items():
+        _preset.setdefault(_key, _value)
 
 
 # Tables (german-credit and the like): an MLP whose head is a softmax per categorical block and
@@ -651,6 +666,35 @@ class DPKernelTrainer(Trainer):
             "released_grad_norm": float(released.norm()),
         }
 
+    def warm_start(self, release: CentralImages) -> None:
+        """Pretrain the generator on the DP central images before the first DP step.
+
+        `warm_start_steps` MMD steps (the run's kernel, `generated_points` per step, the same
+        surrogate as `step`) towards "records" released_mean[y] + `warm_start_jitter`·N(0, I)
+        with balanced y: post-processing of the release, no data read. The EMA (if any) is
+        reset to the pretrained weights; the DP steps then refine them.
+        """
+        means = release.means.to(self.device, torch.float32).flatten(1)
+        jitter = float(self.config["warm_start_jitter"])
+        count = self.num_generated
+        for step in range(int(self.config["warm_start_steps"])):
+            labels = balanced_labels(count, self.num_classes, step).to(self.device)
+            onehot = _onehot(labels, self.num_classes)
+            noise = torch.randn(count, means.shape[1], generator=self.rng, device=self.rng.device)
+            records = means[labels] + jitter * noise.to(self.device)
+            z = torch.randn(count, self.net.latent_dim, generator=self.rng, device=self.rng.device)
+            points = self.net(z.to(self.device), onehot)
+            target = private_embedding_gradient(
+                records, labels, points, labels, self.bandwidths, float(count)
+            ).detach()
+            yy_term = generated_kernel_mean(points, labels, self.bandwidths)
+            surrogate = yy_term - (2.0 / count) * (target.to(points.dtype) * points).sum()
+            self.optimizer.zero_grad(set_to_none=True)
+            surrogate.backward()
+            self.optimizer.step()
+        if self.ema is not None:
+            self.ema.load_state_dict(self.net.state_dict())
+
     @torch.no_grad()
     def _update_ema(self) -> None:
         """EMA of the parameters, warm-up decay ≤ (1 + t)/(10 + t); buffers are copied."""
@@ -758,6 +802,10 @@ class DPKernelMethod(Method):
                 "set bandwidths or sensitivity instead"
             )
         merged = super().config(preset, overrides, info)
+        if float(merged["warm_start_clip"]) <= 0:  # 0: √d, no clipping for values in [-1, 1]
+            merged["warm_start_clip"] = math.sqrt(math.prod(info.shape))
+        if int(merged["warm_start_steps"]) < 0 or float(merged["warm_start_jitter"]) < 0:
+            raise UsageError("warm_start_steps and warm_start_jitter must be at least 0")
         merged["bandwidths"] = [float(b) for b in merged["bandwidths"]]
         if not merged["bandwidths"] or min(merged["bandwidths"]) <= 0:
             raise UsageError("bandwidths must be positive numbers")
