@@ -658,12 +658,7 @@ class DPKernelTrainer(Trainer):
             )
         else:
             released = all_reduce_sum({"gradient": gradient})["gradient"]
-        released = released.to(points.dtype).detach()
-        yy_term = generated_kernel_mean(points, dev_labels, self.bandwidths)
-        surrogate = yy_term - (2.0 / self.num_generated) * (released * points).sum()
-        self.optimizer.zero_grad(set_to_none=True)
-        surrogate.backward()
-        self.optimizer.step()
+        surrogate, yy_term = self._descend(points, dev_labels, released)
         self.steps_done += 1
         self._update_ema()
         # Only public quantities: functions of the released gradient and of generated points.
@@ -693,14 +688,25 @@ class DPKernelTrainer(Trainer):
             points = self.net(z.to(self.device), onehot)
             target = private_embedding_gradient(
                 records, labels, points, labels, self.bandwidths, float(count)
-            ).detach()
-            yy_term = generated_kernel_mean(points, labels, self.bandwidths)
-            surrogate = yy_term - (2.0 / count) * (target.to(points.dtype) * points).sum()
-            self.optimizer.zero_grad(set_to_none=True)
-            surrogate.backward()
-            self.optimizer.step()
+            )
+            self._descend(points, labels, target)
         if self.ema is not None:
             self.ema.load_state_dict(self.net.state_dict())
+
+    def _descend(
+        self, points: torch.Tensor, labels: torch.Tensor | None, gradient: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimiser step on the MMD surrogate E k(y, y') − (2/M) Σ_j ⟨gradient_j, y_j⟩,
+        whose gradient w.r.t. the generated points is the MMD's with the data's mean embedding
+        gradient replaced by `gradient` (the released one, or the warm start's target).
+        Returns the surrogate and its E k(y, y') term, detached."""
+        gradient = gradient.to(points.dtype).detach()
+        yy_term = generated_kernel_mean(points, labels, self.bandwidths)
+        surrogate = yy_term - (2.0 / self.num_generated) * (gradient * points).sum()
+        self.optimizer.zero_grad(set_to_none=True)
+        surrogate.backward()
+        self.optimizer.step()
+        return surrogate.detach(), yy_term.detach()
 
     @torch.no_grad()
     def _update_ema(self) -> None:

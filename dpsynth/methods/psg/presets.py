@@ -41,6 +41,22 @@ _PAPER_COMMON: dict[str, Any] = {
     "warm_start_jitter": 0.1,
 }
 
+# digits (8×8, N = 1437) on a shared 2-core CPU in about half a minute (1000 releases); the
+# other CPU presets below are this with a few changes.
+_SMALL: dict[str, Any] = {
+    **_PAPER_COMMON,
+    "runs": 40,
+    "outer_loop": 5,
+    "batches": 5,
+    "inner_loop": 10,
+    "batch_size": 64,
+    "max_grad_norm": 0.1,
+    "width": 16,
+    "depth": 2,
+    "lr_syn": 1.0,
+    "warm_start_share": 0.2,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     # CPU tests: seconds (8 releases, width-8 two-block ConvNet).
     "tiny": {
@@ -59,68 +75,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     # step on S than the paper's 0.1, which has 100× more releases to move S with, and S
     # started from the DP class means at 0.2 of ε (CNN 0.69 → 0.87 at ε = 10,
     # bench/results/tuning-psg.md).
-    "small": {
-        **_PAPER_COMMON,
-        "runs": 40,
-        "outer_loop": 5,
-        "batches": 5,
-        "inner_loop": 10,
-        "batch_size": 64,
-        "max_grad_norm": 0.1,
-        "width": 16,
-        "depth": 2,
-        "lr_syn": 1.0,
-        "warm_start_share": 0.2,
-    },
+    "small": _SMALL,
     # digits at small ε (recommended at ε ≤ 3): half of ε for the class means (σ_c 7.1 instead
     # of 16 at ε = 1) and 4× fewer releases, so the matching noise does not wash them out.
-    "small-eps1": {
-        **_PAPER_COMMON,
-        "runs": 10,
-        "outer_loop": 5,
-        "batches": 5,
-        "inner_loop": 10,
-        "batch_size": 64,
-        "max_grad_norm": 0.1,
-        "width": 16,
-        "depth": 2,
-        "lr_syn": 1.0,
-        "warm_start_share": 0.5,
-    },
+    "small-eps1": {**_SMALL, "runs": 10, "warm_start_share": 0.5},
     # 28×28 images such as mnist-5k on a CPU (1000 releases, about 2–3 minutes): `small` with a
     # larger jitter around the class means, so the spc members of a class start apart and
     # matching spreads them (0.1: CNN 0.54, 0.5: 0.70 at ε = 10 on mnist-5k), and a 3× larger
     # step on S (lr_syn 0.3: 0.57, 1: 0.68–0.70, 3: 0.72; tuning-psg.md).
-    "mnist": {
-        **_PAPER_COMMON,
-        "runs": 40,
-        "outer_loop": 5,
-        "batches": 5,
-        "inner_loop": 10,
-        "batch_size": 64,
-        "max_grad_norm": 0.1,
-        "width": 16,
-        "depth": 2,
-        "lr_syn": 3.0,
-        "warm_start_share": 0.2,
-        "warm_start_jitter": 0.5,
-    },
+    "mnist": {**_SMALL, "lr_syn": 3.0, "warm_start_jitter": 0.5},
     # 28×28 at small ε (recommended at ε ≤ 3): half of ε to the class means (not tuned on
     # mnist-5k beyond the leaderboard row; the digits finding).
-    "mnist-eps1": {
-        **_PAPER_COMMON,
-        "runs": 40,
-        "outer_loop": 5,
-        "batches": 5,
-        "inner_loop": 10,
-        "batch_size": 64,
-        "max_grad_norm": 0.1,
-        "width": 16,
-        "depth": 2,
-        "lr_syn": 1.0,
-        "warm_start_share": 0.5,
-        "warm_start_jitter": 0.5,
-    },
+    "mnist-eps1": {**_SMALL, "warm_start_share": 0.5, "warm_start_jitter": 0.5},
     # The paper's budget variant for one GPU (spec §9.4 `quick`): R = 100 → 10 000 releases.
     "quick": {**_PAPER_COMMON, "runs": 100},
     # The paper's MNIST setting at ε = 10 (spc 10: R = 1000, T = 10, K = 10 → 100 000 releases;
