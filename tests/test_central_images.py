@@ -196,6 +196,22 @@ def test_pge_presets_use_it_and_auto_picks_by_epsilon() -> None:
     assert shares["small-eps1"] == pytest.approx(0.85, rel=0.02)
 
 
+@pytest.mark.parametrize("method_name", ["pge", "psg", "dpkernel"])
+@pytest.mark.parametrize("shape", [(1, 8, 8), (1, 28, 28), (3, 32, 32)])
+def test_clip_zero_is_the_largest_norm_in_the_unit_box(method_name: str, shape) -> None:
+    """`warm_start_clip=0` resolves to √d from the public shape (no record is clipped), for
+    every backend with a warm start; an explicit clip is kept."""
+    from dpsynth.data.images import DataInfo
+    from dpsynth.methods.registry import get_method
+
+    info = DataInfo("x", "builtin", 1000, shape, tuple("0123456789"), "f", "x")
+    method = get_method(method_name)
+    config = method.config("tiny", {"warm_start_clip": 0.0}, info)
+    assert config["warm_start_clip"] == pytest.approx(math.sqrt(math.prod(shape)))
+    assert math.sqrt(math.prod(shape)) >= torch.ones(shape).norm().item() - 1e-4
+    assert method.config("tiny", {"warm_start_clip": 3.5}, info)["warm_start_clip"] == 3.5
+
+
 def test_audit_runs_a_plan_with_the_release() -> None:
     """The white-box audit takes the release's `gaussian` event as a full-batch step."""
     from dpsynth.audit.whitebox import mechanism_steps

@@ -148,6 +148,9 @@ class Method(ABC):
                     f"known: {', '.join(sorted(merged))}"
                 )
             merged[key] = _cast_like(merged[key], value, key)
+        if float(merged.get("warm_start_clip", 1.0)) == 0 and info.modality == "image":
+            # 0: the largest norm of a record in [-1, 1] (no clipping), from the public shape
+            merged["warm_start_clip"] = math.sqrt(math.prod(int(s) for s in info.shape))
         merged["preset"] = preset
         return merged
 

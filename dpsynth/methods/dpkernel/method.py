@@ -815,11 +815,10 @@ class DPKernelMethod(Method):
                 "set bandwidths or sensitivity instead"
             )
         merged = super().config(preset, overrides, info)
-        if "warm_start_share" in merged:  # image presets only (tables have no central images)
-            if float(merged["warm_start_clip"]) <= 0:  # 0: √d, no clipping in [-1, 1]
-                merged["warm_start_clip"] = math.sqrt(math.prod(info.shape))
-            if int(merged["warm_start_steps"]) < 0 or float(merged["warm_start_jitter"]) < 0:
-                raise UsageError("warm_start_steps and warm_start_jitter must be at least 0")
+        # image presets only (tables have no central images)
+        warm_keys = ("warm_start_steps", "warm_start_jitter")
+        if "warm_start_share" in merged and min(float(merged[k]) for k in warm_keys) < 0:
+            raise UsageError("warm_start_steps and warm_start_jitter must be at least 0")
         merged["bandwidths"] = [float(b) for b in merged["bandwidths"]]
         if not merged["bandwidths"] or min(merged["bandwidths"]) <= 0:
             raise UsageError("bandwidths must be positive numbers")

@@ -43,9 +43,10 @@ _COMMON: dict[str, Any] = {
     "resize": "pad",
     "micro_batch_size": 256,
     # DP warm start (dpsynth.privacy.central): share of ε for the central images (0: off), the
-    # records' clipping norm, the counts' weight in the release, then the pretraining.
+    # records' clipping norm (0: √d, the largest norm in [-1, 1], so no clipping), the counts'
+    # weight in the release, then the pretraining.
     "warm_start_share": 0.0,
-    "warm_start_clip": 8.0,
+    "warm_start_clip": 0.0,
     "warm_start_count_weight": 0.5,
     "warm_start_steps": 0,
     "warm_start_batch": 128,

@@ -314,9 +314,6 @@ class PSGMethod(Method):
             raise UsageError("lr_syn and lr_net must be positive, momentum_syn ≥ 0")
         if float(merged["warm_start_jitter"]) < 0:
             raise UsageError("--set warm_start_jitter: must be at least 0")
-        if float(merged["warm_start_clip"]) == 0:
-            # 0: the largest norm of a record in [-1, 1] (no clipping), from the public shape
-            merged["warm_start_clip"] = math.sqrt(math.prod(int(s) for s in info.shape))
         if merged["norm"] not in NORMS:
             raise UsageError(f"norm must be one of {', '.join(NORMS)} (no BatchNorm under DP)")
         merged["steps"] = int(merged["runs"]) * int(merged["outer_loop"]) * int(merged["batches"])
