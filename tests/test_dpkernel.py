@@ -419,3 +419,38 @@ def test_label_input_layers_feeds_the_label_to_every_layer():
     assert images.shape == (10, 1, 8, 8) and images.dtype == torch.uint8
     with pytest.raises(UsageError, match="label_input"):
         method.validate_config({**config, "label_input": "once"}, DIGITS_INFO)
+
+
+def test_sample_truncation_scales_the_latent_and_narrows_the_samples():
+    """`sample_truncation` t samples net(t·z): the same draws as t = 1, scaled, so the samples
+    of one class spread less; a config saved before the key existed samples at t = 1."""
+    method = DPKernelMethod()
+    config = method.config("tiny", {}, DIGITS_INFO)
+    assert config["sample_truncation"] == 1.0
+    torch.manual_seed(0)
+    trainer = method.trainer(
+        DIGITS_INFO,
+        config,
+        method.plan(DIGITS_INFO, PrivacyTarget(math.inf, 1e-5), config),
+        torch.device("cpu"),
+        0,
+    )
+    net = trainer.generator().net
+    labels = torch.full((400,), 3)
+
+    def draw(t: float) -> torch.Tensor:
+        gen = DPKernelGenerator(net, DIGITS_INFO.classes, torch.device("cpu"), truncation=t)
+        return torch.cat(list(gen.sample(labels, 200, torch.Generator().manual_seed(7)))).float()
+
+    z = torch.randn(400, net.latent_dim, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = net(0.5 * z, torch.nn.functional.one_hot(labels, 10).float())
+    half = draw(0.5)
+    assert (half.reshape(400, -1) - (expected.clamp(-1, 1) + 1) * 127.5).abs().max() <= 1.0
+    assert half.std(dim=0).mean() < draw(1.0).std(dim=0).mean()
+    tensors = trainer.state_tensors()
+    legacy = {k: v for k, v in config.items() if k != "sample_truncation"}
+    assert method.generator_from_state(DIGITS_INFO, legacy, tensors, "cpu").truncation == 1.0
+    for bad in (0.0, -1.0, 5.0):
+        with pytest.raises(UsageError, match="sample_truncation"):
+            method.config("tiny", {"sample_truncation": bad}, DIGITS_INFO)

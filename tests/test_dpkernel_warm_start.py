@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dpsynth.data.sources import load_data
@@ -81,3 +82,21 @@ def test_presets_default_to_no_warm_start() -> None:
     assert config["warm_start_share"] == 0.0
     plan = method.plan(info, PrivacyTarget(1.0, 1e-5), config)
     assert all(e.get("mechanism") != "central_images" for e in plan.events)
+
+
+@pytest.mark.parametrize(("preset", "share"), [("mnist", 0.2), ("mnist-eps1", 0.9)])
+def test_28x28_presets_plan_the_release_at_their_share(preset: str, share: float) -> None:
+    """`mnist` and `mnist-eps1` spend their share of ε on the central images (records clipped
+    at √784 = 28, so none is) and the rest on the DP steps, composed within the target."""
+    from dpsynth.data.images import DataInfo
+    from dpsynth.privacy.accounting import compose_epsilon
+
+    method = get_method("dpkernel")
+    info = DataInfo("mnist-5k", "builtin", 4000, (1, 28, 28), tuple("0123456789"), "f", "m")
+    config = method.config(preset, {}, info)
+    assert config["warm_start_clip"] == pytest.approx(28.0)
+    plan = method.plan(info, PrivacyTarget(10.0, 1e-5), config)
+    release = [e for e in plan.events if e.get("mechanism") == "central_images"]
+    assert len(release) == 1 and release[0]["type"] == "gaussian"
+    assert compose_epsilon(release, 1e-5).epsilon == pytest.approx(share * 10.0, rel=0.02)
+    assert plan.epsilon_bound <= 10.0 + 1e-9

@@ -110,8 +110,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # fixed a priori like the others. One kernel halves Δ² = 2·n_L, and the narrower one keeps
     # class detail the wide kernel blurs once the noise is large. Tuned on the public digits set
     # (bench/results/tuning-digits.md): ε = 1 CNN accuracy about 0.59 against 0.49 for `small`;
-    # at ε = 10 the two are level.
+    # at ε = 10 the two are level. Samples at latent scale 0.5 (`sample_truncation`): one run
+    # each gave 0.868 → 0.880 at ε = 10 and 0.584 → 0.611 at ε = 1 (tuning-mnist5k.md round 5).
     "small-eps1": {
+        "sample_truncation": 0.5,
         "batch_size": 256,
         "generated_points": 128,
         "steps": 2000,
@@ -140,7 +142,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     # thread, so minutes at most on a GPU. The label enters every decoder layer
     # (`label_input=layers`), not only squeezed with z into 10 values: samples of the wrong
     # class were the main error, and this took the ε = 10 CNN accuracy from 0.72–0.76 to 0.82.
+    # The DP warm start (20% of ε on the central images, 1,000 non-private MMD steps towards
+    # them with jitter 0.6) before the 2,000 DP steps: two runs 0.844 and 0.834 against
+    # 0.806–0.822 without it (share 0.3: 0.820; 2,000 warm steps: 0.830; round 5 of
+    # bench/results/tuning-mnist5k.md). Samples at latent scale 0.5 (`sample_truncation`, free
+    # post-processing): one ε = 10 run gave 0.798 at 1, 0.816 at 0.7, 0.833 at 0.5, 0.835 at
+    # 0.4 and 0.821 at 0.3.
     "mnist": {
+        "warm_start_share": 0.2,
+        "warm_start_steps": 1000,
+        "warm_start_jitter": 0.6,
+        "sample_truncation": 0.5,
         "batch_size": 512,
         "generated_points": 128,
         "steps": 2000,
@@ -168,10 +180,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # class means), 1,000 non-private MMD steps towards them with jitter 0.6, then 10 DP steps
     # (mnist-5k ε = 1, three runs: 0.618, 0.574 and jitter 0.5 0.568, against 0.49–0.54 for the
     # 1,000 DP steps alone; jitter 1.0 gave 0.38; bench/results/tuning-mnist5k.md round 4).
+    # Samples at latent scale 0.3: one ε = 1 run gave 0.511 at 1, 0.578 at 0.7, 0.631 at 0.5,
+    # 0.646 at 0.4, 0.678 at 0.3, 0.681 at 0.2 and 0.621 at 0.1 (round 5).
     "mnist-eps1": {
         "warm_start_share": 0.9,
         "warm_start_steps": 1000,
         "warm_start_jitter": 0.6,
+        "sample_truncation": 0.3,
         "batch_size": 1024,
         "generated_points": 128,
         "steps": 10,
@@ -270,6 +285,9 @@ TABLE_PRESETS: dict[str, dict[str, Any]] = {
         "ema": 0.99,
     },
 }
+# The sampler's latent scale (`DPKernelGenerator`): 1 samples z ~ N(0, I) as trained.
+for _preset in (*PRESETS.values(), *TABLE_PRESETS.values()):
+    _preset.setdefault("sample_truncation", 1.0)
 
 
 # --------------------------------------------------------------------------- the private read
@@ -534,6 +552,11 @@ def _target_weights(info: DataInfo) -> tuple[float, ...] | None:
     return tuple(float(w) for w in weights) if weights else None
 
 
+def _truncation(config: Mapping[str, Any]) -> float:
+    """The sampler's latent scale; runs saved before the key existed sample at 1."""
+    return float(config.get("sample_truncation", 1.0))
+
+
 def _onehot(labels: torch.Tensor, num_classes: int) -> torch.Tensor | None:
     return F.one_hot(labels, num_classes).float() if num_classes else None
 
@@ -542,7 +565,12 @@ def _onehot(labels: torch.Tensor, num_classes: int) -> torch.Tensor | None:
 
 
 class DPKernelGenerator(Generator):
-    """Samples uint8 images [b, C, H, W] from a trained vector generator (no private data)."""
+    """Samples uint8 images [b, C, H, W] from a trained vector generator (no private data).
+
+    `truncation` scales the latent z ~ N(0, I) before the network (the "truncation trick" of
+    GAN sampling): below 1 it trades diversity for samples nearer the generator's typical
+    output. It is post-processing of the released generator, so it costs no privacy.
+    """
 
     def __init__(
         self,
@@ -550,8 +578,10 @@ class DPKernelGenerator(Generator):
         classes: tuple[str, ...],
         device: torch.device,
         modality: str = "image",
+        truncation: float = 1.0,
     ):
         self.net = net.to(device).eval()
+        self.truncation = float(truncation)
         self.modality = modality
         self.classes = tuple(classes)
         self.shape = tuple(net.shape)  # type: ignore[assignment]
@@ -570,7 +600,8 @@ class DPKernelGenerator(Generator):
                 chunk.numel(), self.net.latent_dim, generator=generator, device=generator.device
             )
             vectors = self.net(
-                z.to(self.device), _onehot(chunk.to(self.device), self.net.num_classes)
+                self.truncation * z.to(self.device),
+                _onehot(chunk.to(self.device), self.net.num_classes),
             )
             if self.modality == "table":
                 yield vectors.float().cpu()  # encoded rows; the codec decodes them
@@ -753,7 +784,9 @@ class DPKernelTrainer(Trainer):
         """A sampler over a copy of the current weights (their EMA when the config has one)."""
         net = _build_network(self.info, self.config)
         net.load_state_dict((self.ema if self.ema is not None else self.net).state_dict())
-        return DPKernelGenerator(net, self.info.classes, self.device, self.info.modality)
+        return DPKernelGenerator(
+            net, self.info.classes, self.device, self.info.modality, _truncation(self.config)
+        )
 
 
 def _make_optimizer(net: nn.Module, config: Mapping[str, Any]) -> torch.optim.Optimizer:
@@ -819,6 +852,10 @@ class DPKernelMethod(Method):
         warm_keys = ("warm_start_steps", "warm_start_jitter")
         if "warm_start_share" in merged and min(float(merged[k]) for k in warm_keys) < 0:
             raise UsageError("warm_start_steps and warm_start_jitter must be at least 0")
+        if not 0 < float(merged["sample_truncation"]) <= 4:
+            raise UsageError(
+                f"--set sample_truncation: must be in (0, 4], got {merged['sample_truncation']}"
+            )
         merged["bandwidths"] = [float(b) for b in merged["bandwidths"]]
         if not merged["bandwidths"] or min(merged["bandwidths"]) <= 0:
             raise UsageError("bandwidths must be positive numbers")
@@ -897,4 +934,6 @@ class DPKernelMethod(Method):
         net = _build_network(info, config)
         prefix = "ema." if any(k.startswith("ema.") for k in tensors) else "generator."
         net.load_state_dict(_generator_weights(tensors, prefix))
-        return DPKernelGenerator(net, info.classes, torch.device(device), info.modality)
+        return DPKernelGenerator(
+            net, info.classes, torch.device(device), info.modality, _truncation(config)
+        )
