@@ -68,6 +68,22 @@ def load_generator(run_dir: Path | str, device: str = "auto") -> tuple[Generator
     return generator, run_config, info
 
 
+def set_truncation(generator: Generator, truncation: float | None, method: str) -> None:
+    """Override the sampler's latent scale (`sample --truncation`; None keeps the run's).
+
+    Scaling z ~ N(0, I) by t < 1 trades diversity for samples nearer the generator's typical
+    output (the "truncation trick"). It acts on the released generator only, so it costs no
+    privacy. Samplers without a latent (pge's chains, psg's fixed set) refuse it.
+    """
+    if truncation is None:
+        return
+    if not 0 < truncation <= 4:
+        raise UsageError(f"--truncation must be in (0, 4], got {truncation}")
+    if generator.truncation is None:
+        raise UsageError(f"--truncation: {method}'s sampler has no latent to scale")
+    generator.truncation = float(truncation)
+
+
 def _one_line(exc: BaseException, limit: int = 160) -> str:
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else ""
@@ -283,6 +299,7 @@ def sample_run(
     force: bool = False,
     ledger_path: Path | str | None = None,
     progress: SampleProgress | None = None,
+    truncation: float | None = None,
 ) -> dict[str, Any]:
     """Write N synthetic images to `out_dir` and record the release in the ledger.
 
@@ -292,7 +309,7 @@ def sample_run(
     stays flat in N. `force` replaces only an earlier output of `sample` (see
     `dpsynth.outdir.check_target`); staging folders of killed runs are removed first.
     A table's run writes one CSV file instead (`fmt` csv, the default there): see
-    `sample_table`.
+    `sample_table`. `truncation` overrides the run's latent scale (see `set_truncation`).
     """
     if n < 1:
         raise UsageError(f"--n must be at least 1, got {n}")
@@ -304,6 +321,7 @@ def sample_run(
         return sample_table(
             run_dir, n, out_dir, labels=labels, batch_size=batch_size, seed=seed,
             device=device, force=force, ledger_path=ledger_path, progress=progress,
+            truncation=truncation,
         )  # fmt: skip
     fmt = fmt or "png"
     if fmt not in ("png", "npz"):
@@ -322,6 +340,7 @@ def sample_run(
         written_by_us=is_sample_output,
     )
     generator, run_config, info = load_generator(run_dir, device)
+    set_truncation(generator, truncation, run_config["method"])
     counts = label_counts(labels, n, len(info.classes))
     class_dirs = [_safe_class_dir(name) for name in info.classes]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -355,6 +374,8 @@ def sample_run(
             "output_sha256": output_sha,
             "ledger": release,
         }
+        if generator.truncation is not None:
+            manifest["truncation"] = generator.truncation
         details = generator.release_details(counts)
         if details:
             manifest["generator"] = details
@@ -542,6 +563,7 @@ def sample_table(
     force: bool = False,
     ledger_path: Path | str | None = None,
     progress: SampleProgress | None = None,
+    truncation: float | None = None,
 ) -> dict[str, Any]:
     """Write N synthetic rows of a table's run to the CSV file `out` and record the release.
 
@@ -576,6 +598,7 @@ def sample_table(
                 "--force replaces only an earlier sample"
             )
     generator, run_config, info = load_generator(run_dir, device)
+    set_truncation(generator, truncation, run_config["method"])
     codec = codec_for(info)
     counts, label_rule = table_label_counts(labels, n, info)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -614,6 +637,7 @@ def sample_table(
             "label_counts": counts,
             "labels": label_rule,
             "seed": seed,
+            "truncation": generator.truncation,
             "columns": [c.name for c in codec.schema.columns],
             "schema": info.schema,
             "dataset_id": info.dataset_id,

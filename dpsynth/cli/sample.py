@@ -32,6 +32,13 @@ def sample(
     ] = "balanced",
     batch_size: Annotated[int, typer.Option(help="Images generated at once.")] = 500,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    truncation: Annotated[
+        float | None,
+        typer.Option(
+            help="Scale of the generator's latent z (dpkernel, dpaf, rdpgan): below 1 fewer odd "
+            "samples, less diversity. Default: the run's `sample_truncation`."
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
@@ -63,6 +70,7 @@ def sample(
             force=force,
             ledger_path=ledger,
             progress=on_progress,
+            truncation=truncation,
         )
     if as_json:
         emit_json(result)

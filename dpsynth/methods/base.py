@@ -47,6 +47,9 @@ class Generator(ABC):
     shape: tuple[int, int, int]
     # Where sampling runs; the caller's random generator must live on the same device.
     device: torch.device
+    # The scale of the latent z ~ N(0, t²I) for generators that draw one (the "truncation
+    # trick"; post-processing, no privacy cost); None for those without a latent (pge, psg).
+    truncation: float | None = None
 
     @abstractmethod
     def sample(
@@ -62,6 +65,20 @@ class Generator(ABC):
         """Method-specific facts about serving `counts[c]` records of each class c, for the
         sample manifest ({} if none)."""
         return {}
+
+
+def draw_latent(
+    count: int, latent_dim: int, generator: torch.Generator, scale: float
+) -> torch.Tensor:
+    """`count` latents N(0, scale²I) drawn from `generator`, on the generator's own device (a
+    CPU tensor cannot be drawn from a CUDA generator)."""
+    z = torch.randn(count, latent_dim, generator=generator, device=generator.device)
+    return z if scale == 1.0 else scale * z
+
+
+def sample_truncation(config: Mapping[str, Any]) -> float:
+    """The run's sampler latent scale (`sample_truncation`; 1 for runs saved without it)."""
+    return float(config.get("sample_truncation", 1.0))
 
 
 class Trainer(ABC):
@@ -148,6 +165,10 @@ class Method(ABC):
                     f"known: {', '.join(sorted(merged))}"
                 )
             merged[key] = _cast_like(merged[key], value, key)
+        if not 0 < float(merged.get("sample_truncation", 1.0)) <= 4:
+            raise UsageError(
+                f"--set sample_truncation: must be in (0, 4], got {merged['sample_truncation']}"
+            )
         if float(merged.get("warm_start_clip", 1.0)) == 0 and info.modality == "image":
             # 0: the largest norm of a record in [-1, 1] (no clipping), from the public shape
             merged["warm_start_clip"] = math.sqrt(math.prod(int(s) for s in info.shape))

@@ -47,7 +47,15 @@ from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo, to_uint8
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, Trainer
+from dpsynth.methods.base import (
+    Generator,
+    Method,
+    PrivacyPlan,
+    PrivacyTarget,
+    Trainer,
+    draw_latent,
+    sample_truncation,
+)
 from dpsynth.methods.dpaf.model import (
     AggregateRows,
     Classifier,
@@ -117,10 +125,18 @@ def _onehot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
 
 
 class DPAFGenerator(Generator):
-    """Samples uint8 images [b, C, H, W] from the trained conditional generator."""
+    """Samples uint8 images [b, C, H, W] from the trained conditional generator, its latent at
+    scale `truncation` (`Generator.truncation`)."""
 
-    def __init__(self, net: CondGenerator, classes: tuple[str, ...], device: torch.device):
+    def __init__(
+        self,
+        net: CondGenerator,
+        classes: tuple[str, ...],
+        device: torch.device,
+        truncation: float = 1.0,
+    ):
         self.net = net.to(device).eval()
+        self.truncation = float(truncation)
         self.classes = tuple(classes)
         self.shape = tuple(net.shape)  # type: ignore[assignment]
         self.device = device
@@ -132,9 +148,7 @@ class DPAFGenerator(Generator):
         """Yield uint8 batches for `labels` in order; latents come from `generator`."""
         for start in range(0, int(labels.numel()), batch_size):
             chunk = labels[start : start + batch_size].to(torch.int64)
-            z = torch.randn(
-                chunk.numel(), self.net.latent_dim, generator=generator, device=generator.device
-            )
+            z = draw_latent(chunk.numel(), self.net.latent_dim, generator, self.truncation)
             onehot = _onehot(chunk.to(self.device), self.net.num_classes)
             yield to_uint8(self.net(z.to(self.device), onehot)).cpu()
 
@@ -593,7 +607,7 @@ class DPAFTrainer(Trainer):
         """A sampler over a copy of the current generator weights."""
         net = build_generator(self.info, self.config)
         net.load_state_dict(self.net_g.state_dict())
-        return DPAFGenerator(net, self.info.classes, self.device)
+        return DPAFGenerator(net, self.info.classes, self.device, sample_truncation(self.config))
 
 
 def _with_prefix(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -854,4 +868,4 @@ class DPAFMethod(Method):
         """Rebuild the sampler from saved `generator.*` tensors."""
         net = build_generator(info, config)
         net.load_state_dict(_with_prefix(tensors, "generator."))
-        return DPAFGenerator(net, info.classes, torch.device(device))
+        return DPAFGenerator(net, info.classes, torch.device(device), sample_truncation(config))

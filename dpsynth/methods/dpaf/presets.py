@@ -51,6 +51,8 @@ _COMMON: dict[str, Any] = {
     "target_decay": 1.0,
     "g_steps": 1,
     "g_batch": 100,
+    # The sampler's latent scale (`Generator.truncation`; post-processing, no privacy cost).
+    "sample_truncation": 1.0,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -34,7 +34,15 @@ from torch.nn import functional as F
 from dpsynth.data.images import DataInfo, to_uint8
 from dpsynth.data.tabular import block_layout
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, Trainer
+from dpsynth.methods.base import (
+    Generator,
+    Method,
+    PrivacyPlan,
+    PrivacyTarget,
+    Trainer,
+    draw_latent,
+    sample_truncation,
+)
 from dpsynth.methods.blocks import TableHead
 from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.distributed import all_reduce_sum, shard
@@ -552,11 +560,6 @@ def _target_weights(info: DataInfo) -> tuple[float, ...] | None:
     return tuple(float(w) for w in weights) if weights else None
 
 
-def _truncation(config: Mapping[str, Any]) -> float:
-    """The sampler's latent scale; runs saved before the key existed sample at 1."""
-    return float(config.get("sample_truncation", 1.0))
-
-
 def _onehot(labels: torch.Tensor, num_classes: int) -> torch.Tensor | None:
     return F.one_hot(labels, num_classes).float() if num_classes else None
 
@@ -594,13 +597,9 @@ class DPKernelGenerator(Generator):
         """Yield uint8 batches for `labels` in order; latents come from `generator`."""
         for start in range(0, int(labels.numel()), batch_size):
             chunk = labels[start : start + batch_size].to(torch.int64)
-            # Drawn on the generator's own device (CUDA for a CUDA sampler), then moved: a
-            # CPU tensor cannot be drawn from a CUDA generator.
-            z = torch.randn(
-                chunk.numel(), self.net.latent_dim, generator=generator, device=generator.device
-            )
+            z = draw_latent(chunk.numel(), self.net.latent_dim, generator, self.truncation)
             vectors = self.net(
-                self.truncation * z.to(self.device),
+                z.to(self.device),
                 _onehot(chunk.to(self.device), self.net.num_classes),
             )
             if self.modality == "table":
@@ -785,7 +784,7 @@ class DPKernelTrainer(Trainer):
         net = _build_network(self.info, self.config)
         net.load_state_dict((self.ema if self.ema is not None else self.net).state_dict())
         return DPKernelGenerator(
-            net, self.info.classes, self.device, self.info.modality, _truncation(self.config)
+            net, self.info.classes, self.device, self.info.modality, sample_truncation(self.config)
         )
 
 
@@ -852,10 +851,6 @@ class DPKernelMethod(Method):
         warm_keys = ("warm_start_steps", "warm_start_jitter")
         if "warm_start_share" in merged and min(float(merged[k]) for k in warm_keys) < 0:
             raise UsageError("warm_start_steps and warm_start_jitter must be at least 0")
-        if not 0 < float(merged["sample_truncation"]) <= 4:
-            raise UsageError(
-                f"--set sample_truncation: must be in (0, 4], got {merged['sample_truncation']}"
-            )
         merged["bandwidths"] = [float(b) for b in merged["bandwidths"]]
         if not merged["bandwidths"] or min(merged["bandwidths"]) <= 0:
             raise UsageError("bandwidths must be positive numbers")
@@ -935,5 +930,5 @@ class DPKernelMethod(Method):
         prefix = "ema." if any(k.startswith("ema.") for k in tensors) else "generator."
         net.load_state_dict(_generator_weights(tensors, prefix))
         return DPKernelGenerator(
-            net, info.classes, torch.device(device), info.modality, _truncation(config)
+            net, info.classes, torch.device(device), info.modality, sample_truncation(config)
         )

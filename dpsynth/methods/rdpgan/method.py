@@ -42,6 +42,8 @@ from dpsynth.methods.base import (
     PrivacyPlan,
     PrivacyTarget,
     Trainer,
+    draw_latent,
+    sample_truncation,
 )
 from dpsynth.methods.rdpgan import schedule as sched
 from dpsynth.methods.rdpgan.nets import (
@@ -138,7 +140,7 @@ def step_sigmas(plan: PrivacyPlan) -> tuple[list[int], list[float]]:
 
 class RDPGANGenerator(Generator):
     """Samples uint8 images [b, C, H, W] (or encoded table rows float32 [b, D]) from the
-    trained conditional generator."""
+    trained conditional generator, its latent at scale `truncation` (`Generator.truncation`)."""
 
     def __init__(
         self,
@@ -146,8 +148,10 @@ class RDPGANGenerator(Generator):
         classes: tuple[str, ...],
         device: torch.device,
         modality: str = "image",
+        truncation: float = 1.0,
     ):
         self.net = net.to(device).eval()
+        self.truncation = float(truncation)
         self.modality = modality
         self.classes = tuple(classes)
         self.shape = tuple(net.shape)  # type: ignore[assignment]
@@ -160,9 +164,7 @@ class RDPGANGenerator(Generator):
         """Yield uint8 batches for `labels` in order; latents come from `generator`."""
         for start in range(0, int(labels.numel()), batch_size):
             chunk = labels[start : start + batch_size].to(torch.int64)
-            z = torch.randn(
-                chunk.numel(), self.net.latent_dim, generator=generator, device=generator.device
-            )
+            z = draw_latent(chunk.numel(), self.net.latent_dim, generator, self.truncation)
             onehot = _onehot(chunk.to(self.device), self.net.num_classes)
             records = self.net(z.to(self.device), onehot)
             if self.modality == "table":
@@ -340,7 +342,9 @@ class RDPGANTrainer(Trainer):
         """A sampler over a copy of the current generator weights."""
         net = build_generator(self.info, self.config)
         net.load_state_dict(self.net_g.state_dict())
-        return RDPGANGenerator(net, self.info.classes, self.device, self.info.modality)
+        return RDPGANGenerator(
+            net, self.info.classes, self.device, self.info.modality, sample_truncation(self.config)
+        )
 
 
 def _with_prefix(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -505,4 +509,6 @@ class RDPGANMethod(Method):
         """Rebuild the sampler from saved `generator.*` tensors."""
         net = build_generator(info, config)
         net.load_state_dict(_with_prefix(tensors, "generator."))
-        return RDPGANGenerator(net, info.classes, torch.device(device), info.modality)
+        return RDPGANGenerator(
+            net, info.classes, torch.device(device), info.modality, sample_truncation(config)
+        )

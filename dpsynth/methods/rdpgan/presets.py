@@ -29,6 +29,8 @@ _COMMON: dict[str, Any] = {
     "step_every": 100,
     "max_grad_norm": 1.0,
     "beta1": 0.5,
+    # The sampler's latent scale (`Generator.truncation`; post-processing, no privacy cost).
+    "sample_truncation": 1.0,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
