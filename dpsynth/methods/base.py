@@ -148,7 +148,8 @@ class Method(ABC):
         """The run's hyper-parameters: the preset with `--set key=value` overrides applied.
 
         Unknown keys and preset names are a UsageError; override values are cast to the
-        preset value's type.
+        preset value's type. Shared keys are checked or resolved here: `sample_truncation`
+        must be in (0, 4]; `warm_start_clip` 0 becomes √d for images (no record clipped).
         """
         presets = self.presets_for(info)
         if preset not in presets:
