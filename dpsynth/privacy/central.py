@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from dpsynth.privacy.accounting import (
     plan_poisson_gaussian,
     poisson_gaussian_event,
 )
+from dpsynth.privacy.aggregation import renorm_rows
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
 MECHANISM = "central_images"
@@ -155,29 +156,13 @@ def _with_release(
         if release.noise_multiplier > 0
         else "central images: exact class means (not private)"
     )
-    return PrivacyPlan(
-        private=base.private,
-        target_epsilon=base.target_epsilon,
-        delta=base.delta,
-        noise_multiplier=base.noise_multiplier,
-        sampling_rate=base.sampling_rate,
-        steps=base.steps,
-        max_grad_norm=base.max_grad_norm,
-        expected_batch_size=base.expected_batch_size,
+    return replace(
+        base,
         events=(release.event(), *base.events),
         epsilon_bound=epsilon,
         total_epsilon_bound=total,
-        accountant=base.accountant,
         notes=(note, *base.notes),
     )
-
-
-def clip_records(x: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    """Each record (row of x, any trailing shape) scaled to L2 norm at most `clip_norm`."""
-    flat = x.flatten(1)
-    norms = flat.norm(dim=1, keepdim=True)
-    scale = (clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
-    return (flat * scale).reshape(x.shape)
 
 
 def central_statistics(
@@ -187,7 +172,7 @@ def central_statistics(
 
     Records with a label outside 0..K−1 count nowhere.
     """
-    x = clip_records(x.to(torch.float64), plan.clip_norm).flatten(1) / plan.clip_norm
+    x = renorm_rows(x.to(torch.float64).flatten(1), plan.clip_norm) / plan.clip_norm
     y = y.to(torch.int64)
     inside = (y >= 0) & (y < num_classes)
     sums = torch.zeros(num_classes, x.shape[1], dtype=torch.float64, device=x.device)
