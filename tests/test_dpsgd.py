@@ -20,6 +20,7 @@ from dpsynth.privacy.dpsgd import (
     clip_per_sample,
     per_sample_grads,
 )
+from tests.noise_checks import assert_gaussian_noise
 
 
 @pytest.fixture(scope="module")
@@ -266,13 +267,7 @@ def test_noise_has_std_sigma_c_per_coordinate(records: int):
     stats = dp.compute(torch.randn(records, 1, 28, 28))
     assert stats["batch_size"] == records
     noise = torch.cat([p.grad.flatten() for p in model.parameters()]) * expected_size
-    d, std = noise.numel(), sigma * clip
-    # the sample std's standard error is std / sqrt(2d); allow 5 of them (and 5 for the mean)
-    assert abs(float(noise.std()) - std) < 5 * std / math.sqrt(2 * d)
-    assert abs(float(noise.mean())) < 5 * std / math.sqrt(d)
-    # Gaussian, not e.g. uniform with the same std: excess kurtosis ≈ 0 (se sqrt(24/d))
-    kurt = float(((noise - noise.mean()) ** 4).mean() / noise.var() ** 2) - 3.0
-    assert abs(kurt) < 5 * math.sqrt(24 / d)
+    assert_gaussian_noise(noise, sigma * clip)
 
 
 def test_empty_batch_is_noise_over_expected_size(mnist_batch):
