@@ -745,6 +745,9 @@ class _EpsilonCurve:
         points = max(1, min(_PROGRESS_EPSILON_POINTS, plan.steps))
         self.marks = sorted({max(1, round(plan.steps * (k + 1) / points)) for k in range(points)})
         self.cache: dict[int, float] = {}
+        self.one_off_events = tuple(
+            e for e in plan.events if e.get("type") not in ("poisson_gaussian", "non_private")
+        )
 
     def at(self, step: int) -> float:
         """Upper bound on ε after `step` steps, taken at the next mark (never an under-count)."""
@@ -758,6 +761,8 @@ class _EpsilonCurve:
             return self.plan.epsilon_bound
         if mark not in self.cache:
             # ε grows with the number of steps, so the whole run's bound caps every prefix.
+            # The plan's one-off releases (a warm start's central images, DPAF's once
+            # release) are counted from the first step on, wherever the loop makes them.
             self.cache[mark] = min(
                 self.plan.epsilon_bound,
                 epsilon_for(
@@ -765,6 +770,7 @@ class _EpsilonCurve:
                     self.plan.sampling_rate,
                     mark,
                     self.plan.delta,
+                    self.one_off_events,
                     rel_error=_PROGRESS_REL_ERROR,
                 ).epsilon,
             )

@@ -114,6 +114,25 @@ def test_budget_split_and_composition_against_dp_accounting(epsilon: float, shar
     assert _pld_epsilon([plan.events[1]], 1e-5) < reference
 
 
+def test_progress_epsilon_includes_the_release_from_the_first_step() -> None:
+    """The ε the loop shows and logs after t steps counts the release made before step 1:
+    never below the release's own ε (dp-accounting's PLD), and the plan's bound at the end."""
+    from dpsynth.training import _EpsilonCurve
+
+    plan = plan_dpsgd_with_central_images(
+        PrivacyTarget(4.0, 1e-5), 1400, 64, 400, 1.0, share=0.3, clip_norm=8.0
+    )
+    curve = _EpsilonCurve(plan)
+    release_alone = _pld_epsilon([plan.events[0]], 1e-5)
+    assert curve.at(1) >= release_alone * 0.999
+    steps = [1, plan.steps // 4, plan.steps // 2, plan.steps]
+    shown = [curve.at(t) for t in steps]
+    assert shown == sorted(shown) and shown[-1] == plan.epsilon_bound
+    for t, value in zip(steps[:-1], shown[:-1], strict=True):  # an upper bound at every t
+        prefix = {**plan.events[1], "steps": t}
+        assert value >= _pld_epsilon([plan.events[0], prefix], 1e-5) * 0.999
+
+
 def test_prior_spends_are_composed_in() -> None:
     """With an earlier spend on the data set, prior + release + DP-SGD fit the target."""
     prior = ({"type": "gaussian", "noise_multiplier": 3.0, "count": 1},)
