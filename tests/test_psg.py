@@ -499,3 +499,93 @@ def test_presets_warm_start_and_recommendation_follows_epsilon():
     assert method.config("tiny", {}, _info())["warm_start_share"] == 0.0  # tests stay fast
     with pytest.raises(UsageError):
         method.config("small", {"warm_start_jitter": "-1"}, _info())
+
+
+def test_prior_outputs_are_s_and_only_the_generator_weights_learn():
+    """With `prior=dcgan` S is G(z_j, y_j; φ) at fixed codes: a release moves φ (not the
+    codes), S stays exactly G's outputs, and the labels stay balanced."""
+    from dpsynth.methods.psg.prior import PriorGenerator
+
+    x, y = _digits()
+    _, _, trainer = _trainer(1.0, prior="dcgan", prior_width=8)
+    assert isinstance(trainer.prior, PriorGenerator)
+    assert trainer.images.shape == (20, 1, 8, 8) and not trainer.images.requires_grad
+    codes = trainer.codes.clone()
+    weights = [p.detach().clone() for p in trainer.prior.parameters()]
+    before = trainer.images.clone()
+    trainer.step(x[:16], y[:16])
+    assert torch.equal(trainer.codes, codes)
+    assert any(
+        not torch.equal(a, p.detach())
+        for a, p in zip(weights, trainer.prior.parameters(), strict=True)
+    )
+    with torch.no_grad():
+        assert torch.equal(trainer.images, trainer.prior(trainer.codes, trainer.labels))
+    assert not torch.equal(before, trainer.images)
+    assert torch.equal(trainer.labels, torch.arange(10).repeat_interleave(2))
+
+
+def test_prior_generator_fits_any_image_side():
+    from dpsynth.methods.psg.prior import PriorGenerator
+
+    for shape in [(1, 8, 8), (1, 28, 28), (3, 32, 32), (1, 7, 9)]:
+        net = PriorGenerator(shape, 10, latent_dim=10, width=4)
+        out = net(torch.randn(5, 10), torch.arange(5))
+        assert out.shape == (5, *shape)
+
+
+def test_prior_warm_start_fits_the_jittered_means():
+    from dpsynth.privacy.central import CentralImages
+
+    means = torch.linspace(-0.9, 0.9, 10)[:, None, None, None].expand(10, 1, 8, 8).clone()
+    release = CentralImages(means=means, counts=torch.full((10,), 100.0))
+    overrides = dict(prior="dcgan", prior_width=8, warm_start_share=0.3, warm_start_jitter=0.0)
+    _, _, trainer = _trainer(1.0, **overrides, warm_start_steps=200)
+    before = float((trainer.images - means[trainer.labels]).pow(2).mean())
+    trainer.warm_start(release)
+    after = float((trainer.images - means[trainer.labels]).pow(2).mean())
+    assert after < 0.02 < before
+    assert not trainer.syn_optimizer.state  # matching starts with a fresh Adam state
+    _, _, unfitted = _trainer(1.0, **overrides, warm_start_steps=0)
+    unfitted.warm_start(release)
+    assert float((unfitted.images - means[unfitted.labels]).pow(2).mean()) == before
+
+
+def test_prior_resume_continues_exactly():
+    x, y = _digits()
+    gen = torch.Generator().manual_seed(2)
+    batches = []
+    for _ in range(6):
+        mask = torch.rand(len(y), generator=gen) < 16 / len(y)
+        batches.append((x[mask], y[mask]))
+    overrides = dict(prior="dcgan", prior_width=8)
+    _, _, straight = _trainer(1.0, randomness=PrivateRandomness(7), **overrides)
+    for bx, by in batches:
+        straight.step(bx, by)
+    first_randomness = PrivateRandomness(7)
+    config, plan, first = _trainer(1.0, randomness=first_randomness, **overrides)
+    for bx, by in batches[:3]:
+        first.step(bx, by)
+    saved = {k: v.clone() for k, v in first.state_tensors().items()}
+    assert any(k.startswith("prior.optimizer.") for k in saved) and "prior.codes" in saved
+    saved_streams = first_randomness.state()
+    resumed_randomness = PrivateRandomness(8)
+    resumed = PSGMethod().trainer(_info(), config, plan, CPU, 0, resumed_randomness)
+    resumed.load_state_tensors(saved)
+    resumed_randomness.load_state(saved_streams)
+    for bx, by in batches[3:]:
+        resumed.step(bx, by)
+    a, b = straight.state_tensors(), resumed.state_tensors()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_prior_settings_are_validated():
+    method = PSGMethod()
+    with pytest.raises(UsageError, match="prior"):
+        method.config("tiny", {"prior": "vae"}, _info())
+    with pytest.raises(UsageError, match="lr_prior"):
+        method.config("tiny", {"prior": "dcgan", "lr_prior": 0.0}, _info())
+    with pytest.raises(UsageError, match="prior_width"):
+        method.config("tiny", {"prior": "dcgan", "prior_width": 0}, _info())

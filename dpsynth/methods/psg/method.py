@@ -39,6 +39,7 @@ from dpsynth.methods.base import Method, PrivacyPlan, PrivacyTarget, Trainer
 from dpsynth.methods.psg.matching import match_loss
 from dpsynth.methods.psg.model import NORMS, ConvNet
 from dpsynth.methods.psg.presets import PRESETS
+from dpsynth.methods.psg.prior import PRIORS, PriorGenerator
 from dpsynth.methods.psg.release import PSGGenerator
 from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.dpsgd import PrivateGradient
@@ -58,6 +59,8 @@ _POSITIVE_INTS = (
     "depth",
     "batch_train",
     "micro_batch_size",
+    "prior_latent_dim",
+    "prior_width",
 )
 
 
@@ -108,17 +111,36 @@ class PSGTrainer(Trainer):
         self.outer_loop = int(config["outer_loop"])
         self.batches = int(config["batches"])
         self.inner_loop = int(config["inner_loop"])
-        init = torch.Generator().manual_seed(public_seed(seed, "synthetic-init"))
-        # S starts as N(0, 1) in the training scale, never from real data; with a warm start
-        # (`warm_start`) it is replaced by the DP central images before the first release.
-        images = torch.randn(
-            self.num_classes * self.spc, *info.shape, generator=init, device=init.device
-        )
-        self.images = images.to(self.device).requires_grad_(True)
         self.labels = synthetic_labels(self.num_classes, self.spc).to(self.device)
-        self.syn_optimizer = torch.optim.SGD(
-            [self.images], lr=float(config["lr_syn"]), momentum=float(config["momentum_syn"])
-        )
+        init = torch.Generator().manual_seed(public_seed(seed, "synthetic-init"))
+        self.prior: PriorGenerator | None = None
+        if config["prior"] == "none":
+            # S starts as N(0, 1) in the training scale, never from real data; with a warm
+            # start (`warm_start`) it is replaced by the DP central images before the first
+            # release.
+            images = torch.randn(
+                self.num_classes * self.spc, *info.shape, generator=init, device=init.device
+            )
+            self.images = images.to(self.device).requires_grad_(True)
+            self.syn_optimizer: torch.optim.Optimizer = torch.optim.SGD(
+                [self.images], lr=float(config["lr_syn"]), momentum=float(config["momentum_syn"])
+            )
+        else:
+            # The generator prior (spec §2.4): S = G(z_j, y_j; φ), fixed codes, φ learns.
+            latent_dim = int(config["prior_latent_dim"])
+            self.codes = torch.randn(
+                self.labels.numel(), latent_dim, generator=init, device=init.device
+            ).to(self.device)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(public_seed(seed, "prior-init"))
+                prior = PriorGenerator(
+                    tuple(info.shape), self.num_classes, latent_dim, int(config["prior_width"])
+                )
+            self.prior = prior.to(self.device)
+            self.syn_optimizer = torch.optim.Adam(
+                self.prior.parameters(), lr=float(config["lr_prior"])
+            )
+            self.images = self._synthetic().detach()
         self.net = build_network(info, config).to(self.device)
         self._fresh_network(0)
         self.net_optimizer = torch.optim.SGD(self.net.parameters(), lr=float(config["lr_net"]))
@@ -143,16 +165,38 @@ class PSGTrainer(Trainer):
 
         Each class's spc members become the released class mean (public once released, in
         the training scale [-1, 1]) plus `warm_start_jitter`·N(0, I) from the public seed, so
-        that the members differ and gradient matching can pull them apart. S's momentum
-        starts at zero; θ is untouched. The release's cost is the plan's `gaussian` event.
+        that the members differ and gradient matching can pull them apart. With the generator
+        prior, G instead takes `warm_start_steps` Adam steps of mean squared error towards
+        those images. S's optimiser state starts at zero; θ is untouched. The release's cost
+        is the plan's `gaussian` event.
         """
         means = release.means.to(self.device, torch.float32)
         noise_rng = torch.Generator().manual_seed(public_seed(self.seed, "warm-start-jitter"))
         noise = torch.randn(self.images.shape, generator=noise_rng, device=noise_rng.device)
         jitter = float(self.config["warm_start_jitter"])
-        with torch.no_grad():
-            self.images.copy_(means[self.labels] + jitter * noise.to(self.device))
+        targets = means[self.labels] + jitter * noise.to(self.device)
+        if self.prior is None:
+            with torch.no_grad():
+                self.images.copy_(targets)
+        else:
+            self._fit_prior(targets, int(self.config["warm_start_steps"]))
         self.syn_optimizer.state.clear()
+
+    def _fit_prior(self, targets: torch.Tensor, steps: int) -> None:
+        """`steps` optimiser steps of G's outputs towards `targets` (mean squared error)."""
+        assert self.prior is not None
+        for _ in range(steps):
+            loss = F.mse_loss(self._synthetic(), targets)
+            self.syn_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.syn_optimizer.step()
+        self.images = self._synthetic().detach()
+
+    def _synthetic(self) -> torch.Tensor:
+        """S as a function of what is optimised: the pixels, or G's outputs at the codes."""
+        if self.prior is None:
+            return self.images
+        return self.prior(self.codes, self.labels)
 
     def _record_loss(
         self,
@@ -183,9 +227,13 @@ class PSGTrainer(Trainer):
         per_run = self.outer_loop * self.batches
         return step // per_run, (step // self.batches) % self.outer_loop, step % self.batches
 
-    def synthetic_gradient(self, create_graph: bool) -> list[torch.Tensor]:
-        """∇_θ of the mean cross-entropy on the whole of S (graph kept for ∇_S when asked)."""
-        loss = F.cross_entropy(self.net(self.images), self.labels)
+    def synthetic_gradient(
+        self, create_graph: bool, images: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """∇_θ of the mean cross-entropy on the whole of S (graph kept for ∇_S when asked);
+        `images`: S as computed with its graph (default: the current pixels)."""
+        images = self.images if images is None else images
+        loss = F.cross_entropy(self.net(images), self.labels)
         return list(
             torch.autograd.grad(loss, list(self.net.parameters()), create_graph=create_graph)
         )
@@ -204,11 +252,9 @@ class PSGTrainer(Trainer):
         released = [p.grad.detach().clone() for p in self.net.parameters()]
         for p in self.net.parameters():
             p.grad = None
-        distance = match_loss(self.synthetic_gradient(create_graph=True), released)
-        (image_grad,) = torch.autograd.grad(distance, [self.images])
-        self.syn_optimizer.zero_grad(set_to_none=True)
-        self.images.grad = image_grad
-        self.syn_optimizer.step()
+        synthetic = self._synthetic()
+        distance = match_loss(self.synthetic_gradient(True, synthetic), released)
+        self._descend_synthetic(distance)
         self.steps_done += 1
         if batch == self.batches - 1 and outer < self.outer_loop - 1:
             self._train_network_on_synthetic()
@@ -219,6 +265,20 @@ class PSGTrainer(Trainer):
         for key in ("batch_size", "clip_fraction", "mean_grad_norm"):
             out[key] = float(stats[key])
         return out
+
+    def _descend_synthetic(self, distance: torch.Tensor) -> None:
+        """One optimiser step on what S is made of (pixels, or G's weights) for `distance`."""
+        if self.prior is None:
+            (image_grad,) = torch.autograd.grad(distance, [self.images])
+            self.syn_optimizer.zero_grad(set_to_none=True)
+            self.images.grad = image_grad
+            self.syn_optimizer.step()
+            return
+        self.syn_optimizer.zero_grad(set_to_none=True)
+        distance.backward(inputs=list(self.prior.parameters()))
+        self.syn_optimizer.step()
+        with torch.no_grad():
+            self.images = self._synthetic()
 
     def _train_network_on_synthetic(self) -> None:
         """J epochs of plain SGD on θ over the (detached) current S, shuffled minibatches."""
@@ -247,9 +307,17 @@ class PSGTrainer(Trainer):
         }
         for key, value in self.net.state_dict().items():
             out[f"net.{key}"] = value
-        momentum = self.syn_optimizer.state.get(self.images, {}).get("momentum_buffer")
-        if momentum is not None:
-            out["synthetic.momentum"] = momentum
+        if self.prior is None:
+            momentum = self.syn_optimizer.state.get(self.images, {}).get("momentum_buffer")
+            if momentum is not None:
+                out["synthetic.momentum"] = momentum
+        else:
+            out["prior.codes"] = self.codes
+            for key, value in self.prior.state_dict().items():
+                out[f"prior.net.{key}"] = value
+            for index, slots in self.syn_optimizer.state_dict()["state"].items():
+                for slot, value in slots.items():
+                    out[f"prior.optimizer.{index}.{slot}"] = torch.as_tensor(value)
         return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -257,12 +325,18 @@ class PSGTrainer(Trainer):
         with torch.no_grad():
             self.images.copy_(tensors["synthetic.images"].to(self.device))
         self.labels = tensors["synthetic.labels"].to(self.device, torch.int64)
-        prefix = "net."
-        self.net.load_state_dict(
-            {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-        )
+        self.net.load_state_dict(_with_prefix(tensors, "net."))
         self.syn_optimizer.state.clear()
-        if "synthetic.momentum" in tensors:
+        if self.prior is not None:
+            self.codes = tensors["prior.codes"].to(self.device)
+            self.prior.load_state_dict(_with_prefix(tensors, "prior.net."))
+            state: dict[int, dict[str, torch.Tensor]] = {}
+            for key, value in _with_prefix(tensors, "prior.optimizer.").items():
+                index, slot = key.split(".", 1)
+                state.setdefault(int(index), {})[slot] = value.to(self.device)
+            groups = self.syn_optimizer.state_dict()["param_groups"]
+            self.syn_optimizer.load_state_dict({"state": state, "param_groups": groups})
+        elif "synthetic.momentum" in tensors:
             self.syn_optimizer.state[self.images] = {
                 "momentum_buffer": tensors["synthetic.momentum"].to(self.device).clone()
             }
@@ -277,6 +351,11 @@ class PSGTrainer(Trainer):
             self.device,
             bool(self.config["augment_replicas"]),
         )
+
+
+def _with_prefix(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries under `prefix`, with the prefix removed."""
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 class PSGMethod(Method):
@@ -314,6 +393,10 @@ class PSGMethod(Method):
             raise UsageError("lr_syn and lr_net must be positive, momentum_syn ≥ 0")
         if float(merged["warm_start_jitter"]) < 0:
             raise UsageError("--set warm_start_jitter: must be at least 0")
+        if merged["prior"] not in PRIORS:
+            raise UsageError(f"--set prior: one of {', '.join(PRIORS)}")
+        if float(merged["lr_prior"]) <= 0 or int(merged["warm_start_steps"]) < 0:
+            raise UsageError("lr_prior must be positive and warm_start_steps at least 0")
         if merged["norm"] not in NORMS:
             raise UsageError(f"norm must be one of {', '.join(NORMS)} (no BatchNorm under DP)")
         merged["steps"] = int(merged["runs"]) * int(merged["outer_loop"]) * int(merged["batches"])

@@ -13,6 +13,11 @@ releases the DP class means once before the first gradient release, and S starts
 class's mean plus `warm_start_jitter`·N(0, I) (public seed); `warm_start_clip` the L2 clip of
 each record for that release (0: √d, no clipping in [-1, 1]); `warm_start_count_weight` the
 weight of the class counts released with the sums.
+
+Generator prior (spec §2.4): `prior` `none` optimises S's pixels; `dcgan` makes S the outputs
+G(z_j, y_j; φ) of a conditional generator (`prior_width`, `prior_latent_dim`) at fixed public
+codes and optimises φ with Adam at `lr_prior` (`lr_syn`/`momentum_syn` then unused); a warm
+start fits G to the jittered class means in `warm_start_steps` steps.
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ _PAPER_COMMON: dict[str, Any] = {
     "warm_start_clip": 0.0,
     "warm_start_count_weight": 0.5,
     "warm_start_jitter": 0.1,
+    "warm_start_steps": 300,
+    "prior": "none",
+    "prior_latent_dim": 10,
+    "prior_width": 64,
+    "lr_prior": 0.01,
 }
 
 # digits (8×8, N = 1437) on a shared 2-core CPU in about half a minute (1000 releases); the
