@@ -833,8 +833,7 @@ def _loop(
                     "interrupted": True,
                     "warnings": warnings,
                 }
-            index = sampler.next().to(device)
-            stats = trainer.step(pixels[index], labels[index])
+            stats = trainer.step(*_loop_batch(trainer, step, sampler, pixels, labels, device))
             step += 1
             if launch is not None and step == start_step + 1:
                 _check_ranks_agree(trainer, device)
@@ -874,6 +873,23 @@ def _loop(
     return summary
 
 
+def _loop_batch(
+    trainer: Trainer,
+    step: int,
+    sampler: PoissonSampler,
+    pixels: torch.Tensor,
+    labels: torch.Tensor,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What loop step `step` hands the trainer: first any whole-data release the trainer's
+    plan accounts at this step, then the step's Poisson batch (empty where it reads none)."""
+    trainer.release_whole_data(step, pixels, labels)
+    if not trainer.reads_batch(step):
+        return pixels[:0], labels[:0]
+    index = sampler.next().to(device)
+    return pixels[index], labels[index]
+
+
 def _follower_loop(
     session: _Session,
     device: torch.device,
@@ -888,8 +904,9 @@ def _follower_loop(
     while step < session.plan.steps:
         if stop_after_steps is not None and step - start >= stop_after_steps:
             return {"rank": launch.rank if launch else 0, "steps": step, "interrupted": True}
-        index = session.sampler.next().to(device)
-        session.trainer.step(pixels[index], labels[index])
+        session.trainer.step(
+            *_loop_batch(session.trainer, step, session.sampler, pixels, labels, device)
+        )
         step += 1
         if step == start + 1:
             _check_ranks_agree(session.trainer, device)

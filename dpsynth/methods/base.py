@@ -123,6 +123,20 @@ class Trainer(ABC):
         """
         raise DpsynthError(f"{type(self).__name__} has no warm start from central images")
 
+    def reads_batch(self, step: int) -> bool:
+        """Whether loop step `step` (from 0) reads a Poisson batch; a step that does not gets
+        an empty batch and the sampler does not advance (default: every step reads)."""
+        return True
+
+    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Called by the training loop before loop step `step` with every record (x, y).
+
+        A trainer whose plan accounts a release of the whole data set at one step (DPAF's
+        `phase2_release=once`) makes it here, through `dpsynth.privacy`, and keeps only what
+        it released; the default reads nothing.
+        """
+        return None
+
 
 class Method(ABC):
     """A generator backend: presets, planning and factories."""

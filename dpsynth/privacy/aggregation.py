@@ -38,6 +38,7 @@ __all__ = [
     "WINDOW_ACCOUNTING_NOTE",
     "compress_per_sample",
     "noisy_feature_sum",
+    "noisy_group_sums",
     "private_gradient_sum",
     "renorm_rows",
     "split_window_noise",
@@ -84,6 +85,27 @@ def noisy_feature_sum(
     if across_ranks:
         return noisy_global_sum(total, std, generator)["sum"]
     return add_noise(total, std, generator)["sum"]
+
+
+def noisy_group_sums(
+    rows: Tensor,
+    groups: Tensor,
+    num_groups: int,
+    bound: float,
+    noise_multiplier: float,
+    generator: torch.Generator,
+) -> Tensor:
+    """Per-group sums [num_groups, d] of `rows` [b, d] (each renormed to ≤ `bound`) + noise.
+
+    Row i goes to group `groups[i]` only, so adding or removing one record moves one group's
+    sum by at most `bound` (L2): the whole [num_groups, d] release is one Gaussian mechanism of
+    sensitivity `bound`, and every entry gets N(0, (σ·bound)²) from one draw of `generator`.
+    """
+    if not (math.isfinite(bound) and bound > 0):
+        raise UsageError(f"the aggregation bound must be finite and > 0, got {bound}")
+    sums = rows.new_zeros(num_groups, rows.shape[1])
+    sums.index_add_(0, groups.to(device=rows.device, dtype=torch.int64), renorm_rows(rows, bound))
+    return add_noise({"sums": sums}, noise_multiplier * bound, generator)["sums"]
 
 
 def compress_per_sample(grads: Mapping[str, Tensor], keep_fraction: float) -> dict[str, Tensor]:

@@ -87,6 +87,13 @@ def loop_events(
 
 
 _ACCOUNTED_KEYS = ("type", "noise_multiplier", "sampling_rate", "steps")
+# The annotation by which an event declares loop steps that read no data (they cost nothing).
+IDLE_STEPS_KEY = "loop_steps_without_reads"
+
+
+def idle_loop_steps(events: Sequence[Mapping[str, Any]]) -> int:
+    """How many of the loop's steps read no data, as the plan's events declare."""
+    return sum(int(e.get(IDLE_STEPS_KEY, 0)) for e in events)
 
 
 def _merged_loop_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -154,6 +161,9 @@ def check_plan_parameters(
     """
     if private and not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
         raise AnchorError(f"{run_name}: the plan in config.json has no valid noise multiplier")
+    # Loop steps that read no data (DPAF's generator steps after its one release) are declared
+    # by the event they follow; only the remaining steps are the loop's Poisson reads.
+    steps = int(steps) - idle_loop_steps(events)
     expected = loop_events(private, noise_multiplier, sampling_rate, steps)
     exact = any(_same_events([expected], [event]) for event in events)
     merged = any(_same_events([expected], [e]) for e in _merged_loop_events(events))

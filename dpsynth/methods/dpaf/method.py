@@ -33,6 +33,16 @@ in the μ discriminator steps (`window_patterns`), which makes the μ batches in
 Poisson(q) batches. Both kinds of step are dominated by a Poisson(q_w)-subsampled Gaussian of
 multiplier σ_w, so one σ_w is calibrated for the whole run; phase 1 and phase 2 are recorded
 as two ledger events with that σ_w.
+
+`phase2_release=once` (with frozen conv2* and `g_loss=match`, where phase 2's target is a
+fixed statistic: every class's feature sum and count): instead of a noisy sum per Poisson
+batch, the loop hands the trainer the whole data set once, before the first phase-2 step, and
+it releases the per-class sums with ONE Gaussian draw (`noisy_group_sums`, sensitivity the
+rows' bound). At ε ≈ 10 one full release is much less noisy than the same ε spread over
+~1000 subsampled releases (subsampling amplifies little there). The `windows` steps after it
+are generator steps on the release: they read no data (`reads_batch` is false) and the plan's
+release event declares them (`loop_steps_without_reads`). The plan is phase 1 (Poisson
+Gaussian at q = B/N) plus one `gaussian` event at `release_share` of ε.
 """
 
 from __future__ import annotations
@@ -69,17 +79,26 @@ from dpsynth.privacy.accounting import calibrate_noise, compose_epsilon
 from dpsynth.privacy.aggregation import (
     WINDOW_ACCOUNTING_NOTE,
     noisy_feature_sum,
+    noisy_group_sums,
     private_gradient_sum,
     split_window_noise,
     window_patterns,
     window_sampling_rate,
 )
-from dpsynth.privacy.anchors import NOT_DP_LABEL
+from dpsynth.privacy.anchors import IDLE_STEPS_KEY, NOT_DP_LABEL
 from dpsynth.privacy.distributed import is_data_parallel, shard, shard_mask
 from dpsynth.privacy.dpsgd import PrivateGradient, per_sample_grads
 from dpsynth.privacy.randomness import PrivateRandomness
 
 _ADAM_BETAS = (0.5, 0.999)
+# Tags the ledger event of `phase2_release=once` (the trainer reads its σ from the plan).
+ONCE_PHASE = "dpaf-phase2-once"
+ONCE_MECHANISM = (
+    "dpaf phase 2, released once: the per-class sums of every record's SIN features and count "
+    "coordinate (each record's row renormed to the bound), one Gaussian release"
+)
+# Records per forward pass when the whole data set's features are summed.
+_FEATURE_CHUNK = 512
 _CONV1_PREFIXES = ("image_in.", "label_in.", "conv1_rest.")
 # The paper's canonical budget split (spec §2.9): ε₁ = 0.1 (conv1), ε₃ = 0.1 (DPAGG), the rest
 # to conv2*; used only by `mode=paper`, whose accounting is not a DP guarantee.
@@ -187,9 +206,13 @@ class DPAFTrainer(Trainer):
         # The head is trained only where something uses it (the BCE generator loss or conv2*).
         self.use_head = not self.match or self.train_conv2
         self.paper = config["mode"] == "paper"
+        self.once = config["phase2_release"] == "once"
         paper_event = next((e for e in plan.events if e.get("label") == NOT_DP_LABEL), None)
-        if self.paper and is_data_parallel():
-            raise UsageError("--set mode=paper runs in one process only")
+        once_event = next((e for e in plan.events if e.get("phase") == ONCE_PHASE), None)
+        if (self.paper or self.once) and is_data_parallel():
+            raise UsageError("--set mode=paper and phase2_release=once run in one process only")
+        # The noise multiplier of the one release of phase2_release=once (0: not private).
+        self.once_sigma = float(once_event["noise_multiplier"]) if once_event else 0.0
         if paper_event is not None:
             # The paper's own noise (not a DP guarantee; the plan is labelled so).
             self.c_sigma = float(paper_event["c_noise_multiplier"])
@@ -552,9 +575,45 @@ class DPAFTrainer(Trainer):
             if self.steps_done == self.c_steps:
                 self._transfer_conv1()
             return stats
+        if self.once:  # the release was made before this step; no data is read here
+            g_losses = [self._generator_step() for _ in range(int(self.config["g_steps"]))]
+            self.steps_done += 1
+            return {"d_loss": math.nan, "g_loss": sum(g_losses) / len(g_losses)}
         stats = self._window_step(x, y)
         self.steps_done += 1
         return stats
+
+    def reads_batch(self, step: int) -> bool:
+        """Every step reads its Poisson batch, except phase 2 of `phase2_release=once`."""
+        return not self.once or step < self.c_steps
+
+    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """`phase2_release=once`: before the first phase-2 step, release the per-class sums
+        of every record's features and count coordinate (`noisy_group_sums`, one Gaussian draw
+        at the plan's σ) as the running released sum; the generator matches it from then on.
+
+        A run resumed at exactly that step releases again from the restored secret stream,
+        which draws the same noise: the release the plan accounted for, made once.
+        """
+        if not self.once or step != self.c_steps:
+            return
+        pieces = []
+        with torch.no_grad():
+            for start in range(0, x.shape[0], _FEATURE_CHUNK):
+                images = x[start : start + _FEATURE_CHUNK].to(self.device, torch.float32)
+                labels = y[start : start + _FEATURE_CHUNK].to(self.device, torch.int64)
+                h = self.features(images, _onehot(labels, self.num_classes))
+                pieces.append(torch.cat([h, h.new_full((h.shape[0], 1), self.rows.count)], 1))
+            rows = torch.cat(pieces) if pieces else x.new_zeros(0, self.rows.feature_dim + 1)
+            sums = noisy_group_sums(
+                rows,
+                y.to(self.device),
+                self.num_classes,
+                self.rows.bound,
+                self.once_sigma,
+                self.rng_agg,
+            )
+            self.released_sum.copy_(sums.flatten())
 
     def _modules(self) -> dict[str, torch.nn.Module]:
         out = {"features": self.features, "head": self.head, "generator": self.net_g}
@@ -647,6 +706,21 @@ class DPAFMethod(Method):
         for key, choices in CHOICES.items():
             if config[key] not in choices:
                 raise UsageError(f"--set {key}: must be one of {', '.join(choices)}")
+        if config["phase2_release"] == "once":
+            if (
+                config["mode"] != "strict"
+                or config["g_loss"] != "match"
+                or config["train_conv2"]
+                or int(config["window"]) != 1
+            ):
+                raise UsageError(
+                    "--set phase2_release=once needs mode=strict, g_loss=match, "
+                    "class_aggregates=true, train_conv2=false and window=1 (e.g. --preset small)"
+                )
+            if not 0.0 < float(config["release_share"]) < 1.0:
+                raise UsageError(
+                    f"--set release_share: must be in (0, 1), got {config['release_share']}"
+                )
         for key in (
             "batch_size",
             "window",
@@ -718,6 +792,8 @@ class DPAFMethod(Method):
             )
         if config["mode"] == "paper":
             return self._paper_plan(info, target, config, q_w)
+        if config["phase2_release"] == "once":
+            return self._once_plan(info, target, config, prior_events)
         cal = calibrate_noise(target.epsilon, target.delta, q_w, steps, prior_events)
         sigma_w = cal.noise_multiplier
         agg_sigma, conv2_sigma = split_window_noise(sigma_w, window, _noise_ratio(config))
@@ -771,6 +847,80 @@ class DPAFMethod(Method):
             total_epsilon_bound=cal.total_epsilon,
             accountant=cal.accountant,
             notes=notes,
+        )
+
+    def _once_plan(
+        self,
+        info: DataInfo,
+        target: PrivacyTarget,
+        config: Mapping[str, Any],
+        prior_events: tuple[dict[str, Any], ...],
+    ) -> PrivacyPlan:
+        """`phase2_release=once`: phase 1 (c_steps DP-SGD steps at q = B/N) and ONE Gaussian
+        release of the whole data set's per-class feature sums (`noisy_group_sums`).
+
+        The release's σ is the Gaussian's at `release_share` of the ε left after the prior
+        spends (all of it without phase 1); phase 1's σ is then calibrated so that prior +
+        release + phase 1 compose (PRV) to at most ε. The windows that follow are generator
+        steps on the release only: they read no data and cost nothing.
+        """
+        c_steps, windows = int(config["c_steps"]), int(config["windows"])
+        q = min(1.0, int(config["batch_size"]) / info.n)
+        delta = target.delta
+        if c_steps:
+            prior = compose_epsilon(prior_events, delta).epsilon if prior_events else 0.0
+            left = target.epsilon - prior
+            if left <= 0:  # calibrate_noise raises the usual budget error
+                calibrate_noise(target.epsilon, delta, q, c_steps, prior_events)
+            share = float(config["release_share"]) * left
+            sigma_once = calibrate_noise(share, delta, 1.0, 1).noise_multiplier
+        else:
+            sigma_once = calibrate_noise(target.epsilon, delta, 1.0, 1, prior_events)
+            sigma_once = sigma_once.noise_multiplier
+        release = {
+            "type": "gaussian",
+            "noise_multiplier": sigma_once,
+            "count": 1,
+            "mechanism": ONCE_MECHANISM,
+            "phase": ONCE_PHASE,
+            IDLE_STEPS_KEY: windows,
+        }
+        events: list[dict[str, Any]] = []
+        sigma_c = sigma_once
+        if c_steps:
+            cal = calibrate_noise(target.epsilon, delta, q, c_steps, (*prior_events, release))
+            sigma_c = cal.noise_multiplier
+            events.append(
+                {
+                    "type": "poisson_gaussian",
+                    "noise_multiplier": sigma_c,
+                    "sampling_rate": q,
+                    "steps": c_steps,
+                    "mechanism": "dpaf phase 1: DP-SGD on classifier C (all parameters)",
+                    "max_grad_norm": float(config["clip_c"]),
+                }
+            )
+        events.append(release)
+        alone = compose_epsilon(events, delta)
+        total = compose_epsilon([*prior_events, *events], delta) if prior_events else alone
+        return PrivacyPlan(
+            private=True,
+            target_epsilon=float(target.epsilon),
+            delta=delta,
+            noise_multiplier=sigma_c,
+            sampling_rate=q,
+            steps=c_steps + windows,
+            max_grad_norm=float(config["clip_c"]),
+            expected_batch_size=q * info.n,
+            events=tuple(events),
+            epsilon_bound=alone.epsilon,
+            total_epsilon_bound=total.epsilon,
+            accountant=alone.accountant,
+            notes=(
+                f"phase 2 released once: per-class feature sums, Gaussian σ = {sigma_once:.4g}"
+                + (f"; phase-1 σ = {sigma_c:.4g} (q = {q:.4g}, {c_steps} steps)" if c_steps else "")
+                + f"; then {windows} generator steps on the release (no data read)",
+            ),
         )
 
     def _paper_plan(

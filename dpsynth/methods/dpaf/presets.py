@@ -23,7 +23,11 @@ Keys:
   (per-class feature sums and noisy counts; same sensitivity);
 - `train_conv2`: whether conv2* takes its DP-SGD step per window (false: frozen, σ_agg = σ_w·√μ);
 - `target_decay`: the running released sum's decay per release (1: plain sum);
-- `g_steps`: generator steps per turn; `g_batch`: the matching step's generated batch.
+- `g_steps`: generator steps per turn; `g_batch`: the matching step's generated batch;
+- `phase2_release`: `windows` (a DPAGG release per window, the paper's structure) or `once`
+  (with frozen conv2* and `g_loss=match`: ONE release of the whole data set's per-class
+  feature sums after phase 1, then `windows` generator steps on it, reading no data);
+  `release_share`: that release's share of the ε left (phase 1 gets the rest).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ _COMMON: dict[str, Any] = {
     "g_batch": 100,
     # The sampler's latent scale (`Generator.truncation`; post-processing, no privacy cost).
     "sample_truncation": 1.0,
+    "phase2_release": "windows",
+    "release_share": 0.5,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -121,4 +127,5 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "agg_reduction": ("mean", "sum"),
     "g_view": ("sample", "aggregate"),
     "g_loss": ("bce", "match"),
+    "phase2_release": ("windows", "once"),
 }
