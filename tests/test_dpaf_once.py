@@ -217,3 +217,24 @@ def test_progress_epsilon_counts_the_one_off_release_from_the_first_step():
     curve = _EpsilonCurve(plan)
     assert curve.at(1) >= compose_epsilon([release], plan.delta).epsilon
     assert curve.at(plan.steps) == plan.epsilon_bound
+
+
+def test_mnist_preset_releases_once_and_is_recommended_for_28x28():
+    mnist = DataInfo(
+        spec="mnist-5k",
+        kind="images",
+        n=4000,
+        shape=(1, 28, 28),
+        classes=tuple(str(c) for c in range(10)),
+        fingerprint="test",
+        dataset_id="mnist-5k",
+    )
+    method = DPAFMethod()
+    assert method.recommended_preset(mnist, 10.0) == "mnist"
+    assert method.recommended_preset(mnist, 1.0) == "mnist"
+    assert method.recommended_preset(INFO, 10.0) == "small"
+    config = method.config("mnist", {}, mnist)
+    plan = method.plan(mnist, PrivacyTarget(10.0, 1e-5), config)
+    assert [e["type"] for e in plan.events] == ["poisson_gaussian", "gaussian"]
+    assert plan.events[-1]["loop_steps_without_reads"] == config["windows"]
+    assert plan.epsilon_bound <= 10.0

@@ -97,6 +97,8 @@ ONCE_MECHANISM = (
     "dpaf phase 2, released once: the per-class sums of every record's SIN features and count "
     "coordinate (each record's row renormed to the bound), one Gaussian release"
 )
+# `recommended_preset`: records with at least this many values get the 28×28 preset.
+_LARGE_IMAGE_VALUES = 400
 # Records per forward pass when the whole data set's features are summed.
 _FEATURE_CHUNK = 512
 _CONV1_PREFIXES = ("image_in.", "label_in.", "conv1_rest.")
@@ -685,6 +687,11 @@ class DPAFMethod(Method):
         "DPAF (noisy aggregation of SIN features in the discriminator's forward pass), strict "
         "mode: Poisson sampling, DP-SGD phase 1, conv2* at the released aggregates"
     )
+
+    def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
+        """`mnist` for 28×28-sized images (≥ 400 values a record), else `small`: the public
+        shape only (on digits the windows of `small` were ahead at ε = 1, tuning-dpaf.md)."""
+        return "mnist" if math.prod(info.shape) >= _LARGE_IMAGE_VALUES else "small"
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """Preset plus overrides, validated; `conv1_init=random` means no phase 1."""

@@ -10,6 +10,9 @@ private data along many training trajectories (spec psg §1–§2.3, Algorithm 1
                          S ← S − τ_S ∇_S L_dis(∇_θ CE(S; θ), g̃)            (SGD, momentum)
         if t < T:   J epochs of SGD on θ with S as the training set
 
+With the generator prior (`prior=dcgan`, spec §2.4, `prior.py`) S is G(z_j, y_j; φ) at fixed
+public codes, and "S ← …" becomes an Adam step on φ through S; nothing else changes.
+
 Mechanism (spec §3.2, §3.5): each of the R·T·K releases is one DP-SGD step from
 `dpsynth.privacy.dpsgd.PrivateGradient`: the training loop's Poisson batch at rate q = B/N,
 each record's gradient over ALL parameters clipped to C, ONE Gaussian draw of std σC on the
