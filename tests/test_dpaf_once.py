@@ -219,7 +219,7 @@ def test_progress_epsilon_counts_the_one_off_release_from_the_first_step():
     assert curve.at(plan.steps) == plan.epsilon_bound
 
 
-def test_mnist_preset_releases_once_and_is_recommended_for_28x28():
+def test_mnist_preset_releases_once_and_is_recommended_for_28x28_above_eps_3():
     mnist = DataInfo(
         spec="mnist-5k",
         kind="images",
@@ -231,7 +231,8 @@ def test_mnist_preset_releases_once_and_is_recommended_for_28x28():
     )
     method = DPAFMethod()
     assert method.recommended_preset(mnist, 10.0) == "mnist"
-    assert method.recommended_preset(mnist, 1.0) == "mnist"
+    assert method.recommended_preset(mnist, math.inf) == "mnist"
+    assert method.recommended_preset(mnist, 1.0) == "small"  # windows at small ε
     assert method.recommended_preset(INFO, 10.0) == "small"
     config = method.config("mnist", {}, mnist)
     plan = method.plan(mnist, PrivacyTarget(10.0, 1e-5), config)

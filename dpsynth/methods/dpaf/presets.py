@@ -104,7 +104,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # release of every class's feature sums at half of the ε left after phase 1), a 2× wider
     # generator and 2,000 generator steps on the release, which read no data (mnist-5k at
     # ε = 10: windows 0.745, once 0.783, + g_width 64 0.805, + 2,000 steps 0.828; ε = 1:
-    # windows 0.566, once 0.614, this preset 0.574; bench/results/tuning-dpaf.md).
+    # windows 0.566, once 0.614, this preset 0.574 and, with 3 seeds, 0.356: too noisy at
+    # half of ε = 1, so `recommended_preset` takes it above ε = 3 only;
+    # bench/results/tuning-dpaf.md).
     "mnist": {
         **_COMMON,
         "batch_size": 32,
