@@ -206,6 +206,10 @@ def test_the_anchor_check_counts_only_the_reading_steps():
     for edited in (plan.steps + 1, plan.steps - 1):  # an edited T in config.json is refused
         with pytest.raises(AnchorError, match="does not match"):
             check_plan_parameters(plan.events, steps=edited, **kwargs)
+    for bad in ("5", -1, 2.5):
+        events = [*plan.events[:-1], {**plan.events[-1], "loop_steps_without_reads": bad}]
+        with pytest.raises(AnchorError, match="whole number"):
+            check_plan_parameters(events, steps=plan.steps, **kwargs)
 
 
 def test_progress_epsilon_counts_the_one_off_release_from_the_first_step():

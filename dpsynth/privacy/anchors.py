@@ -92,8 +92,15 @@ IDLE_STEPS_KEY = "loop_steps_without_reads"
 
 
 def idle_loop_steps(events: Sequence[Mapping[str, Any]]) -> int:
-    """How many of the loop's steps read no data, as the plan's events declare."""
-    return sum(int(e.get(IDLE_STEPS_KEY, 0)) for e in events)
+    """How many of the loop's steps read no data, as the plan's events declare (a value that
+    is not a whole number ≥ 0 is an edited plan: AnchorError)."""
+    total = 0
+    for event in events:
+        value = event.get(IDLE_STEPS_KEY, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise AnchorError(f"the plan's {IDLE_STEPS_KEY} must be a whole number ≥ 0")
+        total += value
+    return total
 
 
 def _merged_loop_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
