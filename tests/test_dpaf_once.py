@@ -24,16 +24,8 @@ from dpsynth.methods.dpaf.method import ONCE_PHASE
 from dpsynth.privacy.aggregation import noisy_group_sums, renorm_rows
 from dpsynth.privacy.randomness import PrivateRandomness
 from tests.noise_checks import assert_gaussian_noise
+from tests.test_dpaf_match import INFO, _digits
 
-INFO = DataInfo(
-    spec="digits",
-    kind="images",
-    n=1437,
-    shape=(1, 8, 8),
-    classes=tuple(str(c) for c in range(10)),
-    fingerprint="test",
-    dataset_id="digits",
-)
 ONCE = {
     "g_loss": "match",
     "class_aggregates": True,
@@ -43,14 +35,6 @@ ONCE = {
     "g_batch": 20,
     "phase2_release": "once",
 }
-
-
-def _digits(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = torch.tensor(bunch.images[:n], dtype=torch.float32)[:, None] / 8.0 - 1.0
-    return x, torch.tensor(bunch.target[:n], dtype=torch.int64)
 
 
 def _trainer(epsilon: float, seed: int = 0, **overrides):

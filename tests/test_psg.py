@@ -224,22 +224,30 @@ def test_network_is_redrawn_each_run_and_trained_on_s_between_rounds():
     assert torch.equal(weights(other.net), after[per_run])
 
 
-def test_resume_continues_exactly():
+@pytest.mark.parametrize(
+    ("overrides", "optimiser_key"),
+    [
+        ({}, "synthetic.momentum"),
+        ({"prior": "dcgan", "prior_width": 8}, "prior.optimizer.0.exp_avg"),
+    ],
+    ids=["pixels", "prior"],
+)
+def test_resume_continues_exactly(overrides, optimiser_key):
     x, y = _digits()
     gen = torch.Generator().manual_seed(1)
     batches = []
     for _ in range(8):  # two runs of the tiny preset: crosses a network redraw and θ's epochs
         mask = torch.rand(len(y), generator=gen) < 16 / len(y)
         batches.append((x[mask], y[mask]))
-    _, _, straight = _trainer(1.0, randomness=PrivateRandomness(7))
+    _, _, straight = _trainer(1.0, randomness=PrivateRandomness(7), **overrides)
     for bx, by in batches:
         straight.step(bx, by)
     first_randomness = PrivateRandomness(7)
-    config, plan, first = _trainer(1.0, randomness=first_randomness)
+    config, plan, first = _trainer(1.0, randomness=first_randomness, **overrides)
     for bx, by in batches[:3]:
         first.step(bx, by)
     saved = {k: v.clone() for k, v in first.state_tensors().items()}
-    assert "synthetic.momentum" in saved
+    assert optimiser_key in saved  # S's optimiser state (momentum, or the prior's Adam)
     saved_streams = first_randomness.state()
     resumed_randomness = PrivateRandomness(8)
     resumed = PSGMethod().trainer(_info(), config, plan, CPU, 0, resumed_randomness)
@@ -549,36 +557,6 @@ def test_prior_warm_start_fits_the_jittered_means():
     _, _, unfitted = _trainer(1.0, **overrides, warm_start_steps=0)
     unfitted.warm_start(release)
     assert float((unfitted.images - means[unfitted.labels]).pow(2).mean()) == before
-
-
-def test_prior_resume_continues_exactly():
-    x, y = _digits()
-    gen = torch.Generator().manual_seed(2)
-    batches = []
-    for _ in range(6):
-        mask = torch.rand(len(y), generator=gen) < 16 / len(y)
-        batches.append((x[mask], y[mask]))
-    overrides = dict(prior="dcgan", prior_width=8)
-    _, _, straight = _trainer(1.0, randomness=PrivateRandomness(7), **overrides)
-    for bx, by in batches:
-        straight.step(bx, by)
-    first_randomness = PrivateRandomness(7)
-    config, plan, first = _trainer(1.0, randomness=first_randomness, **overrides)
-    for bx, by in batches[:3]:
-        first.step(bx, by)
-    saved = {k: v.clone() for k, v in first.state_tensors().items()}
-    assert any(k.startswith("prior.optimizer.") for k in saved) and "prior.codes" in saved
-    saved_streams = first_randomness.state()
-    resumed_randomness = PrivateRandomness(8)
-    resumed = PSGMethod().trainer(_info(), config, plan, CPU, 0, resumed_randomness)
-    resumed.load_state_tensors(saved)
-    resumed_randomness.load_state(saved_streams)
-    for bx, by in batches[3:]:
-        resumed.step(bx, by)
-    a, b = straight.state_tensors(), resumed.state_tensors()
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
 
 
 def test_prior_settings_are_validated():

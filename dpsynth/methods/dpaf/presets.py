@@ -61,6 +61,26 @@ _COMMON: dict[str, Any] = {
     "release_share": 0.5,
 }
 
+_SMALL: dict[str, Any] = {
+    **_COMMON,
+    "batch_size": 32,
+    "window": 1,
+    "windows": 1000,
+    "c_steps": 100,
+    "transfer_conv2": True,
+    "g_loss": "match",
+    "class_aggregates": True,
+    "count_feature": 16.0,
+    "train_conv2": False,
+    "width": 32,
+    "conv1_layers": 1,
+    "conv2_layers": 1,
+    "fc_hidden": 128,
+    "latent_dim": 32,
+    "g_width": 32,
+    "lr": 1e-3,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Seconds on CPU (tests): digits 8×8, C1-C1-×, d = 8.
     "tiny": {
@@ -81,25 +101,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The generator matches per-class mean features to the released aggregates (`g_loss=match`,
     # bench/results/tuning-dpaf.md); conv2* stays at C's DP-trained conv2, so each loop step
     # of phase 2 is one DPAGG release (window 1).
-    "small": {
-        **_COMMON,
-        "batch_size": 32,
-        "window": 1,
-        "windows": 1000,
-        "c_steps": 100,
-        "transfer_conv2": True,
-        "g_loss": "match",
-        "class_aggregates": True,
-        "count_feature": 16.0,
-        "train_conv2": False,
-        "width": 32,
-        "conv1_layers": 1,
-        "conv2_layers": 1,
-        "fc_hidden": 128,
-        "latent_dim": 32,
-        "g_width": 32,
-        "lr": 1e-3,
-    },
+    "small": _SMALL,
     # 28×28 images such as mnist-5k on a CPU: `small` with phase 2 released once (one Gaussian
     # release of every class's feature sums at half of the ε left after phase 1), a 2× wider
     # generator and 2,000 generator steps on the release, which read no data (mnist-5k at
@@ -108,24 +110,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # half of ε = 1, so `recommended_preset` takes it above ε = 3 only;
     # bench/results/tuning-dpaf.md).
     "mnist": {
-        **_COMMON,
-        "batch_size": 32,
-        "window": 1,
+        **_SMALL,
         "windows": 2000,
-        "c_steps": 100,
-        "transfer_conv2": True,
-        "g_loss": "match",
-        "class_aggregates": True,
-        "count_feature": 16.0,
-        "train_conv2": False,
         "phase2_release": "once",
-        "width": 32,
-        "conv1_layers": 1,
-        "conv2_layers": 1,
-        "fc_hidden": 128,
         "latent_dim": 64,
         "g_width": 64,
-        "lr": 1e-3,
     },
     # The paper's MNIST architecture (C2-C1-×, spec §2.8: 64@14² → 128@7² → 256@4², Δ = 64,
     # FC 4096 → 512 → 1; G [z→128 ‖ y→128]@4² → … → 1@28²), B = 24, μ = 8, n_critic = 3,
