@@ -353,7 +353,9 @@ def test_every_preset_states_its_kernels_sensitivity_and_small_eps1_uses_one_ker
         assert config["max_grad_norm"] == pytest.approx(expected), name
     small_eps1 = method.config("small-eps1", {}, DIGITS_INFO)
     assert small_eps1["bandwidths"] == [6.0]
-    assert small_eps1["max_grad_norm"] == pytest.approx(math.sqrt(2))
+    # one unit-diagonal kernel under add/remove: √n_L = 1 (the replace-one bound would be √2)
+    assert small_eps1["sensitivity"] == "add_remove"
+    assert small_eps1["max_grad_norm"] == pytest.approx(1.0)
     small = method.config("small", {}, DIGITS_INFO)
     unchanged = ("batch_size", "generated_points", "steps", "width", "lr", "ema")
     assert {k: small_eps1[k] for k in unchanged} == {k: small[k] for k in unchanged}
