@@ -240,3 +240,17 @@ def test_audit_runs_a_plan_with_the_release() -> None:
     )
     steps = mechanism_steps(list(plan.events))
     assert [(s.sampling_rate, s.steps) for s in steps] == [(1.0, 1), (plan.sampling_rate, 100)]
+
+
+def test_gaussian_sigma_for_share_takes_its_share_of_what_is_left() -> None:
+    from dpsynth.errors import BudgetExceededError
+    from dpsynth.privacy.accounting import compose_epsilon, gaussian_sigma_for_share
+
+    prior = ({"type": "gaussian", "noise_multiplier": 2.0, "count": 1},)
+    left = 5.0 - compose_epsilon(prior, 1e-5).epsilon
+    sigma = gaussian_sigma_for_share(5.0, 1e-5, 0.4, prior)
+    release = {"type": "gaussian", "noise_multiplier": sigma, "count": 1}
+    assert _pld_epsilon([release], 1e-5) == pytest.approx(0.4 * left, rel=0.02)
+    spent = ({"type": "gaussian", "noise_multiplier": 0.3, "count": 1},)
+    with pytest.raises(BudgetExceededError, match="leaves nothing"):
+        gaussian_sigma_for_share(5.0, 1e-5, 0.4, spent)

@@ -467,6 +467,22 @@ def calibrate_noise(
     return epsilon_report(sigma, delta, sampling_rate, steps, prior_events)
 
 
+def gaussian_sigma_for_share(
+    epsilon: float,
+    delta: float,
+    share: float,
+    prior_events: Sequence[Mapping[str, Any]] = (),
+) -> float:
+    """σ of one Gaussian release (sensitivity 1) at `share` of the ε left after `prior_events`.
+
+    For a plan that gives a one-off release part of the budget and calibrates its loop after
+    it (which composes prior + release + loop to at most ε). BudgetExceededError when the
+    prior spends leave nothing.
+    """
+    left = epsilon - _check_prior(prior_events, epsilon, delta)
+    return calibrate_noise(share * left, delta, 1.0, 1).noise_multiplier
+
+
 def _solve_sigma(bound: Callable[[float], float], epsilon: float, guess: float) -> float:
     """The smallest σ (to `_SIGMA_RTOL`) with bound(σ) ≤ ε, for a bound decreasing in σ.
 

@@ -32,8 +32,8 @@ import torch
 
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting import (
-    calibrate_noise,
     compose_epsilon,
+    gaussian_sigma_for_share,
     plan_poisson_gaussian,
     poisson_gaussian_event,
 )
@@ -123,14 +123,7 @@ def plan_dpsgd_with_central_images(
         base = plan_poisson_gaussian(target, n, expected_batch_size, steps, max_grad_norm)
         release = CentralImagesPlan(0.0, clip_norm, count_weight)
         return _with_release(base, release, base.epsilon_bound, base.total_epsilon_bound)
-    prior = compose_epsilon(prior_events, target.delta).epsilon if prior_events else 0.0
-    left = target.epsilon - prior
-    if left <= 0:
-        # calibrate_noise below raises the budget error with the usual message
-        return plan_poisson_gaussian(
-            target, n, expected_batch_size, steps, max_grad_norm, prior_events
-        )
-    sigma_c = calibrate_noise(share * left, target.delta, 1.0, 1).noise_multiplier
+    sigma_c = gaussian_sigma_for_share(target.epsilon, target.delta, share, prior_events)
     release = CentralImagesPlan(sigma_c, clip_norm, count_weight)
     base = plan_poisson_gaussian(
         target,

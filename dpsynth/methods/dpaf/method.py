@@ -75,7 +75,11 @@ from dpsynth.methods.dpaf.model import (
     init_weights,
 )
 from dpsynth.methods.dpaf.presets import CHOICES, PRESETS
-from dpsynth.privacy.accounting import calibrate_noise, compose_epsilon
+from dpsynth.privacy.accounting import (
+    calibrate_noise,
+    compose_epsilon,
+    gaussian_sigma_for_share,
+)
 from dpsynth.privacy.aggregation import (
     WINDOW_ACCOUNTING_NOTE,
     noisy_feature_sum,
@@ -882,12 +886,8 @@ class DPAFMethod(Method):
         q = min(1.0, int(config["batch_size"]) / info.n)
         delta = target.delta
         if c_steps:
-            prior = compose_epsilon(prior_events, delta).epsilon if prior_events else 0.0
-            left = target.epsilon - prior
-            if left <= 0:  # calibrate_noise raises the usual budget error
-                calibrate_noise(target.epsilon, delta, q, c_steps, prior_events)
-            share = float(config["release_share"]) * left
-            sigma_once = calibrate_noise(share, delta, 1.0, 1).noise_multiplier
+            share = float(config["release_share"])
+            sigma_once = gaussian_sigma_for_share(target.epsilon, delta, share, prior_events)
         else:
             sigma_once = calibrate_noise(target.epsilon, delta, 1.0, 1, prior_events)
             sigma_once = sigma_once.noise_multiplier
