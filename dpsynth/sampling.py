@@ -26,7 +26,7 @@ from PIL import Image
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import DataError, UsageError
-from dpsynth.methods.base import Generator
+from dpsynth.methods.base import Generator, check_truncation
 from dpsynth.methods.registry import get_method
 from dpsynth.outdir import check_target, remove_stale_staging, replace_dir, staging_dir
 from dpsynth.privacy.anchors import SpendAnchor, privacy_statement, verified_spend
@@ -77,11 +77,10 @@ def set_truncation(generator: Generator, truncation: float | None, method: str) 
     """
     if truncation is None:
         return
-    if not 0 < truncation <= 4:
-        raise UsageError(f"--truncation must be in (0, 4], got {truncation}")
+    value = check_truncation(truncation, "--truncation")
     if generator.truncation is None:
         raise UsageError(f"--truncation: {method}'s sampler has no latent to scale")
-    generator.truncation = float(truncation)
+    generator.truncation = value
 
 
 def _one_line(exc: BaseException, limit: int = 160) -> str:

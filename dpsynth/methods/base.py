@@ -76,6 +76,13 @@ def draw_latent(
     return z if scale == 1.0 else scale * z
 
 
+def check_truncation(value: float, option: str) -> float:
+    """`value` as a latent scale in (0, 4] (UsageError naming `option` otherwise)."""
+    if not 0 < float(value) <= 4:
+        raise UsageError(f"{option}: must be in (0, 4], got {value}")
+    return float(value)
+
+
 def sample_truncation(config: Mapping[str, Any]) -> float:
     """The run's sampler latent scale (`sample_truncation`; 1 for runs saved without it)."""
     return float(config.get("sample_truncation", 1.0))
@@ -180,10 +187,7 @@ class Method(ABC):
                     f"known: {', '.join(sorted(merged))}"
                 )
             merged[key] = _cast_like(merged[key], value, key)
-        if not 0 < float(merged.get("sample_truncation", 1.0)) <= 4:
-            raise UsageError(
-                f"--set sample_truncation: must be in (0, 4], got {merged['sample_truncation']}"
-            )
+        check_truncation(merged.get("sample_truncation", 1.0), "--set sample_truncation")
         if float(merged.get("warm_start_clip", 1.0)) == 0 and info.modality == "image":
             # 0: the largest norm of a record in [-1, 1] (no clipping), from the public shape
             merged["warm_start_clip"] = math.sqrt(math.prod(int(s) for s in info.shape))
