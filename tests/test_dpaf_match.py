@@ -174,7 +174,10 @@ def test_match_resume_restores_the_released_sum(one_torch_thread):
     assert b.steps_done == a.steps_done
 
 
-def test_match_run_resumes_exactly_through_the_training_loop(tmp_path, one_torch_thread):
+def straight_and_cut_runs(tmp_path, overrides: dict, cut_after: int, privacy_seed: int):
+    """A tiny dpaf digits run at ε = 4 straight through, and the same run cut after
+    `cut_after` steps and resumed. Returns (straight summary, cut summary, resumed summary,
+    straight checkpoint, resumed checkpoint)."""
     from safetensors.torch import load_file
 
     from dpsynth.training import train_run
@@ -185,18 +188,16 @@ def test_match_run_resumes_exactly_through_the_training_loop(tmp_path, one_torch
             data="digits",
             epsilon=4.0,
             preset="tiny",
-            overrides={**MATCH, "windows": 6},
+            overrides=overrides,
             out=tmp_path / name,
             ledger_path=tmp_path / f"{name}.jsonl",
             device="cpu",
-            privacy_seed=77,
+            privacy_seed=privacy_seed,
             **kwargs,
         )
 
     straight = run("straight")
-    assert float(straight["epsilon"]) <= 4.0
-    cut = run("cut", stop_after_steps=4)  # inside phase 2, with a released sum to restore
-    assert cut["interrupted"]
+    cut = run("cut", stop_after_steps=cut_after)
     resumed = train_run(
         method="dpaf",
         data="digits",
@@ -206,9 +207,19 @@ def test_match_run_resumes_exactly_through_the_training_loop(tmp_path, one_torch
         resume=True,
         device="cpu",
     )
-    assert resumed["steps"] == straight["steps"] and resumed["ledger_status"] == "completed"
     a = load_file(str(tmp_path / "straight" / "checkpoint.safetensors"))
     b = load_file(str(tmp_path / "cut" / "checkpoint.safetensors"))
+    return straight, cut, resumed, a, b
+
+
+def test_match_run_resumes_exactly_through_the_training_loop(tmp_path, one_torch_thread):
+    # cut inside phase 2, with a released sum to restore
+    straight, cut, resumed, a, b = straight_and_cut_runs(
+        tmp_path, {**MATCH, "windows": 6}, cut_after=4, privacy_seed=77
+    )
+    assert float(straight["epsilon"]) <= 4.0
+    assert cut["interrupted"]
+    assert resumed["steps"] == straight["steps"] and resumed["ledger_status"] == "completed"
     assert a.keys() == b.keys() and any("released_sum" in k for k in a)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)

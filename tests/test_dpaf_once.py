@@ -24,7 +24,7 @@ from dpsynth.methods.dpaf.method import ONCE_PHASE
 from dpsynth.privacy.aggregation import noisy_group_sums, renorm_rows
 from dpsynth.privacy.randomness import PrivateRandomness
 from tests.noise_checks import assert_gaussian_noise
-from tests.test_dpaf_match import INFO, _digits
+from tests.test_dpaf_match import INFO, _digits, straight_and_cut_runs
 
 ONCE = {
     "g_loss": "match",
@@ -134,43 +134,17 @@ def test_trainer_releases_once_at_the_boundary_and_reads_no_batch_after(one_torc
 
 
 def test_once_run_cut_at_the_release_resumes_to_the_straight_run(tmp_path, one_torch_thread):
-    from safetensors.torch import load_file
-
     from dpsynth.privacy.ledger import Ledger
-    from dpsynth.training import train_run
 
-    def run(name: str, **kwargs):
-        return train_run(
-            method="dpaf",
-            data="digits",
-            epsilon=4.0,
-            preset="tiny",
-            overrides={**ONCE, "windows": 5},
-            out=tmp_path / name,
-            ledger_path=tmp_path / f"{name}.jsonl",
-            device="cpu",
-            privacy_seed=31,
-            **kwargs,
-        )
-
-    straight = run("straight")
+    # tiny: c_steps = 2, so the cut run stops just before the release
+    straight, cut, resumed, a, b = straight_and_cut_runs(
+        tmp_path, {**ONCE, "windows": 5}, cut_after=2, privacy_seed=31
+    )
     assert float(straight["epsilon"]) <= 4.0
     spend = Ledger(tmp_path / "straight.jsonl").spend(straight["ledger_seq"])
     assert [e["type"] for e in spend["events"]] == ["poisson_gaussian", "gaussian"]
-    cut = run("cut", stop_after_steps=2)  # tiny: c_steps = 2, so cut just before the release
     assert cut["interrupted"]
-    resumed = train_run(
-        method="dpaf",
-        data="digits",
-        epsilon=4.0,
-        out=tmp_path / "cut",
-        ledger_path=None,
-        resume=True,
-        device="cpu",
-    )
     assert resumed["ledger_status"] == "completed"
-    a = load_file(str(tmp_path / "straight" / "checkpoint.safetensors"))
-    b = load_file(str(tmp_path / "cut" / "checkpoint.safetensors"))
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
