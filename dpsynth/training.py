@@ -24,8 +24,9 @@ import hashlib
 import math
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import warnings as python_warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
@@ -40,6 +41,7 @@ from dpsynth.data.sources import is_table_spec, load_data, load_table
 from dpsynth.data.tabular import TableData
 from dpsynth.distributed import Launch, PeerFailed, broadcast, launch_from_env, process_group
 from dpsynth.errors import DataError, DpsynthError, UsageError
+from dpsynth.interrupts import InterruptRequest, TrainingInterrupted, deferred_interrupts
 from dpsynth.methods.base import Method, Trainer
 from dpsynth.methods.registry import get_method, method_names
 from dpsynth.privacy.accounting import default_delta, epsilon_for
@@ -53,7 +55,9 @@ from dpsynth.privacy.anchors import (
 )
 from dpsynth.privacy.central import central_plan_in, release_central_images
 from dpsynth.privacy.dpsgd import PoissonSampler
+from dpsynth.privacy.ghost_check import GhostFallbackWarning
 from dpsynth.privacy.ledger import Ledger
+from dpsynth.privacy.ledger_key import is_legacy
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 from dpsynth.privacy.randomness import PrivateRandomness
 from dpsynth.runs import RunDir
@@ -137,6 +141,8 @@ class TrainRequest:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     image_size: int | None = None
     dataset_id: str | None = None
+    # A public upper bound N' on the record count, used in place of N (q, δ, config.json).
+    public_size: int | None = None
     classes: tuple[str, ...] | None = None
     channels: int | None = None
     checkpoint_every_s: float = 120.0
@@ -176,6 +182,8 @@ class TrainRequest:
             )
         if not -(2**63) <= self.seed < 2**63:
             raise UsageError(f"--seed must fit in 64 bits, got {self.seed}")
+        if self.public_size is not None and not 1 <= self.public_size < 2**53:
+            raise UsageError(f"--public-size must be a whole number ≥ 1, got {self.public_size}")
         if not self.resume:
             if self.ledger_path is None:
                 raise UsageError("a new run needs a ledger path")
@@ -213,6 +221,7 @@ def train_run(
     overrides: Mapping[str, Any] | None = None,
     image_size: int | None = None,
     dataset_id: str | None = None,
+    public_size: int | None = None,
     classes: tuple[str, ...] | None = None,
     channels: int | None = None,
     checkpoint_every_s: float = 120.0,
@@ -240,6 +249,7 @@ def train_run(
         overrides=dict(overrides or {}),
         image_size=image_size,
         dataset_id=dataset_id,
+        public_size=public_size,
         classes=classes,
         channels=channels,
         checkpoint_every_s=checkpoint_every_s,
@@ -313,6 +323,7 @@ class _Session:
             "tensors": self.restored,
             "start_step": self.start_step,
             "warnings": self.warnings,
+            "content_digest": self.records.content_digest,
         }
 
 
@@ -363,8 +374,9 @@ def _join(start: Mapping[str, Any], device: torch.device) -> _Session:
     run_config = dict(start["run_config"])
     data_cfg = run_config["data"]
     records = _load_recorded(data_cfg, "rank 0's run")
-    info = records.info()
-    if info.fingerprint != data_cfg["fingerprint"]:
+    info = _public_info(records, data_cfg["fingerprint"], _recorded_public_size(data_cfg))
+    # Rank 0 sends its content digest on the private channel it sends the secret on.
+    if records.content_digest != start["content_digest"]:
         raise DataError(
             f"{data_cfg['spec']}: this rank reads different records than rank 0 (fingerprint "
             "differs); every node must see the same data"
@@ -375,7 +387,7 @@ def _join(start: Mapping[str, Any], device: torch.device) -> _Session:
     trainer = backend.trainer(
         info, run_config["config"], plan, device, run_config["seed"], randomness
     )
-    sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
+    sampler = PoissonSampler(records.n, plan.sampling_rate, randomness.generator("loop/batches"))
     central_rng = _central_generator(plan, randomness)
     if start["tensors"] is not None:
         trainer.load_state_tensors(start["tensors"])
@@ -436,7 +448,11 @@ def _start(
             classes=request.classes,
             channels=channels,
         )
-    info = records.info()
+    # The ledger's keyed fingerprint: it links spends on the same records, and unlike their
+    # plain digest it is no membership test for whoever reads the ledger or the run dir.
+    info = _public_info(
+        records, _keyed_fingerprint(ledger, records.content_digest), request.public_size
+    )
     warnings: list[str] = list((schema_release or {}).get("warnings", []))
     if delta is None:
         delta = default_delta(info.n)
@@ -457,7 +473,9 @@ def _start(
     plan = backend.plan(info, target, config, prior)
     try:
         trainer = backend.trainer(info, config, plan, torch_device, seed, randomness)
-        sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
+        sampler = PoissonSampler(
+            records.n, plan.sampling_rate, randomness.generator("loop/batches")
+        )
         central_rng = _central_generator(plan, randomness)
     except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
         # e.g. an optimizer refusing a value, a seed out of range, a network too large to build
@@ -466,6 +484,8 @@ def _start(
         ) from None
     # `classes` (in info) and `channels` let --resume read the data the same way
     data_json = {**info.to_json(), "image_size": image_size, "channels": channels}
+    if request.public_size is not None:  # `n` is then N', not the record count
+        data_json["public_size"] = True
     # The spend binds what config.json will say about method, settings, data and plan.
     bound = {"method": backend.name, "config": config, "data": data_json, "privacy": plan.to_json()}
     entry = ledger.reserve(
@@ -588,9 +608,13 @@ def _load_table(
         raise UsageError("a table's classes are its schema's target categories; drop --classes")
 
     def delta_for(n: int) -> float:
-        return float(request.delta) if request.delta is not None else default_delta(n)
+        if request.delta is not None:
+            return float(request.delta)
+        return default_delta(request.public_size or n)
 
     def plan_check(info: DataInfo, events: tuple[dict[str, Any], ...]) -> None:
+        if request.public_size is not None:
+            info = replace(info, n=request.public_size)
         preset = resolve_preset(backend, request.preset, info, target_epsilon)
         config = backend.config(preset, dict(request.overrides), info)
         backend.validate_config(config, info)
@@ -667,8 +691,12 @@ def _resume(
     if spend.get("status") == "aborted":
         raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
     records = _load_recorded(data_cfg, name)
-    info = records.info()
-    if info.fingerprint != data_cfg["fingerprint"]:
+    info = _public_info(
+        records,
+        _recorded_fingerprint(ledger, records.content_digest, fingerprint),
+        _recorded_public_size(data_cfg),
+    )
+    if info.fingerprint != fingerprint:
         raise DataError(
             f"{data_cfg['spec']}: the data changed since this run started "
             "(fingerprint differs); a resumed run must see the same records"
@@ -679,7 +707,7 @@ def _resume(
     trainer = backend.trainer(
         info, run_config["config"], plan, device, run_config["seed"], randomness
     )
-    sampler = PoissonSampler(info.n, plan.sampling_rate, randomness.generator("loop/batches"))
+    sampler = PoissonSampler(records.n, plan.sampling_rate, randomness.generator("loop/batches"))
     central_rng = _central_generator(plan, randomness)
     start = 0
     restored = None
@@ -709,6 +737,41 @@ def _resume(
         warnings=run_config.get("warnings", []),
         restored=restored,
     )
+
+
+def _public_info(
+    records: ImageData | TableData, fingerprint: str, public_size: int | None
+) -> DataInfo:
+    """The data's public description; with a public size N', `n` is N' (the sampling rate, δ
+    and config.json use it), and the records must not outnumber it."""
+    info = records.info(fingerprint)
+    if public_size is None:
+        return info
+    if records.n > public_size:
+        raise DataError(
+            f"{info.spec}: --public-size {public_size} is below the number of records; it must "
+            "be a public upper bound on it"
+        )
+    return replace(info, n=public_size)
+
+
+def _recorded_public_size(data_cfg: Mapping[str, Any]) -> int | None:
+    """The public size N' a run recorded (its `n`), or None when `n` is the record count."""
+    return int(data_cfg["n"]) if data_cfg.get("public_size") else None
+
+
+def _keyed_fingerprint(ledger: Ledger, content_digest: str) -> str:
+    """The ledger's keyed fingerprint of the data (its key is made on first use)."""
+    fingerprint = ledger.data_fingerprint(content_digest)
+    assert fingerprint is not None
+    return fingerprint
+
+
+def _recorded_fingerprint(ledger: Ledger, content_digest: str, recorded: str) -> str:
+    """This data's fingerprint in the form the run recorded: keyed, or the plain digest a run
+    started before the ledger key kept (its spend names that digest, so it is what the run's
+    anchor and the closing status line must match)."""
+    return content_digest if is_legacy(recorded) else _keyed_fingerprint(ledger, content_digest)
 
 
 def _central_generator(plan: PrivacyPlan, randomness: PrivateRandomness) -> torch.Generator | None:
@@ -807,8 +870,6 @@ def _loop(
 
     log_private = bool(run_config.get("log_private_loss"))
     released = tuple(type(trainer).released_stats)
-    if start_step == 0 and not run.has_checkpoint():
-        _warm_start(session, pixels, labels)
 
     def checkpoint() -> None:
         tensors = {f"trainer/{k}": v for k, v in trainer.state_tensors().items()}
@@ -824,8 +885,19 @@ def _loop(
             private_state={"generators": randomness.state()},
         )
 
-    try:
+    # A step is all or nothing: signals only ask for a stop, honoured at the next boundary,
+    # and nothing that raises inside a step (a second signal included) writes a checkpoint,
+    # so the checkpoint on disk is always a finished step's (see dpsynth.interrupts).
+    with deferred_interrupts() as interrupts, _collected(GhostFallbackWarning, warnings):
+        if start_step == 0 and not run.has_checkpoint():
+            _warm_start(session, pixels, labels)
         while step < plan.steps:
+            if _stop_requested(interrupts, launch, device):
+                checkpoint()
+                raise TrainingInterrupted(
+                    f"stopped after step {step} of {plan.steps} with a checkpoint; continue "
+                    f"with `dpsynth train --resume --out {run.path}`"
+                )
             if stop_after_steps is not None and step - start_step >= stop_after_steps:
                 checkpoint()
                 return {
@@ -852,10 +924,7 @@ def _loop(
             if time.monotonic() - last_checkpoint > checkpoint_every_s:
                 checkpoint()
                 last_checkpoint = time.monotonic()
-    except KeyboardInterrupt:
         checkpoint()
-        raise
-    checkpoint()
     if launch is not None:  # after the checkpoint: a mismatch can then be resumed from it
         _check_ranks_agree(trainer, device)
     _write_preview(run, backend, info, config, trainer, run_config["seed"], device)
@@ -900,18 +969,53 @@ def _follower_loop(
     pixels = session.records.as_float().to(device)
     labels = session.records.y.to(device)
     step = start = session.start_step
-    _warm_start(session, pixels, labels)
-    while step < session.plan.steps:
-        if stop_after_steps is not None and step - start >= stop_after_steps:
-            return {"rank": launch.rank if launch else 0, "steps": step, "interrupted": True}
-        session.trainer.step(
-            *_loop_batch(session.trainer, step, session.sampler, pixels, labels, device)
-        )
-        step += 1
-        if step == start + 1:
-            _check_ranks_agree(session.trainer, device)
+    with deferred_interrupts() as interrupts:
+        _warm_start(session, pixels, labels)
+        while step < session.plan.steps:
+            if _stop_requested(interrupts, launch, device):
+                raise TrainingInterrupted(f"stopped after step {step} with rank 0's checkpoint")
+            if stop_after_steps is not None and step - start >= stop_after_steps:
+                return {"rank": launch.rank if launch else 0, "steps": step, "interrupted": True}
+            session.trainer.step(
+                *_loop_batch(session.trainer, step, session.sampler, pixels, labels, device)
+            )
+            step += 1
+            if step == start + 1:
+                _check_ranks_agree(session.trainer, device)
     _check_ranks_agree(session.trainer, device)
     return {"rank": launch.rank if launch else 0, "steps": step}
+
+
+@contextlib.contextmanager
+def _collected(kind: type[Warning], into: list[str]) -> Iterator[None]:
+    """Python warnings of `kind` raised inside the block become the run's warnings (shown by
+    the CLI and in the summary); any other warning is passed on as it was."""
+    try:
+        with python_warnings.catch_warnings(record=True) as caught:
+            python_warnings.simplefilter("always", kind)
+            yield
+    finally:
+        # outside the recording block: a warning passed on must not be recorded again
+        for found in caught:
+            if issubclass(found.category, kind):
+                into.append(str(found.message))
+            else:
+                python_warnings.warn_explicit(
+                    found.message, found.category, found.filename, found.lineno
+                )
+
+
+def _stop_requested(
+    interrupts: InterruptRequest, launch: Launch | None, device: torch.device
+) -> bool:
+    """Whether the loop stops at this step boundary. Under torchrun every rank must stop at
+    the same one (the others would wait in the next step's all-reduce), so the ranks agree:
+    one stops when any was signalled."""
+    if launch is None:
+        return interrupts.requested
+    flag = torch.tensor([1.0 if interrupts.requested else 0.0], device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item() > 0)
 
 
 def _check_ranks_agree(trainer: Trainer, device: torch.device) -> None:

@@ -375,7 +375,7 @@ def test_german_credit_split_is_stratified_80_20_random_state_0() -> None:
         assert raw_train.column(name).tolist() == full.column(name)[index_train].tolist()
     assert Counter(test.y.tolist()) == {0: 140, 1: 60}
     assert Counter(train.y.tolist()) == {0: 560, 1: 240}
-    assert train.fingerprint != test.fingerprint
+    assert train.content_digest != test.content_digest
     assert (TABLES_DIR / "README.md").read_text().count("CC BY 4.0") == 1
 
 

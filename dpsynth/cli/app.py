@@ -115,8 +115,10 @@ def handle_errors(func: F) -> F:
                 raise typer.Exit(exc.exit_code) from None
             stderr.print(f"[red]error:[/red] {_rank_prefix()}{escape(str(exc))}", highlight=False)
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            stderr.print("interrupted", highlight=False)
+        except KeyboardInterrupt as exc:
+            # `train` says where it stopped and how to go on; a bare Ctrl-C says nothing more.
+            detail = f": {exc}" if str(exc) else ""
+            stderr.print(f"interrupted{escape(detail)}", highlight=False)
             raise typer.Exit(130) from None
         except Exception as exc:
             if debug:
@@ -183,8 +185,9 @@ def main() -> None:
     warnings.filterwarnings(
         "ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning
     )
-    # A plain `kill` (SIGTERM) ends a command as Ctrl-C does: `train` checkpoints, `sample`
-    # removes its staging folder, and the exit is the one-line "interrupted" (130).
+    # A plain `kill` (SIGTERM) ends a command as Ctrl-C does: `sample` removes its staging
+    # folder, `train` stops at the next step boundary with a checkpoint (it installs its own
+    # handlers while its loop runs: dpsynth.interrupts), and the exit is one line (130).
     signal.signal(signal.SIGTERM, _interrupt)
     app()
 

@@ -8,7 +8,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dpsynth.cli.app import ChannelsOpt, ClassesOpt, DebugOpt, JsonOpt, app, handle_errors
+from dpsynth.cli.app import (
+    ChannelsOpt,
+    ClassesOpt,
+    DebugOpt,
+    JsonOpt,
+    LedgerOpt,
+    app,
+    handle_errors,
+    resolve_ledger_path,
+)
 from dpsynth.cli.render import emit_json, kv_table, stdout
 
 data_app = typer.Typer(help="List built-in data sets and inspect data specs.")
@@ -65,12 +74,15 @@ def data_inspect(
     classes: ClassesOpt = None,
     channels: ChannelsOpt = None,
     schema: Annotated[Path | None, typer.Option(help="Tables: the schema JSON.")] = None,
+    ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Public facts about a data set (size, shape, classes, fingerprint); no statistics."""
+    """Public facts about a data set (size, shape, classes), and its fingerprint as the ledger
+    keys it (when the ledger has a key); no statistics."""
     from dpsynth.data.schema import read_schema
     from dpsynth.data.sources import inspect_data, parse_classes
+    from dpsynth.privacy.ledger import Ledger
 
     info = inspect_data(
         spec,
@@ -79,6 +91,9 @@ def data_inspect(
         channels=channels,
         schema=read_schema(schema) if schema is not None else None,
     )
+    # The plain content digest is a membership test: only its keyed form is shown.
+    digest = info.pop("content_digest")
+    info["fingerprint"] = Ledger(resolve_ledger_path(ledger)).data_fingerprint(digest, create=False)
     if as_json:
         emit_json(info)
         return
@@ -92,7 +107,7 @@ def data_inspect(
         ),
         ("classes", ", ".join(info["classes"])),
         ("dataset id", info["dataset_id"]),
-        ("fingerprint", info["fingerprint"]),
+        ("ledger fingerprint", info["fingerprint"] or "none yet (the ledger has no key)"),
     ]
     stdout.print(kv_table("data", rows))
 

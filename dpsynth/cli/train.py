@@ -87,6 +87,15 @@ def train(
     dataset_id: Annotated[
         str | None, typer.Option(help="Ledger id of the data [default: from the spec].")
     ] = None,
+    public_size: Annotated[
+        int | None,
+        typer.Option(
+            "--public-size",
+            help="A public upper bound N' on the record count, used instead of the count "
+            "itself for the sampling rate, the default δ and everything written (for when the "
+            "number of records is itself sensitive).",
+        ),
+    ] = None,
     classes: ClassesOpt = None,
     channels: ChannelsOpt = None,
     schema: Annotated[
@@ -152,6 +161,7 @@ def train(
         overrides=_parse_sets(set_),
         image_size=image_size,
         dataset_id=dataset_id,
+        public_size=public_size,
         classes=parse_classes(classes),
         channels=channels,
         checkpoint_every_s=checkpoint_every,

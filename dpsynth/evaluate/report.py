@@ -111,7 +111,7 @@ def run_evaluation(
         fid_result = fid.compute_fid(
             synth.x,
             real_data.x,
-            real_fingerprint=real_data.fingerprint,
+            real_digest=real_data.content_digest,
             weights=inception_weights,
             device=torch_device,
             batch_size=fid_batch_size,
@@ -161,7 +161,7 @@ def run_evaluation(
         # True when --real or --real-train is data a DP run in the ledger spent budget on.
         "non_private": non_private,
         "real_n": real_data.n,
-        "real_fingerprint": real_data.fingerprint,
+        "real_fingerprint": keyed_fingerprint(real_data.content_digest, ledger_path),
         "classes": list(real_data.classes),
         "metrics": result_metrics,
         "provenance": synth.provenance,
@@ -215,21 +215,33 @@ def spends_on(data: ImageData, ledger_path: str | os.PathLike[str] | None) -> li
 
     Either match makes the data private training data: the same records under another id, and
     the same id with one record added or removed (another fingerprint), are both the data a DP
-    run read.
+    run read. Fingerprints are matched keyed (under the ledger's key) and, for lines written
+    before the key, as the plain digest, compared in memory only.
     """
     if ledger_path is None or not Path(ledger_path).is_file():
         return []
     from dpsynth.privacy.ledger import Ledger
 
+    ledger = Ledger(Path(ledger_path))
+    same_data = {data.content_digest, ledger.data_fingerprint(data.content_digest, create=False)}
     return [
         entry
-        for entry in Ledger(Path(ledger_path)).entries()
+        for entry in ledger.entries()
         if entry.get("kind") == "spend"
-        and (
-            entry.get("dataset_id") == data.dataset_id
-            or entry.get("fingerprint") == data.fingerprint
-        )
+        and (entry.get("dataset_id") == data.dataset_id or entry.get("fingerprint") in same_data)
     ]
+
+
+def keyed_fingerprint(
+    content_digest: str, ledger_path: str | os.PathLike[str] | None
+) -> str | None:
+    """The real data's fingerprint for a publishable report: keyed under the ledger's key, or
+    None when there is no ledger key yet (never the plain digest, a membership test)."""
+    if ledger_path is None:
+        return None
+    from dpsynth.privacy.ledger import Ledger
+
+    return Ledger(Path(ledger_path)).data_fingerprint(content_digest, create=False)
 
 
 def training_data_warnings(
@@ -496,6 +508,11 @@ def render_epsilon_curve(log: list[dict]) -> bytes:
     return _png(figure)
 
 
+def fingerprint_note(fingerprint: str | None) -> str:
+    """`, ledger fingerprint …` for a report line, or nothing without one."""
+    return f", ledger fingerprint `{fingerprint[:28]}…`" if fingerprint else ""
+
+
 def render_markdown(result: dict, images: dict[str, str]) -> str:
     """The human-readable report page, linking the PNGs."""
     lines = [
@@ -503,8 +520,8 @@ def render_markdown(result: dict, images: dict[str, str]) -> str:
         "",
         f"- Synthetic: `{result['synthetic']}` ({result['synthetic_source']}, "
         f"{result['n_synthetic']} images)",
-        f"- Real reference: `{result['real']}` ({result['real_n']} images, "
-        f"fingerprint `{result['real_fingerprint'][:16]}…`)",
+        f"- Real reference: `{result['real']}` ({result['real_n']} images"
+        f"{fingerprint_note(result['real_fingerprint'])})",
         "",
     ]
     if result["warnings"]:

@@ -29,6 +29,12 @@ dataset id, a budget cap set on a dataset id and the prior events of a new plan 
 whole group. The same records under a new `--dataset-id` (same fingerprint), or a converted
 file recorded under the same id (new fingerprint), therefore never get a fresh budget.
 
+Fingerprints are keyed (`dpsynth.privacy.ledger_key`): `data_fingerprint` makes them under
+the ledger's secret key, so the ledger links spends on the same records without holding a
+digest anyone could test a record against. Ledgers from before the key hold plain digests;
+a new spend on the same records links to those spends by listing their seqs in `links`
+(computed in memory from the content digest, which is never written).
+
 Infinite ε (a non-private run) is stored as the string "inf", since JSON has no infinity.
 """
 
@@ -56,6 +62,7 @@ from dpsynth.privacy.ledger_file import (
     entry_hash,
     json_safe,
 )
+from dpsynth.privacy.ledger_key import FingerprintKey, create_key, key_id_of, key_path_for, read_key
 
 __all__ = [
     "DEFAULT_LEDGER_NAME",
@@ -118,6 +125,9 @@ class _State(Chain):
     spends_by_dataset: dict[str, list[int]] = field(default_factory=dict)
     # Union-find over "id:<dataset id>" and "fp:<fingerprint>" keys: the grouping rule.
     links: dict[str, str] = field(default_factory=dict)
+    # keyed fingerprint → the content digest it was made from, for the fingerprints this
+    # process made (in memory only): it finds legacy spends that recorded the plain digest.
+    legacy_digests: dict[str, str] = field(default_factory=dict)
 
     def _root(self, key: str) -> str:
         while self.links.get(key, key) != key:
@@ -136,7 +146,21 @@ class _State(Chain):
         roots = {self._root(_id_key(dataset_id))}
         if fingerprint:
             roots.add(self._root(_fp_key(fingerprint)))
+            if fingerprint in self.legacy_digests:
+                roots.add(self._root(_fp_key(self.legacy_digests[fingerprint])))
         return roots
+
+    def legacy_links(self, fingerprint: str) -> list[int]:
+        """Seqs of the spends that recorded the plain digest behind this keyed fingerprint."""
+        digest = self.legacy_digests.get(fingerprint)
+        return [
+            seq for seq, spend in self.spends.items() if digest and spend["fingerprint"] == digest
+        ]
+
+    def key_ids(self) -> set[str]:
+        """The ids of the keys the ledger's fingerprints were made with."""
+        found = (key_id_of(str(entry.get("fingerprint", ""))) for entry in self.entries)
+        return {key_id for key_id in found if key_id is not None}
 
     def group_spends(self, dataset_id: str, fingerprint: str | None = None) -> list[int]:
         """Seqs of the spends linked to this dataset id (or fingerprint), in order."""
@@ -170,9 +194,16 @@ class _State(Chain):
         """Learn what a valid line of the chain means, rejecting one that makes no sense."""
         kind = entry["kind"]
         if kind == "spend":
+            links = entry.get("links", [])
+            if not isinstance(links, list) or any(
+                not isinstance(ref, int) or ref not in self.spends for ref in links
+            ):
+                raise self.fail(line, f"spend links to unknown spends {links!r}")
             self.spends[entry["seq"]] = entry
             self.spends_by_dataset.setdefault(entry["dataset_id"], []).append(entry["seq"])
             self._link(entry["dataset_id"], entry["fingerprint"])
+            for ref in links:  # the same records, recorded by a plain digest before the key
+                self._link(entry["dataset_id"], self.spends[ref]["fingerprint"])
         elif kind == "status":
             ref = entry["ref"]
             spend = self.spends.get(ref) if isinstance(ref, int) else None
@@ -236,11 +267,50 @@ class Ledger:
         self._file = LedgerFile(path)
         self.path = self._file.path
         self.lock_path = self._file.lock_path
+        self.key_path = key_path_for(self.path)
         self._state = _State(self.path)
+        self._key: FingerprintKey | None = None
 
     def check_path(self) -> None:
         """UsageError (exit 2) when the ledger path names a folder rather than a file."""
         self._file.check_path()
+
+    def data_fingerprint(self, content_digest: str, *, create: bool = True) -> str | None:
+        """The publishable fingerprint of data with this content digest: an HMAC under the
+        ledger's key (`LEDGER.key`, created here on first use unless `create` is False, then
+        None without a key). A UsageError when the ledger's fingerprints were made with a key
+        that is missing or not the one on disk: spends could no longer be linked by data."""
+        key = self._fingerprint_key(create)
+        if key is None:
+            return None
+        fingerprint = key.fingerprint(content_digest)
+        self._state.legacy_digests[fingerprint] = content_digest
+        return fingerprint
+
+    def _fingerprint_key(self, create: bool) -> FingerprintKey | None:
+        if self._key is not None:
+            return self._key
+        key = read_key(self.key_path)
+        used = self._read_state().key_ids()
+        if key is None and used:
+            raise UsageError(
+                f"the ledger {self.path} links its spends by fingerprints made with the key "
+                f"{self.key_path}, which is missing: restore that file from your backup (it "
+                "belongs with the ledger and must never be published); without it new spends "
+                "cannot be linked to this ledger's earlier spends on the same data"
+            )
+        if key is None:
+            if not create:
+                return None
+            key = create_key(self.key_path)
+        if used - {key.key_id}:
+            raise UsageError(
+                f"{self.key_path} is not the key this ledger's fingerprints were made with "
+                f"(key id {key.key_id}, the ledger uses {', '.join(sorted(used))}): restore the "
+                "ledger's own key file"
+            )
+        self._key = key
+        return key
 
     # ----------------------------------------------------------------- writing
 
@@ -314,6 +384,9 @@ class Ledger:
             }
             if config_sha256 is not None:
                 line["config_sha256"] = config_sha256
+            links = state.legacy_links(fingerprint)
+            if links:
+                line["links"] = links
             return line
 
         return self._append(build)
@@ -447,10 +520,11 @@ class Ledger:
     def spends_for_fingerprint(self, fingerprint: str) -> list[dict[str, Any]]:
         """All spends (merged as in `spend`) on data with this fingerprint, in order."""
         state = self._read_state()
+        same = {fingerprint, state.legacy_digests.get(fingerprint)}
         return [
             state.merged_spend(seq)
             for seq, spend in state.spends.items()
-            if spend["fingerprint"] == fingerprint
+            if spend["fingerprint"] in same
         ]
 
     def summary(self, delta: float | None = None) -> dict[str, Any]:
