@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from dpsynth.cli.app import (
     ChannelsOpt,
@@ -18,7 +17,7 @@ from dpsynth.cli.app import (
     handle_errors,
     resolve_ledger_path,
 )
-from dpsynth.cli.render import emit_json, kv_table, stdout
+from dpsynth.cli.render import emit_json, print_kv, print_rows, stdout
 
 data_app = typer.Typer(help="List built-in data sets and inspect data specs.")
 app.add_typer(data_app, name="data", no_args_is_help=True)
@@ -35,34 +34,39 @@ def data_list(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
     if as_json:
         emit_json([*items, *tables])
         return
-    table = Table(title="built-in data sets", title_justify="left")
-    for column in ("name", "records (train/test)", "shape", "classes", "description"):
-        table.add_column(column)
-    for item in items:
-        table.add_row(
-            item["name"],
-            f"{item['n']}/{item['n_test']}",
-            "x".join(map(str, item["shape"])),
-            str(len(item["classes"])),
-            item.get("description", ""),
-        )
-    stdout.print(table)
-    listed = Table(title="built-in tables", title_justify="left")
-    for column in ("name", "rows (train/test)", "columns", "target (classes)", "description"):
-        listed.add_column(column)
-    for item in tables:
-        listed.add_row(
-            item["name"],
-            f"{item['n']}/{item['n_test']}",
-            str(item["columns"]),
-            f"{item['target']} ({', '.join(item['classes'])})",
-            item.get("description", ""),
-        )
-    stdout.print(listed)
+    print_rows(
+        "built-in data sets",
+        ["name", "records (train/test)", "shape", "classes", "description"],
+        [
+            [
+                item["name"],
+                f"{item['n']}/{item['n_test']}",
+                "x".join(map(str, item["shape"])),
+                str(len(item["classes"])),
+                item.get("description", ""),
+            ]
+            for item in items
+        ],
+    )
+    print_rows(
+        "built-in tables",
+        ["name", "rows (train/test)", "columns", "target (classes)", "description"],
+        [
+            [
+                item["name"],
+                f"{item['n']}/{item['n_test']}",
+                str(item["columns"]),
+                f"{item['target']} ({', '.join(item['classes'])})",
+                item.get("description", ""),
+            ]
+            for item in tables
+        ],
+    )
     stdout.print(
         "Your own data: mnist:DIR[:test] (IDX files), folder:DIR (one sub-folder per class), "
         "npz:FILE (x, y arrays; a `classes` array or --classes a,b,...: the label set is public), "
-        "csv:FILE with --schema FILE.json (draft one with `dpsynth data schema csv:FILE`)."
+        "csv:FILE with --schema FILE.json (draft one with `dpsynth data schema csv:FILE`).",
+        markup=False,
     )
 
 
@@ -109,7 +113,7 @@ def data_inspect(
         ("dataset id", info["dataset_id"]),
         ("ledger fingerprint", info["fingerprint"] or "none yet (the ledger has no key)"),
     ]
-    stdout.print(kv_table("data", rows))
+    print_kv("data", rows)
 
 
 @data_app.command("schema")
