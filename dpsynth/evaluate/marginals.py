@@ -75,12 +75,13 @@ def bucket_count(column: Column, bins: int = BINS) -> int:
 
 
 def numeric_codes(values: np.ndarray, low: float, high: float, bins: int = BINS) -> np.ndarray:
-    """Equal-width bin of each value over the public [low, high]; `bins` (the `other` bucket)
-    for a value outside the bounds or not a number. A zero-width range has one bin."""
+    """Equal-width bin of each value (strings or numbers) over the public [low, high]; `bins`
+    (the `other` bucket) for a value outside the bounds or not a number. A zero-width range
+    has one bin."""
     numbers = pd.to_numeric(pd.Series(values, copy=False), errors="coerce").to_numpy(np.float64)
     inside = (numbers >= low) & (numbers <= high)  # False for NaN
     if high > low:
-        scaled = np.floor((numbers - low) * (bins / (high - low)))
+        scaled = np.floor((numbers - low) / ((high - low) / bins))
         codes = np.clip(np.nan_to_num(scaled, nan=0.0), 0, bins - 1).astype(np.int32)
     else:
         codes = np.zeros(len(numbers), dtype=np.int32)
