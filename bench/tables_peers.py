@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -298,16 +299,30 @@ def row_key(row: dict[str, Any]) -> tuple:
     return (row["data"], row["epsilon"], row["tool"], row.get("aim_rounds"))
 
 
-def write(report: dict[str, Any], json_path: Path) -> None:
-    """The JSON and the Markdown page (date, machine, commands above the table)."""
-    order = {name: i for i, name in enumerate(report["order"])}
-    report["rows"].sort(
-        key=lambda r: (
-            r["data"], r["epsilon"] is not None, float(r["epsilon"] or 0), order.get(r["tool"], 99)
-        )
-    )  # fmt: skip
+def write(meta: dict[str, Any], mine: list[dict[str, Any]], json_path: Path) -> dict[str, Any]:
+    """Merge this process's rows (`mine`) and facts (`meta`) into the results file under a lock
+    (another bench process may write the same day's file), then write the Markdown page.
+    A row replaces the file's row of the same data, ε, tool and AIM rounds. Returns the merged
+    report."""
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    with open(json_path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        report: dict[str, Any] = {"rows": [], "commands": [], "tables": {}}
+        if json_path.is_file():
+            report = json.loads(json_path.read_text())
+        mine_keys = {row_key(r) for r in mine}
+        rows = [r for r in report["rows"] if row_key(r) not in mine_keys] + mine
+        commands = report["commands"] + [c for c in meta["commands"] if c not in report["commands"]]
+        tables_seen = report.get("tables", {}) | meta["tables"]
+        report |= meta | {"rows": rows, "commands": commands, "tables": tables_seen}
+        order = {name: i for i, name in enumerate(report["order"])}
+        report["rows"].sort(
+            key=lambda r: (
+                r["data"], r["epsilon"] is not None, float(r["epsilon"] or 0),
+                order.get(r["tool"], 99), r.get("aim_rounds") or 0,
+            )
+        )  # fmt: skip
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
     host = report["machine"]
     head = [
         f"# dpsynth table methods beside SmartNoise-Synth ({report['date'][:10]})",
@@ -322,6 +337,7 @@ def write(report: dict[str, Any], json_path: Path) -> None:
         "",
     ]
     json_path.with_suffix(".md").write_text("\n".join(head) + "\n" + markdown(report))
+    return report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -365,29 +381,27 @@ def main(argv: list[str] | None = None) -> None:
     command = shlex.join(["python", "bench/tables_peers.py", *(argv or sys.argv[1:])])
     methods = args.methods or [*leaderboard.table_methods(), *smartnoise_peer.PEERS]
     json_path = args.json or RESULTS / f"tables-peers-{datetime.now(timezone.utc):%Y-%m-%d}.json"
-    report: dict[str, Any] = {"rows": [], "commands": []}
-    if json_path.is_file():
-        report = json.loads(json_path.read_text())
-    report |= {
+    meta: dict[str, Any] = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine.describe("cpu"),
         "synthetic_n": args.n,
         "seeds": args.seeds,
         "order": [*leaderboard.table_methods(), *smartnoise_peer.PEERS],
-        "commands": [*report["commands"], command],
+        "commands": [command],
+        "tables": {},
     }
+    mine: list[dict[str, Any]] = []
     known = tables(args.shared)
     for name in args.data:
         table = known[name]
-        report.setdefault("tables", {})[name] = {
+        meta["tables"][name] = {
             "train": table.train, "test": table.test, "delta": table.delta,
             "schema": str(table.schema.relative_to(REPO)) if table.schema else "bundled",
         }  # fmt: skip
         if not args.no_real:
             real = leaderboard.real_table_row(namespace(table, args), args.seeds, "ml,marginals")
-            row = {"data": name, "epsilon": None, "tool": "real"} | combine([real])
-            report["rows"] = [r for r in report["rows"] if row_key(r) != row_key(row)] + [row]
-            write(report, json_path)
+            mine.append({"data": name, "epsilon": None, "tool": "real"} | combine([real]))
+            write(meta, mine, json_path)
         for epsilon in args.epsilon:
             for tool in methods:
                 rounds = args.aim_rounds if tool == "smartnoise-aim" else None
@@ -398,10 +412,9 @@ def main(argv: list[str] | None = None) -> None:
                         k: v for k, v in runs[-1].items() if k != "tvd_per_column"
                     }), file=sys.stderr, flush=True)  # fmt: skip
                 row = {"data": name, "epsilon": epsilon, "tool": tool, "aim_rounds": rounds}
-                row |= combine(runs)
-                report["rows"] = [r for r in report["rows"] if row_key(r) != row_key(row)] + [row]
-                write(report, json_path)
-    write(report, json_path)
+                mine.append(row | combine(runs))
+                write(meta, mine, json_path)
+    report = write(meta, mine, json_path)
     print(markdown(report))
     print(f"wrote {json_path} and {json_path.with_suffix('.md')}")
 

@@ -135,3 +135,35 @@ def test_big_table_from_a_fake_census(bench, tmp_path: Path) -> None:
     before = csv.stat().st_mtime_ns
     big.make_big_table(tmp_path / "out", shared, rows=2500, seed=1)
     assert csv.stat().st_mtime_ns == before  # reused, not regenerated
+
+
+def test_results_from_two_bench_processes_merge(bench, tmp_path: Path) -> None:
+    peers = bench["tables_peers"]
+    path = tmp_path / "tables-peers.json"
+
+    def meta(command: str, name: str) -> dict:
+        host = {"cpu": "CPU", "cpu_cores": 2, "omp_num_threads": "1", "load_average_1min": 3.0}
+        return {
+            "date": "2026-11-25T07:00:00+00:00", "machine": host, "synthetic_n": 20000,
+            "seeds": 1, "order": ["dpkernel", "smartnoise-mst"], "commands": [command],
+            "tables": {name: {"delta": 1e-4}},
+        }  # fmt: skip
+
+    def row(data: str, tool: str, tvd: float) -> dict:
+        return {"data": data, "epsilon": "1", "tool": tool} | peers.combine([{"tvd_two_way": tvd}])
+
+    peers.write(meta("a", "german-credit"), [row("german-credit", "smartnoise-mst", 0.2)], path)
+    peers.write(meta("b", "census"), [row("census", "dpkernel", 0.3)], path)
+    merged = peers.write(
+        meta("a", "german-credit"),
+        [row("german-credit", "smartnoise-mst", 0.2), row("german-credit", "dpkernel", 0.4)],
+        path,
+    )
+    assert [(r["data"], r["tool"]) for r in merged["rows"]] == [
+        ("census", "dpkernel"), ("german-credit", "dpkernel"), ("german-credit", "smartnoise-mst")
+    ]  # fmt: skip
+    assert merged["commands"] == ["a", "b"] and set(merged["tables"]) == {"census", "german-credit"}
+    again = peers.write(meta("c", "census"), [row("census", "dpkernel", 0.25)], path)
+    assert [r["tvd_two_way"]["mean"] for r in again["rows"]] == [0.25, 0.4, 0.2]
+    page = path.with_suffix(".md").read_text()
+    assert "`a`" in page and "| census | 1 | dpsynth dpkernel | 0.250 |" in page
