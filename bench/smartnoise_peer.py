@@ -160,7 +160,7 @@ def run_peer(
     rounds = re.findall(r"Budget Used ([0-9.eE+-]+)", done.stdout)
     progress = {"rounds_done": len(rounds), "budget_used": float(rounds[-1]) if rounds else None}
     if done.timed_out:
-        return {"timed_out": True, "peak_rss_mb": done.peak_rss_mb} | progress
+        return {"timed_out": True} | progress
     if done.returncode != 0:
         raise RuntimeError(f"{peer} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
     timing = json.loads((folder / "timing.json").read_text())
@@ -173,7 +173,7 @@ def run_peer(
         ),
         "sample_seconds": round(timing["sample_seconds"], 1),
         "wall_seconds": round(done.seconds, 1),
-        "peak_rss_mb": round(done.peak_rss_mb),
+        "peak_rss_mb": None if np.isnan(done.peak_rss_mb) else round(done.peak_rss_mb),
         "fit_seconds": round(timing["fit_seconds"], 1),
         "versions": timing["versions"],
         "aim_rounds": aim_rounds if peer == "smartnoise-aim" else None,

@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import fcntl
 import json
+import math
 import os
 import shlex
 import signal
@@ -103,12 +104,22 @@ class Finished:
 def run_measured(
     command: list[str], timeout_s: float, env: dict[str, str] | None = None
 ) -> Finished:
-    """Run `command` in its own process group; kill the group after `timeout_s`. Peak RSS is
-    the child's own (`os.wait4`), not the maximum over every child this bench started."""
+    """Run `command` in its own process group; kill the group after `timeout_s`.
+
+    Peak RSS comes from `/usr/bin/time -f %M` wrapped around the command: a child forked by
+    this (large) Python process would inherit its high-water mark in `ru_maxrss`, while the
+    command that `time` forks starts from `time`'s few MB. Without `/usr/bin/time`, the
+    child's `wait4` figure (an upper bound) is used. A killed command has no peak (NaN)."""
     killed = threading.Event()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    wrapped = Path("/usr/bin/time").is_file()
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.NamedTemporaryFile("r", suffix=".rss") as rss,
+    ):
+        full = ["/usr/bin/time", "-f", "%M", "-o", rss.name, *command] if wrapped else command
         start = time.perf_counter()
-        child = subprocess.Popen(command, stdout=out, stderr=err, env=env, start_new_session=True)
+        child = subprocess.Popen(full, stdout=out, stderr=err, env=env, start_new_session=True)
 
         def kill() -> None:
             killed.set()
@@ -121,6 +132,10 @@ def run_measured(
         timer.cancel()
         child.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.perf_counter() - start
+        peak = usage.ru_maxrss / 1024
+        if wrapped:
+            found = [x for x in rss.read().split() if x.isdigit()]
+            peak = int(found[-1]) / 1024 if found else math.nan
         out.seek(0)
         err.seek(0)
         return Finished(
@@ -128,9 +143,14 @@ def run_measured(
             out.read().decode(errors="replace"),
             err.read().decode(errors="replace"),
             seconds,
-            usage.ru_maxrss / 1024,
+            peak,
             killed.is_set(),
         )
+
+
+def mb(value: float) -> int | None:
+    """A peak RSS in whole MB, None when unknown (a killed command)."""
+    return None if math.isnan(value) else round(value)
 
 
 def cli_json(args: list[str], timeout_s: float) -> tuple[dict[str, Any], Finished]:
@@ -173,7 +193,7 @@ def dpsynth_run(
         command += ["--set", item]
     trained, train = cli_json(command, args.timeout * 60)
     if train.timed_out:
-        return {"timed_out": True, "peak_rss_mb": round(train.peak_rss_mb)}
+        return {"timed_out": True, "peak_rss_mb": mb(train.peak_rss_mb)}
     sample = ["sample", str(root / "run"), "--n", str(args.n), "--out", str(root / "synth.csv"),
               "--device", "cpu", "--ledger", str(ledger), "--quiet"]  # fmt: skip
     if args.labels:
@@ -188,9 +208,9 @@ def dpsynth_run(
         "noise_multiplier": trained["noise_multiplier"],
         "train_seconds": round(train.seconds, 1),
         "sample_seconds": round(sampled.seconds, 1),
-        "peak_rss_mb": round(max(train.peak_rss_mb, sampled.peak_rss_mb)),
-        "train_peak_rss_mb": round(train.peak_rss_mb),
-        "sample_peak_rss_mb": round(sampled.peak_rss_mb),
+        "peak_rss_mb": mb(max(train.peak_rss_mb, sampled.peak_rss_mb)),
+        "train_peak_rss_mb": mb(train.peak_rss_mb),
+        "sample_peak_rss_mb": mb(sampled.peak_rss_mb),
     }
 
 

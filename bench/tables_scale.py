@@ -32,7 +32,7 @@ sys.path.insert(0, str(BENCH))
 import big_table  # noqa: E402
 import leaderboard  # noqa: E402
 import machine  # noqa: E402
-from tables_peers import cli_json  # noqa: E402
+from tables_peers import cli_json, mb  # noqa: E402
 
 RESULTS = BENCH / "results"
 
@@ -53,7 +53,7 @@ def scale_row(
         command += ["--set", item]
     row: dict[str, Any] = {"method": method, "rows": args.rows, "epsilon": args.epsilon}
     trained, train = cli_json(command, args.timeout * 60)
-    row["train_peak_rss_mb"] = round(train.peak_rss_mb)
+    row["train_peak_rss_mb"] = mb(train.peak_rss_mb)
     if train.timed_out:
         return row | {"timed_out": f"train did not finish in {args.timeout:g} min"}
     row |= {
@@ -70,7 +70,7 @@ def scale_row(
              "--ledger", str(ledger), "--quiet"],
             args.timeout * 60,
         )  # fmt: skip
-        sample = {"n": n, "peak_rss_mb": round(sampled.peak_rss_mb)}
+        sample = {"n": n, "peak_rss_mb": mb(sampled.peak_rss_mb)}
         if sampled.timed_out:
             sample["timed_out"] = f"did not finish in {args.timeout:g} min"
         else:
