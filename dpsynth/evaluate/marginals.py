@@ -43,7 +43,6 @@ from dpsynth.data.tabular import RawTable
 BINS = 10
 TRIPLES = 100
 TRIPLES_SEED = 0
-OTHER = "other"
 # Joint domains up to this many cells are counted densely (two float64 vectors of this size).
 _DENSE_CELLS = 1 << 22
 _WORST = 5
