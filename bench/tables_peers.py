@@ -290,7 +290,9 @@ def tool_label(row: dict[str, Any]) -> str:
         name = "SmartNoise " + smartnoise_peer.PEERS[tool].upper()
         return name + (f" ({row['aim_rounds']} rounds)" if row.get("aim_rounds") else "")
     presets = sorted({r["preset"] for r in row["per_run"] if r.get("preset")})
-    return f"dpsynth {tool}" + (f" ({', '.join(presets)})" if presets else "")
+    labels = [f"--labels {row['labels']}"] if row.get("labels") else []
+    details = ", ".join(presets + labels)
+    return f"dpsynth {tool}" + (f" ({details})" if details else "")
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -315,8 +317,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def row_key(row: dict[str, Any]) -> tuple:
-    """What a re-measured row replaces: the same data, ε, tool and AIM rounds."""
-    return (row["data"], row["epsilon"], row["tool"], row.get("aim_rounds"))
+    """What a re-measured row replaces: the same data, ε, tool, AIM rounds and dpsynth labels."""
+    return (row["data"], row["epsilon"], row["tool"], row.get("aim_rounds"), row.get("labels"))
 
 
 def write(meta: dict[str, Any], mine: list[dict[str, Any]], json_path: Path) -> dict[str, Any]:
@@ -339,7 +341,7 @@ def write(meta: dict[str, Any], mine: list[dict[str, Any]], json_path: Path) -> 
         report["rows"].sort(
             key=lambda r: (
                 r["data"], r["epsilon"] is not None, float(r["epsilon"] or 0),
-                order.get(r["tool"], 99), r.get("aim_rounds") or 0,
+                order.get(r["tool"], 99), r.get("aim_rounds") or 0, r.get("labels") or "",
             )
         )  # fmt: skip
         json_path.write_text(json.dumps(report, indent=2) + "\n")
@@ -425,6 +427,7 @@ def main(argv: list[str] | None = None) -> None:
         for epsilon in args.epsilon:
             for tool in methods:
                 rounds = args.aim_rounds if tool == "smartnoise-aim" else None
+                labels = None if tool in smartnoise_peer.PEERS else args.labels
                 runs = []
                 for run in range(args.runs):
                     runs.append(one_run(tool, table, epsilon, args, run))
@@ -432,6 +435,7 @@ def main(argv: list[str] | None = None) -> None:
                         k: v for k, v in runs[-1].items() if k != "tvd_per_column"
                     }), file=sys.stderr, flush=True)  # fmt: skip
                 row = {"data": name, "epsilon": epsilon, "tool": tool, "aim_rounds": rounds}
+                row["labels"] = labels
                 mine.append(row | combine(runs))
                 write(meta, mine, json_path)
     report = write(meta, mine, json_path)

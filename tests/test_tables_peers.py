@@ -97,6 +97,9 @@ def test_cells_ranges_and_time_outs(bench) -> None:
     assert "| 0.700 |" in page and "| 10–14 |" in page and "| 2/3 |" in page
     assert "SmartNoise AIM | did not finish in 11 min (3 rounds done, 4% of ρ)" in page
     assert "SmartNoise MST | failed: ValueError: bad" in page
+    weighted = cell | {"labels": "weights"}
+    assert peers.tool_label(weighted) == "dpsynth dpkernel (small, --labels weights)"
+    assert peers.row_key(weighted) != peers.row_key(cell)
 
 
 def test_options(bench) -> None:
