@@ -7,8 +7,8 @@ the domain sizes (`--sizes`, JSON list). Each column gets a SmartNoise `LabelTra
 fitted on the public code range 0..size-1, not on the data, so the synthesizer's domain is the
 schema's whole public domain and no budget goes to preprocessing (`preprocessor_eps=0`).
 Output: the sampled codes (`--out`, .npy) and a timing JSON (`--timing`): start-up and
-loading, fit and sample seconds, peak RSS, versions. Run with `python -u` so that AIM's
-per-round lines (`verbose`) survive a kill at the time limit.
+loading, fit and sample seconds (wall and CPU), peak RSS, versions. Run with `python -u` so
+that AIM's per-round lines (`verbose`) survive a kill at the time limit.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 from importlib.metadata import version  # noqa: E402
+
+
+def cpu_seconds() -> float:
+    """User + system seconds of this process so far (all its threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -56,17 +62,20 @@ def main() -> None:
     if args.synth == "aim" and args.rounds:
         options["rounds"] = args.rounds
     synth = Synthesizer.create(args.synth, epsilon=args.epsilon, delta=args.delta, **options)
-    loaded = time.perf_counter()
+    loaded, loaded_cpu = time.perf_counter(), cpu_seconds()
     synth.fit(frame, transformer=transformer, preprocessor_eps=0.0)
-    fitted = time.perf_counter()
+    fitted, fitted_cpu = time.perf_counter(), cpu_seconds()
     rows = synth.sample(args.n)
     values = rows.to_numpy() if hasattr(rows, "to_numpy") else np.asarray(rows)
     np.save(args.out, values.astype(np.int32))
-    sampled = time.perf_counter()
+    sampled, sampled_cpu = time.perf_counter(), cpu_seconds()
     timing = {
         "startup_and_load_seconds": loaded - START,
         "fit_seconds": fitted - loaded,
         "sample_seconds": sampled - fitted,
+        "startup_and_load_cpu_seconds": loaded_cpu,
+        "fit_cpu_seconds": fitted_cpu - loaded_cpu,
+        "sample_cpu_seconds": sampled_cpu - fitted_cpu,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "epsilon_left_for_training": synth.epsilon,
         "versions": {p: version(p) for p in ("smartnoise-synth", "mbi", "jax", "numpy")},

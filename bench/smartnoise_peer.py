@@ -17,8 +17,9 @@ Its sampled codes are decoded with the same public rule as dpsynth's binned meth
 category by its index, a number drawn uniformly inside its bin (an integer column: uniformly
 among the integers inside the bin; the bin's rounded centre when it holds none).
 
-Timing: `train_seconds` is the bench's binning of the private rows plus the child process up
-to the end of `fit` (start-up, import, load, fit); `sample_seconds` is SmartNoise's `sample`;
+Timing: `train_seconds` (and `train_cpu_seconds`) is the bench's binning of the private rows
+plus the child process up to the end of `fit` (start-up, import, load, fit); `sample_seconds`
+is SmartNoise's `sample`;
 peak memory is the child's (the bench's own reading of the CSV is not counted, while
 dpsynth's `train` reads its CSV itself: its peak includes that).
 """
@@ -36,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from measure import run_measured
 
 from dpsynth.data.schema import Schema
 from dpsynth.data.tabular import RawTable
@@ -134,19 +136,19 @@ def run_peer(
     delta: float,
     n: int,
     folder: Path,
-    timeout_s: float,
-    run_measured: Any,
+    limits: tuple[float, float],
     aim_rounds: int | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Fit and sample one SmartNoise peer on `raw`; write `folder/synth.csv` (same header as
-    the schema). Returns the timings, or `timed_out` with AIM's progress at the limit."""
+    the schema). `limits`: CPU and wall seconds for the child (fit and sample). Returns the
+    timings, or `timed_out` (`killed_by` the limit) with AIM's progress at the limit."""
     python = venv_python()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     codes, sizes = public_codes(raw, schema)
     np.save(folder / "codes.npy", codes)
     (folder / "sizes.json").write_text(json.dumps(sizes))
-    binning_s = time.perf_counter() - start
+    binning_s, binning_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     del codes
     command = [
         str(python), "-u", str(CHILD), "--synth", PEERS[peer],
@@ -156,11 +158,11 @@ def run_peer(
     ]  # fmt: skip
     if aim_rounds:
         command += ["--rounds", str(aim_rounds)]
-    done = run_measured(command, timeout_s, env=os.environ | THREAD_ENV)
+    done = run_measured(command, limits[0], env=os.environ | THREAD_ENV, wall_limit_s=limits[1])
     rounds = re.findall(r"Budget Used ([0-9.eE+-]+)", done.stdout)
     progress = {"rounds_done": len(rounds), "budget_used": float(rounds[-1]) if rounds else None}
     if done.timed_out:
-        return {"timed_out": True} | progress
+        return {"timed_out": True, "killed_by": done.killed_by} | progress
     if done.returncode != 0:
         raise RuntimeError(f"{peer} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
     timing = json.loads((folder / "timing.json").read_text())
@@ -171,7 +173,11 @@ def run_peer(
         "train_seconds": round(
             binning_s + timing["startup_and_load_seconds"] + timing["fit_seconds"], 1
         ),
+        "train_cpu_seconds": round(
+            binning_cpu + timing["startup_and_load_cpu_seconds"] + timing["fit_cpu_seconds"], 1
+        ),
         "sample_seconds": round(timing["sample_seconds"], 1),
+        "sample_cpu_seconds": round(timing["sample_cpu_seconds"], 1),
         "wall_seconds": round(done.seconds, 1),
         "peak_rss_mb": None if np.isnan(done.peak_rss_mb) else round(done.peak_rss_mb),
         "fit_seconds": round(timing["fit_seconds"], 1),

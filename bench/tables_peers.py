@@ -22,9 +22,12 @@ folder and ledger:
   the real held-out rows: mean TVD of all 1-way, all 2-way and 100 public random 3-way
   marginals (numbers in 10 bins over the schema's public bounds), logistic regression and
   gradient boosting ROC-AUC (trained on the synthetic rows).
-Each training (for SmartNoise: fit and sample) gets `--timeout` minutes; a run past it is
-killed and recorded as "did not finish in X min" (AIM: with the rounds it had done). Times are
-wall clock of the child processes; peak memory is each child's maximum RSS (`wait4`).
+Each training (for SmartNoise: fit and sample) may use `--timeout` minutes of CPU time
+(default 30) and `--wall-timeout` minutes of wall clock (default 3 × that): on a shared machine
+the CPU time is the work done, the wall clock depends on the load. A run past either limit is
+killed and recorded as "did not finish in X CPU (or wall) min" (AIM: with the rounds it had
+done). The table gives CPU and wall seconds of the commands (start-up and data loading
+included) and each command's peak RSS (bench/measure.py says how they are measured).
 
 The real train rows, evaluated as if synthetic, give each data set's reference row (not
 private: the floor of the metrics with that many real rows). Results are merged into
@@ -35,18 +38,13 @@ commands accumulate) and `.md`, and the table is printed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import json
-import math
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,10 +56,12 @@ sys.path.insert(0, str(BENCH))
 import leaderboard  # noqa: E402
 import machine  # noqa: E402
 import smartnoise_peer  # noqa: E402
+from measure import Finished, mb, run_measured  # noqa: E402
 
 REPO = BENCH.parent
 RESULTS = BENCH / "results"
 SCORES = ("tvd_two_way", "tvd_three_way", "tvd_one_way", "logreg_roc_auc_mean", "gbm_roc_auc_mean")
+TIMES = ("train_cpu_seconds", "train_seconds", "sample_seconds")
 
 
 @dataclass(frozen=True)
@@ -89,74 +89,23 @@ def tables(shared: Path) -> dict[str, Table]:
     }
 
 
-@dataclass
-class Finished:
-    """A child process's outcome: exit code, output, seconds, peak RSS, killed at the limit."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-    seconds: float
-    peak_rss_mb: float
-    timed_out: bool
+def limits(args: argparse.Namespace) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) a training may take: `--timeout`, `--wall-timeout`."""
+    wall = args.wall_timeout if args.wall_timeout is not None else 3 * args.timeout
+    return args.timeout * 60, wall * 60
 
 
-def run_measured(
-    command: list[str], timeout_s: float, env: dict[str, str] | None = None
-) -> Finished:
-    """Run `command` in its own process group; kill the group after `timeout_s`.
-
-    Peak RSS comes from `/usr/bin/time -f %M` wrapped around the command: a child forked by
-    this (large) Python process would inherit its high-water mark in `ru_maxrss`, while the
-    command that `time` forks starts from `time`'s few MB. Without `/usr/bin/time`, the
-    child's `wait4` figure (an upper bound) is used. A killed command has no peak (NaN)."""
-    killed = threading.Event()
-    wrapped = Path("/usr/bin/time").is_file()
-    with (
-        tempfile.TemporaryFile() as out,
-        tempfile.TemporaryFile() as err,
-        tempfile.NamedTemporaryFile("r", suffix=".rss") as rss,
-    ):
-        full = ["/usr/bin/time", "-f", "%M", "-o", rss.name, *command] if wrapped else command
-        start = time.perf_counter()
-        child = subprocess.Popen(full, stdout=out, stderr=err, env=env, start_new_session=True)
-
-        def kill() -> None:
-            killed.set()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-
-        timer = threading.Timer(timeout_s, kill)
-        timer.start()
-        _, status, usage = os.wait4(child.pid, 0)
-        timer.cancel()
-        child.returncode = os.waitstatus_to_exitcode(status)
-        seconds = time.perf_counter() - start
-        peak = usage.ru_maxrss / 1024
-        if wrapped:
-            found = [x for x in rss.read().split() if x.isdigit()]
-            peak = int(found[-1]) / 1024 if found else math.nan
-        out.seek(0)
-        err.seek(0)
-        return Finished(
-            child.returncode,
-            out.read().decode(errors="replace"),
-            err.read().decode(errors="replace"),
-            seconds,
-            peak,
-            killed.is_set(),
-        )
+def limit_text(killed_by: str | None, args: argparse.Namespace) -> str:
+    """'20 CPU min' or '60 wall min': the limit that stopped a run."""
+    cpu, wall = limits(args)
+    return f"{wall / 60:g} wall min" if killed_by == "wall" else f"{cpu / 60:g} CPU min"
 
 
-def mb(value: float) -> int | None:
-    """A peak RSS in whole MB, None when unknown (a killed command)."""
-    return None if math.isnan(value) else round(value)
-
-
-def cli_json(args: list[str], timeout_s: float) -> tuple[dict[str, Any], Finished]:
-    """`dpsynth ARGS --json` under a time limit: its JSON (None when killed) and the outcome."""
+def cli_json(args: list[str], limit: tuple[float, float]) -> tuple[dict[str, Any], Finished]:
+    """`dpsynth ARGS --json` under (CPU, wall) limits: its JSON ({} when killed), the outcome."""
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    done = run_measured([*leaderboard.CLI, *args, "--json"], timeout_s, env=os.environ | threads)
+    command = [*leaderboard.CLI, *args, "--json"]
+    done = run_measured(command, limit[0], env=os.environ | threads, wall_limit_s=limit[1])
     if done.timed_out:
         return {}, done
     if done.returncode != 0:
@@ -191,23 +140,25 @@ def dpsynth_run(
         command += ["--schema", str(table.schema)]
     for item in args.set or []:
         command += ["--set", item]
-    trained, train = cli_json(command, args.timeout * 60)
+    trained, train = cli_json(command, limits(args))
     if train.timed_out:
-        return {"timed_out": True, "peak_rss_mb": mb(train.peak_rss_mb)}
+        return {"timed_out": True, "limit": limit_text(train.killed_by, args)}
     sample = ["sample", str(root / "run"), "--n", str(args.n), "--out", str(root / "synth.csv"),
               "--device", "cpu", "--ledger", str(ledger), "--quiet"]  # fmt: skip
     if args.labels:
         sample += ["--labels", args.labels]
-    _, sampled = cli_json(sample, args.timeout * 60)
+    _, sampled = cli_json(sample, limits(args))
     if sampled.timed_out:
-        raise RuntimeError(f"sample did not finish in {args.timeout} min")
+        raise RuntimeError(f"sample did not finish in {limit_text(sampled.killed_by, args)}")
     return {
         "preset": trained["preset"],
         "epsilon_bound": trained["epsilon"],
         "steps": trained["steps"],
         "noise_multiplier": trained["noise_multiplier"],
         "train_seconds": round(train.seconds, 1),
+        "train_cpu_seconds": round(train.cpu_seconds, 1),
         "sample_seconds": round(sampled.seconds, 1),
+        "sample_cpu_seconds": round(sampled.cpu_seconds, 1),
         "peak_rss_mb": mb(max(train.peak_rss_mb, sampled.peak_rss_mb)),
         "train_peak_rss_mb": mb(train.peak_rss_mb),
         "sample_peak_rss_mb": mb(sampled.peak_rss_mb),
@@ -229,13 +180,13 @@ def one_run(
                 schema = read_schema(table.schema) if table.schema else bundled
                 record = smartnoise_peer.run_peer(
                     tool, raw, schema, float(epsilon), table.delta, args.n, root,
-                    args.timeout * 60, run_measured, aim_rounds=args.aim_rounds, seed=run,
+                    limits(args), aim_rounds=args.aim_rounds, seed=run,
                 )  # fmt: skip
                 del raw
             else:
                 record = dpsynth_run(tool, table, epsilon, args, root)
             if record.get("timed_out"):
-                return record | {"timeout_min": args.timeout}
+                return record | {"limit": limit_text(record.pop("killed_by", None), args)}
             evaluation = leaderboard._evaluate_table(
                 root / "synth.csv", namespace(table, args), root / "ledger.jsonl", args.seeds,
                 "ml,marginals",
@@ -249,7 +200,7 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """A cell from its runs: each score's values, mean, min and max over the finished runs."""
     finished = [r for r in runs if "error" not in r and not r.get("timed_out")]
     cell: dict[str, Any] = {"per_run": runs, "finished": len(finished)}
-    for key in (*SCORES, "train_seconds", "sample_seconds", "peak_rss_mb"):
+    for key in (*SCORES, *TIMES, "peak_rss_mb"):
         values = [r[key] for r in finished if r.get(key) is not None]
         if values:
             cell[key] = {"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
@@ -271,7 +222,7 @@ def status(row: dict[str, Any]) -> str | None:
     runs = row["per_run"]
     timed = [r for r in runs if r.get("timed_out")]
     if timed:
-        text = f"did not finish in {timed[0]['timeout_min']:g} min"
+        text = f"did not finish in {timed[0]['limit']}"
         rounds = [r["rounds_done"] for r in timed if r.get("rounds_done") is not None]
         if rounds:
             used = [r["budget_used"] for r in timed if r.get("budget_used") is not None]
@@ -299,17 +250,17 @@ def markdown(report: dict[str, Any]) -> str:
     """The side-by-side table, one line per (data, ε, tool), real rows first."""
     lines = [
         "| data | ε | tool | 2-way TVD | 3-way TVD | 1-way TVD | logreg AUC | GBM AUC "
-        "| train s | sample s | peak MB | runs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| train CPU s | train wall s | sample wall s | peak MB | runs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
         head = f"| {row['data']} | {row['epsilon'] or '–'} | {tool_label(row)} |"
         why = status(row)
         if why:
-            lines.append(f"{head} {why} | | | | | | | | {len(row['per_run'])} |")
+            lines.append(f"{head} {why} | | | | | | | | | {len(row['per_run'])} |")
             continue
         cells = [fmt_range(row.get(k), ".3f") for k in SCORES]
-        cells += [fmt_range(row.get(k), ".0f") for k in ("train_seconds", "sample_seconds")]
+        cells += [fmt_range(row.get(k), ".0f") for k in TIMES]
         cells.append(fmt_range(row.get("peak_rss_mb"), ".0f"))
         runs = f"{row['finished']}/{len(row['per_run'])}"
         lines.append(f"{head} {' | '.join(cells)} | {runs} |")
@@ -369,7 +320,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epsilon", nargs="+", default=None)
     parser.add_argument("--methods", nargs="+", default=None, help="dpsynth methods, smartnoise-*")
     parser.add_argument("--runs", type=int, default=None, help="training runs per cell [2]")
-    parser.add_argument("--timeout", type=float, default=None, help="minutes per training [30]")
+    parser.add_argument("--timeout", type=float, default=None, help="CPU min per training [30]")
+    parser.add_argument("--wall-timeout", type=float, default=None, help="wall min [3×timeout]")
     parser.add_argument("--n", type=int, default=None, help="synthetic rows per run [20,000]")
     parser.add_argument("--seeds", type=int, default=1, help="classifier seeds")
     parser.add_argument("--preset", default=None, help="dpsynth preset [auto]")

@@ -29,23 +29,28 @@ def bench():
     try:
         yield {
             name: importlib.import_module(name)
-            for name in ("tables_peers", "smartnoise_peer", "big_table")
+            for name in ("tables_peers", "smartnoise_peer", "big_table", "measure")
         }
     finally:
         sys.path.remove(str(BENCH))
 
 
-def test_child_time_limit_and_peak_memory(bench) -> None:
-    run = bench["tables_peers"].run_measured
-    slow = run([sys.executable, "-c", "import time; print('x', flush=True); time.sleep(60)"], 1.0)
-    assert slow.timed_out and slow.seconds < 30 and slow.stdout == "x\n"
-    big = run(
-        [sys.executable, "-c", "b = bytearray(300 * 2**20); b[::4096] = b'1' * len(b[::4096])"], 60
-    )
+def test_child_time_limits_cpu_time_and_peak_memory(bench) -> None:
+    run = bench["measure"].run_measured
+    sleeper = [sys.executable, "-c", "import time; print('x', flush=True); time.sleep(60)"]
+    slow = run(sleeper, 60.0, wall_limit_s=1.0)
+    assert slow.killed_by == "wall" and slow.seconds < 30 and slow.stdout == "x\n"
+    assert math.isnan(slow.peak_rss_mb)
+    busy = run([sys.executable, "-c", "while True: pass"], 1.0, wall_limit_s=120.0)
+    assert busy.killed_by == "cpu" and busy.timed_out
+    work = "x = 0\nfor i in range(3 * 10**7): x += i"
+    counted = run([sys.executable, "-c", work], 120.0)
+    assert counted.killed_by is None and counted.cpu_seconds > 0.3
+    touch = "b = bytearray(300 * 2**20); b[::4096] = b'1' * len(b[::4096])"
+    big = run([sys.executable, "-c", touch], 60)
     assert not big.timed_out and big.returncode == 0 and 300 <= big.peak_rss_mb < 1000
     # The child's own peak: a fork of this process would report this process's high-water mark.
-    small = run([sys.executable, "-c", "pass"], 60)
-    assert small.peak_rss_mb < 100 and math.isnan(slow.peak_rss_mb)
+    assert run([sys.executable, "-c", "pass"], 60).peak_rss_mb < 100
     failed = run([sys.executable, "-c", "import sys; sys.exit(3)"], 60)
     assert failed.returncode == 3 and not failed.timed_out
 
@@ -83,19 +88,19 @@ def test_cells_ranges_and_time_outs(bench) -> None:
     runs = [
         {"tvd_two_way": 0.30, "logreg_roc_auc_mean": 0.7, "train_seconds": 10.0, "preset": "small"},
         {"tvd_two_way": 0.35, "logreg_roc_auc_mean": 0.7, "train_seconds": 14.0, "preset": "small"},
-        {"timed_out": True, "timeout_min": 11.0},
+        {"timed_out": True, "limit": "11 CPU min"},
     ]
     cell = {"data": "german-credit", "epsilon": "1", "tool": "dpkernel"} | peers.combine(runs)
     assert cell["finished"] == 2 and cell["tvd_two_way"]["max"] == 0.35
     aim = {"data": "census", "epsilon": "1", "tool": "smartnoise-aim", "aim_rounds": None}
-    aim |= peers.combine([{"timed_out": True, "timeout_min": 11, "rounds_done": 3,
+    aim |= peers.combine([{"timed_out": True, "limit": "11 CPU min", "rounds_done": 3,
                           "budget_used": 0.04}])  # fmt: skip
     failed = {"data": "census", "epsilon": "10", "tool": "smartnoise-mst"}
     failed |= peers.combine([{"error": "mst failed (exit 1): boom\nValueError: bad"}])
     page = peers.markdown({"rows": [cell, aim, failed]})
     assert "| german-credit | 1 | dpsynth dpkernel (small) | 0.300–0.350 |" in page
-    assert "| 0.700 |" in page and "| 10–14 |" in page and "| 2/3 |" in page
-    assert "SmartNoise AIM | did not finish in 11 min (3 rounds done, 4% of ρ)" in page
+    assert "| 0.700 |" in page and "| – | 10–14 |" in page and "| 2/3 |" in page
+    assert "SmartNoise AIM | did not finish in 11 CPU min (3 rounds done, 4% of ρ)" in page
     assert "SmartNoise MST | failed: ValueError: bad" in page
     weighted = cell | {"labels": "weights"}
     assert peers.tool_label(weighted) == "dpsynth dpkernel (small, --labels weights)"
@@ -111,6 +116,11 @@ def test_options(bench) -> None:
     assert full.data == ["german-credit", "census"] and full.runs == 2 and full.methods is None
     with pytest.raises(SystemExit):
         peers.parse_args(["--methods", "nosuchmethod"])
+    assert peers.limits(peers.parse_args(["--timeout", "20"])) == (1200, 3600)
+    capped = peers.parse_args(["--timeout", "20", "--wall-timeout", "30"])
+    assert peers.limits(capped) == (1200, 1800)
+    assert peers.limit_text("wall", capped) == "30 wall min"
+    assert peers.limit_text("cpu", capped) == "20 CPU min"
 
 
 def test_big_table_from_a_fake_census(bench, tmp_path: Path) -> None:
