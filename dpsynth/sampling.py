@@ -26,11 +26,11 @@ from PIL import Image
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import DataError, UsageError
+from dpsynth.ledger import Ledger
+from dpsynth.ledger.anchors import SpendAnchor, privacy_statement, verified_spend
 from dpsynth.methods.base import Generator, check_truncation
 from dpsynth.methods.registry import get_method
 from dpsynth.outdir import check_target, remove_stale_staging, replace_dir, staging_dir
-from dpsynth.privacy.anchors import SpendAnchor, privacy_statement, verified_spend
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.runs import RunDir, write_json_atomic
 from dpsynth.training import resolve_device
 

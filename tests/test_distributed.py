@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger import Ledger
 from dpsynth.training import train_run
 
 ROOT = Path(__file__).resolve().parents[1]

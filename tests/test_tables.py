@@ -21,6 +21,7 @@ from dpsynth.data.schema import DATA_SOURCE, draft_schema, parse_schema
 from dpsynth.data.sources import load_table, read_table
 from dpsynth.data.tabular import TableCodec, encode_table, read_csv_table
 from dpsynth.errors import DataError, UsageError
+from dpsynth.ledger import Ledger
 from dpsynth.privacy.accounting import compose_epsilon
 from dpsynth.privacy.histograms import (
     category_counts,
@@ -30,7 +31,6 @@ from dpsynth.privacy.histograms import (
     plan_histogram_release,
     release_schema_statistics,
 )
-from dpsynth.privacy.ledger import Ledger
 
 runner = CliRunner()
 

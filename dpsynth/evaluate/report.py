@@ -220,7 +220,7 @@ def spends_on(data: ImageData, ledger_path: str | os.PathLike[str] | None) -> li
     """
     if ledger_path is None or not Path(ledger_path).is_file():
         return []
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     ledger = Ledger(Path(ledger_path))
     same_data = {data.content_digest, ledger.data_fingerprint(data.content_digest, create=False)}
@@ -239,7 +239,7 @@ def keyed_fingerprint(
     None when there is no ledger key yet (never the plain digest, a membership test)."""
     if ledger_path is None:
         return None
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     return Ledger(Path(ledger_path)).data_fingerprint(content_digest, create=False)
 
@@ -340,7 +340,7 @@ def record_evaluation_release(
     provenance = result.get("provenance") or {}
     if ledger_path is None or not provenance.get("dataset_id"):
         return None
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     details = {
         "synthetic": result["synthetic"],

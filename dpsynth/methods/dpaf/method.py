@@ -89,9 +89,9 @@ from dpsynth.privacy.aggregation import (
     window_patterns,
     window_sampling_rate,
 )
-from dpsynth.privacy.anchors import IDLE_STEPS_KEY, NOT_DP_LABEL
 from dpsynth.privacy.distributed import is_data_parallel, shard, shard_mask
 from dpsynth.privacy.dpsgd import PrivateGradient, per_sample_grads
+from dpsynth.privacy.plan_check import IDLE_STEPS_KEY, NOT_DP_LABEL
 from dpsynth.privacy.randomness import PrivateRandomness
 
 _ADAM_BETAS = (0.5, 0.999)
