@@ -437,7 +437,7 @@ def test_warm_start_through_the_loop_once_and_both_events_in_the_ledger(tmp_path
     R·T·K DP-SGD steps (re-accounted with dp-accounting within the printed ε), S starts from
     it, and a run cut after 3 releases resumes without releasing again, ending equal to a
     straight run."""
-    from dpsynth.methods.psg.method import PSGTrainer
+    from dpsynth.methods.psg.trainer import PSGTrainer
     from dpsynth.privacy.ledger import Ledger
     from dpsynth.runs import RunDir
     from dpsynth.training import train_run

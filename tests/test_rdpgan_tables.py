@@ -21,7 +21,7 @@ from dpsynth.data.tabular import block_layout, encode_table, read_csv_table
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.blocks import TableHead
 from dpsynth.methods.rdpgan import RDPGANMethod
-from dpsynth.methods.rdpgan.method import RDPGANTrainer
+from dpsynth.methods.rdpgan.trainer import RDPGANTrainer
 from dpsynth.privacy.ledger import Ledger
 from dpsynth.privacy.randomness import PrivateRandomness
 
