@@ -303,7 +303,7 @@ def _marked_set(spc: int = 3, classes: int = 4) -> tuple[torch.Tensor, torch.Ten
 def _draw(generator: PSGGenerator, labels: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
     rng = torch.Generator().manual_seed(seed)
     out = []
-    for start in range(0, labels.numel(), batch):  # chunked, as sampling.py calls it
+    for start in range(0, labels.numel(), batch):  # chunked, as dpsynth.sampling calls it
         out += list(generator.sample(labels[start : start + batch], batch, rng))
     return torch.cat(out)
 
