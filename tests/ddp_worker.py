@@ -14,7 +14,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from dpsynth.data.sources import load_data
-from dpsynth.methods.dpkernel.method import private_embedding_gradient
+from dpsynth.methods.dpkernel.kernel import private_embedding_gradient
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.aggregation import noisy_feature_sum, private_gradient_sum
 from dpsynth.privacy.distributed import shard

@@ -130,7 +130,7 @@ def test_released_weights_are_spent_composed_stored_and_used(tmp_path: Path) -> 
     assert config["schema_release"]["class_weights"]["weights"] == pytest.approx(weights)
     # german-credit's training split is 70% / 30%; the noise at ε = 0.3 on 800 rows is ~±2%
     assert weights[0] == pytest.approx(0.7, abs=0.05) and sum(weights) == pytest.approx(1.0)
-    from dpsynth.methods.dpkernel.method import _target_weights
+    from dpsynth.methods.dpkernel.labels import target_weights as _target_weights
 
     assert _target_weights(DataInfo.from_json(config["data"])) == pytest.approx(tuple(weights))
     # sampling follows them on request and says so; the statement composes both spends

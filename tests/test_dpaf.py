@@ -450,7 +450,7 @@ def test_phase1_trains_c_privately_and_transfers_conv1(transfer_conv2, one_torch
 
 
 def test_conv2_per_record_gradients_equal_a_per_record_loop(monkeypatch):
-    import dpsynth.methods.dpaf.method as module
+    import dpsynth.methods.dpaf.phase2 as module
 
     config, plan = _plan(5.0)
     trainer = DPAFMethod().trainer(DIGITS_INFO, config, plan, torch.device("cpu"), 0)

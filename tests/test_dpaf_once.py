@@ -20,7 +20,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpaf import DPAFMethod
-from dpsynth.methods.dpaf.method import ONCE_PHASE
+from dpsynth.methods.dpaf.plan import ONCE_PHASE
 from dpsynth.privacy.aggregation import noisy_group_sums, renorm_rows
 from dpsynth.privacy.randomness import PrivateRandomness
 from tests.noise_checks import assert_gaussian_noise

@@ -15,7 +15,7 @@ import torch
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
-from dpsynth.methods.dpkernel.method import (
+from dpsynth.methods.dpkernel import (
     DPKernelGenerator,
     DPKernelMethod,
     VectorGenerator,

@@ -11,7 +11,8 @@ from torch.func import grad, vmap
 
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyTarget
-from dpsynth.methods.pge.method import PGEMethod, build_score_net, from_working, to_working
+from dpsynth.methods.pge.build import build_score_net, from_working, to_working
+from dpsynth.methods.pge.method import PGEMethod
 from dpsynth.methods.pge.nets import RandomConvEncoder, ScoreUNet
 from dpsynth.methods.pge.ssm import (
     divergence_term,

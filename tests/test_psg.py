@@ -303,7 +303,7 @@ def _marked_set(spc: int = 3, classes: int = 4) -> tuple[torch.Tensor, torch.Ten
 def _draw(generator: PSGGenerator, labels: torch.Tensor, batch: int, seed: int) -> torch.Tensor:
     rng = torch.Generator().manual_seed(seed)
     out = []
-    for start in range(0, labels.numel(), batch):  # chunked, as sampling.py calls it
+    for start in range(0, labels.numel(), batch):  # chunked, as dpsynth.sampling calls it
         out += list(generator.sample(labels[start : start + batch], batch, rng))
     return torch.cat(out)
 
@@ -438,7 +438,7 @@ def test_warm_start_through_the_loop_once_and_both_events_in_the_ledger(tmp_path
     it, and a run cut after 3 releases resumes without releasing again, ending equal to a
     straight run."""
     from dpsynth.ledger import Ledger
-    from dpsynth.methods.psg.method import PSGTrainer
+    from dpsynth.methods.psg.trainer import PSGTrainer
     from dpsynth.runs import RunDir
     from dpsynth.training import train_run
 

@@ -21,7 +21,7 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.rdpgan import RDPGANMethod
 from dpsynth.methods.rdpgan import schedule as sched
-from dpsynth.methods.rdpgan.method import RDPGANTrainer
+from dpsynth.methods.rdpgan.trainer import RDPGANTrainer
 from dpsynth.privacy.plan_check import check_plan_parameters
 from dpsynth.privacy.randomness import PrivateRandomness
 
@@ -268,7 +268,7 @@ def test_paper_modes_ant_and_bad_settings_are_refused(overrides, message):
 
 
 def test_conv_networks_have_no_batchnorm_in_d_and_the_right_shapes():
-    from dpsynth.methods.rdpgan.method import build_discriminator, build_generator
+    from dpsynth.methods.rdpgan.generator import build_discriminator, build_generator
 
     for shape in ((1, 8, 8), (1, 28, 28)):
         info = DataInfo(**{**DIGITS_INFO.__dict__, "shape": shape})

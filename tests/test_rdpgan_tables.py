@@ -22,7 +22,7 @@ from dpsynth.ledger import Ledger
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.blocks import TableHead
 from dpsynth.methods.rdpgan import RDPGANMethod
-from dpsynth.methods.rdpgan.method import RDPGANTrainer
+from dpsynth.methods.rdpgan.trainer import RDPGANTrainer
 from dpsynth.privacy.randomness import PrivateRandomness
 
 runner = CliRunner()

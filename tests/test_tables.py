@@ -459,7 +459,7 @@ def test_census_rows_with_blanks_and_missing_tokens_round_trip(tmp_path: Path) -
 
 
 def test_target_weights_set_the_generated_label_proportions() -> None:
-    from dpsynth.methods.dpkernel.method import DPKernelMethod, weighted_labels
+    from dpsynth.methods.dpkernel import DPKernelMethod, weighted_labels
     from dpsynth.privacy.plan import PrivacyTarget
 
     labels = weighted_labels(32, (0.94, 0.06))
