@@ -124,6 +124,13 @@ class Ledger:
     def _fingerprint_key(self, create: bool) -> FingerprintKey | None:
         if self._key is not None:
             return self._key
+        # a ledger path under a file (notes.txt/l.jsonl) is the user's mistake: exit 2, not 4
+        self._file.check_path()
+        if self.path.parent.exists() and not self.path.parent.is_dir():
+            raise UsageError(
+                f"ledger {self.path}: cannot write to it ({self.path.parent} is a file, not a "
+                "folder); give a writable --ledger"
+            )
         key = read_key(self.key_path)
         used = self._read_state().key_ids()
         if key is None and used:

@@ -69,8 +69,9 @@ class LedgerState(Chain):
         ]
 
     def key_ids(self) -> set[str]:
-        """The ids of the keys the ledger's fingerprints were made with."""
-        found = (key_id_of(str(entry.get("fingerprint", ""))) for entry in self.entries)
+        """The ids of the keys this ledger's spend fingerprints were made with. Release lines
+        are left out: they quote fingerprints from manifests that other ledgers' keys made."""
+        found = (key_id_of(str(spend.get("fingerprint", ""))) for spend in self.spends.values())
         return {key_id for key_id in found if key_id is not None}
 
     def group_spends(self, dataset_id: str, fingerprint: str | None = None) -> list[int]:
