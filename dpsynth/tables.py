@@ -36,6 +36,7 @@ from dpsynth.data.tabular import (
     table_content_digest,
 )
 from dpsynth.errors import UsageError
+from dpsynth.ledger import Ledger
 from dpsynth.privacy.accounting import compose_epsilon
 from dpsynth.privacy.histograms import (
     ClassWeightsPlan,
@@ -44,7 +45,6 @@ from dpsynth.privacy.histograms import (
     release_class_weights,
     release_schema_statistics,
 )
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.privacy.randomness import PrivateRandomness
 
 PUBLIC_SOURCE = "declared public by the user (--schema-public)"

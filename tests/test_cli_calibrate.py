@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dpsynth.cli import app
+from dpsynth.ledger import Ledger
 from dpsynth.privacy.accounting import compose_epsilon, poisson_gaussian_event
-from dpsynth.privacy.ledger import Ledger
 
 runner = CliRunner()
 

@@ -53,7 +53,7 @@ def test_piped_ledger_show_prints_long_values_in_full(tmp_path):
 
 def test_piped_key_value_output_prints_in_full_through_a_real_pipe(tmp_path):
     from dpsynth.data.sources import load_data
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     ledger = tmp_path / "ledger.jsonl"
     Ledger(ledger).data_fingerprint(load_data("digits").content_digest)  # makes the key

@@ -15,8 +15,8 @@ from PIL import Image
 from dpsynth.data.sources import load_data
 from dpsynth.errors import UsageError
 from dpsynth.evaluate.report import run_evaluation
-from dpsynth.privacy.ledger import Ledger
-from dpsynth.privacy.ledger_key import FingerprintKey
+from dpsynth.ledger import Ledger
+from dpsynth.ledger.key import FingerprintKey
 
 
 def _write_sample_folder(out: Path, skip_class: str | None = None, per_class: int = 30) -> None:

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from dpsynth.cli import app
 from dpsynth.data.sources import load_data, load_table
 from dpsynth.errors import UsageError
+from dpsynth.ledger import Ledger
+from dpsynth.ledger.key import FingerprintKey, create_key, is_keyed, key_path_for
 from dpsynth.privacy.accounting import poisson_gaussian_event
-from dpsynth.privacy.ledger import Ledger
-from dpsynth.privacy.ledger_key import FingerprintKey, create_key, is_keyed, key_path_for
 from dpsynth.training import train_run
 
 runner = CliRunner()
@@ -190,3 +190,21 @@ def test_concurrent_first_uses_share_one_key(tmp_path: Path) -> None:
     assert first.key_id == second.key_id
     assert first.fingerprint("00") == second.fingerprint("00")
     assert FingerprintKey.fresh().key_id != first.key_id
+
+
+def test_verify_names_the_lines_that_hold_a_plain_digest(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    old = Ledger(path)
+    old.reserve(  # as dpsynth 0.1 wrote it
+        dataset_id="a", fingerprint="ab" * 32, command="train", method="pge", run_id="r0",
+        events=[EVENT], delta=1e-5,
+    )  # fmt: skip
+    keyed = old.data_fingerprint("cd" * 32)
+    assert keyed is not None
+    old.reserve(
+        dataset_id="b", fingerprint=keyed, command="train", method="pge", run_id="r1",
+        events=[EVENT], delta=1e-5,
+    )  # fmt: skip
+    assert Ledger(path).verify()["plain_digest_seqs"] == [0]
+    shown = runner.invoke(app, ["ledger", "verify", "--ledger", str(path)])
+    assert shown.exit_code == 0 and "do not publish this ledger as it is; lines 0" in shown.stdout

@@ -595,10 +595,10 @@ def test_a_model_that_keeps_records_apart_stays_on_ghost_after_the_check():
 
 
 def test_the_loop_turns_fallback_warnings_into_run_warnings_and_passes_others_on():
-    from dpsynth.training import _collected
+    from dpsynth.training.loop import collected_warnings
 
     into: list[str] = []
-    with pytest.warns(FutureWarning, match="other"), _collected(GhostFallbackWarning, into):
+    with pytest.warns(FutureWarning, match="other"), collected_warnings(GhostFallbackWarning, into):
         warnings.warn("fell back", GhostFallbackWarning, stacklevel=1)
         warnings.warn("other", FutureWarning, stacklevel=1)
     assert into == ["fell back"]

@@ -24,11 +24,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dpsynth.interrupts import TrainingInterrupted, deferred_interrupts
+from dpsynth.ledger import Ledger
 from dpsynth.methods.registry import get_method, method_names
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.privacy.randomness import PrivateRandomness
 from dpsynth.training import train_run
+from dpsynth.training.interrupts import TrainingInterrupted, deferred_interrupts
 
 DRAWS = ("randn", "rand", "randint", "randperm", "normal", "bernoulli", "multinomial")
 IMAGE_METHODS = [m for m in method_names() if "image" in get_method(m).modalities]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from dpsynth.errors import DataError, UsageError
+from dpsynth.ledger import Ledger
 from dpsynth.privacy.accounting import default_delta
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.training import TrainRequest, train_run
 
 DIGITS_N = 1437

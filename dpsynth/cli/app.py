@@ -124,7 +124,7 @@ ChannelsOpt = Annotated[
 
 def resolve_ledger_path(path: Path | None) -> Path:
     """The `--ledger` path, or the default ($DPSYNTH_LEDGER, else ./dpsynth-ledger.jsonl)."""
-    from dpsynth.privacy.ledger import default_ledger_path
+    from dpsynth.ledger import default_ledger_path
 
     return path if path is not None else default_ledger_path()
 
@@ -223,7 +223,7 @@ def main() -> None:
     )
     # A plain `kill` (SIGTERM) ends a command as Ctrl-C does: `sample` removes its staging
     # folder, `train` stops at the next step boundary with a checkpoint (it installs its own
-    # handlers while its loop runs: dpsynth.interrupts), and the exit is one line (130).
+    # handlers while its loop runs: dpsynth.training.interrupts), and the exit is one line (130).
     signal.signal(signal.SIGTERM, _interrupt)
     app()
 

@@ -44,7 +44,7 @@ def calibrate(
     prior: tuple[dict, ...] = ()
     budget_info: dict[str, Any] | None = None
     if dataset is not None:
-        from dpsynth.privacy.ledger import Ledger
+        from dpsynth.ledger import Ledger
 
         book = Ledger(resolve_ledger_path(ledger))
         prior = book.events_for(dataset)

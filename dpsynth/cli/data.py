@@ -86,7 +86,7 @@ def data_inspect(
     keys it (when the ledger has a key); no statistics."""
     from dpsynth.data.schema import read_schema
     from dpsynth.data.sources import inspect_data, parse_classes
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     info = inspect_data(
         spec,

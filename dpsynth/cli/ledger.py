@@ -11,7 +11,7 @@ from rich.markup import escape
 from dpsynth.cli.app import DebugOpt, JsonOpt, LedgerOpt, app, handle_errors, resolve_ledger_path
 from dpsynth.cli.render import emit_json, fmt_eps, print_rows, print_warnings, stdout
 from dpsynth.errors import UsageError
-from dpsynth.privacy.anchors import NOT_DP_LABEL, not_dp_label
+from dpsynth.privacy.plan_check import NOT_DP_LABEL, not_dp_label
 
 ledger_app = typer.Typer(help="Show, verify and cap the privacy spent per dataset.")
 app.add_typer(ledger_app, name="ledger", no_args_is_help=True)
@@ -36,7 +36,7 @@ def ledger_show(
     debug: DebugOpt = False,
 ) -> None:
     """What was spent per dataset: entries, composed total ε, budget left."""
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     path = resolve_ledger_path(ledger)
     book = Ledger(path)
@@ -130,8 +130,8 @@ def ledger_verify(
 ) -> None:
     """Recompute the hash chain and every total; exit 1 if any line was edited or moved, or if
     a run's spend or a published head is not in the chain (a cut or rewritten ledger)."""
-    from dpsynth.privacy.anchors import SpendAnchor
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
+    from dpsynth.ledger.anchors import SpendAnchor
     from dpsynth.runs import RunDir
 
     if more_runs and not against:
@@ -163,6 +163,13 @@ def ledger_verify(
             "  lines written by another accountant version, checked not to under-report: "
             + ", ".join(map(str, result["other_accountant_seqs"]))
         )
+    if result.get("plain_digest_seqs"):
+        stdout.print(
+            "  lines from before the fingerprint key name their data by its plain digest (a "
+            "membership test): do not publish this ledger as it is; lines "
+            + ", ".join(map(str, result["plain_digest_seqs"])),
+            markup=False,
+        )
     if runs:
         stdout.print(
             f"  spends of {len(runs)} run(s) found in the chain: " + ", ".join(runs), markup=False
@@ -180,7 +187,7 @@ def ledger_head(
 ) -> None:
     """Print the ledger's head (last seq and hash) after checking the chain; keep or publish it,
     and `ledger verify --head HASH` later proves that nothing up to it was cut or rewritten."""
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     path = resolve_ledger_path(ledger)
     if not path.is_file():
@@ -208,8 +215,8 @@ def ledger_budget(
     debug: DebugOpt = False,
 ) -> None:
     """Record a privacy budget cap for a dataset; later spends over it are refused (exit 3)."""
+    from dpsynth.ledger import Ledger
     from dpsynth.privacy.accounting import compose_epsilon, validate_probability_inputs
-    from dpsynth.privacy.ledger import Ledger
 
     validate_probability_inputs(epsilon, delta, 1.0, None)
     book = Ledger(resolve_ledger_path(ledger))

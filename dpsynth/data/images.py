@@ -14,7 +14,7 @@ class DataInfo:
     """What is public about a data set: its size, shape and label set, and its identity.
 
     `dataset_id` keys the ledger's per-dataset composition; `fingerprint` names which records
-    were used, keyed under the ledger's secret key (`dpsynth.privacy.ledger_key`; empty until a
+    were used, keyed under the ledger's secret key (`dpsynth.ledger.key`; empty until a
     ledger keyed it), so that it links spends without being a membership test. Neither the
     pixels nor anything computed from them beyond these fields is here.
     """

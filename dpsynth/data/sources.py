@@ -266,7 +266,7 @@ def inspect_data(
     and its output is not differentially private, so it shows only what the privacy model
     treats as public (record count, shape, label set). The content digest is a membership
     test for anyone who knows the other records: only its keyed form may be shown (see
-    `dpsynth.privacy.ledger_key`).
+    `dpsynth.ledger.key`).
     """
     if is_table_spec(spec):
         records: ImageData | TableData = load_table(spec, schema)

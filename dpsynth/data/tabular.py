@@ -22,7 +22,7 @@ The content digest is the SHA-256 of the canonical parsed table: the header, eac
 column's type and its values (stripped strings, or float64 numbers), independent of bounds and
 category lists, so releasing a schema does not change which data a ledger entry names. It is
 private (a membership test for anyone who knows the other rows) and only ever written keyed
-(`DataInfo.fingerprint`, see `dpsynth.privacy.ledger_key`).
+(`DataInfo.fingerprint`, see `dpsynth.ledger.key`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ The schema that reads both tables: `--schema`, else the one in the synthetic CSV
 (the run's public schema), else a built-in table's own. Values the schema does not list are
 kept: one-hot encoding ignores them and the boosted trees treat them as missing. Rows whose
 target is not one of the classes are dropped (with a warning). The ledger rules are the image
-ones (`dpsynth.evaluate.report`): real data that a DP run spent budget on is flagged, metrics
+ones (`dpsynth.evaluate.release`): real data that a DP run spent budget on is flagged, metrics
 on a user's own held-out rows are listed as non-private, and the evaluation is recorded as a
 zero-cost release.
 """
@@ -40,6 +40,13 @@ from dpsynth.data.schema import Schema, parse_schema, read_schema
 from dpsynth.data.sources import read_table
 from dpsynth.data.tabular import RawTable, read_csv_table, table_content_digest
 from dpsynth.errors import DataError, UsageError
+from dpsynth.evaluate.release import (
+    check_report_dir,
+    keyed_fingerprint,
+    record_evaluation_release,
+    training_data_warnings,
+)
+from dpsynth.evaluate.render import fingerprint_note
 from dpsynth.runs import write_bytes_atomic
 
 TABLE_METRICS = ("accuracy", "roc_auc")
@@ -234,13 +241,6 @@ def run_table_evaluation(
     ledger_path: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Evaluate a synthetic CSV against a real held-out table (see the module docstring)."""
-    from dpsynth.evaluate.report import (
-        check_report_dir,
-        keyed_fingerprint,
-        record_evaluation_release,
-        training_data_warnings,
-    )
-
     wanted = parse_table_metrics(metrics)
     if real_train is not None and not ml_metrics(wanted):
         raise UsageError("--real-train is for the classifier metrics (accuracy, roc_auc, ml)")
@@ -413,8 +413,6 @@ def marginal_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
 
 def render_table_markdown(result: dict[str, Any]) -> str:
     """The Markdown page of a table evaluation."""
-    from dpsynth.evaluate.report import fingerprint_note
-
     wanted = ml_metrics(result["metrics_requested"])
     lines = [
         "# dpsynth evaluation report (table)",

@@ -13,7 +13,7 @@ The fingerprint names its key by a short key id (`hmac-sha256:<key id>:<mac>`), 
 whose key was lost or swapped is refused instead of silently failing to link its spends.
 Ledgers written before the key existed hold plain SHA-256 digests ("legacy" fingerprints);
 they keep verifying, and a new spend on the same records links to them (see
-`dpsynth.privacy.ledger`).
+`dpsynth.ledger`).
 """
 
 from __future__ import annotations
