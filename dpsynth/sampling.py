@@ -202,6 +202,8 @@ def table_label_counts(labels: str, n: int, info: DataInfo) -> tuple[list[int], 
     schema = info.schema or {}
     target = next((c for c in schema.get("columns", ()) if c["name"] == schema.get("target")), {})
     weights = target.get("weights")
+    if labels == "model":
+        raise UsageError("--labels model: only a run of aim or mst fits its own class proportions")
     if labels == "weights":
         if not weights:
             raise UsageError("--labels weights: the run's schema gives its target no 'weights'")
@@ -599,7 +601,12 @@ def sample_table(
     generator, run_config, info = load_generator(run_dir, device)
     set_truncation(generator, truncation, run_config["method"])
     codec = codec_for(info)
-    counts, label_rule = table_label_counts(labels, n, info)
+    proportions = getattr(generator, "class_proportions", None)
+    if labels == "model" and proportions is not None:
+        # The model's own fitted class proportions (aim, mst): public, post-processing.
+        counts, label_rule = weighted_counts(n, list(proportions())), "the model's own"
+    else:
+        counts, label_rule = table_label_counts(labels, n, info)
     out.parent.mkdir(parents=True, exist_ok=True)
     temporary = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
     digest = hashlib.sha256()

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -501,7 +501,7 @@ def _start(
         ),
         "log_private_loss": bool(log_private_loss),
         "device": str(torch_device),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "versions": _package_versions(),
         "warnings": warnings,
     }

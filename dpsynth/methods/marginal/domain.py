@@ -32,6 +32,9 @@ from dpsynth.data.tabular import codec_for
 
 # Encoded rows converted per chunk (bounds the temporary memory on a million rows).
 _CHUNK = 65_536
+# Positions within this fraction of a bin below an edge count as on the edge: the float32
+# encoding's rounding (≤ 3e-5 bins for a thousand bins) must not move a value across it.
+_EDGE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -108,9 +111,9 @@ def _number_codes(scaled: np.ndarray, attribute: Attribute) -> np.ndarray:
         values = attribute.low + unit * (attribute.high - attribute.low)
         return np.clip(np.rint(values - math.ceil(attribute.low)), 0, size - 1).astype(np.int64)
     if not attribute.bound_bins:
-        return np.clip(np.floor(unit * size), 0, size - 1).astype(np.int64)
+        return np.clip(np.floor(unit * size + _EDGE), 0, size - 1).astype(np.int64)
     # The encoding maps min to exactly -1 and max to exactly 1 (clipped values too).
-    inner = 1 + np.clip(np.floor(unit * (size - 2)), 0, size - 3).astype(np.int64)
+    inner = 1 + np.clip(np.floor(unit * (size - 2) + _EDGE), 0, size - 3).astype(np.int64)
     return np.where(scaled <= -1.0, 0, np.where(scaled >= 1.0, size - 1, inner))
 
 
@@ -163,7 +166,9 @@ def _bin_values(codes: np.ndarray, attribute: Attribute, uniform: np.ndarray) ->
         values = first + np.floor(uniform * (last - first + 1))
         values = np.minimum(values, last)
     else:
-        values = left + uniform * (right - left)
+        # Kept clear of the edges by the coding tolerance, so the value codes to its bin.
+        width = right - left
+        values = left + 2 * _EDGE * width + uniform * (1 - 4 * _EDGE) * width
     if attribute.bound_bins:
         values = np.where(codes == 0, low, np.where(codes == size - 1, high, values))
     return np.clip(values, low, high)

@@ -29,7 +29,11 @@ from dpsynth.methods.marginal.model import Measurement, Potentials, estimate
 from dpsynth.methods.marginal.sampler import MarginalGenerator
 from dpsynth.methods.marginal.state import pack_cliques, unpack_cliques
 from dpsynth.privacy.anchors import IDLE_STEPS_KEY
-from dpsynth.privacy.marginal_plan import calibrate_marginal_schedule, schedule_events
+from dpsynth.privacy.marginal_plan import (
+    calibrate_marginal_schedule,
+    gdp_mu,
+    schedule_events,
+)
 from dpsynth.privacy.marginals import MarginalQueries
 from dpsynth.privacy.randomness import PrivateRandomness
 
@@ -122,6 +126,11 @@ class MarginalMethod(Method):
                 notes=("NOT PRIVATE: exact marginals (--epsilon inf)",),
                 **{**common, "target_epsilon": math.inf},
             )
+        # Refused before the accountant is asked: even with the whole ε as Gaussian DP, the
+        # noise would drown every count.
+        rough = math.sqrt(measurements) / gdp_mu(target.epsilon, target.delta)
+        if rough > _MAX_SIGMA_SHARE * info.n:
+            raise UsageError(self._too_small(target, info, measurements, rough))
         schedule = calibrate_marginal_schedule(
             target.epsilon,
             target.delta,
@@ -132,11 +141,7 @@ class MarginalMethod(Method):
         )
         sigma = schedule.noise_multiplier
         if sigma > _MAX_SIGMA_SHARE * info.n:
-            raise UsageError(
-                f"--epsilon {target.epsilon:g} is too small for --method {self.name} on "
-                f"{info.n} records: each of its {measurements} marginals would get noise of "
-                f"std {sigma:.3g}, above N/2 (nothing could be learned); raise ε"
-            )
+            raise UsageError(self._too_small(target, info, measurements, sigma))
         events = schedule_events(
             sigma, schedule.selection_epsilon, measurements, selections, annotations
         )
@@ -154,6 +159,15 @@ class MarginalMethod(Method):
                 *schedule.notes,
             ),
             **common,
+        )
+
+    def _too_small(
+        self, target: PrivacyTarget, info: DataInfo, measurements: int, sigma: float
+    ) -> str:
+        return (
+            f"--epsilon {target.epsilon:g} is too small for --method {self.name} on {info.n} "
+            f"records: each of its {measurements} marginals would get noise of std "
+            f"{sigma:.3g} or more, above N/2 (nothing could be learned); raise ε"
         )
 
     def trainer(

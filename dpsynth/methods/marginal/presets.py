@@ -33,8 +33,8 @@ AIM_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         **_COMMON,
         "bins": 8,
-        "selections": 6,
-        "rounds": 2,
+        "selections": 4,
+        "rounds": 1,
         "selection_share": 0.1,
         "max_model_mb": 4.0,
         "iters": 100,
