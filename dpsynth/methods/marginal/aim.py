@@ -35,6 +35,8 @@ from dpsynth.privacy.marginal_plan import gdp_mu
 # expected L1 error) is about this share of N, within [d/4, 3d].
 _TARGET_NOISE_SHARE = 0.5
 _MIN_PER_COLUMN, _MAX_PER_COLUMN = 0.25, 3.0
+# The automatic number of rounds: about this many attribute-rounds in all, within [2, 8].
+_ROUND_BUDGET, _MIN_ROUNDS, _MAX_ROUNDS = 120, 2, 8
 
 
 def auto_selections(
@@ -66,8 +68,8 @@ class AIMMethod(MarginalMethod):
 
     def validate_config(self, config: Mapping[str, Any], info: DataInfo) -> None:
         """AIM's own keys, then the shared checks."""
-        if int(config["rounds"]) < 1 or int(config["selections"]) < 0:
-            raise UsageError("--set rounds must be at least 1 and selections at least 0")
+        if int(config["rounds"]) < 0 or int(config["selections"]) < 0:
+            raise UsageError("--set rounds and selections must be at least 0 (0: automatic)")
         if float(config["max_model_mb"]) <= 0:
             raise UsageError("--set max_model_mb: must be positive")
         super().validate_config(config, info)
@@ -82,8 +84,17 @@ class AIMMethod(MarginalMethod):
         """d one-way measurements, then T selections and measurements over R rounds."""
         d = len(domain.attributes)
         selections = selection_count(domain, info, config, target)
-        rounds = min(int(config["rounds"]), selections) if selections else 0
+        rounds = min(round_count(d, config), selections) if selections else 0
         return d + selections, selections, 1 + rounds
+
+
+def round_count(d: int, config: Mapping[str, Any]) -> int:
+    """The preset's `rounds`, or for 0 a public rule: each round compiles mbi's program for
+    a model on d attributes (seconds to a minute of CPU), so wide tables get fewer rounds."""
+    chosen = int(config["rounds"])
+    if chosen:
+        return chosen
+    return int(min(max(round(_ROUND_BUDGET / max(d, 1)), _MIN_ROUNDS), _MAX_ROUNDS))
 
 
 def selection_count(

@@ -26,6 +26,10 @@ import numpy as np
 from dpsynth.methods.marginal.cliquetree import CliqueTree
 
 Clique = tuple[int, ...]
+# The noise std of a weightless measurement: its loss term is ~0 (1e-24 of a unit one).
+_WEIGHTLESS = 1e12
+# mbi's early stop: a 50-step block improving the loss by less than this fraction, twice.
+_TOLERANCE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,16 @@ def estimate(
         mbi.LinearMeasurement(np.asarray(m.values, dtype=np.float64), _names(m.clique), m.sigma)
         for m in measurements
     ]
+    # The junction tree's maximal cliques join the loss as weightless measurements, so that
+    # the fitted model's marginals are the tree's (no second program to compile for them).
+    jtree, _ = mbi.junction_tree.make_junction_tree(
+        domain, [_names(m.clique) for m in measurements]
+    )
+    measured = {frozenset(_names(m.clique)) for m in measurements}
+    for clique in mbi.junction_tree.maximal_cliques(jtree):
+        if frozenset(clique) not in measured:
+            cells = int(np.prod([domain[a] for a in clique]))
+            linear.append(mbi.LinearMeasurement(np.zeros(cells), tuple(clique), _WEIGHTLESS))
     start = None
     if warm_start is not None and warm_start.cliques:
         tables = {
@@ -94,7 +108,13 @@ def estimate(
         }
         start = mbi.CliqueVector(domain, list(tables), tables)
     model = mbi.estimation.MirrorDescent().estimate(
-        domain, linear, known_total=float(total), iters=int(iters), warm_start=start
+        domain,
+        linear,
+        known_total=float(total),
+        iters=int(iters),
+        warm_start=start,
+        # Stop once a block of steps improves the loss by less than this (relative).
+        tol=_TOLERANCE,
     )
     potentials = Potentials(
         tuple(_indices(c) for c in model.potentials.cliques),
@@ -109,10 +129,9 @@ def _tree_of(mbi: Any, domain: Any, model: Any, sizes: Sequence[int], total: flo
     maximal = [tuple(c) for c in mbi.junction_tree.maximal_cliques(jtree)]
     have = {frozenset(c) for c in model.marginals.cliques}
     if all(frozenset(c) in have for c in maximal):
-        # The measured cliques are the junction tree's (a tree of pairs, as MST's): their
-        # marginals are already calibrated.
+        # The junction tree's cliques are the model's own: their marginals are calibrated.
         beliefs = model.marginals
-    else:
+    else:  # pragma: no cover - the weightless measurements make them the model's
         expanded = model.potentials.expand(maximal)
         beliefs = mbi.marginal_oracles.message_passing_hugin(expanded, float(total))
     cliques, tables = [], []

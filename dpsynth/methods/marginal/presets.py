@@ -13,7 +13,7 @@ AIM only:
   public rule from the columns, N and ε, `aim.auto_selections`);
 - `rounds`: estimation rounds they are spread over (each round selects its share from the
   model of the previous one, then measures them and re-estimates: one compilation of mbi's
-  program per round, so this bounds the time);
+  program per round, so this bounds the time; 0: about 120 / d, within [2, 8]);
 - `max_model_mb`: the cap on the junction tree's size, reached gradually over the rounds.
 """
 
@@ -43,7 +43,7 @@ AIM_PRESETS: dict[str, dict[str, Any]] = {
     "small": {
         **_COMMON,
         "selections": 0,
-        "rounds": 6,
+        "rounds": 0,
         "selection_share": 0.1,
         "max_model_mb": 32.0,
         "iters": 500,

@@ -60,7 +60,7 @@ class TreeSampler:
             if root in seen:
                 continue
             given = (target,) if root == tree.home[target] else ()
-            self.steps.append(_conditional(tree, root, given))
+            self._add(_conditional(tree, root, given))
             seen.add(root)
             queue = [root]
             while queue:
@@ -70,8 +70,14 @@ class TreeSampler:
                         continue
                     seen.add(j)
                     separator = tuple(a for a in tree.cliques[j] if a in tree.cliques[i])
-                    self.steps.append(_conditional(tree, j, separator))
+                    self._add(_conditional(tree, j, separator))
                     queue.append(j)
+
+    def _add(self, step: _Step) -> None:
+        # A clique with nothing new to draw (the target's own one-way clique, before any
+        # pair is measured) is no step.
+        if step.new:
+            self.steps.append(step)
 
     def sample(self, labels: np.ndarray, uniform: np.ndarray) -> np.ndarray:
         """Codes [b, d] with the target set to `labels`; `uniform` [b, steps] are U(0, 1)."""
