@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from dpsynth.cli import app
 from dpsynth.data.builtin_tables import TABLES_DIR
 from dpsynth.data.sources import load_table, read_table
+from dpsynth.ledger import Ledger
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.marginal.aim import AIMMethod
 from dpsynth.methods.marginal.cliquetree import CliqueTree, added_cells
@@ -29,7 +30,6 @@ from dpsynth.methods.marginal.model import Measurement, estimate
 from dpsynth.methods.marginal.sampler import TreeSampler
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.training import train_run
 
 runner = CliRunner()

@@ -73,11 +73,6 @@ class MarginalQueries:
         self.sizes = tuple(int(s) for s in sizes)
         self._cache: dict[Clique, np.ndarray] = {}
 
-    @property
-    def n(self) -> int:
-        """The number of records (public)."""
-        return int(self._codes.shape[0])
-
     def _counts(self, clique: Clique) -> np.ndarray:
         clique = tuple(int(j) for j in clique)
         if clique not in self._cache:

@@ -28,13 +28,13 @@ from dpsynth.methods.marginal.domain import TableDomain, codes_from_rows, table_
 from dpsynth.methods.marginal.model import Measurement, Potentials, estimate
 from dpsynth.methods.marginal.sampler import MarginalGenerator
 from dpsynth.methods.marginal.state import pack_cliques, unpack_cliques
-from dpsynth.privacy.anchors import IDLE_STEPS_KEY
 from dpsynth.privacy.marginal_plan import (
     calibrate_marginal_schedule,
     gdp_mu,
     schedule_events,
 )
 from dpsynth.privacy.marginals import MarginalQueries
+from dpsynth.privacy.plan_check import IDLE_STEPS_KEY
 from dpsynth.privacy.randomness import PrivateRandomness
 
 MEASURE_PHASE = "marginal-measurements"
