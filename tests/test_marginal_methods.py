@@ -171,6 +171,22 @@ def test_clique_tree_pairs_match_mbi_and_sampling_matches_the_model() -> None:
     assert added_cells(tree, 0, 1) == 0 and added_cells(tree, 0, 4) > 0
 
 
+def test_independent_model_samples_its_one_way_marginals_around_the_labels() -> None:
+    # Before any pair is measured (a run stopped after round 0) the target's clique is the
+    # target alone: nothing to draw there, every other column from its own marginal.
+    sizes = (2, 3, 4)
+    tree = CliqueTree(sizes, [(0,), (1,), (2,)], [[50, 50], [10, 30, 60], [25, 25, 25, 25]])
+    sampler = TreeSampler(tree, 0)
+    assert all(step.new for step in sampler.steps) and len(sampler.steps) == 2
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 40000)
+    drawn = sampler.sample(labels, rng.random((40000, len(sampler.steps))))
+    assert (drawn[:, 0] == labels).all()
+    np.testing.assert_allclose(
+        np.bincount(drawn[:, 1], minlength=3) / 40000, [0.1, 0.3, 0.6], atol=0.01
+    )
+
+
 def _brute_force_joint(tree: CliqueTree) -> np.ndarray:
     """P(all attributes) = Π clique marginals / Π separator marginals, on the full grid."""
     from dpsynth.methods.marginal.cliquetree import spanning_tree
