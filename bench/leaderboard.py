@@ -50,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> None:
     info = data_info(args.data)
     report: dict[str, Any] = {
         "data": args.data,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine_description(args.device),
         "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
         "synthetic_n": n,
@@ -584,7 +584,7 @@ def main_tables(args: argparse.Namespace, argv: list[str] | None) -> None:
         "data": args.data,
         "modality": "table",
         "test": test_spec(args),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine_description(args.device),
         "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
         "synthetic_n": n,

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -354,9 +354,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     command = shlex.join(["python", "bench/tables_peers.py", *(argv or sys.argv[1:])])
     methods = args.methods or [*leaderboard.table_methods(), *smartnoise_peer.PEERS]
-    json_path = args.json or RESULTS / f"tables-peers-{datetime.now(timezone.utc):%Y-%m-%d}.json"
+    json_path = args.json or RESULTS / f"tables-peers-{datetime.now(UTC):%Y-%m-%d}.json"
     meta: dict[str, Any] = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine.describe("cpu"),
         "synthetic_n": args.n,
         "seeds": args.seeds,

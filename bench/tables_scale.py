@@ -22,7 +22,7 @@ import json
 import shlex
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -135,12 +135,12 @@ def main(argv: list[str] | None = None) -> None:
     command = shlex.join(["python", "bench/tables_scale.py", *(argv or sys.argv[1:])])
     csv, schema = big_table.make_big_table(args.out / str(args.rows), args.shared, args.rows)
     columns = len(json.loads(schema.read_text())["columns"])
-    json_path = args.json or RESULTS / f"tables-scale-{datetime.now(timezone.utc):%Y-%m-%d}.json"
+    json_path = args.json or RESULTS / f"tables-scale-{datetime.now(UTC):%Y-%m-%d}.json"
     report: dict[str, Any] = {"rows": [], "commands": []}
     if json_path.is_file():
         report = json.loads(json_path.read_text())
     report |= {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine.describe("cpu"),
         "columns": columns,
         "table": big_table.__doc__.splitlines()[0],

@@ -116,6 +116,10 @@ def run_audit(
     """Audit `method_name`'s mechanism as planned for `preset` at ε (one white-box run)."""
     method = get_method(method_name)
     mechanism = getattr(method, "audit_mechanism", "dpsgd")
+    if mechanism not in ("dpsgd", "functional"):
+        raise UsageError(
+            f"--method {method_name}: no white-box audit for its {mechanism!r} mechanism yet"
+        )
     plan = plan_for(method_name, preset, epsilon, data)
     if mechanism == "dpsgd":
         outcome = audit_events(

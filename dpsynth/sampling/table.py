@@ -10,7 +10,7 @@ import numpy as np
 
 from dpsynth.errors import UsageError
 from dpsynth.runs import RunDir, write_json_atomic
-from dpsynth.sampling.labels import labelled_batches, table_label_counts
+from dpsynth.sampling.labels import labelled_batches, table_label_counts, weighted_counts
 from dpsynth.sampling.outputs import SampleProgress, record_release, table_manifest_path
 from dpsynth.sampling.run import load_generator, run_privacy, set_truncation
 
@@ -63,7 +63,12 @@ def sample_table(
     generator, run_config, info = load_generator(run_dir, device)
     set_truncation(generator, truncation, run_config["method"])
     codec = codec_for(info)
-    counts, label_rule = table_label_counts(labels, n, info)
+    proportions = getattr(generator, "class_proportions", None)
+    if labels == "model" and proportions is not None:
+        # The model's own fitted class proportions (aim, mst): public, post-processing.
+        counts, label_rule = weighted_counts(n, list(proportions())), "the model's own"
+    else:
+        counts, label_rule = table_label_counts(labels, n, info)
     out.parent.mkdir(parents=True, exist_ok=True)
     temporary = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
     digest = hashlib.sha256()
