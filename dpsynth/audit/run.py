@@ -20,7 +20,7 @@ from dpsynth.data.builtin import BUILTINS
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.accounting import default_delta
+from dpsynth.privacy.calibration import default_delta
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
 __all__ = ["AuditResult", "public_info", "run_audit"]
