@@ -142,7 +142,8 @@ def dpsynth_run(
         command += ["--set", item]
     trained, train = cli_json(command, limits(args))
     if train.timed_out:
-        return {"timed_out": True, "limit": limit_text(train.killed_by, args)}
+        # one_run turns `killed_by` into the limit's text, as for a SmartNoise peer.
+        return {"timed_out": True, "killed_by": train.killed_by}
     sample = ["sample", str(root / "run"), "--n", str(args.n), "--out", str(root / "synth.csv"),
               "--device", "cpu", "--ledger", str(ledger), "--quiet"]  # fmt: skip
     if args.labels:

@@ -107,6 +107,17 @@ def test_cells_ranges_and_time_outs(bench) -> None:
     assert peers.row_key(weighted) != peers.row_key(cell)
 
 
+def test_a_dpsynth_run_killed_by_the_wall_clock_says_so(bench, monkeypatch, tmp_path) -> None:
+    peers, measure = bench["tables_peers"], bench["measure"]
+    args = peers.parse_args(["--timeout", "20", "--wall-timeout", "12"])
+    for killed_by, text in (("wall", "12 wall min"), ("cpu", "20 CPU min")):
+        killed = measure.Finished(-9, "", "", 720.0, 300.0, 900.0, killed_by)
+        monkeypatch.setattr(peers, "cli_json", lambda *_a, done=killed: ({}, done))
+        table = peers.tables(tmp_path)["german-credit"]
+        record = peers.one_run("dpkernel", table, "1", args, 0)
+        assert record == {"timed_out": True, "limit": text}
+
+
 def test_options(bench) -> None:
     peers = bench["tables_peers"]
     quick = peers.parse_args(["--quick"])
