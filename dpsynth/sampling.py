@@ -25,10 +25,17 @@ import torch
 from PIL import Image
 
 from dpsynth.data.images import DataInfo
+from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import DataError, UsageError
 from dpsynth.methods.base import Generator, check_truncation
 from dpsynth.methods.registry import get_method
-from dpsynth.outdir import check_target, remove_stale_staging, replace_dir, staging_dir
+from dpsynth.outdir import (
+    check_target,
+    remove_stale_staging,
+    replace_dir,
+    staging_dir,
+    staging_file,
+)
 from dpsynth.privacy.anchors import SpendAnchor, privacy_statement, verified_spend
 from dpsynth.privacy.ledger import Ledger
 from dpsynth.runs import RunDir, write_json_atomic
@@ -325,8 +332,7 @@ def sample_run(
     fmt = fmt or "png"
     if fmt not in ("png", "npz"):
         raise UsageError(f"--format must be png or npz, got {fmt!r}")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    check_batch_size("--batch-size", batch_size, 1)
     out = Path(out_dir)
     run = RunDir(run_dir)
     # The statement comes from the ledger, checked before anything is generated or written.
@@ -339,6 +345,7 @@ def sample_run(
         written_by_us=is_sample_output,
     )
     generator, run_config, info = load_generator(run_dir, device)
+    check_batch_size("--batch-size", batch_size, math.prod(info.shape))
     set_truncation(generator, truncation, run_config["method"])
     counts = label_counts(labels, n, len(info.classes))
     class_dirs = [_safe_class_dir(name) for name in info.classes]
@@ -379,11 +386,13 @@ def sample_run(
         if details:
             manifest["generator"] = details
         write_json_atomic(staging / "manifest.json", manifest)
+        replaced = out.exists()
         replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return {"out": str(out), **{k: v for k, v in manifest.items() if k != "classes"}}
+    found = {k: v for k, v in manifest.items() if k != "classes"}
+    return {"out": str(out), "replaced": replaced, **found}
 
 
 def is_sample_output(folder: Path) -> bool:
@@ -573,12 +582,10 @@ def sample_table(
     manifest). Categorical blocks are sampled with the public `seed`.
     """
     import os
-    import uuid
 
     from dpsynth.data.tabular import codec_for
 
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    check_batch_size("--batch-size", batch_size, 1)
     out = Path(out)
     run = RunDir(run_dir)
     privacy = run_privacy(run_dir, ledger_path)
@@ -597,11 +604,14 @@ def sample_table(
                 "--force replaces only an earlier sample"
             )
     generator, run_config, info = load_generator(run_dir, device)
+    check_batch_size("--batch-size", batch_size, math.prod(info.shape))
     set_truncation(generator, truncation, run_config["method"])
     codec = codec_for(info)
     counts, label_rule = table_label_counts(labels, n, info)
     out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
+    remove_stale_staging(out.parent)  # CSVs that killed `sample` runs were writing
+    replaced = out.exists()
+    temporary = staging_file(out)
     digest = hashlib.sha256()
     rng = np.random.default_rng(seed)
     done = 0
@@ -649,4 +659,4 @@ def sample_table(
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    return {"out": str(out), "manifest": str(manifest_path), **manifest}
+    return {"out": str(out), "manifest": str(manifest_path), "replaced": replaced, **manifest}

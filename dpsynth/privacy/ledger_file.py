@@ -336,6 +336,11 @@ class LedgerFile:
         """Hold flock on the sidecar `PATH.lock` (shared for reads, exclusive for appends)."""
         try:
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except IsADirectoryError:
+            raise UsageError(
+                f"ledger {self.path}: its lock file {self.lock_path} is a folder; move it away "
+                "(the lock must be a file, which the ledger creates)"
+            ) from None
         except OSError as exc:
             if exclusive or exc.errno not in (errno.EACCES, errno.EROFS, errno.ENOENT):
                 raise
