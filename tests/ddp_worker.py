@@ -14,7 +14,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from dpsynth.data.sources import load_data
-from dpsynth.methods.dpkernel.method import private_embedding_gradient
+from dpsynth.methods.dpkernel.kernel import private_embedding_gradient
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.aggregation import noisy_feature_sum, private_gradient_sum
 from dpsynth.privacy.distributed import shard
@@ -165,7 +165,7 @@ def _agreement() -> dict[str, bool]:
     one rank's state differs (only meaningful under a group)."""
     from dpsynth.errors import DpsynthError
     from dpsynth.privacy.distributed import world
-    from dpsynth.training import _check_ranks_agree
+    from dpsynth.training.loop import check_ranks_agree as _check_ranks_agree
 
     if world()[1] == 1:
         return {}

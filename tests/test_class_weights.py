@@ -18,6 +18,7 @@ from dpsynth.cli import app
 from dpsynth.data.builtin_tables import TABLES_DIR
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import parse_schema
+from dpsynth.ledger import Ledger
 from dpsynth.privacy.accounting import compose_epsilon
 from dpsynth.privacy.histograms import (
     CLASS_WEIGHT_FLOOR,
@@ -27,7 +28,6 @@ from dpsynth.privacy.histograms import (
     proportions_from_counts,
     release_class_weights,
 )
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.sampling import weighted_counts
 
 runner = CliRunner()
@@ -130,7 +130,7 @@ def test_released_weights_are_spent_composed_stored_and_used(tmp_path: Path) -> 
     assert config["schema_release"]["class_weights"]["weights"] == pytest.approx(weights)
     # german-credit's training split is 70% / 30%; the noise at ε = 0.3 on 800 rows is ~±2%
     assert weights[0] == pytest.approx(0.7, abs=0.05) and sum(weights) == pytest.approx(1.0)
-    from dpsynth.methods.dpkernel.method import _target_weights
+    from dpsynth.methods.dpkernel.labels import target_weights as _target_weights
 
     assert _target_weights(DataInfo.from_json(config["data"])) == pytest.approx(tuple(weights))
     # sampling follows them on request and says so; the statement composes both spends

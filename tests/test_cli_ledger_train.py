@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from dpsynth.cli import app
+from dpsynth.ledger import Ledger
 from dpsynth.methods import registry
 from dpsynth.privacy.accounting import poisson_gaussian_event
-from dpsynth.privacy.ledger import Ledger
 
 runner = CliRunner()
 
@@ -134,7 +134,7 @@ def test_train_usage_errors_exit_2(tmp_path, args):
 def test_train_without_preset_takes_the_methods_recommendation(tmp_path, data, epsilon, expected):
     """`--preset` defaults to `auto`: dpkernel resolves by the data's shape (and ε on 28×28),
     and the run's config records the preset it resolved to (its bandwidths, too)."""
-    from dpsynth.methods.dpkernel.method import PRESETS
+    from dpsynth.methods.dpkernel.presets import PRESETS
 
     out = tmp_path / "run"
     result = invoke(

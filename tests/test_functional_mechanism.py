@@ -13,7 +13,7 @@ import torch
 from torch.func import jacrev
 
 from dpsynth.errors import UsageError
-from dpsynth.methods.dpkernel.method import private_embedding_gradient
+from dpsynth.methods.dpkernel.kernel import private_embedding_gradient
 from dpsynth.privacy.functional import (
     _block_noise,
     derivative_kernel_covariance,

@@ -40,7 +40,6 @@ from dpsynth.cli import app
 from dpsynth.data.limits import MAX_CSV_LINE_BYTES
 from dpsynth.data.sources import read_table
 from dpsynth.errors import UsageError
-from dpsynth.privacy import ledger as ledger_module
 from dpsynth.sampling import sample_run
 from dpsynth.training import train_run
 from tests.test_bad_inputs import snapshot
@@ -236,7 +235,7 @@ def make_hostile_files(base: Path) -> None:
 
 def _rehashed(entries: list[dict]) -> str:
     """Ledger lines re-chained with the ledger's own hash, as a forger with the code would."""
-    from dpsynth.privacy.ledger_file import GENESIS_HASH, canonical_json, entry_hash
+    from dpsynth.ledger.file import GENESIS_HASH, canonical_json, entry_hash
 
     out, previous = [], GENESIS_HASH
     for entry in entries:
@@ -579,7 +578,7 @@ def test_an_unreadable_ledger_file_is_exit_4_not_an_invalid_option(
         return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "access", access)
-    monkeypatch.setattr(ledger_module.os, "open", fake_open)
+    monkeypatch.setattr(os, "open", fake_open)
     for args in (["ledger", "show"], ["ledger", "verify"], ["sample", "run", "--n", "3",
                                                              "--out", "x"]):  # fmt: skip
         result = invoke(*args, "--ledger", "ledger.jsonl")

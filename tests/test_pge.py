@@ -11,7 +11,8 @@ from torch.func import grad, vmap
 
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyTarget
-from dpsynth.methods.pge.method import PGEMethod, build_score_net, from_working, to_working
+from dpsynth.methods.pge.build import build_score_net, from_working, to_working
+from dpsynth.methods.pge.method import PGEMethod
 from dpsynth.methods.pge.nets import RandomConvEncoder, ScoreUNet
 from dpsynth.methods.pge.ssm import (
     divergence_term,
@@ -405,7 +406,7 @@ def test_end_to_end_train_resume_sample(tmp_path) -> None:
 
     training = pytest.importorskip("dpsynth.training")
     sampling = pytest.importorskip("dpsynth.sampling")
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     # Separate ledgers: on a shared one the second run's ε budget would be what is left after
     # the first, so it would get a different noise multiplier.

@@ -39,7 +39,7 @@ def sample(
             "samples, less diversity. Default: the run's `sample_truncation`."
         ),
     ] = None,
-    force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --out.")] = False,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
@@ -85,5 +85,6 @@ def sample(
         stdout.print(f"replaced the earlier sample output {earlier} (--force)")
     stdout.print(
         f"wrote {result['n']} {what} to {result['out']} ({result['format']}); "
-        f"{result['privacy']}; sha256 {result['output_sha256'][:16]}…"
+        f"{result['privacy']}; sha256 {result['output_sha256']}",
+        markup=False,
     )

@@ -12,7 +12,7 @@ The schema that reads both tables: `--schema`, else the one in the synthetic CSV
 (the run's public schema), else a built-in table's own. Values the schema does not list are
 kept: one-hot encoding ignores them and the boosted trees treat them as missing. Rows whose
 target is not one of the classes are dropped (with a warning). The ledger rules are the image
-ones (`dpsynth.evaluate.report`): real data that a DP run spent budget on is flagged, metrics
+ones (`dpsynth.evaluate.release`): real data that a DP run spent budget on is flagged, metrics
 on a user's own held-out rows are listed as non-private, and the evaluation is recorded as a
 zero-cost release.
 """
@@ -34,8 +34,15 @@ import pandas as pd
 
 from dpsynth.data.schema import Schema, parse_schema, read_schema
 from dpsynth.data.sources import read_table
-from dpsynth.data.tabular import RawTable, read_csv_table, table_fingerprint
+from dpsynth.data.tabular import RawTable, read_csv_table, table_content_digest
 from dpsynth.errors import DataError, UsageError
+from dpsynth.evaluate.release import (
+    check_report_dir,
+    keyed_fingerprint,
+    record_evaluation_release,
+    training_data_warnings,
+)
+from dpsynth.evaluate.render import fingerprint_note
 from dpsynth.runs import write_bytes_atomic
 
 TABLE_METRICS = ("accuracy", "roc_auc")
@@ -213,12 +220,6 @@ def run_table_evaluation(
     ledger_path: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Evaluate a synthetic CSV against a real held-out table (see the module docstring)."""
-    from dpsynth.evaluate.report import (
-        check_report_dir,
-        record_evaluation_release,
-        training_data_warnings,
-    )
-
     wanted = parse_table_metrics(metrics)
     if seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {seeds}")
@@ -237,9 +238,9 @@ def run_table_evaluation(
         schema = parse_schema(manifest["schema"], f"{synthetic} manifest schema")
     raw_real, schema, real_spec, real_kind = _real_table(real, schema)
     synth_raw = read_csv_table(synth_path, source=f"--synthetic {synthetic}")
-    real_fp = table_fingerprint(raw_real, schema)
+    real_digest = table_content_digest(raw_real, schema)
     warnings_list: list[str] = []
-    real_id = SimpleNamespace(spec=real_spec, dataset_id=real_spec, fingerprint=real_fp)
+    real_id = SimpleNamespace(spec=real_spec, dataset_id=real_spec, content_digest=real_digest)
     warnings_list += training_data_warnings(real_id, ledger_path, "--real")  # type: ignore[arg-type]
     non_private = bool(warnings_list)
     x_real, y_real = _frame(raw_real, schema)
@@ -258,7 +259,9 @@ def run_table_evaluation(
     if real_train is not None:
         raw_train, _, train_spec, train_kind = _real_table(real_train, schema)
         train_id = SimpleNamespace(
-            spec=train_spec, dataset_id=train_spec, fingerprint=table_fingerprint(raw_train, schema)
+            spec=train_spec,
+            dataset_id=train_spec,
+            content_digest=table_content_digest(raw_train, schema),
         )
         found = training_data_warnings(train_id, ledger_path, "--real-train")  # type: ignore[arg-type]
         non_private = non_private or bool(found)
@@ -287,7 +290,7 @@ def run_table_evaluation(
         "real_kind": real_kind,
         "non_private": non_private,
         "real_n": len(test[1]),
-        "real_fingerprint": real_fp,
+        "real_fingerprint": keyed_fingerprint(real_digest, ledger_path),
         "classes": list(schema.classes),
         "target": schema.target,
         "metrics_requested": wanted,
@@ -350,8 +353,8 @@ def render_table_markdown(result: dict[str, Any]) -> str:
         "# dpsynth evaluation report (table)",
         "",
         f"- Synthetic: `{result['synthetic']}` ({result['n_synthetic']} rows)",
-        f"- Real held-out: `{result['real']}` ({result['real_n']} rows, fingerprint "
-        f"`{result['real_fingerprint'][:16]}…`), target `{result['target']}`",
+        f"- Real held-out: `{result['real']}` ({result['real_n']} rows"
+        f"{fingerprint_note(result['real_fingerprint'])}), target `{result['target']}`",
     ]
     if result.get("privacy"):
         lines.append(f"- Privacy of the synthetic rows: {result['privacy']}")

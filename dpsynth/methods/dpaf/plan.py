@@ -1,0 +1,271 @@
+"""DPAF's privacy plans, from public facts only: strict (phase 1 and the windows at one σ_w),
+`phase2_release=once` (phase 1 and one Gaussian release) and `mode=paper` (not private)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from dpsynth.data.images import DataInfo
+from dpsynth.errors import UsageError
+from dpsynth.methods.base import PrivacyPlan, PrivacyTarget
+from dpsynth.privacy.accounting import calibrate_noise, compose_epsilon, gaussian_sigma_for_share
+from dpsynth.privacy.aggregation import (
+    WINDOW_ACCOUNTING_NOTE,
+    split_window_noise,
+    window_sampling_rate,
+)
+from dpsynth.privacy.plan_check import IDLE_STEPS_KEY, NOT_DP_LABEL
+
+# Tags the ledger event of `phase2_release=once` (the trainer reads its σ from the plan).
+ONCE_PHASE = "dpaf-phase2-once"
+ONCE_MECHANISM = (
+    "dpaf phase 2, released once: the per-class sums of every record's SIN features and count "
+    "coordinate (each record's row renormed to the bound), one Gaussian release"
+)
+# The paper's canonical budget split (spec §2.9): ε₁ = 0.1 (conv1), ε₃ = 0.1 (DPAGG), the rest
+# to conv2*; used only by `mode=paper`, whose accounting is not a DP guarantee.
+_PAPER_SPLIT = (0.1, 0.1)
+PAPER_MECHANISM = (
+    "dpaf paper mode (spec §10.2): conv1 by DP-SGD through C's clean aggregate and non-private "
+    "layers, conv2* gradients at the clean aggregate, the paper's three independent streams; "
+    "the claimed epsilon is not a proven bound (spec §10.1 F2-F4)"
+)
+
+
+def noise_ratio(config: Mapping[str, Any]) -> float:
+    """σ_agg/σ_conv2 for the window split; 0 (no conv2* step) with `train_conv2=false`."""
+    return float(config["noise_ratio"]) if config["train_conv2"] else 0.0
+
+
+def plan_dpaf(
+    info: DataInfo,
+    target: PrivacyTarget,
+    config: Mapping[str, Any],
+    prior_events: tuple[dict[str, Any], ...] = (),
+) -> PrivacyPlan:
+    """σ_w for c_steps + windows loop steps at q_w; two events (phase 1, phase 2)."""
+    batch, window = int(config["batch_size"]), int(config["window"])
+    c_steps, windows = int(config["c_steps"]), int(config["windows"])
+    q = min(1.0, batch / info.n)
+    q_w = window_sampling_rate(q, window)
+    steps = c_steps + windows
+    if not target.private:
+        return PrivacyPlan(
+            private=False,
+            target_epsilon=math.inf,
+            delta=target.delta,
+            noise_multiplier=0.0,
+            sampling_rate=q_w,
+            steps=steps,
+            max_grad_norm=math.inf,
+            expected_batch_size=q_w * info.n,
+            events=({"type": "non_private", "sampling_rate": q_w, "steps": steps},),
+            epsilon_bound=math.inf,
+            total_epsilon_bound=math.inf,
+            accountant="none (not private)",
+            notes=("NOT PRIVATE: trained without clipping or noise (--epsilon inf)",),
+        )
+    if config["mode"] == "paper":
+        return _paper_plan(info, target, config, q_w)
+    if config["phase2_release"] == "once":
+        return _once_plan(info, target, config, prior_events)
+    cal = calibrate_noise(target.epsilon, target.delta, q_w, steps, prior_events)
+    sigma_w = cal.noise_multiplier
+    agg_sigma, conv2_sigma = split_window_noise(sigma_w, window, noise_ratio(config))
+    trains_conv2 = bool(config["train_conv2"])
+    events = []
+    if c_steps:
+        events.append(
+            {
+                "type": "poisson_gaussian",
+                "noise_multiplier": sigma_w,
+                "sampling_rate": q_w,
+                "steps": c_steps,
+                "mechanism": "dpaf phase 1: DP-SGD on classifier C (all parameters)",
+                "max_grad_norm": float(config["clip_c"]),
+            }
+        )
+    events.append(
+        {
+            "type": "poisson_gaussian",
+            "noise_multiplier": sigma_w,
+            "sampling_rate": q_w,
+            "steps": windows,
+            "mechanism": f"dpaf phase 2: windows of {window} DPAGG steps"
+            + (" + 1 conv2* step" if trains_conv2 else " (conv2* frozen)"),
+            "accounting": WINDOW_ACCOUNTING_NOTE,
+            "window": window,
+            "step_sampling_rate": q,
+            "agg_noise_multiplier": agg_sigma,
+            "conv2_noise_multiplier": conv2_sigma if trains_conv2 else None,
+            "conv2_max_grad_norm": float(config["clip_conv2"]) if trains_conv2 else None,
+        }
+    )
+    conv2_note = f"conv2* σ = {conv2_sigma:.4g}" if trains_conv2 else "conv2* frozen"
+    notes = (
+        f"σ_w = {sigma_w:.4g} per loop step (q_w = {q_w:.4g}); DPAGG σ = {agg_sigma:.4g}, "
+        f"{conv2_note}, phase-1 σ = {sigma_w:.4g}",
+        "phase 2 accounted with the " + WINDOW_ACCOUNTING_NOTE,
+        *cal.notes,
+    )
+    return PrivacyPlan(
+        private=True,
+        target_epsilon=float(target.epsilon),
+        delta=target.delta,
+        noise_multiplier=sigma_w,
+        sampling_rate=q_w,
+        steps=steps,
+        max_grad_norm=float(config["clip_conv2"]),
+        expected_batch_size=q_w * info.n,
+        events=tuple(events),
+        epsilon_bound=cal.epsilon,
+        total_epsilon_bound=cal.total_epsilon,
+        accountant=cal.accountant,
+        notes=notes,
+    )
+
+
+def _once_plan(
+    info: DataInfo,
+    target: PrivacyTarget,
+    config: Mapping[str, Any],
+    prior_events: tuple[dict[str, Any], ...],
+) -> PrivacyPlan:
+    """`phase2_release=once`: phase 1 (c_steps DP-SGD steps at q = B/N) and ONE Gaussian
+    release of the whole data set's per-class feature sums (`noisy_group_sums`).
+
+    The release's σ is the Gaussian's at `release_share` of the ε left after the prior
+    spends (all of it without phase 1); phase 1's σ is then calibrated so that prior +
+    release + phase 1 compose (PRV) to at most ε. The windows that follow are generator
+    steps on the release only: they read no data and cost nothing.
+    """
+    c_steps, windows = int(config["c_steps"]), int(config["windows"])
+    q = min(1.0, int(config["batch_size"]) / info.n)
+    delta = target.delta
+    if c_steps:
+        share = float(config["release_share"])
+        sigma_once = gaussian_sigma_for_share(target.epsilon, delta, share, prior_events)
+    else:
+        sigma_once = calibrate_noise(target.epsilon, delta, 1.0, 1, prior_events)
+        sigma_once = sigma_once.noise_multiplier
+    release = {
+        "type": "gaussian",
+        "noise_multiplier": sigma_once,
+        "count": 1,
+        "mechanism": ONCE_MECHANISM,
+        "phase": ONCE_PHASE,
+        IDLE_STEPS_KEY: windows,
+    }
+    events: list[dict[str, Any]] = []
+    sigma_c = sigma_once
+    if c_steps:
+        cal = calibrate_noise(target.epsilon, delta, q, c_steps, (*prior_events, release))
+        sigma_c = cal.noise_multiplier
+        events.append(
+            {
+                "type": "poisson_gaussian",
+                "noise_multiplier": sigma_c,
+                "sampling_rate": q,
+                "steps": c_steps,
+                "mechanism": "dpaf phase 1: DP-SGD on classifier C (all parameters)",
+                "max_grad_norm": float(config["clip_c"]),
+            }
+        )
+    events.append(release)
+    alone = compose_epsilon(events, delta)
+    total = compose_epsilon([*prior_events, *events], delta) if prior_events else alone
+    return PrivacyPlan(
+        private=True,
+        target_epsilon=float(target.epsilon),
+        delta=delta,
+        noise_multiplier=sigma_c,
+        sampling_rate=q,
+        steps=c_steps + windows,
+        max_grad_norm=float(config["clip_c"]),
+        expected_batch_size=q * info.n,
+        events=tuple(events),
+        epsilon_bound=alone.epsilon,
+        total_epsilon_bound=total.epsilon,
+        accountant=alone.accountant,
+        notes=(
+            f"phase 2 released once: per-class feature sums, Gaussian σ = {sigma_once:.4g}"
+            + (f"; phase-1 σ = {sigma_c:.4g} (q = {q:.4g}, {c_steps} steps)" if c_steps else "")
+            + f"; then {windows} generator steps on the release (no data read)",
+        ),
+    )
+
+
+def _paper_plan(
+    info: DataInfo, target: PrivacyTarget, config: Mapping[str, Any], q_w: float
+) -> PrivacyPlan:
+    """`mode=paper`: the paper's noise and its Theorem-5-style claim, recorded as NOT private.
+
+    σ₁ (conv1, T₁ = c_steps at q = B/N), σ₃ (DPAGG, T₃ = μ·windows at q) and σ₂ (conv2*,
+    T₂ = windows at q₂ = μB/N) are each calibrated alone to the canonical split (ε₁, ε₃) =
+    (0.1, 0.1), ε₂ = ε − 0.2, and the claim composes the three as independent streams
+    (PRV on Poisson sampling rather than the paper's WOR RDP bound). The mechanism does not
+    satisfy that claim (spec §10.1 F2-F4), so the plan is not private: the ledger's total
+    for the data set becomes inf and the claim is kept only as an annotation.
+    """
+    batch, window = int(config["batch_size"]), int(config["window"])
+    c_steps, windows = int(config["c_steps"]), int(config["windows"])
+    q, q2 = min(1.0, batch / info.n), min(1.0, window * batch / info.n)
+    eps_c, eps_agg = _PAPER_SPLIT
+    if target.epsilon <= eps_c + eps_agg:
+        raise UsageError(
+            f"--set mode=paper needs ε > {eps_c + eps_agg:g} (the paper gives {eps_c:g} to "
+            f"conv1 and {eps_agg:g} to DPAGG), got {target.epsilon:g}"
+        )
+    delta = target.delta
+    sigma_c = calibrate_noise(eps_c, delta, q, c_steps).noise_multiplier if c_steps else 0.0
+    sigma_agg = calibrate_noise(eps_agg, delta, q, window * windows).noise_multiplier
+    eps_conv2 = target.epsilon - eps_c - eps_agg
+    sigma_conv2 = calibrate_noise(eps_conv2, delta, q2, windows).noise_multiplier
+    streams = [
+        {"type": "poisson_gaussian", "noise_multiplier": s_, "sampling_rate": r, "steps": t}
+        for s_, r, t in (
+            (sigma_c, q, c_steps),
+            (sigma_agg, q, window * windows),
+            (sigma_conv2, q2, windows),
+        )
+        if t
+    ]
+    claimed = compose_epsilon(streams, delta).epsilon
+    steps = c_steps + windows
+    label = {
+        "type": "non_private",
+        "label": NOT_DP_LABEL,
+        "mechanism": PAPER_MECHANISM,
+        "claimed_epsilon": claimed,
+        "claimed_accounting": (
+            "the paper's decomposition (Theorem 5): three independent Poisson-subsampled "
+            "Gaussian streams composed with PRV; ignores F2-F4 and the factor 2 of "
+            "replace-one neighbours"
+        ),
+        "streams": streams,
+        "c_noise_multiplier": sigma_c,
+        "agg_noise_multiplier": sigma_agg,
+        "conv2_noise_multiplier": sigma_conv2,
+    }
+    loop = {"type": "non_private", "sampling_rate": q_w, "steps": steps}
+    return PrivacyPlan(
+        private=False,
+        target_epsilon=math.inf,
+        delta=delta,
+        noise_multiplier=0.0,
+        sampling_rate=q_w,
+        steps=steps,
+        max_grad_norm=float(config["clip_conv2"]),
+        expected_batch_size=q_w * info.n,
+        events=(loop, label),
+        epsilon_bound=math.inf,
+        total_epsilon_bound=math.inf,
+        accountant=f"none ({NOT_DP_LABEL})",
+        notes=(
+            f"WARNING: mode=paper is {NOT_DP_LABEL}: the paper's claim ε = {claimed:.4g} "
+            "(independent streams) is not a proven bound; recorded as NOT PRIVATE",
+            f"σ₁ = {sigma_c:.4g}, DPAGG σ₃ = {sigma_agg:.4g}, conv2* σ₂ = {sigma_conv2:.4g}",
+        ),
+    )

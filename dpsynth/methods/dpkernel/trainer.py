@@ -1,0 +1,210 @@
+"""DP-Kernel's trainer: one step releases the privatised embedding gradient and descends the MMD
+surrogate on it; the DP warm start, the EMA of the weights and the checkpointed state."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpsynth.data.images import DataInfo
+from dpsynth.errors import UsageError
+from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
+from dpsynth.methods.dpkernel.generator import DPKernelGenerator, generator_weights, one_hot_or_none
+from dpsynth.methods.dpkernel.kernel import generated_kernel_mean, private_embedding_gradient
+from dpsynth.methods.dpkernel.labels import balanced_labels, target_weights, weighted_labels
+from dpsynth.methods.dpkernel.nets import build_network
+from dpsynth.privacy.central import CentralImages
+from dpsynth.privacy.distributed import all_reduce_sum, shard
+from dpsynth.privacy.functional import privatize_embedding_gradient
+from dpsynth.privacy.randomness import PrivateRandomness
+
+
+class DPKernelTrainer(Trainer):
+    """One run's state: generator, optimiser, step count and the secret RNG for all draws."""
+
+    # Functions of the released gradient and of generated points only (see `step`).
+    released_stats = ("yy_term", "released_grad_norm")
+
+    def __init__(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        plan: PrivacyPlan,
+        device: torch.device,
+        seed: int,
+        randomness: PrivateRandomness | None = None,
+    ) -> None:
+        self.info = info
+        self.config = dict(config)
+        self.plan = plan
+        self.device = torch.device(device)
+        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
+            torch.manual_seed(seed)
+            self.net = build_network(info, config).to(self.device)
+        # Latents and the derivative-GP noise: the run's secret stream, never the public seed.
+        randomness = randomness if randomness is not None else PrivateRandomness.fresh()
+        self.rng = randomness.generator("dpkernel/training")
+        self.bandwidths = tuple(float(b) for b in config["bandwidths"])
+        self.num_generated = int(config["generated_points"])
+        self.num_classes = self.net.num_classes
+        # A table's target may declare public class proportions (schema `weights`).
+        self.label_weights = target_weights(info)
+        # The public normaliser B = qN; the realised batch size is never used.
+        self.normalizer = float(plan.expected_batch_size)
+        self.steps_done = 0
+        self.optimizer = _make_optimizer(self.net, config)
+        # An exponential moving average of the weights (post-processing of the released
+        # gradients) averages the functional noise over steps; the sampler uses it.
+        self.ema_decay = float(config.get("ema", 0.0))
+        self.ema = copy.deepcopy(self.net).requires_grad_(False) if self.ema_decay else None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """One update from a Poisson batch; the batch is only forwarded to the private read."""
+        self.net.train()
+        if not self.num_classes:
+            labels = None
+        elif self.label_weights is not None:
+            labels = weighted_labels(self.num_generated, self.label_weights)
+        else:
+            labels = balanced_labels(self.num_generated, self.num_classes, self.steps_done)
+        z = torch.randn(
+            self.num_generated, self.net.latent_dim, generator=self.rng, device=self.rng.device
+        )
+        dev_labels = labels.to(self.device) if labels is not None else None
+        points = self.net(
+            z.to(self.device),
+            one_hot_or_none(dev_labels, self.num_classes) if labels is not None else None,
+        )
+        # Data-parallel: this rank's share of the batch (all of it in one process); the
+        # embedding gradient is a sum over records, so the shares add up across ranks.
+        x, y = shard(x, y)
+        batch_labels = y if labels is not None else None
+        gradient = private_embedding_gradient(
+            x, batch_labels, points, dev_labels, self.bandwidths, self.normalizer
+        )
+        if self.plan.private:
+            released = privatize_embedding_gradient(
+                gradient,
+                points,
+                dev_labels,
+                self.bandwidths,
+                noise_multiplier=self.plan.noise_multiplier,
+                sum_sensitivity=self.plan.max_grad_norm,
+                normalizer=self.normalizer,
+                generator=self.rng,
+                jitter=float(self.config["jitter"]),
+                across_ranks=True,
+            )
+        else:
+            released = all_reduce_sum({"gradient": gradient})["gradient"]
+        surrogate, yy_term = self._descend(points, dev_labels, released)
+        self.steps_done += 1
+        self._update_ema()
+        # Only public quantities: functions of the released gradient and of generated points.
+        return {
+            "loss": float(surrogate.detach()),
+            "yy_term": float(yy_term.detach()),
+            "released_grad_norm": float(released.norm()),
+        }
+
+    def warm_start(self, release: CentralImages) -> None:
+        """Pretrain the generator on the DP central images before the first DP step.
+
+        `warm_start_steps` MMD steps (the run's kernel, `generated_points` per step, the same
+        surrogate as `step`) towards "records" released_mean[y] + `warm_start_jitter`·N(0, I)
+        with balanced y: post-processing of the release, no data read. The EMA (if any) is
+        reset to the pretrained weights; the DP steps then refine them.
+        """
+        means = release.means.to(self.device, torch.float32).flatten(1)
+        jitter = float(self.config["warm_start_jitter"])
+        count = self.num_generated
+        for step in range(int(self.config["warm_start_steps"])):
+            labels = balanced_labels(count, self.num_classes, step).to(self.device)
+            onehot = one_hot_or_none(labels, self.num_classes)
+            noise = torch.randn(count, means.shape[1], generator=self.rng, device=self.rng.device)
+            records = means[labels] + jitter * noise.to(self.device)
+            z = torch.randn(count, self.net.latent_dim, generator=self.rng, device=self.rng.device)
+            points = self.net(z.to(self.device), onehot)
+            target = private_embedding_gradient(
+                records, labels, points, labels, self.bandwidths, float(count)
+            )
+            self._descend(points, labels, target)
+        if self.ema is not None:
+            self.ema.load_state_dict(self.net.state_dict())
+
+    def _descend(
+        self, points: torch.Tensor, labels: torch.Tensor | None, gradient: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimiser step on the MMD surrogate E k(y, y') − (2/M) Σ_j ⟨gradient_j, y_j⟩,
+        whose gradient w.r.t. the generated points is the MMD's with the data's mean embedding
+        gradient replaced by `gradient` (the released one, or the warm start's target).
+        Returns the surrogate and its E k(y, y') term, detached."""
+        gradient = gradient.to(points.dtype).detach()
+        yy_term = generated_kernel_mean(points, labels, self.bandwidths)
+        surrogate = yy_term - (2.0 / self.num_generated) * (gradient * points).sum()
+        self.optimizer.zero_grad(set_to_none=True)
+        surrogate.backward()
+        self.optimizer.step()
+        return surrogate.detach(), yy_term.detach()
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        """EMA of the parameters, warm-up decay ≤ (1 + t)/(10 + t); buffers are copied."""
+        if self.ema is None:
+            return
+        decay = min(self.ema_decay, (1.0 + self.steps_done) / (10.0 + self.steps_done))
+        for average, current in zip(self.ema.parameters(), self.net.parameters(), strict=True):
+            average.mul_(decay).add_(current.detach(), alpha=1.0 - decay)
+        for average, current in zip(self.ema.buffers(), self.net.buffers(), strict=True):
+            average.copy_(current)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Generator weights and buffers (and their EMA), optimiser state, step count (no
+        secret RNG state)."""
+        out = {f"generator.{k}": v.detach().cpu().clone() for k, v in self.net.state_dict().items()}
+        if self.ema is not None:
+            for key, value in self.ema.state_dict().items():
+                out[f"ema.{key}"] = value.detach().cpu().clone()
+        for index, state in self.optimizer.state_dict()["state"].items():
+            for key, value in state.items():
+                tensor = value if torch.is_tensor(value) else torch.tensor(value)
+                out[f"optimizer.{index}.{key}"] = tensor.detach().cpu().clone()
+        out["trainer.steps_done"] = torch.tensor(self.steps_done, dtype=torch.int64)
+        return out
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `state_tensors` returned, so a resumed run continues exactly."""
+        self.net.load_state_dict(generator_weights(tensors))
+        if self.ema is not None:
+            self.ema.load_state_dict(generator_weights(tensors, "ema."))
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for name, value in tensors.items():
+            if name.startswith("optimizer."):
+                _, index, key = name.split(".", 2)
+                state.setdefault(int(index), {})[key] = value.to(
+                    self.device if key != "step" else "cpu"
+                )
+        groups = self.optimizer.state_dict()["param_groups"]
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        self.steps_done = int(tensors["trainer.steps_done"])
+
+    def generator(self) -> Generator:
+        """A sampler over a copy of the current weights (their EMA when the config has one)."""
+        net = build_network(self.info, self.config)
+        net.load_state_dict((self.ema if self.ema is not None else self.net).state_dict())
+        return DPKernelGenerator(
+            net, self.info.classes, self.device, self.info.modality, sample_truncation(self.config)
+        )
+
+
+def _make_optimizer(net: nn.Module, config: Mapping[str, Any]) -> torch.optim.Optimizer:
+    name, lr = str(config["optimizer"]), float(config["lr"])
+    if name == "rmsprop":
+        return torch.optim.RMSprop(net.parameters(), lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(net.parameters(), lr=lr, betas=(0.5, 0.999))
+    raise UsageError(f"optimizer must be rmsprop or adam, got {name!r}")

@@ -1,0 +1,209 @@
+"""PGE's trainer: DP-SGD steps of the sliced score-matching loss, the EMA, the warm start on
+the DP central images, and the checkpointed state."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.func import grad, vmap
+
+from dpsynth.data.images import DataInfo
+from dpsynth.methods.base import PrivacyPlan, Trainer
+from dpsynth.methods.pge.build import (
+    build_encoder,
+    build_score_net,
+    noise_levels,
+    subdict,
+    to_working,
+)
+from dpsynth.methods.pge.generator import PGEGenerator
+from dpsynth.methods.pge.ssm import make_record_loss, randomized_response
+from dpsynth.privacy.central import CentralImages
+from dpsynth.privacy.randomness import PrivateRandomness
+
+
+class PGETrainer(Trainer):
+    """Mutable state of one PGE run: score net, EMA copy, Adam, and two secret RNG streams."""
+
+    def __init__(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        plan: PrivacyPlan,
+        device: torch.device,
+        seed: int,
+        randomness: PrivateRandomness | None = None,
+    ) -> None:
+        from dpsynth.privacy.dpsgd import PrivateGradient
+
+        self.info = info
+        self.config = dict(config)
+        self.plan = plan
+        self.device = device
+        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
+            torch.manual_seed(seed)
+            self.model = build_score_net(config, info).to(device)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False)
+        self.encoder = build_encoder(config, info)
+        if self.encoder is not None:
+            self.encoder = self.encoder.to(device)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=float(config["lr"]), betas=(0.9, 0.999)
+        )
+        # Per-record randomness (levels, perturbations, projections, RR, masks) and the DP
+        # noise come from separate streams of the run's secret randomness (never from the
+        # public seed); the training loop saves their states privately for an exact resume.
+        randomness = randomness if randomness is not None else PrivateRandomness.fresh()
+        self.rng = randomness.generator("pge/records", device)
+        self.noise_rng = randomness.generator("pge/noise", device)
+        self.sigmas = noise_levels(config).to(device)
+        self.steps_done = 0
+        self.central: torch.Tensor | None = None  # the released central images, once warm-started
+        self.private_gradient = PrivateGradient(
+            self.model,
+            make_record_loss(self.model, str(config["ssm_variant"]), str(config["divergence"])),
+            noise_multiplier=plan.noise_multiplier,
+            max_grad_norm=plan.max_grad_norm,
+            expected_batch_size=plan.expected_batch_size,
+            generator=self.noise_rng,
+            micro_batch_size=int(config["micro_batch_size"]),
+            private=plan.private,
+        )
+
+    def record_randomness(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Draw every per-record random input of the loss for a working-size batch x.
+
+        Returns (y_in, sigma, noise, v, r, z) with a leading batch dim; y_in has dropped labels
+        replaced by the "no label" token. Only z depends on x (the masked encoder features).
+        """
+        cfg, g, dev = self.config, self.rng, self.device
+        b, k = x.shape[0], int(cfg["projections"])
+        shape = (b, k, *x.shape[1:])
+        levels = torch.randint(0, len(self.sigmas), (b, k), generator=g, device=dev)
+        sigma = self.sigmas[levels]
+        noise = torch.randn(shape, generator=g, device=dev)
+        v = torch.randn(shape, generator=g, device=dev)
+        if cfg["rr"]:
+            r, _ = randomized_response(v, int(cfg["rr_k"]), float(cfg["rr_epsilon"]), g)
+        else:
+            r = v
+        drop = torch.rand(b, generator=g, device=dev) < float(cfg["label_dropout"])
+        y_in = torch.where(drop, torch.full_like(y, len(self.info.classes)), y)
+        if self.encoder is None:
+            z = torch.zeros(b, k, 1, device=dev)
+        else:
+            with torch.no_grad():
+                feats = self.encoder(x)  # [b, c_z, h, w]
+            zshape = (b, k, *feats.shape[1:])
+            keep = torch.rand((b, k, 1, *feats.shape[2:]), generator=g, device=dev) >= float(
+                cfg["mask_ratio"]
+            )
+            xi = float(cfg["feature_noise"]) * torch.randn(zshape, generator=g, device=dev)
+            use_noise = torch.rand((b, k, 1, 1, 1), generator=g, device=dev) < float(
+                cfg["residual_noise_prob"]
+            )
+            z = torch.where(use_noise, xi, keep * feats.unsqueeze(1))
+        return y_in, sigma, noise, v, r, z
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """One DP-SGD step of the SSM loss on a Poisson batch, then Adam and the EMA update."""
+        x = to_working(x.to(self.device, torch.float32), self.config, self.info.shape)
+        y = y.to(self.device, torch.int64)
+        batch = self.record_randomness(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = self.private_gradient.compute(x, *batch)
+        self.optimizer.step()
+        self.steps_done += 1
+        self._update_ema()
+        out = {"loss": float(stats.get("mean_loss", float("nan")))}
+        for key in ("batch_size", "clip_fraction", "mean_grad_norm"):
+            if key in stats:
+                out[key] = float(stats[key])
+        return out
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        # Warm-up so short runs are not dominated by the random initialisation.
+        t = self.steps_done
+        decay = min(float(self.config["ema"]), (1.0 + t) / (10.0 + t))
+        for e, p in zip(self.ema.parameters(), self.model.parameters(), strict=True):
+            e.mul_(decay).add_(p.detach(), alpha=1.0 - decay)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Weights, EMA, Adam moments and steps, the step count (no secret RNG states)."""
+        out: dict[str, torch.Tensor] = {}
+        for key, t in self.model.state_dict().items():
+            out[f"model.{key}"] = t
+        for key, t in self.ema.state_dict().items():
+            out[f"ema.{key}"] = t
+        if self.encoder is not None:
+            for key, t in self.encoder.state_dict().items():
+                out[f"encoder.{key}"] = t
+        for idx, state in self.optimizer.state_dict()["state"].items():
+            for key, t in state.items():
+                out[f"opt.{idx}.{key}"] = torch.as_tensor(t)
+        if self.central is not None:  # a DP release: public
+            out["central.means"] = self.central
+        out["trainer.steps"] = torch.tensor(self.steps_done, dtype=torch.int64)
+        return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `state_tensors` wrote."""
+        self.model.load_state_dict(subdict(tensors, "model."))
+        self.ema.load_state_dict(subdict(tensors, "ema."))
+        if self.encoder is not None and any(k.startswith("encoder.") for k in tensors):
+            self.encoder.load_state_dict(subdict(tensors, "encoder."))
+        opt_state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, t in subdict(tensors, "opt.").items():
+            idx, name = key.split(".", 1)
+            opt_state.setdefault(int(idx), {})[name] = t
+        state_dict = self.optimizer.state_dict()
+        state_dict["state"] = opt_state
+        self.optimizer.load_state_dict(state_dict)
+        self.steps_done = int(tensors["trainer.steps"])
+        if "central.means" in tensors:
+            self.central = tensors["central.means"].to(self.device)
+
+    def generator(self) -> PGEGenerator:
+        """The sampler around a copy of the current EMA weights."""
+        return PGEGenerator(
+            self.info, self.config, copy.deepcopy(self.ema), self.encoder, self.device, self.central
+        )
+
+    def warm_start(self, release: CentralImages) -> None:
+        """Pretrain on the DP central images (public once released), as DP-FETA does.
+
+        `warm_start_steps` Adam steps (lr `warm_start_lr`, batch `warm_start_batch`) of the
+        same SSM loss on "records" x = mean[y] + `warm_start_jitter`·N(0, I) with uniform y;
+        the EMA then starts from the pretrained weights and DP-SGD fine-tunes with a fresh
+        Adam. The means are kept (they are public) for `sampler_init=central`.
+        """
+        cfg = self.config
+        means = to_working(release.means.to(self.device), cfg, self.info.shape)
+        self.central = release.means.to(self.device)
+        steps, batch = int(cfg["warm_start_steps"]), int(cfg["warm_start_batch"])
+        if steps == 0:
+            return
+        params = {k: p.detach() for k, p in self.model.named_parameters()}
+        buffers = dict(self.model.named_buffers())
+        loss_fn = make_record_loss(self.model, str(cfg["ssm_variant"]), str(cfg["divergence"]))
+        batched = vmap(loss_fn, in_dims=(None, None, *([0] * 7)))
+
+        def mean_loss(p: dict[str, torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+            return batched(p, buffers, *inputs).mean()
+
+        grad_fn = grad(mean_loss)
+        # Detached views share the model's storage: Adam updates the model in place.
+        optimizer = torch.optim.Adam(list(params.values()), lr=float(cfg["warm_start_lr"]))
+        jitter, g = float(cfg["warm_start_jitter"]), self.rng
+        for _ in range(steps):
+            y = torch.randint(0, len(self.info.classes), (batch,), generator=g, device=self.device)
+            x = means[y] + jitter * torch.randn(means[y].shape, generator=g, device=self.device)
+            grads = grad_fn(params, x.clamp(-1.0, 1.0), *self.record_randomness(x, y))
+            for name, leaf in params.items():
+                leaf.grad = grads[name]
+            optimizer.step()
+        self.ema.load_state_dict(self.model.state_dict())

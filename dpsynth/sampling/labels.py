@@ -1,0 +1,106 @@
+"""How many records of each class a sample holds (balanced, counts, a table target's weights),
+and the labelled batches drawn for them from a generator with the public seed."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from dpsynth.data.images import DataInfo
+from dpsynth.errors import UsageError
+from dpsynth.methods.base import Generator
+
+
+def label_counts(labels: str, n: int, num_classes: int) -> list[int]:
+    """Records per class: `balanced` (data-independent, free) or per-class COUNTS `a,b,...`.
+
+    Balanced gives each class n // K records and the first n % K classes one more (a table's
+    run may also ask for its target's `weights`: see `table_label_counts`).
+    """
+    if labels == "balanced":
+        return [n // num_classes + (1 if c < n % num_classes else 0) for c in range(num_classes)]
+    try:
+        counts = [int(part) for part in labels.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--labels must be 'balanced' or per-class counts, got {labels!r}"
+        ) from None
+    if len(counts) != num_classes or min(counts) < 0:
+        raise UsageError(
+            f"--labels needs {num_classes} non-negative counts (one per class), got {labels!r}"
+        )
+    if sum(counts) != n:
+        raise UsageError(f"--labels counts sum to {sum(counts)}, but --n is {n}")
+    return counts
+
+
+def weighted_counts(n: int, weights: Sequence[float]) -> list[int]:
+    """`n` records split in proportions `weights` (largest remainder; they sum to n)."""
+    exact = [n * float(w) / float(sum(weights)) for w in weights]
+    counts = [math.floor(e) for e in exact]
+    order = sorted(range(len(exact)), key=lambda c: exact[c] - counts[c], reverse=True)
+    for c in order[: n - sum(counts)]:
+        counts[c] += 1
+    return counts
+
+
+def table_label_counts(labels: str, n: int, info: DataInfo) -> tuple[list[int], str]:
+    """Records per class of a table's sample and the rule used, stated in its manifest.
+
+    `weights`: the target's `weights` in the run's schema (declared public or released with DP
+    before training: the proportions the generator was trained with); `balanced` (the default:
+    on census it gave downstream classifiers a higher ROC-AUC than the true 6% share) or
+    COUNTS as for images.
+    """
+    schema = info.schema or {}
+    target = next((c for c in schema.get("columns", ()) if c["name"] == schema.get("target")), {})
+    weights = target.get("weights")
+    if labels == "weights":
+        if not weights:
+            raise UsageError("--labels weights: the run's schema gives its target no 'weights'")
+        source = target.get("weights_source") or "declared public in the schema"
+        return weighted_counts(n, weights), f"weights of the target ({source})"
+    counts = label_counts(labels, n, len(info.classes))
+    return counts, "balanced" if labels == "balanced" else "counts (--labels)"
+
+
+def parse_labels(labels: str, n: int, num_classes: int) -> torch.Tensor:
+    """All N labels to generate, class by class (see `label_counts`), as one int64 tensor."""
+    counts = label_counts(labels, n, num_classes)
+    return torch.repeat_interleave(torch.arange(num_classes), torch.tensor(counts))
+
+
+def label_chunks(counts: Sequence[int], batch_size: int) -> Iterator[torch.Tensor]:
+    """The labels of `parse_labels`, in order, as int64 chunks of at most `batch_size`; memory
+    is O(batch_size) whatever the total."""
+    label, left = 0, 0
+    remaining = sum(counts)
+    while remaining > 0:
+        size = min(batch_size, remaining)
+        parts = []
+        need = size
+        while need > 0:
+            while left == 0:
+                left = counts[label]
+                label += 1
+            take = min(need, left)
+            parts.append(torch.full((take,), label - 1, dtype=torch.int64))
+            left -= take
+            need -= take
+        remaining -= size
+        yield torch.cat(parts)
+
+
+def labelled_batches(
+    generator: Generator, counts: Sequence[int], batch_size: int, seed: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(records, labels) batches drawn from `generator` for `counts`, latents from `seed`."""
+    rng = torch.Generator(device=generator.device).manual_seed(seed)
+    for chunk in label_chunks(counts, batch_size):
+        done = 0
+        for images in generator.sample(chunk.to(generator.device), batch_size, rng):
+            size = int(images.shape[0])
+            yield images, chunk[done : done + size]
+            done += size

@@ -1,0 +1,73 @@
+"""What `sample` writes besides the records: the release in the ledger, the manifest, and the
+check that a folder holds only an earlier sample output."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dpsynth.data.images import DataInfo
+from dpsynth.ledger import Ledger
+
+SampleProgress = Callable[[int, int], None]
+
+
+def is_sample_output(folder: Path) -> bool:
+    """True when `folder` holds only what `sample` writes, with its manifest."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(manifest, dict) or not {"run_id", "output_sha256"} <= manifest.keys():
+        return False
+    if manifest.get("format") == "npz":
+        return {p.name for p in folder.iterdir()} <= {"manifest.json", "samples.npz"}
+    classes = {str(name) for name in manifest.get("classes") or []}
+    for path in folder.iterdir():
+        if path.name in ("manifest.json", "labels.csv") and path.is_file():
+            continue
+        if path.name not in classes or path.is_symlink() or not path.is_dir():
+            return False
+        if any(not (f.is_file() and _PNG_NAME.match(f.name)) for f in path.iterdir()):
+            return False
+    return True
+
+
+_PNG_NAME = re.compile(r"^\d+\.png$")
+
+
+def record_release(
+    run_config: dict[str, Any],
+    info: DataInfo,
+    ledger_path: Path | str,
+    output_sha: str,
+    n: int,
+    fmt: str,
+    out: Path,
+) -> dict[str, Any] | None:
+    """Append the zero-cost `release` event of a sample; where it is in the ledger."""
+    path = ledger_path
+    entry = Ledger(path).record_release(
+        dataset_id=info.dataset_id,
+        fingerprint=info.fingerprint,
+        command="sample",
+        method=run_config["method"],
+        run_id=run_config["run_id"],
+        output_sha256=output_sha,
+        details={"n": n, "format": fmt, "out": str(out.resolve())},
+    )
+    return {"path": str(Path(path).resolve()), "seq": entry["seq"]}
+
+
+def manifest_of(out_dir: Path | str) -> dict[str, Any]:
+    """The manifest a `sample` output folder carries."""
+    return json.loads((Path(out_dir) / "manifest.json").read_text())
+
+
+def table_manifest_path(out: Path | str) -> Path:
+    """Where `sample` writes the manifest of a CSV: `OUT.manifest.json` beside it."""
+    out = Path(out)
+    return out.with_name(out.name + ".manifest.json")

@@ -1,0 +1,120 @@
+"""Sampling a table's run: N rows decoded into a CSV file with its manifest beside it."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpsynth.data.limits import check_batch_size
+from dpsynth.errors import UsageError
+from dpsynth.outdir import remove_stale_staging, staging_file
+from dpsynth.runs import RunDir, write_json_atomic
+from dpsynth.sampling.labels import labelled_batches, table_label_counts
+from dpsynth.sampling.outputs import SampleProgress, record_release, table_manifest_path
+from dpsynth.sampling.run import load_generator, run_privacy, set_truncation
+
+
+def sample_table(
+    run_dir: Path | str,
+    n: int,
+    out: Path | str,
+    labels: str = "balanced",
+    batch_size: int = 500,
+    seed: int = 0,
+    device: str = "auto",
+    force: bool = False,
+    ledger_path: Path | str | None = None,
+    progress: SampleProgress | None = None,
+    truncation: float | None = None,
+) -> dict[str, Any]:
+    """Write N synthetic rows of a table's run to the CSV file `out` and record the release.
+
+    The CSV has the original header, column order and category strings (see
+    `dpsynth.data.tabular`); it is streamed batch by batch into a temporary name beside
+    `out` and renamed into place, with `OUT.manifest.json` (provenance, privacy statement,
+    SHA-256 of the CSV). `force` replaces only an earlier CSV of `sample` (one with its
+    manifest). Categorical blocks are sampled with the public `seed`.
+    """
+    import math
+    import os
+
+    from dpsynth.data.tabular import codec_for
+
+    check_batch_size("--batch-size", batch_size, 1)
+    out = Path(out)
+    run = RunDir(run_dir)
+    privacy = run_privacy(run_dir, ledger_path)
+    manifest_path = table_manifest_path(out)
+    resolved = out.resolve()
+    if resolved == Path(privacy["ledger"]).resolve() or run.path.resolve() in resolved.parents:
+        raise UsageError(f"--out {out}: would overwrite the ledger or the run directory")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; a table is written to a CSV file")
+    if out.exists():
+        if not force:
+            raise UsageError(f"--out {out} exists; pass --force to replace it")
+        if not manifest_path.is_file():
+            raise UsageError(
+                f"--out {out} was not written by `sample` (no {manifest_path.name}); "
+                "--force replaces only an earlier sample"
+            )
+    generator, run_config, info = load_generator(run_dir, device)
+    check_batch_size("--batch-size", batch_size, math.prod(info.shape))
+    set_truncation(generator, truncation, run_config["method"])
+    codec = codec_for(info)
+    counts, label_rule = table_label_counts(labels, n, info)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(out.parent)  # CSVs that killed `sample` runs were writing
+    replaced = out.exists()
+    temporary = staging_file(out)
+    digest = hashlib.sha256()
+    rng = np.random.default_rng(seed)
+    done = 0
+    try:
+        with temporary.open("w", encoding="utf-8", newline="") as handle:
+            for rows, chunk in labelled_batches(generator, counts, batch_size, seed):
+                frame = codec.decode(rows.cpu().numpy(), chunk.numpy(), rng)
+                text = codec.csv_text(frame, header=done == 0)
+                handle.write(text)
+                digest.update(text.encode("utf-8"))
+                done += len(frame)
+                if progress is not None:
+                    progress(done, n)
+            handle.flush()
+            os.fsync(handle.fileno())
+        output_sha = digest.hexdigest()
+        release = record_release(run_config, info, privacy["ledger"], output_sha, n, "csv", out)
+        manifest = {
+            "run_id": run_config["run_id"],
+            "run": str(Path(run_dir).resolve()),
+            "method": run_config["method"],
+            "private": privacy["private"],
+            "privacy": privacy["statement"],
+            "privacy_source": {
+                key: privacy[key]
+                for key in ("ledger", "ledger_seq", "ledger_hash", "status", "epsilon", "delta")
+            },
+            "n": n,
+            "format": "csv",
+            "modality": "table",
+            "classes": list(info.classes),
+            "label_counts": counts,
+            "labels": label_rule,
+            "seed": seed,
+            "truncation": generator.truncation,
+            "columns": [c.name for c in codec.schema.columns],
+            "schema": info.schema,
+            "dataset_id": info.dataset_id,
+            "fingerprint": info.fingerprint,
+            "output_sha256": output_sha,
+            "ledger": release,
+        }
+        write_json_atomic(manifest_path, manifest)
+        os.replace(temporary, out)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return {"out": str(out), "manifest": str(manifest_path), "replaced": replaced, **manifest}
