@@ -197,6 +197,23 @@ def _codes(raw: RawTable, column: Column) -> np.ndarray:
     return codes
 
 
+def check_values(raw: RawTable, schema: Schema, released: Sequence[str] = ()) -> None:
+    """DataError (exit 4) for the first value the schema cannot encode: every used column's
+    values are parsed (numbers must be finite), and categories checked against their list,
+    except for the `released` columns, whose list a DP release is about to replace (a value
+    outside it then falls in the released '(other)'). Spends nothing: run before any release
+    so that a bad row fails before the ledger is touched."""
+    check_header(raw, schema)
+    skip = set(released)
+    for column in schema.columns:
+        if column.type == "ignored":
+            continue
+        if column.is_numeric:
+            _numbers(raw, column)
+        elif column.name not in skip:
+            _codes(raw, column)
+
+
 def table_content_digest(raw: RawTable, schema: Schema) -> str:
     """SHA-256 of the canonical parsed table (header, each used column's type and values);
     private, see the module docstring."""
