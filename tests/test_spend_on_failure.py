@@ -1,0 +1,87 @@
+"""What fails after the ledger reservation (issue 30): the spend is closed `aborted`, with the
+ε counted honestly (nothing when no record was read, the reserved events in full when the
+data was read), and a run directory that holds nothing is removed.
+
+The failures are made real: the mechanism's Cholesky factorisation is told to fail (as a
+covariance that no jitter makes positive definite would), and writing the run's secret fails
+(as a full disk would).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dpsynth.cli import app
+from dpsynth.ledger import Ledger
+from dpsynth.privacy import functional
+from dpsynth.runs import RunDir
+from dpsynth.training import train_run
+
+runner = CliRunner()
+TRAIN = (
+    "train --method dpkernel --data digits --epsilon 5 --preset tiny --out run --device cpu "
+    "--ledger ledger.jsonl"
+)
+
+
+def _lines(ledger: Path) -> list[dict]:
+    return [json.loads(line) for line in ledger.read_text().splitlines()]
+
+
+def test_a_mechanism_that_cannot_go_on_aborts_the_spend_counting_it_in_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    real = torch.linalg.cholesky_ex
+
+    def never_positive_definite(matrix, *args, **kwargs):
+        factor, _ = real(matrix, *args, **kwargs)
+        return factor, torch.tensor(1)  # as LAPACK reports a failed factorisation
+
+    monkeypatch.setattr(functional.torch.linalg, "cholesky_ex", never_positive_definite)
+    result = runner.invoke(app, shlex.split(TRAIN))
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1, result.output
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert "not positive definite" in lines[0]
+    assert "closed as aborted and counts its planned ε in full" in lines[0]
+    spend, status = _lines(tmp_path / "ledger.jsonl")
+    assert (spend["kind"], status["kind"], status["status"]) == ("spend", "status", "aborted")
+    assert status["ref"] == spend["seq"]
+    assert status["events"] == spend["events"]  # counted in full: the data was read
+    assert status["total_epsilon"] == pytest.approx(spend["epsilon"])
+    assert Ledger(tmp_path / "ledger.jsonl").verify()["open_spends"] == []
+    resumed = runner.invoke(app, shlex.split(TRAIN + " --resume"))
+    assert resumed.exit_code == 2 and "was aborted" in resumed.stderr
+
+
+@pytest.mark.parametrize("made_by_user", [False, True])
+def test_a_start_that_fails_before_any_read_aborts_at_zero_and_leaves_no_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made_by_user: bool
+) -> None:
+    out = tmp_path / "run"
+    if made_by_user:
+        out.mkdir()
+
+    def disk_full(self, secret) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(RunDir, "write_secret", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        train_run(
+            method="dpkernel", data="digits", epsilon=5.0, preset="tiny", out=out,
+            ledger_path=tmp_path / "ledger.jsonl", device="cpu",
+        )  # fmt: skip
+    spend, status = _lines(tmp_path / "ledger.jsonl")
+    assert status["status"] == "aborted" and status["ref"] == spend["seq"]
+    assert status["events"] == [] and status["total_epsilon"] == 0
+    if made_by_user:
+        assert out.is_dir() and list(out.iterdir()) == []
+    else:
+        assert not out.exists()
