@@ -85,3 +85,50 @@ def test_a_start_that_fails_before_any_read_aborts_at_zero_and_leaves_no_run_dir
         assert out.is_dir() and list(out.iterdir()) == []
     else:
         assert not out.exists()
+
+
+# ----------------------------------------------------------------- too little headroom
+
+
+def _spend_up_to(ledger_path: Path, spent: float) -> float:
+    """A completed spend on `digits` whose ε at the default δ is just under `spent`; its δ."""
+    from dpsynth.data.sources import load_data
+    from dpsynth.privacy.accounting import compose_epsilon, default_delta, poisson_gaussian_event
+    from dpsynth.training.data import keyed_fingerprint
+
+    records = load_data("digits")
+    delta = default_delta(records.n)
+    ledger = Ledger(ledger_path)
+    fingerprint = keyed_fingerprint(ledger, records.content_digest)
+    low, high = 0.5, 5.0  # σ of 1000 steps at q = 0.01: ε falls as σ grows
+    for _ in range(40):
+        middle = (low + high) / 2
+        event = poisson_gaussian_event(middle, 0.01, 1000)
+        if compose_epsilon([event], delta).epsilon > spent:
+            low = middle
+        else:
+            high = middle
+    events = [poisson_gaussian_event(high, 0.01, 1000)]
+    entry = ledger.reserve(
+        dataset_id="digits", fingerprint=fingerprint, command="train", method="dpkernel",
+        run_id="earlier", events=events, delta=delta,
+    )  # fmt: skip
+    ledger.complete(entry["seq"], events, run_id="earlier", fingerprint=fingerprint)
+    return delta
+
+
+@pytest.mark.parametrize("method", ["dpaf", "dpkernel"])
+def test_too_little_headroom_is_exit_3_naming_the_spent_epsilon_and_the_headroom(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, one_torch_thread
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _spend_up_to(tmp_path / "ledger.jsonl", 4.99)  # 0.2% of ε left
+    before = (tmp_path / "ledger.jsonl").read_bytes()
+    result = runner.invoke(app, shlex.split(TRAIN.replace("dpkernel", method)))
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 3, result.output
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert "already spent ε ≤ 4.99" in lines[0] and "leaving a headroom of 0.01" in lines[0]
+    assert "under the target ε=5; a run needs at least 0.5% of ε" in lines[0]
+    assert (tmp_path / "ledger.jsonl").read_bytes() == before
+    assert not (tmp_path / "run").exists()
