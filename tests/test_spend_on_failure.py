@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from dpsynth.cli import app
 from dpsynth.ledger import Ledger
+from dpsynth.methods.dpkernel.trainer import DPKernelTrainer
 from dpsynth.privacy import functional
 from dpsynth.runs import RunDir
 from dpsynth.training import train_run
@@ -34,17 +35,38 @@ def _lines(ledger: Path) -> list[dict]:
     return [json.loads(line) for line in ledger.read_text().splitlines()]
 
 
-def test_a_mechanism_that_cannot_go_on_aborts_the_spend_counting_it_in_full(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread
-) -> None:
-    monkeypatch.chdir(tmp_path)
+def _never_positive_definite(monkeypatch: pytest.MonkeyPatch) -> None:
     real = torch.linalg.cholesky_ex
 
-    def never_positive_definite(matrix, *args, **kwargs):
+    def failed(matrix, *args, **kwargs):
         factor, _ = real(matrix, *args, **kwargs)
         return factor, torch.tensor(1)  # as LAPACK reports a failed factorisation
 
-    monkeypatch.setattr(functional.torch.linalg, "cholesky_ex", never_positive_definite)
+    monkeypatch.setattr(functional.torch.linalg, "cholesky_ex", failed)
+
+
+def test_a_covariance_that_fails_on_public_facts_fails_before_the_reservation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _never_positive_definite(monkeypatch)
+    result = runner.invoke(app, shlex.split(TRAIN))
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert "cannot start with these settings" in lines[0] and "not positive definite" in lines[0]
+    assert not (tmp_path / "ledger.jsonl").exists() or not _lines(tmp_path / "ledger.jsonl")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_mechanism_that_cannot_go_on_aborts_the_spend_counting_it_in_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread
+) -> None:
+    # A failure the public preflight did not foresee (its points are the initial weights'):
+    # the preflight is skipped so that the factorisation fails at the first step.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(DPKernelTrainer, "preflight", lambda self: None)
+    _never_positive_definite(monkeypatch)
     result = runner.invoke(app, shlex.split(TRAIN))
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 1, result.output

@@ -111,6 +111,7 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
             records.n, plan.sampling_rate, randomness.generator("loop/batches")
         )
         central_rng = central_generator(plan, randomness)
+        trainer.preflight()
     except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
         # e.g. an optimizer refusing a value, a seed out of range, a network too large to build
         raise UsageError(
