@@ -12,13 +12,8 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpsynth.errors import BudgetExceededError, UsageError
 from dpsynth.privacy import accounting
-from dpsynth.privacy.accounting import (
-    calibrate_noise,
-    compose_epsilon,
-    epsilon_report,
-    max_steps,
-    poisson_gaussian_event,
-)
+from dpsynth.privacy.accounting import compose_epsilon, epsilon_report, poisson_gaussian_event
+from dpsynth.privacy.calibration import calibrate_noise, max_steps
 
 ADD_REMOVE = NeighboringRelation.ADD_OR_REMOVE_ONE
 

@@ -21,7 +21,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import over_budget
 from dpsynth.errors import UsageError
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.accounting import default_delta
+from dpsynth.privacy.calibration import default_delta
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
 __all__ = ["AuditResult", "audit_memory", "check_audit_values", "public_info", "run_audit"]

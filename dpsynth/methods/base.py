@@ -255,7 +255,7 @@ class Method(ABC):
         first releases DP central images with that share of the ε, composed with the steps
         (`dpsynth.privacy.central`); the loop hands the release to `Trainer.warm_start`.
         """
-        from dpsynth.privacy.accounting import plan_poisson_gaussian
+        from dpsynth.privacy.calibration import plan_poisson_gaussian
         from dpsynth.privacy.central import plan_dpsgd_with_central_images
 
         if float(config.get("warm_start_share", 0.0)) > 0:

@@ -32,7 +32,7 @@ from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import run_config_digest
 from dpsynth.methods.base import Method
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.accounting import default_delta
+from dpsynth.privacy.calibration import default_delta
 from dpsynth.privacy.dpsgd import PoissonSampler
 from dpsynth.privacy.plan import PrivacyTarget
 from dpsynth.privacy.randomness import PrivateRandomness
