@@ -145,6 +145,10 @@ def run_audit(
     check_audit_values(canaries, confidence)
     method = get_method(method_name)
     mechanism = getattr(method, "audit_mechanism", "dpsgd")
+    if mechanism not in ("dpsgd", "functional"):
+        raise UsageError(
+            f"--method {method_name}: no white-box audit for its {mechanism!r} mechanism yet"
+        )
     plan = plan_for(method_name, preset, epsilon, data)
     problem = over_budget(audit_memory(mechanism, plan, canaries))
     if problem:

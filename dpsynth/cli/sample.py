@@ -27,7 +27,8 @@ def sample(
         str,
         typer.Option(
             help="balanced, per-class counts a,b,c,... summing to --n, or (tables) weights: "
-            "the target's class proportions in the run's schema (declared or DP-released)."
+            "the target's class proportions in the run's schema (declared or DP-released), "
+            "or (aim, mst) model: the class proportions the model fitted."
         ),
     ] = "balanced",
     batch_size: Annotated[int, typer.Option(help="Images generated at once.")] = 500,

@@ -14,6 +14,10 @@ Mechanism events are plain dicts, the same ones the ledger stores:
 
 - `{"type": "poisson_gaussian", "noise_multiplier": σ, "sampling_rate": q, "steps": T}`
 - `{"type": "gaussian", "noise_multiplier": σ, "count": k}` (sensitivity-1 Gaussian, k times)
+- `{"type": "pure_dp", "epsilon": ε, "count": k}` (k pure ε-DP mechanisms, e.g. the exponential
+  mechanism's selections, `privacy/selection.py`): composed through their dominating pair,
+  randomized response (Kairouz et al. 2015; its PRV is ±ε), which PRV composition of dominating
+  pairs allows under adaptive choice of what each mechanism selects (Zhu et al. 2022)
 - `{"type": "non_private", ...}` (the `--epsilon inf` baseline: ε = inf)
 - `{"type": "threshold_delta", "delta": δ_t}` (the failure probability of a thresholding step,
   e.g. the sparse histogram that releases a category list: it adds δ_t to the δ of everything
@@ -49,6 +53,7 @@ ACCOUNTANT_PRV_LONG_DOUBLE = (
     f"prv-accountant {PRV_VERSION} PRV upper bound (eps_error {REL_EPS_ERROR:g}·ε)"
 )
 ACCOUNTANT_RDP = f"prv-accountant {PRV_VERSION} RDP upper bound (PRV fallback, integer orders)"
+ACCOUNTANT_RDP_OWN = "dpsynth RDP upper bound (PRV fallback, integer orders, pure DP as RR)"
 
 # Bounds on what the accountant is asked, so that every call ends in seconds with bounded
 # memory. ε above MAX_EPSILON protects nothing (e^1000 likelihood ratios); the PRV mesh grows
@@ -167,6 +172,18 @@ def _normalise(events: Iterable[Mapping[str, Any]]) -> tuple[bool, dict[tuple, i
             sigma = float(event["noise_multiplier"])
             q = 1.0
             count = int(event.get("count", 1))
+        elif kind == "pure_dp":
+            # Keyed by ε in the σ slot: ("pure_dp", ε, 1.0). ε = inf protects nothing.
+            epsilon = float(event["epsilon"])
+            count = int(event.get("count", 1))
+            if count <= 0 or epsilon == 0.0:
+                continue
+            if not (epsilon > 0 and math.isfinite(epsilon)):
+                non_private = True
+                continue
+            key = ("pure_dp", epsilon, 1.0)
+            groups[key] = groups.get(key, 0) + count
+            continue
         else:
             raise UsageError(f"unknown mechanism event type {kind!r}")
         if count <= 0:
@@ -187,6 +204,10 @@ def _prv(key: tuple) -> Any:
     )
 
     kind, sigma, q = key
+    if kind == "pure_dp":
+        from prv_accountant.privacy_random_variables import PureDPMechanism
+
+        return PureDPMechanism(eps=sigma)
     if kind == "gaussian":
         return GaussianMechanism(noise_multiplier=sigma)
     return PoissonSubsampledGaussianMechanism(sampling_probability=q, noise_multiplier=sigma)
@@ -288,6 +309,8 @@ def _prv_epsilon(
     """
     delta_error = delta / 1000.0
     length = max(_safe_domain_length(keys, counts, delta_error), eps_error) + 3.0
+    # A pure-DP mechanism's PRV has atoms at ±ε, which the domain must hold.
+    length = max([length, *(k[1] + 1.0 for k in keys if k[0] == "pure_dp")])
     nodes = prv_mesh_size(length, counts, delta_error, eps_error)
     if nodes > MAX_PRV_MESH:
         # Estimated before anything is allocated: the accountant's arrays scale with this.
@@ -355,6 +378,9 @@ def _compose_cached(
         return EpsilonBound(prv_eps, delta, prv_name, tuple(notes), estimate)
     if math.isinf(prv_eps):
         notes.append("PRV accountant unusable at these settings; reporting the RDP upper bound")
+    if any(k[0] == "pure_dp" for k in keys):
+        # The package's pure-DP RDP is not an upper bound: ours (`privacy/rdp.py`) is reported.
+        return EpsilonBound(rdp_eps, delta, ACCOUNTANT_RDP_OWN, tuple(notes), estimate)
     # Reported as the package computes it (the same formulas as `privacy/rdp.py`).
     rdp_eps = _package_rdp_epsilon(keys, counts, delta)
     return EpsilonBound(rdp_eps, delta, ACCOUNTANT_RDP, tuple(notes), estimate)

@@ -12,7 +12,7 @@ from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import UsageError
 from dpsynth.outdir import remove_stale_staging, staging_file
 from dpsynth.runs import RunDir, write_json_atomic
-from dpsynth.sampling.labels import labelled_batches, table_label_counts
+from dpsynth.sampling.labels import labelled_batches, table_label_counts, weighted_counts
 from dpsynth.sampling.outputs import SampleProgress, record_release, table_manifest_path
 from dpsynth.sampling.run import load_generator, run_privacy, set_truncation
 
@@ -65,7 +65,12 @@ def sample_table(
     check_batch_size("--batch-size", batch_size, math.prod(info.shape))
     set_truncation(generator, truncation, run_config["method"])
     codec = codec_for(info)
-    counts, label_rule = table_label_counts(labels, n, info)
+    proportions = getattr(generator, "class_proportions", None)
+    if labels == "model" and proportions is not None:
+        # The model's own fitted class proportions (aim, mst): public, post-processing.
+        counts, label_rule = weighted_counts(n, list(proportions())), "the model's own"
+    else:
+        counts, label_rule = table_label_counts(labels, n, info)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out.parent)  # CSVs that killed `sample` runs were writing
     replaced = out.exists()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -156,7 +156,7 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         ),
         "log_private_loss": bool(log_private_loss),
         "device": str(torch_device),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "versions": _package_versions(),
         "warnings": warnings,
     }
