@@ -562,7 +562,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="digits")
-    parser.add_argument("--methods", nargs="+", default=None, help="default: every method")
+    parser.add_argument(
+        "--methods", nargs="*", default=None, help="default: every method; none: only references"
+    )
     parser.add_argument("--epsilon", nargs="+", default=["1", "10"], help="numbers or inf")
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
@@ -603,7 +605,7 @@ def main(argv: list[str] | None = None) -> None:
     stem = f"leaderboard-{args.data.replace(':', '-')}"
     json_path = args.json or RESULTS / f"{stem}.json"
     markdown_path = args.markdown or json_path.with_suffix(".md")
-    methods = args.methods or registered_methods()
+    methods = registered_methods() if args.methods is None else args.methods
     n = args.n or default_synthetic_n(args.data)
     info = data_info(args.data)
     report: dict[str, Any] = {

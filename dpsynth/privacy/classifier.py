@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -30,9 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from dpsynth.errors import UsageError
-from dpsynth.privacy.accounting import calibrate_noise, poisson_gaussian_event
+from dpsynth.errors import BudgetExceededError, UsageError
+from dpsynth.privacy.accounting import calibrate_noise, compose_epsilon, poisson_gaussian_event
 from dpsynth.privacy.dpsgd import PoissonSampler, PrivateGradient
+from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
 MECHANISM = "dp_classifier"
 
@@ -259,3 +260,46 @@ class _Ema:
         for name, p in model.named_parameters():
             if name in self.shadow:
                 p.copy_(self.shadow[name])
+
+
+def plan_with_classifier(
+    target: PrivacyTarget,
+    n: int,
+    schedule: ClassifierSchedule,
+    share: float,
+    plan_rest: Callable[[tuple[dict[str, Any], ...]], PrivacyPlan],
+    prior_events: Sequence[Mapping[str, Any]] = (),
+) -> PrivacyPlan:
+    """A run's plan with a DP classifier (a backend's teacher) in front of its own mechanisms.
+
+    The classifier's σ is calibrated so that it alone spends `share` of the ε left after
+    `prior_events`; `plan_rest(prior)` is the backend's own plan, calibrated with the
+    classifier's event among its prior events, so that prior + classifier + the backend's
+    mechanisms compose (PRV) to at most `target.epsilon`. The result is the backend's plan
+    with the classifier's event first and `epsilon_bound` the composition of all the run's
+    events. ε = inf: a non-private classifier in front of a non-private plan.
+    """
+    if not 0.0 < share < 1.0:
+        raise UsageError(f"--set teacher_share: must be in (0, 1), got {share}")
+    prior = tuple(dict(e) for e in prior_events)
+    if not target.private:
+        teacher = plan_classifier(math.inf, target.delta, n, schedule)
+        rest = plan_rest(prior)
+        return replace(rest, events=(teacher.event(), *rest.events))
+    left = target.epsilon
+    if prior:
+        left -= compose_epsilon(prior, target.delta).epsilon
+    if left <= 0:
+        raise BudgetExceededError(
+            f"the dataset's earlier spends leave nothing under the target ε={target.epsilon:g}"
+        )
+    teacher = plan_classifier(share * left, target.delta, n, schedule)
+    rest = plan_rest((*prior, teacher.event()))
+    events = (teacher.event(), *rest.events)
+    alone = compose_epsilon(list(events), target.delta)
+    note = (
+        f"DP teacher: {teacher.steps} DP-SGD steps at σ = {teacher.noise_multiplier:.4g}, "
+        f"q = {teacher.sampling_rate:.4g} (a classifier used only to select samples, "
+        "post-processing), composed with the rest of the run"
+    )
+    return replace(rest, events=events, epsilon_bound=alone.epsilon, notes=(note, *rest.notes))
