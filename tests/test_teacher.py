@@ -159,3 +159,50 @@ def test_a_saved_run_samples_through_its_teacher():
     (out,) = list(wrapped.sample(torch.tensor([0, 1, 2]), 10, torch.Generator()))
     assert out.shape == (3, 1, 8, 8) and out.dtype == torch.uint8
     assert math.isclose(wrapped.oversample, 2.0)
+
+
+# Every image backend, with its tiny preset and a small teacher, through the real loop.
+_TINY_TEACHER = {
+    "teacher_share": "0.5",
+    "teacher_batch": "64",
+    "teacher_epochs": "0.5",
+    "teacher_width": "4",
+}
+
+
+@pytest.mark.parametrize("method", ["dpkernel", "psg", "pge", "dpaf", "rdpgan"])
+def test_every_backend_trains_its_teacher_composes_it_and_samples_through_it(tmp_path, method):
+    from safetensors.torch import load_file
+
+    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.sampling import generate
+    from dpsynth.training import train_run
+
+    secret = 0x0123456789ABCDEF0123456789ABCDEF
+    common = dict(
+        method=method, data="digits", epsilon=4.0, preset="tiny", device="cpu", seed=1,
+        overrides=dict(_TINY_TEACHER), privacy_seed=secret,
+    )  # fmt: skip
+    result = train_run(out=tmp_path / "run", ledger_path=tmp_path / "a.jsonl", **common)
+    assert result["ledger_status"] == "completed" and float(result["epsilon"]) <= 4.0
+    (spend,) = [e for e in Ledger(tmp_path / "a.jsonl").entries() if e["kind"] == "spend"]
+    teacher = [e for e in spend["events"] if e.get("mechanism") == "dp_classifier"]
+    assert len(teacher) == 1  # charged in the ledger, composed with the backend's events
+    assert compose_epsilon(spend["events"], spend["delta"]).epsilon <= 4.0
+    tensors = load_file(tmp_path / "run" / "checkpoint.safetensors")
+    assert int(tensors["trainer/teacher_trained"]) == 1
+    x, y, _ = generate(tmp_path / "run", 20, device="cpu")
+    assert x.shape == (20, 1, 8, 8) and torch.equal(torch.bincount(y), torch.full((10,), 2))
+    if method == "dpkernel":  # an interrupted run resumes to the same teacher
+        part = train_run(
+            out=tmp_path / "part", ledger_path=tmp_path / "b.jsonl", stop_after_steps=3, **common
+        )
+        assert part["interrupted"]
+        train_run(
+            out=tmp_path / "part", ledger_path=tmp_path / "b.jsonl", resume=True,
+            **{k: v for k, v in common.items() if k not in ("overrides", "privacy_seed")},
+        )  # fmt: skip
+        again = load_file(tmp_path / "part" / "checkpoint.safetensors")
+        for key, value in tensors.items():
+            if key.startswith("trainer/teacher"):
+                assert torch.equal(value, again[key]), key

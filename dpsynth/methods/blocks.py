@@ -93,6 +93,11 @@ TEACHER_DEFAULTS: dict[str, Any] = {
     # assigns to it, most confident first.
     "teacher_filter": "rank",
     "teacher_oversample": 2.0,
+    # > 0: the teacher is trained before the LAST loop step instead of the first, starting
+    # from a network fitted (without privacy: post-processing) to this many images of the
+    # backend's own generator as it is then, for `teacher_pretrain_epochs` epochs.
+    "teacher_pretrain": 0,
+    "teacher_pretrain_epochs": 3,
 }
 TEACHER_FILTERS = ("rank", "relabel")
 
@@ -110,6 +115,8 @@ def check_teacher_config(config: Mapping[str, Any]) -> None:
         raise UsageError("--set teacher_oversample: must be at least 1")
     if int(config["teacher_width"]) < 1:
         raise UsageError("--set teacher_width: must be at least 1")
+    if int(config["teacher_pretrain"]) < 0 or int(config["teacher_pretrain_epochs"]) < 0:
+        raise UsageError("--set teacher_pretrain and teacher_pretrain_epochs: must be ≥ 0")
     teacher_schedule(config).check()
 
 
@@ -133,7 +140,9 @@ def plan_with_teacher(
     plan_rest: Callable[[tuple[dict[str, Any], ...]], PrivacyPlan],
 ) -> PrivacyPlan:
     """`plan_rest(prior_events)`, or with `teacher_share` > 0 the teacher's DP-SGD in front
-    of it (`dpsynth.privacy.classifier.plan_with_classifier`)."""
+    of it (`dpsynth.privacy.classifier.plan_with_classifier`); the teacher's settings are
+    checked first (UsageError before anything is reserved)."""
+    check_teacher_config(config)
     share = float(config.get("teacher_share", 0.0))
     if share == 0:
         return plan_rest(prior_events)
@@ -196,6 +205,10 @@ class Teacher:
         if self.plan is None:
             return
         self.schedule = teacher_schedule(config)
+        self.pretrain = int(config["teacher_pretrain"])
+        self.pretrain_epochs = int(config["teacher_pretrain_epochs"])
+        self.loop_steps = int(plan.steps)
+        self.seed = int(seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + 7919)  # public initialisation, apart from the backend's
             self.net = _teacher_net(info, config).to(device)
@@ -210,13 +223,28 @@ class Teacher:
         """Whether the run has a teacher."""
         return self.net is not None
 
-    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Train the teacher on all records before loop step 0 (once; a resumed run's
-        checkpoint holds it). A restart before the first checkpoint retrains it from the
-        fresh secret streams, so the same batches and noise: the same release."""
-        if self.net is None or self.trained or step != 0:
+    @property
+    def release_step(self) -> int:
+        """The loop step before which the teacher is trained: the first, or with
+        `teacher_pretrain` the last (so that it starts from the generator's late samples)."""
+        return self.loop_steps - 1 if self.pretrain else 0
+
+    def release_whole_data(
+        self,
+        step: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        generator: Callable[[], Generator] | None = None,
+    ) -> None:
+        """Train the teacher on all records before loop step `release_step` (once: a resumed
+        run's checkpoint holds it). A run restarted before it was saved retrains it from the
+        same secret streams' states, so with the same batches and noise: the same release.
+        `generator` gives the backend's generator as it is (for `teacher_pretrain`)."""
+        if self.net is None or self.trained or step != self.release_step:
             return
         assert self.plan is not None
+        if self.pretrain and generator is not None:
+            self._pretrain(generator(), x.device)
         train_private_classifier(
             self.net,
             x,
@@ -228,6 +256,27 @@ class Teacher:
             augment_generator=self.streams["augment"],
         )
         self.trained = True
+
+    def _pretrain(self, generator: Generator, device: torch.device) -> None:
+        """Fit the network to `pretrain` balanced samples of `generator` (public: they are
+        post-processing of the backend's released updates), Adam 1e-3, batch 128."""
+        assert self.net is not None
+        k = len(generator.classes)
+        labels = torch.arange(self.pretrain) % k
+        rng = torch.Generator(device=generator.device).manual_seed(self.seed + 104729)
+        images = torch.cat(list(generator.sample(labels.to(generator.device), 500, rng)))
+        x = images.to(device).float() / 127.5 - 1.0
+        y = labels.to(device)
+        optimizer = torch.optim.Adam(self.net.parameters(), lr=1e-3)
+        order_rng = torch.Generator().manual_seed(self.seed + 15485863)
+        self.net.train()
+        for _ in range(self.pretrain_epochs):
+            order = torch.randperm(len(y), generator=order_rng).to(device)
+            for start in range(0, len(y), 128):
+                index = order[start : start + 128]
+                optimizer.zero_grad(set_to_none=True)
+                nn.functional.cross_entropy(self.net(x[index]), y[index]).backward()
+                optimizer.step()
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """`teacher.*` weights and the trained flag ({} without a teacher)."""

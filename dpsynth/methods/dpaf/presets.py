@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsynth.methods.blocks import TEACHER_DEFAULTS
+
 _COMMON: dict[str, Any] = {
     "mode": "strict",
     "conv1_init": "transfer",
@@ -134,6 +136,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "n_critic": 3,
     },
 }
+# The optional DP teacher (`dpsynth.methods.blocks`; off unless `teacher_share` > 0).
+for _preset in PRESETS.values():
+    for _key, _value in TEACHER_DEFAULTS.items():
+        _preset.setdefault(_key, _value)
 
 CHOICES: dict[str, tuple[str, ...]] = {
     # `paper` reproduces the paper's mechanism and accounting: NOT a DP guarantee; the run is

@@ -25,7 +25,8 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Method, PrivacyPlan
+from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget
+from dpsynth.methods.blocks import plan_with_teacher, teacher_from_state
 from dpsynth.methods.pge.build import (
     build_encoder,
     build_score_net,
@@ -143,8 +144,8 @@ class PGEMethod(Method):
         config: Mapping[str, Any],
         tensors: Mapping[str, torch.Tensor],
         device: torch.device,
-    ) -> PGEGenerator:
-        """The sampler around the saved EMA score network."""
+    ) -> Generator:
+        """The sampler around the saved EMA score network (behind the run's DP teacher)."""
         device = torch.device(device)
         net = build_score_net(config, info)
         net.load_state_dict(subdict(tensors, "ema."))
@@ -152,4 +153,22 @@ class PGEMethod(Method):
         if encoder is not None and any(k.startswith("encoder.") for k in tensors):
             encoder.load_state_dict(subdict(tensors, "encoder."))
         central = tensors.get("central.means")
-        return PGEGenerator(info, config, net.to(device), encoder, device, central)
+        sampler = PGEGenerator(info, config, net.to(device), encoder, device, central)
+        return teacher_from_state(sampler, info, config, tensors)
+
+    def plan(
+        self,
+        info: DataInfo,
+        target: PrivacyTarget,
+        config: Mapping[str, Any],
+        prior_events: tuple[dict[str, Any], ...] = (),
+    ) -> PrivacyPlan:
+        """The shared plan (DP-SGD steps, the central images), with the DP teacher in front
+        when the config has one."""
+        return plan_with_teacher(
+            info,
+            target,
+            config,
+            prior_events,
+            lambda prior: super(PGEMethod, self).plan(info, target, config, prior),
+        )

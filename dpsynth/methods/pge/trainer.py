@@ -11,7 +11,8 @@ import torch
 from torch.func import grad, vmap
 
 from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import PrivacyPlan, Trainer
+from dpsynth.methods.base import Generator, PrivacyPlan, Trainer
+from dpsynth.methods.blocks import Teacher
 from dpsynth.methods.pge.build import (
     build_encoder,
     build_score_net,
@@ -72,6 +73,8 @@ class PGETrainer(Trainer):
             micro_batch_size=int(config["micro_batch_size"]),
             private=plan.private,
         )
+        # The run's DP teacher, if its plan has one (post-processing of the samples).
+        self.teacher = Teacher(info, config, plan, device, seed, randomness)
 
     def record_randomness(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Draw every per-record random input of the loss for a working-size batch x.
@@ -148,6 +151,7 @@ class PGETrainer(Trainer):
         if self.central is not None:  # a DP release: public
             out["central.means"] = self.central
         out["trainer.steps"] = torch.tensor(self.steps_done, dtype=torch.int64)
+        out |= self.teacher.state_tensors()
         return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -166,9 +170,18 @@ class PGETrainer(Trainer):
         self.steps_done = int(tensors["trainer.steps"])
         if "central.means" in tensors:
             self.central = tensors["central.means"].to(self.device)
+        self.teacher.load_state_tensors(tensors)
 
-    def generator(self) -> PGEGenerator:
-        """The sampler around a copy of the current EMA weights."""
+    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """The DP teacher's training, at the step its plan says (none without a teacher)."""
+        self.teacher.release_whole_data(step, x, y, self._own_generator)
+
+    def generator(self) -> Generator:
+        """The sampler around a copy of the current EMA weights (behind the DP teacher once
+        trained)."""
+        return self.teacher.wrap(self._own_generator(), self.config)
+
+    def _own_generator(self) -> PGEGenerator:
         return PGEGenerator(
             self.info, self.config, copy.deepcopy(self.ema), self.encoder, self.device, self.central
         )

@@ -29,7 +29,15 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import MAX_STEPS, Method, PrivacyPlan, PrivacyTarget, sample_truncation
+from dpsynth.methods.base import (
+    MAX_STEPS,
+    Generator,
+    Method,
+    PrivacyPlan,
+    PrivacyTarget,
+    sample_truncation,
+)
+from dpsynth.methods.blocks import plan_with_teacher, teacher_from_state
 from dpsynth.methods.rdpgan.generator import RDPGANGenerator, build_generator, with_prefix
 from dpsynth.methods.rdpgan.plan import plan_rdpgan
 from dpsynth.methods.rdpgan.presets import CHOICES, PRESETS, TABLE_PRESETS
@@ -114,7 +122,13 @@ class RDPGANMethod(Method):
         prior_events: tuple[dict[str, Any], ...] = (),
     ) -> PrivacyPlan:
         """The whole σ schedule, one event per distinct σ (`plan.plan_rdpgan`)."""
-        return plan_rdpgan(info, target, config, prior_events)
+        return plan_with_teacher(
+            info,
+            target,
+            config,
+            prior_events,
+            lambda prior: plan_rdpgan(info, target, config, prior),
+        )
 
     def trainer(
         self,
@@ -134,10 +148,12 @@ class RDPGANMethod(Method):
         config: Mapping[str, Any],
         tensors: Mapping[str, torch.Tensor],
         device: torch.device,
-    ) -> RDPGANGenerator:
-        """Rebuild the sampler from saved `generator.*` tensors."""
+    ) -> Generator:
+        """Rebuild the sampler from saved `generator.*` tensors (behind the run's DP teacher,
+        if it has one)."""
         net = build_generator(info, config)
         net.load_state_dict(with_prefix(tensors, "generator."))
-        return RDPGANGenerator(
+        sampler = RDPGANGenerator(
             net, info.classes, torch.device(device), info.modality, sample_truncation(config)
         )
+        return teacher_from_state(sampler, info, config, tensors)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsynth.methods.blocks import TEACHER_DEFAULTS
+
 _COMMON: dict[str, Any] = {
     "mode": "sound",
     "schedule": "constant",
@@ -84,6 +86,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "schedule": ("constant", "time", "exp", "step"),
     "arch": ("mlp", "conv"),
 }
+
+# The optional DP teacher (`dpsynth.methods.blocks`; off unless `teacher_share` > 0); images
+# only (the teacher is a convolutional classifier).
+for _preset in PRESETS.values():
+    for _key, _value in TEACHER_DEFAULTS.items():
+        _preset.setdefault(_key, _value)
 
 # Tables (encoded rows: one-hot blocks in {0, 1}, numbers in [-1, 1]): an MLP D on
 # (row ‖ one-hot target) without normalisation layers, and an MLP G ending in the shared
