@@ -19,7 +19,7 @@ from dpsynth.methods.blocks import (
     Teacher,
     TeacherFilter,
     check_teacher_config,
-    plan_with_teacher,
+    plan_with_stages,
     teacher_from_state,
 )
 from dpsynth.privacy.accounting import compose_epsilon, plan_poisson_gaussian
@@ -50,7 +50,7 @@ def _pld(events: list[dict], delta: float) -> float:
 
 def test_the_teacher_is_planned_first_and_everything_composes_under_the_target():
     target = PrivacyTarget(2.0, 1e-5)
-    plan = plan_with_teacher(INFO, target, _config(teacher_share=0.5), (), _rest)
+    plan = plan_with_stages(INFO, target, _config(teacher_share=0.5), (), _rest)
     teacher, loop = plan.events
     assert teacher["mechanism"] == "dp_classifier" and teacher["steps"] == 10
     assert teacher["sampling_rate"] == pytest.approx(0.2)
@@ -62,7 +62,7 @@ def test_the_teacher_is_planned_first_and_everything_composes_under_the_target()
     assert loop["noise_multiplier"] > _rest(()).noise_multiplier
     assert plan.noise_multiplier == loop["noise_multiplier"]
     # Without a share the backend's plan is untouched.
-    assert plan_with_teacher(INFO, target, _config(), (), _rest) == _rest(())
+    assert plan_with_stages(INFO, target, _config(), (), _rest) == _rest(())
 
 
 def test_teacher_settings_are_checked_before_anything_is_spent():
@@ -81,7 +81,7 @@ def test_teacher_settings_are_checked_before_anything_is_spent():
 def test_the_teacher_trains_once_at_step_zero_and_round_trips():
     target = PrivacyTarget(3.0, 1e-5)
     config = _config(teacher_share=0.5)
-    plan = plan_with_teacher(INFO, target, config, (), _rest)
+    plan = plan_with_stages(INFO, target, config, (), _rest)
     teacher = Teacher(INFO, config, plan, torch.device("cpu"), 0, PrivateRandomness(5))
     assert teacher.active
     before = {k: v.clone() for k, v in teacher.state_tensors().items()}
@@ -149,7 +149,7 @@ def test_the_filter_keeps_for_each_label_the_candidates_the_teacher_rates_highes
 def test_a_saved_run_samples_through_its_teacher():
     target = PrivacyTarget(3.0, 1e-5)
     config = _config(teacher_share=0.5)
-    plan = plan_with_teacher(INFO, target, config, (), _rest)
+    plan = plan_with_stages(INFO, target, config, (), _rest)
     teacher = Teacher(INFO, config, plan, torch.device("cpu"), 0, PrivateRandomness(5))
     base = _Fixed()
     assert teacher_from_state(base, INFO, config, teacher.state_tensors()) is base  # untrained
@@ -206,3 +206,45 @@ def test_every_backend_trains_its_teacher_composes_it_and_samples_through_it(tmp
         for key, value in tensors.items():
             if key.startswith("trainer/teacher"):
                 assert torch.equal(value, again[key]), key
+
+
+@pytest.mark.parametrize("method", ["dpkernel", "psg", "pge"])
+def test_the_frequency_model_is_released_once_and_warm_starts_the_backend(
+    tmp_path, method, monkeypatch
+):
+    from dpsynth.methods import registry
+    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.training import train_run
+
+    started = []
+    trainer_class = type(
+        registry.get_method(method).trainer(
+            INFO, registry.get_method(method).config("tiny", {}, INFO), _rest(()), "cpu", 0
+        )
+    )
+    original = trainer_class.warm_start
+
+    def spy(self, release):
+        started.append(release)
+        return original(self, release)
+
+    monkeypatch.setattr(trainer_class, "warm_start", spy)
+    overrides = {"frequency_share": "0.5", "frequency_band": "4"}
+    if method == "pge":
+        overrides["warm_start_steps"] = "3"
+    result = train_run(
+        method=method, data="digits", epsilon=3.0, preset="tiny", device="cpu", seed=1,
+        out=tmp_path / "run", ledger_path=tmp_path / "l.jsonl", overrides=overrides,
+    )  # fmt: skip
+    assert result["ledger_status"] == "completed" and float(result["epsilon"]) <= 3.0
+    (spend,) = [e for e in Ledger(tmp_path / "l.jsonl").entries() if e["kind"] == "spend"]
+    assert [e["mechanism"] for e in spend["events"][:1]] == ["frequency_model"]
+    assert compose_epsilon(spend["events"], spend["delta"]).epsilon <= 3.0
+    assert len(started) == 1 and started[0].model is not None  # the model, not just means
+    assert started[0].means.shape == (10, 1, 8, 8)
+    with pytest.raises(UsageError, match="replaces the central images"):  # never both
+        train_run(
+            method=method, data="digits", epsilon=3.0, preset="tiny", device="cpu",
+            out=tmp_path / "two", ledger_path=tmp_path / "l.jsonl",
+            overrides={**overrides, "warm_start_share": "0.3"},
+        )  # fmt: skip

@@ -56,7 +56,7 @@ import torch
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, sample_truncation
-from dpsynth.methods.blocks import plan_with_teacher, teacher_from_state
+from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.dpaf.generator import DPAFGenerator, build_generator, with_prefix
 from dpsynth.methods.dpaf.plan import plan_dpaf
 from dpsynth.methods.dpaf.presets import CHOICES, PRESETS
@@ -172,7 +172,7 @@ class DPAFMethod(Method):
         prior_events: tuple[dict[str, Any], ...] = (),
     ) -> PrivacyPlan:
         """σ_w for c_steps + windows loop steps at q_w, or the once or paper plan (`plan.py`)."""
-        return plan_with_teacher(
+        return plan_with_stages(
             info,
             target,
             config,

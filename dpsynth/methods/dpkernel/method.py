@@ -31,7 +31,7 @@ import torch
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, sample_truncation
-from dpsynth.methods.blocks import plan_with_teacher, teacher_from_state
+from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator, generator_weights
 from dpsynth.methods.dpkernel.labels import target_weights
 from dpsynth.methods.dpkernel.nets import build_network
@@ -144,7 +144,7 @@ class DPKernelMethod(Method):
         expected = functional_sensitivity(len(config["bandwidths"]), config["sensitivity"])
         if not math.isclose(float(config["max_grad_norm"]), expected):
             raise UsageError("max_grad_norm does not match the kernel's sensitivity")
-        return plan_with_teacher(
+        return plan_with_stages(
             info,
             target,
             config,

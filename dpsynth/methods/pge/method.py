@@ -26,7 +26,7 @@ import torch
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget
-from dpsynth.methods.blocks import plan_with_teacher, teacher_from_state
+from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.pge.build import (
     build_encoder,
     build_score_net,
@@ -165,7 +165,7 @@ class PGEMethod(Method):
     ) -> PrivacyPlan:
         """The shared plan (DP-SGD steps, the central images), with the DP teacher in front
         when the config has one."""
-        return plan_with_teacher(
+        return plan_with_stages(
             info,
             target,
             config,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpsynth.methods.blocks import TEACHER_DEFAULTS
+from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, TEACHER_DEFAULTS
 
 _COMMON: dict[str, Any] = {
     "max_grad_norm": 1.0,
@@ -127,7 +127,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "micro_batch_size": 256,
     },
 }
-# The optional DP teacher (`dpsynth.methods.blocks`; off unless `teacher_share` > 0).
+# The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0).
 for _preset in PRESETS.values():
-    for _key, _value in TEACHER_DEFAULTS.items():
+    for _key, _value in {**FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
         _preset.setdefault(_key, _value)

@@ -12,7 +12,7 @@ from torch.func import grad, vmap
 
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import Generator, PrivacyPlan, Trainer
-from dpsynth.methods.blocks import Teacher
+from dpsynth.methods.blocks import FrequencyStart, Teacher
 from dpsynth.methods.pge.build import (
     build_encoder,
     build_score_net,
@@ -75,6 +75,7 @@ class PGETrainer(Trainer):
         )
         # The run's DP teacher, if its plan has one (post-processing of the samples).
         self.teacher = Teacher(info, config, plan, device, seed, randomness)
+        self.frequency = FrequencyStart(info, plan, randomness)
 
     def record_randomness(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Draw every per-record random input of the loss for a working-size batch x.
@@ -173,7 +174,11 @@ class PGETrainer(Trainer):
         self.teacher.load_state_tensors(tensors)
 
     def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """The DP teacher's training, at the step its plan says (none without a teacher)."""
+        """The plan's shared stages: the frequency model's release and warm start before
+        step 0, the DP teacher's training at the step its plan says (none without them)."""
+        release = self.frequency.release(step, x, y)
+        if release is not None:
+            self.warm_start(release)
         self.teacher.release_whole_data(step, x, y, self._own_generator)
 
     def generator(self) -> Generator:
@@ -195,7 +200,8 @@ class PGETrainer(Trainer):
         Adam. The means are kept (they are public) for `sampler_init=central`.
         """
         cfg = self.config
-        means = to_working(release.means.to(self.device), cfg, self.info.shape)
+        central = CentralImages(release.means.to(self.device), release.counts, release.model)
+        means = to_working(central.means, cfg, self.info.shape)
         self.central = release.means.to(self.device)
         steps, batch = int(cfg["warm_start_steps"]), int(cfg["warm_start_batch"])
         if steps == 0:
@@ -214,7 +220,10 @@ class PGETrainer(Trainer):
         jitter, g = float(cfg["warm_start_jitter"]), self.rng
         for _ in range(steps):
             y = torch.randint(0, len(self.info.classes), (batch,), generator=g, device=self.device)
-            x = means[y] + jitter * torch.randn(means[y].shape, generator=g, device=self.device)
+            if central.model is not None:  # a frequency release: the model's samples
+                x = to_working(central.records(y, jitter, g), cfg, self.info.shape)
+            else:
+                x = means[y] + jitter * torch.randn(means[y].shape, generator=g, device=self.device)
             grads = grad_fn(params, x.clamp(-1.0, 1.0), *self.record_randomness(x, y))
             for name, leaf in params.items():
                 leaf.grad = grads[name]

@@ -36,7 +36,7 @@ import torch
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget
-from dpsynth.methods.blocks import plan_with_teacher, teacher_from_state
+from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.psg.model import NORMS
 from dpsynth.methods.psg.presets import PRESETS
 from dpsynth.methods.psg.prior import PRIORS
@@ -118,7 +118,7 @@ class PSGMethod(Method):
         releases = int(config["runs"]) * int(config["outer_loop"]) * int(config["batches"])
         if int(config["steps"]) != releases:
             raise UsageError("steps must equal runs · outer_loop · batches for --method psg")
-        return plan_with_teacher(
+        return plan_with_stages(
             info,
             target,
             config,

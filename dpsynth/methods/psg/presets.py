@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpsynth.methods.blocks import TEACHER_DEFAULTS
+from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, TEACHER_DEFAULTS
 
 _PAPER_COMMON: dict[str, Any] = {
     "spc": 10,
@@ -106,7 +106,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # a V100; the spec estimates 1–3 h on an H100/H200 (not measured here).
     "paper-multi-hour": {**_PAPER_COMMON, "runs": 1000},
 }
-# The optional DP teacher (`dpsynth.methods.blocks`; off unless `teacher_share` > 0).
+# The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0).
 for _preset in PRESETS.values():
-    for _key, _value in TEACHER_DEFAULTS.items():
+    for _key, _value in {**FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
         _preset.setdefault(_key, _value)

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import Generator, PrivacyPlan, Trainer
-from dpsynth.methods.blocks import Teacher
+from dpsynth.methods.blocks import FrequencyStart, Teacher
 from dpsynth.methods.psg.matching import match_loss
 from dpsynth.methods.psg.model import ConvNet
 from dpsynth.methods.psg.prior import PriorGenerator
@@ -121,6 +121,7 @@ class PSGTrainer(Trainer):
         )
         # The run's DP teacher, if its plan has one (post-processing of the samples).
         self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
+        self.frequency = FrequencyStart(info, plan, randomness)
 
     def warm_start(self, release: CentralImages) -> None:
         """Start S from the DP central images (issues 14 and 12) instead of N(0, 1).
@@ -132,11 +133,11 @@ class PSGTrainer(Trainer):
         those images. S's optimiser state starts at zero; θ is untouched. The release's cost
         is the plan's `gaussian` event.
         """
-        means = release.means.to(self.device, torch.float32)
         noise_rng = torch.Generator().manual_seed(public_seed(self.seed, "warm-start-jitter"))
-        noise = torch.randn(self.images.shape, generator=noise_rng, device=noise_rng.device)
         jitter = float(self.config["warm_start_jitter"])
-        targets = means[self.labels] + jitter * noise.to(self.device)
+        # the model's samples (a frequency release), else mean[y] + jitter·N(0, I)
+        central = CentralImages(release.means.cpu(), release.counts, release.model)
+        targets = central.records(self.labels.cpu(), jitter, noise_rng).to(self.device)
         if self.prior is None:
             with torch.no_grad():
                 self.images.copy_(targets)
@@ -307,7 +308,11 @@ class PSGTrainer(Trainer):
         self.teacher.load_state_tensors(tensors)
 
     def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """The DP teacher's training, at the step its plan says (none without a teacher)."""
+        """The plan's shared stages: the frequency model's release and warm start before
+        step 0, the DP teacher's training at the step its plan says (none without them)."""
+        release = self.frequency.release(step, x, y)
+        if release is not None:
+            self.warm_start(release)
         self.teacher.release_whole_data(step, x, y, self._own_generator)
 
     def generator(self) -> Generator:

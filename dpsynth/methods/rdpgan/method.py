@@ -37,7 +37,7 @@ from dpsynth.methods.base import (
     PrivacyTarget,
     sample_truncation,
 )
-from dpsynth.methods.blocks import plan_with_teacher, teacher_from_state
+from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.rdpgan.generator import RDPGANGenerator, build_generator, with_prefix
 from dpsynth.methods.rdpgan.plan import plan_rdpgan
 from dpsynth.methods.rdpgan.presets import CHOICES, PRESETS, TABLE_PRESETS
@@ -122,7 +122,7 @@ class RDPGANMethod(Method):
         prior_events: tuple[dict[str, Any], ...] = (),
     ) -> PrivacyPlan:
         """The whole σ schedule, one event per distinct σ (`plan.plan_rdpgan`)."""
-        return plan_with_teacher(
+        return plan_with_stages(
             info,
             target,
             config,

@@ -1,24 +1,17 @@
-"""Network blocks that more than one backend may use (never imported from a method's module).
+"""The DP teacher a backend may train (config `teacher_share` > 0, defaults `TEACHER_DEFAULTS`).
 
-`Teacher`, `TeacherNet`, `TeacherFilter`: a backend's optional DP teacher (config
-`teacher_share` > 0, defaults in `TEACHER_DEFAULTS`): a small classifier trained with DP-SGD
-on all records once, at loop step 0 (`dpsynth.privacy.classifier`, its own event in the
-run's plan, composed by PRV), whose only use is post-processing the backend's samples:
-`TeacherFilter` draws `teacher_oversample` candidates per requested image and keeps, for
-each requested label, the candidates the teacher finds most likely to be of that class.
-
-`TableHead`: the output activation of a generator of table rows. A table's encoding
-(`dpsynth.data.tabular`) is a sequence of blocks, one per feature column: a one-hot block of
-k categories (`softmax`: the head outputs a distribution over them, which decoding samples)
-or one scaled number in [-1, 1] (`tanh`). A backend that opts into tables
-(`Method.modalities` includes "table") ends its generator with `TableHead(block_layout(info))`
-on D = info.shape[0] raw outputs.
+A small classifier trained with DP-SGD on all records once, at loop step 0, or with
+`teacher_pretrain` before the last step from a fit to the backend's own samples
+(`dpsynth.privacy.classifier`; its own event in the run's plan, composed by PRV), whose only
+use is post-processing the backend's samples: `TeacherFilter` draws `teacher_oversample`
+candidates per requested image and keeps, for each requested label, the candidates the
+teacher finds most likely to be of that class.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -29,52 +22,10 @@ from dpsynth.methods.base import Generator
 from dpsynth.privacy.classifier import (
     ClassifierSchedule,
     classifier_plan_in,
-    plan_with_classifier,
     train_private_classifier,
 )
-from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
+from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.privacy.randomness import PrivateRandomness
-
-
-class TableHead(nn.Module):
-    """Raw outputs [b, D] → encoded rows: softmax per categorical block, tanh per number."""
-
-    def __init__(self, layout: Sequence[tuple[str, int]], hard: bool = False) -> None:
-        super().__init__()
-        # hard: each categorical block is the one-hot of its argmax in the forward pass, with the
-        # softmax's gradient in the backward pass (straight-through), so generated rows are
-        # single categories like the data's, not averages of them.
-        self.hard = bool(hard)
-        self.layout = tuple((str(kind), int(size)) for kind, size in layout)
-        self.dim = sum(size for _, size in self.layout)
-        numeric = torch.zeros(self.dim, dtype=torch.bool)
-        start = 0
-        for kind, size in self.layout:
-            if kind not in ("softmax", "tanh"):
-                raise ValueError(f"unknown table block kind {kind!r}")
-            if kind == "tanh":
-                numeric[start : start + size] = True
-            start += size
-        self.register_buffer("numeric", numeric, persistent=False)
-
-    def forward(self, raw: torch.Tensor) -> torch.Tensor:
-        """Encoded rows [b, D] (blocks as the layout says)."""
-        parts, start = [], 0
-        for kind, size in self.layout:
-            chunk = raw[:, start : start + size]
-            start += size
-            if kind == "tanh":
-                parts.append(torch.tanh(chunk))
-                continue
-            soft = torch.softmax(chunk, dim=1)
-            if self.hard:
-                hard = torch.nn.functional.one_hot(soft.argmax(1), size).to(soft.dtype)
-                soft = hard - soft.detach() + soft
-            parts.append(soft)
-        return torch.cat(parts, dim=1)
-
-
-# ----------------------------------------------------------------------------- DP teacher
 
 TEACHER_DEFAULTS: dict[str, Any] = {
     # Share of the ε left for the DP teacher (0: none); the backend's own mechanisms are
@@ -100,6 +51,11 @@ TEACHER_DEFAULTS: dict[str, Any] = {
     "teacher_pretrain_epochs": 3,
 }
 TEACHER_FILTERS = ("rank", "relabel")
+
+# The optional DP frequency model (`dpsynth.privacy.frequency`): `frequency_share` of ε (0:
+# off) on per-class means and second moments of the images' lowest DCT frequencies (B×B per
+# channel, features of x + 1 clipped to `frequency_clip`; 0: 0.6·√(H·W·C)); it replaces the
+# central images as the backend's warm start (its samples, not means plus jitter).
 
 
 def check_teacher_config(config: Mapping[str, Any]) -> None:
@@ -129,25 +85,6 @@ def teacher_schedule(config: Mapping[str, Any]) -> ClassifierSchedule:
         max_grad_norm=float(config["teacher_clip"]),
         augment_copies=int(config["teacher_augment"]),
         ema=float(config["teacher_ema"]),
-    )
-
-
-def plan_with_teacher(
-    info: Any,
-    target: PrivacyTarget,
-    config: Mapping[str, Any],
-    prior_events: tuple[dict[str, Any], ...],
-    plan_rest: Callable[[tuple[dict[str, Any], ...]], PrivacyPlan],
-) -> PrivacyPlan:
-    """`plan_rest(prior_events)`, or with `teacher_share` > 0 the teacher's DP-SGD in front
-    of it (`dpsynth.privacy.classifier.plan_with_classifier`); the teacher's settings are
-    checked first (UsageError before anything is reserved)."""
-    check_teacher_config(config)
-    share = float(config.get("teacher_share", 0.0))
-    if share == 0:
-        return plan_rest(prior_events)
-    return plan_with_classifier(
-        target, info.n, teacher_schedule(config), share, plan_rest, prior_events
     )
 
 

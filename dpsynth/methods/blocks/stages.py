@@ -1,0 +1,104 @@
+"""Planning the shared stages in front of a backend's own mechanisms, and the frequency-model
+warm start (`dpsynth.privacy.frequency`; config `frequency_share` > 0, `FREQUENCY_DEFAULTS`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from dpsynth.errors import UsageError
+from dpsynth.methods.blocks.teacher import check_teacher_config, teacher_schedule
+from dpsynth.privacy.central import CentralImages
+from dpsynth.privacy.classifier import plan_with_classifier
+from dpsynth.privacy.frequency import (
+    FrequencyPlan,
+    frequency_plan_in,
+    plan_with_frequency,
+    release_frequency_model,
+)
+from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
+from dpsynth.privacy.randomness import PrivateRandomness
+
+FREQUENCY_DEFAULTS: dict[str, Any] = {
+    "frequency_share": 0.0,
+    "frequency_band": 10,
+    "frequency_clip": 0.0,
+    "frequency_covariance": "pooled",
+    "frequency_count_weight": 0.5,
+}
+
+
+def frequency_plan(info: Any, config: Mapping[str, Any]) -> FrequencyPlan | None:
+    """The frequency-model release the config asks for (σ set by the plan), or None."""
+    if float(config.get("frequency_share", 0.0)) == 0:
+        return None
+    if info.modality != "image":
+        raise UsageError("--set frequency_share: the frequency model is for images")
+    if float(config.get("warm_start_share", 0.0)) > 0:
+        raise UsageError("--set frequency_share replaces the central images: warm_start_share 0")
+    clip = float(config["frequency_clip"])
+    if clip == 0:  # a public default from the shape: 0.6 of the largest possible norm
+        clip = 0.6 * math.sqrt(math.prod(int(s) for s in info.shape))
+    return FrequencyPlan(
+        0.0,
+        int(config["frequency_band"]),
+        clip,
+        float(config["frequency_count_weight"]),
+        str(config["frequency_covariance"]),
+    )
+
+
+def plan_with_stages(
+    info: Any,
+    target: PrivacyTarget,
+    config: Mapping[str, Any],
+    prior_events: tuple[dict[str, Any], ...],
+    plan_rest: Callable[[tuple[dict[str, Any], ...]], PrivacyPlan],
+) -> PrivacyPlan:
+    """`plan_rest(prior_events)` with the optional shared stages in front of it: the
+    frequency model (`frequency_share` > 0, `dpsynth.privacy.frequency`), then the DP
+    teacher (`teacher_share` > 0, `dpsynth.privacy.classifier`); each gets its share of the
+    ε left and the rest is calibrated with their events among its prior events. Settings
+    are checked first (UsageError before anything is reserved)."""
+    check_teacher_config(config)
+    release = frequency_plan(info, config)
+    rest = plan_rest
+    share = float(config.get("teacher_share", 0.0))
+    if share > 0:
+
+        def rest(prior: tuple[dict[str, Any], ...]) -> PrivacyPlan:
+            return plan_with_classifier(
+                target, info.n, teacher_schedule(config), share, plan_rest, prior
+            )
+
+    if release is None:
+        return rest(prior_events)
+    return plan_with_frequency(
+        target, release, float(config["frequency_share"]), rest, prior_events
+    )
+
+
+class FrequencyStart:
+    """A trainer's frequency-model warm start: released once, before loop step 0, through
+    `dpsynth.privacy.frequency` from its own secret stream, as a `CentralImages` whose
+    `records` draw from the model. Inactive when the plan has no such release.
+
+    A run restarted before its first checkpoint releases again from the fresh stream: the
+    same noise, so the release the plan accounted for.
+    """
+
+    def __init__(self, info: Any, plan: PrivacyPlan, randomness: PrivateRandomness) -> None:
+        self.plan = frequency_plan_in(plan.events)
+        self.num_classes = len(info.classes)
+        self.stream = randomness.generator("frequency/noise") if self.plan else None
+
+    def release(self, step: int, x: torch.Tensor, y: torch.Tensor) -> CentralImages | None:
+        """The release at loop step 0 (None at other steps or without one)."""
+        if self.plan is None or step != 0:
+            return None
+        assert self.stream is not None
+        model = release_frequency_model(x.cpu(), y.cpu(), self.num_classes, self.plan, self.stream)
+        return CentralImages(model.mean_images(), model.counts.to(torch.float32), model)
