@@ -199,6 +199,31 @@ class FrequencyModel:
         features = self.means.to(device)[labels] + scale * deviations
         return band_images(features, self.shape, self.band).to(torch.float32)
 
+    def tensors(self, prefix: str = "frequency.") -> dict[str, torch.Tensor]:
+        """The model as named tensors (public: a DP release), for a checkpoint."""
+        return {
+            f"{prefix}means": self.means,
+            f"{prefix}covariances": self.covariances,
+            f"{prefix}counts": self.counts,
+            f"{prefix}shape": torch.tensor(self.shape, dtype=torch.int64),
+            f"{prefix}band": torch.tensor(self.band, dtype=torch.int64),
+        }
+
+    @classmethod
+    def from_tensors(
+        cls, tensors: Mapping[str, torch.Tensor], prefix: str = "frequency."
+    ) -> FrequencyModel | None:
+        """Inverse of `tensors` (None when they hold no model)."""
+        if f"{prefix}means" not in tensors:
+            return None
+        return cls(
+            tensors[f"{prefix}means"].to(torch.float64),
+            tensors[f"{prefix}covariances"].to(torch.float64),
+            tensors[f"{prefix}counts"],
+            tuple(int(v) for v in tensors[f"{prefix}shape"].tolist()),  # type: ignore[arg-type]
+            int(tensors[f"{prefix}band"]),
+        )
+
 
 def _psd_roots(covariances: torch.Tensor) -> torch.Tensor:
     """Symmetric square roots of PSD matrices [K, d, d]."""

@@ -38,6 +38,7 @@ from dpsynth.methods.pge.generator import PGEGenerator
 from dpsynth.methods.pge.hmc import MH_MODES
 from dpsynth.methods.pge.presets import PRESETS
 from dpsynth.methods.pge.trainer import PGETrainer
+from dpsynth.privacy.frequency import FrequencyModel
 from dpsynth.privacy.randomness import PrivateRandomness
 
 # At or below this ε `--preset auto` takes `small-eps1`.
@@ -50,7 +51,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "step_schedule": ("sigma", "paper"),
     "mh": MH_MODES,
     "resize": ("pad", "resize"),
-    "sampler_init": ("uniform", "central"),
+    "sampler_init": ("uniform", "central", "frequency"),
 }
 
 
@@ -153,7 +154,8 @@ class PGEMethod(Method):
         if encoder is not None and any(k.startswith("encoder.") for k in tensors):
             encoder.load_state_dict(subdict(tensors, "encoder."))
         central = tensors.get("central.means")
-        sampler = PGEGenerator(info, config, net.to(device), encoder, device, central)
+        frequency = FrequencyModel.from_tensors(tensors)
+        sampler = PGEGenerator(info, config, net.to(device), encoder, device, central, frequency)
         return teacher_from_state(sampler, info, config, tensors)
 
     def plan(

@@ -23,6 +23,7 @@ from dpsynth.methods.pge.build import (
 from dpsynth.methods.pge.generator import PGEGenerator
 from dpsynth.methods.pge.ssm import make_record_loss, randomized_response
 from dpsynth.privacy.central import CentralImages
+from dpsynth.privacy.frequency import FrequencyModel
 from dpsynth.privacy.randomness import PrivateRandomness
 
 
@@ -63,6 +64,7 @@ class PGETrainer(Trainer):
         self.sigmas = noise_levels(config).to(device)
         self.steps_done = 0
         self.central: torch.Tensor | None = None  # the released central images, once warm-started
+        self.frequency_model: FrequencyModel | None = None  # a frequency release, if any
         self.private_gradient = PrivateGradient(
             self.model,
             make_record_loss(self.model, str(config["ssm_variant"]), str(config["divergence"])),
@@ -151,6 +153,8 @@ class PGETrainer(Trainer):
                 out[f"opt.{idx}.{key}"] = torch.as_tensor(t)
         if self.central is not None:  # a DP release: public
             out["central.means"] = self.central
+        if self.frequency_model is not None:  # a DP release: public
+            out |= self.frequency_model.tensors()
         out["trainer.steps"] = torch.tensor(self.steps_done, dtype=torch.int64)
         out |= self.teacher.state_tensors()
         return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
@@ -171,6 +175,7 @@ class PGETrainer(Trainer):
         self.steps_done = int(tensors["trainer.steps"])
         if "central.means" in tensors:
             self.central = tensors["central.means"].to(self.device)
+        self.frequency_model = FrequencyModel.from_tensors(tensors)
         self.teacher.load_state_tensors(tensors)
 
     def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -188,7 +193,13 @@ class PGETrainer(Trainer):
 
     def _own_generator(self) -> PGEGenerator:
         return PGEGenerator(
-            self.info, self.config, copy.deepcopy(self.ema), self.encoder, self.device, self.central
+            self.info,
+            self.config,
+            copy.deepcopy(self.ema),
+            self.encoder,
+            self.device,
+            self.central,
+            self.frequency_model,
         )
 
     def warm_start(self, release: CentralImages) -> None:
@@ -203,6 +214,7 @@ class PGETrainer(Trainer):
         central = CentralImages(release.means.to(self.device), release.counts, release.model)
         means = to_working(central.means, cfg, self.info.shape)
         self.central = release.means.to(self.device)
+        self.frequency_model = release.model
         steps, batch = int(cfg["warm_start_steps"]), int(cfg["warm_start_batch"])
         if steps == 0:
             return
