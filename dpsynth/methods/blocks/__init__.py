@@ -25,7 +25,9 @@ from torch import nn
 from dpsynth.methods.blocks.stages import (
     FREQUENCY_DEFAULTS,
     FrequencyStart,
+    fit_generator_to_model,
     frequency_plan,
+    mmd_fit,
     plan_with_stages,
 )
 from dpsynth.methods.blocks.teacher import (
@@ -49,7 +51,9 @@ __all__ = [
     "TeacherFilter",
     "TeacherNet",
     "check_teacher_config",
+    "fit_generator_to_model",
     "frequency_plan",
+    "mmd_fit",
     "plan_with_stages",
     "teacher_from_state",
     "teacher_schedule",

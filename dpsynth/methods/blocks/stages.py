@@ -24,6 +24,9 @@ from dpsynth.privacy.randomness import PrivateRandomness
 
 FREQUENCY_DEFAULTS: dict[str, Any] = {
     "frequency_share": 0.0,
+    # Backends without a warm start of their own (the GANs) fit their generator to the model's
+    # samples for this many MMD steps (`mmd_fit`) before their first DP step.
+    "frequency_fit_steps": 300,
     "frequency_band": 10,
     "frequency_clip": 0.0,
     "frequency_covariance": "pooled",
@@ -102,3 +105,71 @@ class FrequencyStart:
         assert self.stream is not None
         model = release_frequency_model(x.cpu(), y.cpu(), self.num_classes, self.plan, self.stream)
         return CentralImages(model.mean_images(), model.counts.to(torch.float32), model)
+
+
+def mmd_fit(
+    draw: Callable[[torch.Tensor], torch.Tensor],
+    parameters: Any,
+    release: CentralImages,
+    steps: int,
+    generator: torch.Generator,
+    *,
+    per_class: int = 16,
+    lr: float = 1e-3,
+    bandwidths: tuple[float, ...] = (0.5, 1.0, 2.0),
+) -> None:
+    """Fit a generator to a release's stand-in records (post-processing, no data read).
+
+    `steps` Adam steps on Σ_k MMD²(draw(k-labels), records of class k) with a sum of Gaussian
+    kernels on the flattened images (bandwidths in units of √d), `per_class` points of each
+    class per side; `draw(labels)` returns the generator's images for `labels` (fresh latents,
+    differentiable); the records come from `release.records` with `generator` (public).
+    """
+    if steps <= 0:
+        return
+    k = len(release.means)
+    labels = torch.arange(k).repeat_interleave(per_class)
+    optimizer = torch.optim.Adam(parameters, lr=lr, betas=(0.5, 0.999))
+    for _ in range(steps):
+        with torch.no_grad():
+            real = release.records(labels, 0.3, generator).flatten(1)
+        fake = draw(labels).flatten(1)
+        real = real.to(fake.device, fake.dtype)
+        scale = real.shape[1] * torch.tensor(bandwidths, device=fake.device) ** 2
+        loss = fake.new_zeros(())
+        for c in range(k):
+            rows = slice(c * per_class, (c + 1) * per_class)
+            loss = loss + _mmd2(fake[rows], real[rows], scale)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
+def fit_generator_to_model(
+    net_g: torch.nn.Module,
+    num_classes: int,
+    release: CentralImages,
+    steps: int,
+    seed: int,
+    device: torch.device,
+) -> None:
+    """`mmd_fit` of a conditional generator `net_g(z, one-hot) -> images` (with a
+    `latent_dim`) to the release's stand-in records, latents from the public `seed`."""
+    rng = torch.Generator().manual_seed(int(seed) + 7907)
+
+    def draw(labels: torch.Tensor) -> torch.Tensor:
+        z = torch.randn(len(labels), int(net_g.latent_dim), generator=rng).to(device)
+        onehot = torch.nn.functional.one_hot(labels.to(device), num_classes).float()
+        return net_g(z, onehot)
+
+    mmd_fit(draw, net_g.parameters(), release, steps, rng)
+
+
+def _mmd2(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Biased MMD² of two samples under Σ_l exp(−‖x − y‖² / s_l)."""
+
+    def kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        distances = torch.cdist(x, y).pow(2)
+        return torch.exp(-distances[None] / scale[:, None, None]).sum(0).mean()
+
+    return kernel(a, a) + kernel(b, b) - 2 * kernel(a, b)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpsynth.methods.blocks import TEACHER_DEFAULTS
+from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, TEACHER_DEFAULTS
 
 _COMMON: dict[str, Any] = {
     "mode": "strict",
@@ -136,9 +136,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "n_critic": 3,
     },
 }
-# The optional DP teacher (`dpsynth.methods.blocks`; off unless `teacher_share` > 0).
+# The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0).
 for _preset in PRESETS.values():
-    for _key, _value in TEACHER_DEFAULTS.items():
+    for _key, _value in {**FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
         _preset.setdefault(_key, _value)
 
 CHOICES: dict[str, tuple[str, ...]] = {

@@ -12,7 +12,7 @@ import torch
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
-from dpsynth.methods.blocks import Teacher
+from dpsynth.methods.blocks import FrequencyStart, Teacher, fit_generator_to_model
 from dpsynth.methods.dpaf.generator import (
     DPAFGenerator,
     build_features,
@@ -26,6 +26,7 @@ from dpsynth.methods.dpaf.phase2 import WindowSteps
 from dpsynth.methods.dpaf.plan import ONCE_PHASE, noise_ratio
 from dpsynth.privacy.aggregation import noisy_group_sums, split_window_noise
 from dpsynth.privacy.anchors import NOT_DP_LABEL
+from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.distributed import is_data_parallel
 from dpsynth.privacy.dpsgd import PrivateGradient
 from dpsynth.privacy.randomness import PrivateRandomness
@@ -149,6 +150,8 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
         self.released_sum = torch.zeros(self.rows.dim, device=self.device)
         # The run's DP teacher, if its plan has one (post-processing of the samples).
         self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
+        self.frequency = FrequencyStart(info, plan, randomness)
+        self.seed = int(seed)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """A phase-1 step of C for the first `c_steps` loop steps, then one window each."""
@@ -180,6 +183,9 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
         which draws the same noise: the release the plan accounted for, made once. The DP
         teacher, if the plan has one, is trained at the step its plan says.
         """
+        release = self.frequency.release(step, x, y)
+        if release is not None:  # the frequency model: G is fitted to it before step 0
+            self._fit_to_frequency_model(release)
         self.teacher.release_whole_data(step, x, y, self._own_generator)
         if not self.once or step != self.c_steps:
             return
@@ -200,6 +206,12 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
                 self.rng_agg,
             )
             self.released_sum.copy_(sums.flatten())
+
+    def _fit_to_frequency_model(self, release: CentralImages) -> None:
+        """Before the first DP step: fit G to the DP frequency model's samples by MMD
+        (`frequency_fit_steps`; post-processing of the release, public latents)."""
+        steps = int(self.config["frequency_fit_steps"])
+        fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
 
     def _modules(self) -> dict[str, torch.nn.Module]:
         out = {"features": self.features, "head": self.head, "generator": self.net_g}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpsynth.methods.blocks import TEACHER_DEFAULTS
+from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, TEACHER_DEFAULTS
 
 _COMMON: dict[str, Any] = {
     "mode": "sound",
@@ -87,10 +87,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "arch": ("mlp", "conv"),
 }
 
-# The optional DP teacher (`dpsynth.methods.blocks`; off unless `teacher_share` > 0); images
+# The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0); images
 # only (the teacher is a convolutional classifier).
 for _preset in PRESETS.values():
-    for _key, _value in TEACHER_DEFAULTS.items():
+    for _key, _value in {**FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
         _preset.setdefault(_key, _value)
 
 # Tables (encoded rows: one-hot blocks in {0, 1}, numbers in [-1, 1]): an MLP D on

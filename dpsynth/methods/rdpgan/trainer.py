@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
-from dpsynth.methods.blocks import Teacher
+from dpsynth.methods.blocks import FrequencyStart, Teacher, fit_generator_to_model
 from dpsynth.methods.rdpgan.generator import (
     RDPGANGenerator,
     build_discriminator,
@@ -26,6 +26,7 @@ from dpsynth.methods.rdpgan.generator import (
 )
 from dpsynth.methods.rdpgan.nets import init_weights
 from dpsynth.methods.rdpgan.plan import step_sigmas
+from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.dpsgd import PrivateGradient
 from dpsynth.privacy.randomness import PrivateRandomness
 
@@ -75,6 +76,8 @@ class RDPGANTrainer(Trainer):
         self.rng_latents = randomness.generator("rdpgan/latents", self.device)
         # The run's DP teacher, if its plan has one (post-processing of the samples).
         self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
+        self.frequency = FrequencyStart(info, plan, randomness)
+        self.seed = int(seed)
         self.private_d = PrivateGradient(
             self.net_d,
             self._real_loss,
@@ -197,8 +200,18 @@ class RDPGANTrainer(Trainer):
             optimizer.load_state_dict({"state": state, "param_groups": groups})
 
     def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """The DP teacher's training, at the step its plan says (none without a teacher)."""
+        """The plan's shared stages: the frequency model's release and G's fit to it before
+        step 0, the DP teacher's training at the step its plan says (none without them)."""
+        release = self.frequency.release(step, x, y)
+        if release is not None:
+            self._fit_to_frequency_model(release)
         self.teacher.release_whole_data(step, x, y, self._own_generator)
+
+    def _fit_to_frequency_model(self, release: CentralImages) -> None:
+        """Before the first DP step: fit G to the DP frequency model's samples by MMD
+        (`frequency_fit_steps`; post-processing of the release, public latents)."""
+        steps = int(self.config["frequency_fit_steps"])
+        fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
 
     def generator(self) -> Generator:
         """A sampler over a copy of the current generator weights (behind the DP teacher
