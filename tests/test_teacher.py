@@ -33,8 +33,8 @@ def _config(**over) -> dict:
     return {**TEACHER_DEFAULTS, "teacher_batch": 40, "teacher_epochs": 2.0, **over}
 
 
-def _rest(prior):
-    return plan_poisson_gaussian(PrivacyTarget(2.0, 1e-5), 200, 20, 100, 1.0, prior)
+def _rest(goal=PrivacyTarget(2.0, 1e-5), prior=()):
+    return plan_poisson_gaussian(goal, 200, 20, 100, 1.0, prior)
 
 
 def _pld(events: list[dict], delta: float) -> float:
@@ -48,21 +48,28 @@ def _pld(events: list[dict], delta: float) -> float:
     return accountant.get_epsilon(delta)
 
 
-def test_the_teacher_is_planned_first_and_everything_composes_under_the_target():
+def test_the_teacher_fills_what_the_backend_leaves_and_everything_composes_under_the_target():
     target = PrivacyTarget(2.0, 1e-5)
     plan = plan_with_stages(INFO, target, _config(teacher_share=0.5), (), _rest)
     teacher, loop = plan.events
     assert teacher["mechanism"] == "dp_classifier" and teacher["steps"] == 10
     assert teacher["sampling_rate"] == pytest.approx(0.2)
-    # The teacher alone spends half of ε; teacher + loop at most ε, by ours and by PLD.
-    assert compose_epsilon([teacher], 1e-5).epsilon == pytest.approx(1.0, rel=0.01)
-    assert plan.epsilon_bound <= 2.0 and plan.total_epsilon_bound <= 2.0
+    # The backend alone plans for half of ε; the teacher takes the rest up to ε, which is
+    # more than the other half (composition is not addition); both under ε, by ours and PLD.
+    assert compose_epsilon([loop], 1e-5).epsilon == pytest.approx(1.0, rel=0.01)
+    assert compose_epsilon([teacher], 1e-5).epsilon > 1.1
+    assert 1.98 <= plan.epsilon_bound <= 2.0 and plan.total_epsilon_bound <= 2.0
+    assert plan.target_epsilon == 2.0
     assert _pld([teacher, loop], 1e-5) <= 2.0 * 1.002
-    # The loop got less than the whole budget: more noise than without a teacher.
-    assert loop["noise_multiplier"] > _rest(()).noise_multiplier
+    assert loop["noise_multiplier"] > _rest().noise_multiplier
     assert plan.noise_multiplier == loop["noise_multiplier"]
     # Without a share the backend's plan is untouched.
-    assert plan_with_stages(INFO, target, _config(), (), _rest) == _rest(())
+    assert plan_with_stages(INFO, target, _config(), (), _rest) == _rest()
+    # An earlier spend on the data set is composed in.
+    prior = ({"type": "gaussian", "noise_multiplier": 4.0, "count": 1},)
+    after = plan_with_stages(INFO, target, _config(teacher_share=0.5), prior, _rest)
+    assert after.total_epsilon_bound <= 2.0
+    assert compose_epsilon([*prior, *after.events], 1e-5).epsilon <= 2.0
 
 
 def test_teacher_settings_are_checked_before_anything_is_spent():
@@ -99,7 +106,7 @@ def test_the_teacher_trains_once_at_step_zero_and_round_trips():
     again.release_whole_data(0, x, y)
     assert all(torch.equal(state[k], v) for k, v in again.state_tensors().items())
     # no teacher in the plan: inactive, nothing saved
-    none = Teacher(INFO, _config(), _rest(()), torch.device("cpu"), 0, PrivateRandomness(7))
+    none = Teacher(INFO, _config(), _rest(), torch.device("cpu"), 0, PrivateRandomness(7))
     assert not none.active and none.state_tensors() == {}
 
 
@@ -219,7 +226,7 @@ def test_the_frequency_model_is_released_once_and_warm_starts_the_backend(
     started = []
     trainer_class = type(
         registry.get_method(method).trainer(
-            INFO, registry.get_method(method).config("tiny", {}, INFO), _rest(()), "cpu", 0
+            INFO, registry.get_method(method).config("tiny", {}, INFO), _rest(), "cpu", 0
         )
     )
     # the backends with a warm start of their own use it; the GANs fit G to the model (MMD)

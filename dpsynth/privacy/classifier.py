@@ -267,39 +267,48 @@ def plan_with_classifier(
     n: int,
     schedule: ClassifierSchedule,
     share: float,
-    plan_rest: Callable[[tuple[dict[str, Any], ...]], PrivacyPlan],
+    plan_rest: Callable[[PrivacyTarget, tuple[dict[str, Any], ...]], PrivacyPlan],
     prior_events: Sequence[Mapping[str, Any]] = (),
 ) -> PrivacyPlan:
-    """A run's plan with a DP classifier (a backend's teacher) in front of its own mechanisms.
+    """A run's plan with a DP classifier (a backend's teacher) beside its own mechanisms.
 
-    The classifier's σ is calibrated so that it alone spends `share` of the ε left after
-    `prior_events`; `plan_rest(prior)` is the backend's own plan, calibrated with the
-    classifier's event among its prior events, so that prior + classifier + the backend's
-    mechanisms compose (PRV) to at most `target.epsilon`. The result is the backend's plan
-    with the classifier's event first and `epsilon_bound` the composition of all the run's
-    events. ε = inf: a non-private classifier in front of a non-private plan.
+    The backend's own plan comes first: `plan_rest(t, prior)` at the target
+    t = ε − share·(ε − ε_prior) (so alone it spends 1 − `share` of the ε left after
+    `prior_events`); the classifier's σ is then the smallest that keeps prior + the backend +
+    the classifier composed (PRV) under `target.epsilon`, so the classifier gets `share` of
+    what is left plus what composition saves over adding. The result is the backend's plan
+    with the classifier's event first, `epsilon_bound` the composition of all the run's
+    events and `total_epsilon_bound` that with the prior spends. ε = inf: a non-private
+    classifier beside a non-private plan.
     """
     if not 0.0 < share < 1.0:
         raise UsageError(f"--set teacher_share: must be in (0, 1), got {share}")
     prior = tuple(dict(e) for e in prior_events)
     if not target.private:
         teacher = plan_classifier(math.inf, target.delta, n, schedule)
-        rest = plan_rest(prior)
+        rest = plan_rest(target, prior)
         return replace(rest, events=(teacher.event(), *rest.events))
-    left = target.epsilon
-    if prior:
-        left -= compose_epsilon(prior, target.delta).epsilon
+    spent = compose_epsilon(prior, target.delta).epsilon if prior else 0.0
+    left = target.epsilon - spent
     if left <= 0:
         raise BudgetExceededError(
             f"the dataset's earlier spends leave nothing under the target ε={target.epsilon:g}"
         )
-    teacher = plan_classifier(share * left, target.delta, n, schedule)
-    rest = plan_rest((*prior, teacher.event()))
+    rest = plan_rest(replace(target, epsilon=target.epsilon - share * left), prior)
+    teacher = plan_classifier(target.epsilon, target.delta, n, schedule, (*prior, *rest.events))
     events = (teacher.event(), *rest.events)
     alone = compose_epsilon(list(events), target.delta)
+    total = compose_epsilon([*prior, *events], target.delta) if prior else alone
     note = (
         f"DP teacher: {teacher.steps} DP-SGD steps at σ = {teacher.noise_multiplier:.4g}, "
         f"q = {teacher.sampling_rate:.4g} (a classifier used only to select samples, "
         "post-processing), composed with the rest of the run"
     )
-    return replace(rest, events=events, epsilon_bound=alone.epsilon, notes=(note, *rest.notes))
+    return replace(
+        rest,
+        target_epsilon=float(target.epsilon),
+        events=events,
+        epsilon_bound=alone.epsilon,
+        total_epsilon_bound=total.epsilon,
+        notes=(note, *rest.notes),
+    )

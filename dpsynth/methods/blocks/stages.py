@@ -59,28 +59,29 @@ def plan_with_stages(
     target: PrivacyTarget,
     config: Mapping[str, Any],
     prior_events: tuple[dict[str, Any], ...],
-    plan_rest: Callable[[tuple[dict[str, Any], ...]], PrivacyPlan],
+    plan_rest: Callable[[PrivacyTarget, tuple[dict[str, Any], ...]], PrivacyPlan],
 ) -> PrivacyPlan:
-    """`plan_rest(prior_events)` with the optional shared stages in front of it: the
-    frequency model (`frequency_share` > 0, `dpsynth.privacy.frequency`), then the DP
-    teacher (`teacher_share` > 0, `dpsynth.privacy.classifier`); each gets its share of the
-    ε left and the rest is calibrated with their events among its prior events. Settings
-    are checked first (UsageError before anything is reserved)."""
+    """`plan_rest(target, prior_events)` (the backend's own plan) with the optional shared
+    stages: the frequency model in front of it (`frequency_share` > 0: that share of the ε
+    the backend gets, `dpsynth.privacy.frequency`), and beside both the DP teacher
+    (`teacher_share` > 0: the backend then plans for 1 − share of the ε left and the teacher
+    fills the rest up to ε, `dpsynth.privacy.classifier`). Every stage is one more event in
+    the plan, all composed by PRV under `target.epsilon`. Settings are checked first
+    (UsageError before anything is reserved)."""
     check_teacher_config(config)
     release = frequency_plan(info, config)
-    rest = plan_rest
+
+    def backend(goal: PrivacyTarget, prior: tuple[dict[str, Any], ...]) -> PrivacyPlan:
+        if release is None:
+            return plan_rest(goal, prior)
+        share = float(config["frequency_share"])
+        return plan_with_frequency(goal, release, share, lambda p: plan_rest(goal, p), prior)
+
     share = float(config.get("teacher_share", 0.0))
-    if share > 0:
-
-        def rest(prior: tuple[dict[str, Any], ...]) -> PrivacyPlan:
-            return plan_with_classifier(
-                target, info.n, teacher_schedule(config), share, plan_rest, prior
-            )
-
-    if release is None:
-        return rest(prior_events)
-    return plan_with_frequency(
-        target, release, float(config["frequency_share"]), rest, prior_events
+    if share == 0:
+        return backend(target, prior_events)
+    return plan_with_classifier(
+        target, info.n, teacher_schedule(config), share, backend, prior_events
     )
 
 

@@ -177,7 +177,7 @@ class DPAFMethod(Method):
             target,
             config,
             prior_events,
-            lambda prior: plan_dpaf(info, target, config, prior),
+            lambda goal, prior: plan_dpaf(info, goal, config, prior),
         )
 
     def trainer(

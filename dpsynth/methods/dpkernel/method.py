@@ -149,7 +149,7 @@ class DPKernelMethod(Method):
             target,
             config,
             prior_events,
-            lambda prior: super(DPKernelMethod, self).plan(info, target, config, prior),
+            lambda goal, prior: super(DPKernelMethod, self).plan(info, goal, config, prior),
         )
 
     def trainer(

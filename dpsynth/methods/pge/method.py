@@ -172,5 +172,5 @@ class PGEMethod(Method):
             target,
             config,
             prior_events,
-            lambda prior: super(PGEMethod, self).plan(info, target, config, prior),
+            lambda goal, prior: super(PGEMethod, self).plan(info, goal, config, prior),
         )

@@ -123,7 +123,7 @@ class PSGMethod(Method):
             target,
             config,
             prior_events,
-            lambda prior: super(PSGMethod, self).plan(info, target, config, prior),
+            lambda goal, prior: super(PSGMethod, self).plan(info, goal, config, prior),
         )
 
     def trainer(

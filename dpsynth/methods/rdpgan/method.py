@@ -127,7 +127,7 @@ class RDPGANMethod(Method):
             target,
             config,
             prior_events,
-            lambda prior: plan_rdpgan(info, target, config, prior),
+            lambda goal, prior: plan_rdpgan(info, goal, config, prior),
         )
 
     def trainer(
