@@ -18,6 +18,7 @@ but it privatizes nothing (the vectors are data-independent noise) and changes n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +44,8 @@ from dpsynth.privacy.randomness import PrivateRandomness
 
 # At or below this ε `--preset auto` takes `small-eps1`.
 SMALL_EPSILON = 3.0
+# Records with at least this many values get the 28×28 presets.
+LARGE_IMAGE_VALUES = 400
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "ssm_variant": ("plain", "vr"),
@@ -66,12 +69,14 @@ class PGEMethod(Method):
     )
 
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
-        """`small-eps1` at ε ≤ 3 (most of the budget on the central images), else `small`.
-
-        Both were tuned on 8×8 digits (bench/results/tuning-pge.md); only public facts (ε)
-        choose, so the choice spends nothing.
-        """
-        return "small-eps1" if epsilon <= SMALL_EPSILON else "small"
+        """For 28×28-sized images (≥ 400 values a record) `mnist`, `mnist-eps1` at ε ≤ 3
+        (the DP frequency model first, then a short DP-SGD fine-tune and a short sampler);
+        for smaller ones `small`, `small-eps1` at ε ≤ 3 (tuned on 8×8 digits,
+        bench/results/tuning-pge.md). Only public facts (shape, ε) choose."""
+        small = epsilon <= SMALL_EPSILON
+        if math.prod(info.shape) >= LARGE_IMAGE_VALUES:
+            return "mnist-eps1" if small else "mnist"
+        return "small-eps1" if small else "small"
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """The preset with overrides, validated, plus the resolved working resolution."""

@@ -22,6 +22,7 @@ distinct σ is its own ledger event, and the trainer reads each step's σ from t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -113,6 +114,13 @@ class RDPGANMethod(Method):
                     f"--set arch=conv needs images with sides divisible by 4, got {shape}; "
                     "use arch=mlp"
                 )
+
+    def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
+        """`mnist` for 28×28-sized images (≥ 400 values a record), `mnist-eps1` at ε ≤ 3;
+        `small` otherwise (digits, tables). Public facts only (shape, ε)."""
+        if info.modality == "image" and math.prod(info.shape) >= 400:
+            return "mnist-eps1" if epsilon <= 3.0 else "mnist"
+        return "small"
 
     def plan(
         self,

@@ -87,8 +87,31 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "arch": ("mlp", "conv"),
 }
 
+# 28×28 images such as mnist-5k on a CPU (recommended for records of ≥ 400 values above
+# ε = 3; issue 28): the curriculum's easy first target is the DP frequency model (70% of ε:
+# class means and per-class covariances of the 10×10 lowest DCT frequencies), G is fitted to
+# its samples (600 MMD steps), then 300 DP-SGD steps of D and G at smaller learning rates,
+# so the GAN sharpens G rather than re-learns it. Designed from probes on the public mnist-5k
+# (bench/results/tuning-28.md).
+PRESETS["mnist"] = {
+    **PRESETS["small"],
+    "n_d": 1,
+    "n_g": 300,
+    "lr_d": 2e-4,
+    "lr_g": 1e-4,
+    "frequency_share": 0.7,
+    "frequency_covariance": "class",
+    "frequency_fit_steps": 600,
+}
+# 28×28 at small ε (recommended at ε ≤ 3): the pooled within-class covariance, 80% of ε.
+PRESETS["mnist-eps1"] = {
+    **PRESETS["mnist"],
+    "frequency_share": 0.8,
+    "frequency_covariance": "pooled",
+}
+
 # The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0); images
-# only (the teacher is a convolutional classifier).
+# only (the teacher and the frequency model are for images).
 for _preset in PRESETS.values():
     for _key, _value in {**FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
         _preset.setdefault(_key, _value)
