@@ -186,17 +186,27 @@ class FrequencyModel:
         """The class means as images [K, C, H, W] in [-1, 1]."""
         return band_images(self.means, self.shape, self.band).to(torch.float32)
 
+    @property
+    def dim(self) -> int:
+        """d: the number of band features (the dimension of the Gaussians)."""
+        return int(self.means.shape[1])
+
     def sample(
         self, labels: torch.Tensor, generator: torch.Generator, scale: float = 1.0
     ) -> torch.Tensor:
         """Images [n, C, H, W] in [-1, 1] (float32, on the generator's device) drawn from
         the class-conditional Gaussians, the deviations scaled by `scale`."""
         device = generator.device
-        labels = labels.to(device)
-        z = torch.randn(len(labels), self.means.shape[1], generator=generator, device=device)
+        z = torch.randn(len(labels), self.dim, generator=generator, device=device)
+        return self.images_at(labels.to(device), scale * z)
+
+    def images_at(self, labels: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The images of standard-normal coordinates z [n, d] (the map a sample applies):
+        band_images(μ_y + Σ_y^{1/2} z), float32 on z's device."""
+        device = z.device
         roots = _psd_roots(self.covariances).to(device)
-        deviations = torch.einsum("nij,nj->ni", roots[labels], z.to(torch.float64))
-        features = self.means.to(device)[labels] + scale * deviations
+        deviations = torch.einsum("nij,nj->ni", roots[labels.to(device)], z.to(torch.float64))
+        features = self.means.to(device)[labels.to(device)] + deviations
         return band_images(features, self.shape, self.band).to(torch.float32)
 
     def tensors(self, prefix: str = "frequency.") -> dict[str, torch.Tensor]:

@@ -90,11 +90,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # 28×28 images such as mnist-5k on a CPU (recommended for records of ≥ 400 values above
 # ε = 3; issue 28): the curriculum's easy first target is the DP frequency model (70% of ε:
 # class means and per-class covariances of the 10×10 lowest DCT frequencies), G is fitted to
-# its samples (600 MMD steps), then 300 DP-SGD steps of D and G at smaller learning rates,
+# its samples (a latent of 100 = the model's dimension: G regresses onto the model's own
+# sampling map for 600 steps), then 300 DP-SGD steps of D and G at smaller learning rates,
 # so the GAN sharpens G rather than re-learns it. Designed from probes on the public mnist-5k
 # (bench/results/tuning-28.md).
 PRESETS["mnist"] = {
     **PRESETS["small"],
+    "latent_dim": 100,
     "n_d": 1,
     "n_g": 300,
     "lr_d": 2e-4,
