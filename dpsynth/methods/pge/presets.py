@@ -120,22 +120,24 @@ PRESETS: dict[str, dict[str, Any]] = {
     "small-eps1": {**_SMALL, "warm_start_share": 0.85, "warm_start_steps": 200, "steps": 25},
     # 28×28 images such as mnist-5k on a CPU (recommended for records of ≥ 400 values above
     # ε = 3; issue 28). The curriculum's easy first target is the DP frequency model (80% of
-    # ε: class means and per-class covariances of the 10×10 lowest DCT frequencies); the
-    # network pretrains on its samples (200 steps), then 30 DP-SGD steps on the pixels
-    # (2 projections per record); the chains start at a sample of the model with the noise
-    # of level 6 of 8 and take 2 rounds of 3 HMC steps (SDEdit-like: the score network
-    # sharpens the model's blurred digits), so 10,000 images sample in well under a minute.
+    # ε: class means and per-class covariances of the 10×10 lowest DCT frequencies, about the
+    # detail of a 16×16 image, hence the 16×16 working size with a fixed bilinear resize);
+    # the network pretrains on its samples (100 steps), then 20 DP-SGD steps on the pixels;
+    # the chains start at a sample of the model with the noise of level 6 of 8 and take 2
+    # rounds of 3 HMC steps (SDEdit-like: the score network refines the model's samples), so
+    # 10,000 images sample in about a minute. At 28×28 the same took 6× the CPU time.
     # Designed from probes on the public mnist-5k (bench/results/tuning-28.md).
     "mnist": {
         **_SMALL,
+        "image_size": 16,
+        "resize": "resize",
         "warm_start_share": 0.0,
         "frequency_share": 0.8,
         "frequency_covariance": "class",
-        "steps": 30,
-        "projections": 2,
-        "warm_start_steps": 200,
+        "steps": 20,
+        "projections": 1,
+        "warm_start_steps": 100,
         "warm_start_batch": 64,
-        "micro_batch_size": 128,
         "sampler_init": "frequency",
         "sampler_rounds": 2,
         "sampler_steps": 3,
@@ -156,7 +158,7 @@ PRESETS["mnist-eps1"] = {
     **PRESETS["mnist"],
     "frequency_share": 0.85,
     "frequency_covariance": "pooled",
-    "steps": 15,
+    "steps": 10,
 }
 
 # The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0).
