@@ -25,12 +25,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 # The demo uses dpkernel with the preset `auto` picks for 8×8 digits (`small-eps1`): at ε = 10
-# it reaches about 0.87 CNN accuracy in under a minute of training (sampled at latent scale 0.5),
-# where PGE's `small` reaches about the same in five minutes (README, Leaderboard). Accuracy uses all 2,000 images; FID, slow on a CPU, a subset of 500. Then a
-# table release: the built-in german-credit at ε = 10 (dpkernel's table `small`, the preset
-# `auto` picks: about 15 s; ROC-AUC about 0.70 against 0.79 for real rows, where ε = 1 on 800
-# rows is near chance, README Leaderboard), sampled to a CSV and scored by logistic regression
-# and gradient boosting on german-credit:test.
+# it reaches about 0.88 CNN accuracy (sampled at latent scale 0.5) in under a minute of training,
+# where PGE's `small` needs two to five minutes for about the same (docs/leaderboard.md).
+# Accuracy uses all 2,000 images; FID, slow on a CPU, a subset of 500. Then a table release: the
+# built-in german-credit at ε = 10 (dpkernel's table `small`, the preset `auto` picks: about
+# 15 s; LR ROC-AUC about 0.70 against 0.79 for real rows, where ε = 1 on 800 rows is near
+# chance), sampled to a CSV and scored by logistic regression and gradient boosting on
+# german-credit:test.
 # The demo's commands share one ledger in demo-out/ (only the demo: tests stay hermetic).
 demo: export DPSYNTH_LEDGER := $(CURDIR)/$(DEMO)/ledger.jsonl
 demo: $(STAMP)

@@ -15,6 +15,11 @@ class UsageError(DpsynthError):
     exit_code = 2
 
 
+class AnchorError(UsageError):
+    """A run's anchor does not match the ledger, or its plan its events (exit 2): the wrong
+    ledger, or an edited run."""
+
+
 class BudgetExceededError(DpsynthError):
     """The privacy budget cap for a dataset would be exceeded (exit 3)."""
 
@@ -31,3 +36,7 @@ class LedgerIntegrityError(DpsynthError):
     """The ledger file was edited, truncated or reordered (exit 1)."""
 
     exit_code = 1
+
+
+class RunConfigEditedError(DataError):
+    """config.json no longer matches the configuration its spend was reserved for (exit 4)."""

@@ -1,6 +1,6 @@
 """The run directory: config, checkpoints (safetensors), training log, atomic writes.
 
-Everything at the top level of a run may be published (see the README's privacy model);
+Everything at the top level of a run may be published (see docs/privacy.md);
 `private/` holds what must never leave the data owner: the run's secret privacy seed, the
 states of the generators derived from it, and the opt-in log of losses on private batches.
 """

@@ -28,8 +28,15 @@ from typing import Any
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Column, Schema, read_schema
 from dpsynth.data.sources import read_table
-from dpsynth.data.tabular import RawTable, TableData, check_header, encode_table, table_fingerprint
+from dpsynth.data.tabular import (
+    RawTable,
+    TableData,
+    check_header,
+    encode_table,
+    table_content_digest,
+)
 from dpsynth.errors import UsageError
+from dpsynth.ledger import Ledger
 from dpsynth.privacy.accounting import compose_epsilon
 from dpsynth.privacy.histograms import (
     ClassWeightsPlan,
@@ -38,7 +45,6 @@ from dpsynth.privacy.histograms import (
     release_class_weights,
     release_schema_statistics,
 )
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.privacy.randomness import PrivateRandomness
 
 PUBLIC_SOURCE = "declared public by the user (--schema-public)"
@@ -163,7 +169,9 @@ def prepare_table(
             "(the total, training included)"
         )
     delta = delta_for(raw.n)
-    fingerprint = table_fingerprint(raw, schema)
+    # keyed under the ledger's secret key: the plain digest would be a membership test
+    fingerprint = ledger.data_fingerprint(table_content_digest(raw, schema))
+    assert fingerprint is not None
     weights_plan = (
         plan_class_weights_release(class_weights_epsilon, delta)
         if class_weights_epsilon is not None

@@ -165,7 +165,7 @@ def _agreement() -> dict[str, bool]:
     one rank's state differs (only meaningful under a group)."""
     from dpsynth.errors import DpsynthError
     from dpsynth.privacy.distributed import world
-    from dpsynth.training import _check_ranks_agree
+    from dpsynth.training.loop import check_ranks_agree as _check_ranks_agree
 
     if world()[1] == 1:
         return {}

@@ -10,11 +10,16 @@ import pytest
 from typer.testing import CliRunner
 
 from dpsynth.cli import app
-from dpsynth.errors import BudgetExceededError, DataError, UsageError
+from dpsynth.errors import (
+    AnchorError,
+    BudgetExceededError,
+    DataError,
+    RunConfigEditedError,
+    UsageError,
+)
+from dpsynth.ledger import GENESIS_HASH, Ledger, canonical_json, entry_hash
 from dpsynth.methods import registry
 from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.anchors import AnchorError, RunConfigEditedError
-from dpsynth.privacy.ledger import GENESIS_HASH, Ledger, canonical_json, entry_hash
 from dpsynth.sampling import sample_run
 from dpsynth.training import train_run
 

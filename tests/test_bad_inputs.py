@@ -27,9 +27,9 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from dpsynth.cli import app
+from dpsynth.ledger import Ledger
+from dpsynth.ledger import spends as ledger_module
 from dpsynth.outdir import remove_stale_staging
-from dpsynth.privacy import ledger as ledger_module
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.sampling import generate, label_chunks, parse_labels, sample_run
 from dpsynth.training import train_run
 

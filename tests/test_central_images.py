@@ -117,12 +117,12 @@ def test_budget_split_and_composition_against_dp_accounting(epsilon: float, shar
 def test_progress_epsilon_includes_the_release_from_the_first_step() -> None:
     """The ε the loop shows and logs after t steps counts the release made before step 1:
     never below the release's own ε (dp-accounting's PLD), and the plan's bound at the end."""
-    from dpsynth.training import _EpsilonCurve
+    from dpsynth.training.progress import EpsilonCurve
 
     plan = plan_dpsgd_with_central_images(
         PrivacyTarget(4.0, 1e-5), 1400, 64, 400, 1.0, share=0.3, clip_norm=8.0
     )
-    curve = _EpsilonCurve(plan)
+    curve = EpsilonCurve(plan)
     release_alone = _pld_epsilon([plan.events[0]], 1e-5)
     assert curve.at(1) >= release_alone * 0.999
     steps = [1, plan.steps // 4, plan.steps // 2, plan.steps]
@@ -153,7 +153,7 @@ def test_pge_warm_start_through_the_loop_once_per_run(tmp_path) -> None:
     from safetensors.torch import load_file
 
     from dpsynth import training
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     common = dict(
         method="pge",

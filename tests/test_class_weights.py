@@ -18,6 +18,7 @@ from dpsynth.cli import app
 from dpsynth.data.builtin_tables import TABLES_DIR
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import parse_schema
+from dpsynth.ledger import Ledger
 from dpsynth.privacy.accounting import compose_epsilon
 from dpsynth.privacy.histograms import (
     CLASS_WEIGHT_FLOOR,
@@ -27,7 +28,6 @@ from dpsynth.privacy.histograms import (
     proportions_from_counts,
     release_class_weights,
 )
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.sampling import weighted_counts
 
 runner = CliRunner()

@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from dpsynth.cli import app
+from dpsynth.ledger import Ledger
 from dpsynth.methods import registry
 from dpsynth.privacy.accounting import poisson_gaussian_event
-from dpsynth.privacy.ledger import Ledger
 
 runner = CliRunner()
 

@@ -111,8 +111,8 @@ def test_digits_pixels_are_scaled_to_full_byte_range() -> None:
 
 def test_builtin_fingerprints_stable_and_distinct_per_split() -> None:
     first, again, test = load_data("digits"), load_data("digits"), load_data("digits:test")
-    assert first.fingerprint == again.fingerprint
-    assert first.fingerprint != test.fingerprint
+    assert first.content_digest == again.content_digest
+    assert first.content_digest != test.content_digest
     assert (first.dataset_id, test.dataset_id) == ("digits", "digits:test")
     assert (first.spec, test.spec) == ("digits", "digits:test")
 
@@ -130,7 +130,7 @@ def test_image_size_resizes_without_changing_the_dataset_id() -> None:
     plain, big = load_data("digits"), load_data("digits", image_size=16)
     assert big.shape == (1, 16, 16) and big.n == plain.n
     assert big.dataset_id == plain.dataset_id == "digits"
-    assert big.fingerprint != plain.fingerprint
+    assert big.content_digest != plain.content_digest
     assert torch.equal(big.y, plain.y)
 
 
@@ -172,7 +172,7 @@ def test_idx_relative_and_absolute_paths_share_one_id(tmp_path: Path, monkeypatc
     monkeypatch.chdir(tmp_path)
     relative, absolute = load_data("mnist:data"), load_data(f"mnist:{tmp_path / 'data'}")
     assert relative.dataset_id == absolute.dataset_id == f"mnist:{(tmp_path / 'data').resolve()}"
-    assert relative.fingerprint == absolute.fingerprint
+    assert relative.content_digest == absolute.content_digest
 
 
 def test_idx_test_split_is_a_separate_dataset(tmp_path: Path) -> None:
@@ -181,7 +181,7 @@ def test_idx_test_split_is_a_separate_dataset(tmp_path: Path) -> None:
     write_idx_set(tmp_path, "t10k", random_images(rng, (2, 3, 3)), np.arange(2), True)
     train, test = load_data(f"mnist:{tmp_path}"), load_data(f"mnist:{tmp_path}:test")
     assert (train.n, test.n) == (4, 2)
-    assert train.dataset_id != test.dataset_id and train.fingerprint != test.fingerprint
+    assert train.dataset_id != test.dataset_id and train.content_digest != test.content_digest
 
 
 def corrupt_truncated_gzip(folder: Path, rng: np.random.Generator) -> Path:
@@ -453,14 +453,15 @@ def test_unknown_spec_lists_the_kinds(spec: str) -> None:
     assert all(word in message for word in ("digits", "mnist-5k", "mnist:", "folder:", "npz:"))
 
 
-def test_inspect_shows_only_public_fields() -> None:
+def test_inspect_gives_public_fields_and_the_private_digest_apart() -> None:
     report = inspect_data("digits:test")
     data = load_data("digits:test")
-    assert set(report) == {"spec", "kind", "n", "shape", "classes", "fingerprint", "dataset_id"}
+    public = {"spec", "kind", "n", "shape", "classes", "dataset_id"}
+    assert set(report) == public | {"content_digest"}  # the CLI keys the digest or drops it
     assert report["n"] == data.n == 360
     assert report["shape"] == [1, 8, 8]
     assert report["classes"] == DIGITS
-    assert report["fingerprint"] == data.fingerprint
+    assert report["content_digest"] == data.content_digest
     assert report["dataset_id"] == "digits:test"
 
 
@@ -470,7 +471,7 @@ def test_bare_path_suggests_a_kind(tmp_path: Path) -> None:
 
 
 def test_train_suffix_is_the_plain_name() -> None:
-    assert load_data("digits:train").fingerprint == load_data("digits").fingerprint
+    assert load_data("digits:train").content_digest == load_data("digits").content_digest
     assert load_data("digits:train").dataset_id == "digits"
 
 

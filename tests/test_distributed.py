@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger import Ledger
 from dpsynth.training import train_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,6 +219,8 @@ def test_torchrun_killed_rank_stays_counted_and_resume_spends_what_one_process_d
     result = json.loads(resumed.stdout)  # one JSON document: only rank 0 writes to stdout
     assert result["steps"] == result["total_steps"] and result["ledger_status"] == "completed"
 
+    # the same ledger key, so that the keyed data fingerprints of both ledgers compare equal
+    shutil.copy(ledger.with_name(ledger.name + ".key"), tmp_path / "one.jsonl.key")
     single = train_run(
         method="psg", data="digits", epsilon=4, preset="tiny", out=tmp_path / "one",
         ledger_path=tmp_path / "one.jsonl", device="cpu", seed=3,

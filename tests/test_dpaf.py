@@ -14,7 +14,7 @@ from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from scipy.stats import binom
 
 from dpsynth.data.images import DataInfo
-from dpsynth.errors import UsageError
+from dpsynth.errors import AnchorError, UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpaf import DPAFMethod
 from dpsynth.methods.dpaf.model import Classifier, CondGenerator, Features, sin
@@ -27,7 +27,7 @@ from dpsynth.privacy.aggregation import (
     window_patterns,
     window_sampling_rate,
 )
-from dpsynth.privacy.anchors import AnchorError, check_plan_parameters
+from dpsynth.privacy.plan_check import check_plan_parameters
 from dpsynth.privacy.randomness import PrivateRandomness
 
 DIGITS_INFO = DataInfo(
@@ -359,7 +359,7 @@ def test_resume_across_the_phase_boundary_equals_the_straight_run(tmp_path, one_
 
 
 def test_end_to_end_ledger_reaccounted_under_pld_and_sample(tmp_path, one_torch_thread):
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
     from dpsynth.sampling import sample_run
 
     result = _train(tmp_path, "run", epsilon=3.0)

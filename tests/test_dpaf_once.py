@@ -134,7 +134,7 @@ def test_trainer_releases_once_at_the_boundary_and_reads_no_batch_after(one_torc
 
 
 def test_once_run_cut_at_the_release_resumes_to_the_straight_run(tmp_path, one_torch_thread):
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     # tiny: c_steps = 2, so the cut run stops just before the release
     straight, cut, resumed, a, b = straight_and_cut_runs(
@@ -151,7 +151,8 @@ def test_once_run_cut_at_the_release_resumes_to_the_straight_run(tmp_path, one_t
 
 
 def test_the_anchor_check_counts_only_the_reading_steps():
-    from dpsynth.privacy.anchors import AnchorError, check_plan_parameters
+    from dpsynth.errors import AnchorError
+    from dpsynth.privacy.plan_check import check_plan_parameters
 
     _, plan, _ = _trainer(4.0)
     kwargs = dict(
@@ -172,11 +173,11 @@ def test_the_anchor_check_counts_only_the_reading_steps():
 
 def test_progress_epsilon_counts_the_one_off_release_from_the_first_step():
     from dpsynth.privacy.accounting import compose_epsilon
-    from dpsynth.training import _EpsilonCurve
+    from dpsynth.training.progress import EpsilonCurve
 
     _, plan, _ = _trainer(4.0)
     release = plan.events[-1]
-    curve = _EpsilonCurve(plan)
+    curve = EpsilonCurve(plan)
     assert curve.at(1) >= compose_epsilon([release], plan.delta).epsilon
     assert curve.at(plan.steps) == plan.epsilon_bound
 

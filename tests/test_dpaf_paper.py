@@ -17,7 +17,7 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpaf import DPAFMethod
 from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.anchors import NOT_DP_LABEL, check_plan_parameters, not_dp_label
+from dpsynth.privacy.plan_check import NOT_DP_LABEL, check_plan_parameters, not_dp_label
 from dpsynth.privacy.randomness import PrivateRandomness
 
 INFO = DataInfo(

@@ -293,7 +293,7 @@ def test_non_private_training_lowers_mmd_on_digits():
     importlib.util.find_spec("dpsynth.training") is None, reason="training loop not present"
 )
 def test_end_to_end_train_resume_and_sample(tmp_path):
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
     from dpsynth.runs import RunDir
     from dpsynth.sampling import sample_run
     from dpsynth.training import train_run

@@ -53,7 +53,7 @@ def test_warm_start_run_charges_the_release_with_the_steps(tmp_path) -> None:
     """Through the loop: the ledger holds the central-images release and the DP steps, and
     dp-accounting's PLD re-accounts them within the target."""
     from dpsynth import training
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     training.train_run(
         method="dpkernel",

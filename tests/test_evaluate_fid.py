@@ -150,7 +150,7 @@ def test_fid_with_real_network_is_zero_on_itself_grows_with_noise_and_caches_rea
         return (images.float() + noise).round().clamp(0, 255).to(torch.uint8)
 
     def run(synthetic: torch.Tensor) -> dict:
-        return fid.compute_fid(synthetic, images, real_fingerprint="digits16", batch_size=16)
+        return fid.compute_fid(synthetic, images, real_digest="digits16", batch_size=16)
 
     itself = run(images)
     assert itself["n_real"] == itself["n_synthetic"] == 16

@@ -15,7 +15,8 @@ from PIL import Image
 from dpsynth.data.sources import load_data
 from dpsynth.errors import UsageError
 from dpsynth.evaluate.report import run_evaluation
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger import Ledger
+from dpsynth.ledger.key import FingerprintKey
 
 
 def _write_sample_folder(out: Path, skip_class: str | None = None, per_class: int = 30) -> None:
@@ -36,7 +37,7 @@ def _write_sample_folder(out: Path, skip_class: str | None = None, per_class: in
     manifest = {
         "run_id": "run123",
         "method": "pge",
-        "ledger": {"dataset_id": "digits", "fingerprint": data.fingerprint},
+        "ledger": {"dataset_id": "digits", "fingerprint": FingerprintKey.fresh().fingerprint("d")},
     }
     (out / "manifest.json").write_text(json.dumps(manifest))
 
@@ -88,7 +89,7 @@ def test_evaluating_on_training_data_warns_loudly(tmp_path) -> None:
     train = load_data("digits")
     Ledger(ledger).reserve(
         dataset_id="digits",
-        fingerprint=train.fingerprint,
+        fingerprint=Ledger(ledger).data_fingerprint(train.content_digest),
         command="train",
         method="pge",
         run_id="run123",
@@ -254,9 +255,11 @@ def test_training_data_minus_one_record_is_marked_non_private(tmp_path) -> None:
     _write_npz(real, digits)
     trained_on = load_data(f"npz:{real}")
     ledger = tmp_path / "ledger.jsonl"
-    _reserve(ledger, trained_on.dataset_id, trained_on.fingerprint)
+    _reserve(
+        ledger, trained_on.dataset_id, Ledger(ledger).data_fingerprint(trained_on.content_digest)
+    )
     _write_npz(real, digits, slice(1, None))  # the same data set, one record removed
-    assert load_data(f"npz:{real}").fingerprint != trained_on.fingerprint
+    assert load_data(f"npz:{real}").content_digest != trained_on.content_digest
     result = run_evaluation(
         synthetic=str(synth), real=f"npz:{real}", metrics=["accuracy"], classifier="logreg",
         ledger_path=ledger,
@@ -277,13 +280,31 @@ def test_same_records_under_another_id_are_marked_non_private(tmp_path) -> None:
     _write_sample_folder(synth, per_class=5)
     test_split = load_data("digits:test")
     ledger = tmp_path / "ledger.jsonl"
-    _reserve(ledger, "hospital-a", test_split.fingerprint)  # trained on it under another id
+    # trained on it under another id (the ledger links it by its keyed fingerprint)
+    _reserve(ledger, "hospital-a", Ledger(ledger).data_fingerprint(test_split.content_digest))
     result = run_evaluation(
         synthetic=str(synth), real="digits:test", metrics=["accuracy"], classifier="logreg",
         ledger_path=ledger,
     )  # fmt: skip
     assert result["non_private"] is True
     assert any("NOT private" in w for w in result["warnings"])
+    assert result["real_fingerprint"].startswith("hmac-sha256:")
+
+
+def test_spends_a_ledger_recorded_by_plain_digest_before_the_key_still_match(tmp_path) -> None:
+    synth = tmp_path / "synth"
+    _write_sample_folder(synth, per_class=5)
+    test_split = load_data("digits:test")
+    ledger = tmp_path / "ledger.jsonl"
+    _reserve(ledger, "hospital-a", test_split.content_digest)  # as dpsynth 0.1 wrote it
+    result = run_evaluation(
+        synthetic=str(synth), real="digits:test", metrics=["accuracy"], classifier="logreg",
+        ledger_path=ledger,
+    )  # fmt: skip
+    assert result["non_private"] is True
+    # the report names the data only by a keyed fingerprint (here: none, the ledger has no key)
+    assert result["real_fingerprint"] is None
+    assert test_split.content_digest not in json.dumps(result)
 
 
 def test_metrics_on_a_users_own_held_out_data_are_listed_as_non_private(tmp_path) -> None:

@@ -21,9 +21,9 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from dpsynth.errors import BudgetExceededError, DpsynthError, LedgerIntegrityError
-from dpsynth.privacy import ledger as ledger_module
+from dpsynth.ledger import GENESIS_HASH, Ledger, default_ledger_path
+from dpsynth.ledger import spends as ledger_module
 from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.ledger import GENESIS_HASH, Ledger, default_ledger_path
 
 DELTA = 1e-5
 
@@ -555,13 +555,13 @@ def test_concurrent_reservations_respect_the_cap(
     path = tmp_path / "ledger.jsonl"
     # Give composition the latency the real accountant has (the forked workers inherit this),
     # so that reservations which did not re-read the ledger under the lock would overlap.
-    compose = ledger_module._compose
+    compose = ledger_module.compose_at
 
     def slow_compose(events, delta):
         time.sleep(0.1)
         return compose(events, delta)
 
-    monkeypatch.setattr(ledger_module, "_compose", slow_compose)
+    monkeypatch.setattr(ledger_module, "compose_at", slow_compose)
     two = compose_epsilon([gaussian(5.0, count=2)], DELTA).epsilon
     three = compose_epsilon([gaussian(5.0, count=3)], DELTA).epsilon
     Ledger(path).set_budget("digits", (two + three) / 2, DELTA)

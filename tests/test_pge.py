@@ -406,7 +406,7 @@ def test_end_to_end_train_resume_sample(tmp_path) -> None:
 
     training = pytest.importorskip("dpsynth.training")
     sampling = pytest.importorskip("dpsynth.sampling")
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     # Separate ledgers: on a shared one the second run's ε budget would be what is left after
     # the first, so it would get a different noise multiplier.

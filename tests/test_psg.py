@@ -339,7 +339,7 @@ def test_sample_cycles_per_class_and_augments_repeats_deterministically():
 
 
 def test_end_to_end_train_resume_sample_and_ledger(tmp_path):
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
     from dpsynth.runs import RunDir
     from dpsynth.sampling import manifest_of, sample_run
     from dpsynth.training import train_run
@@ -437,8 +437,8 @@ def test_warm_start_through_the_loop_once_and_both_events_in_the_ledger(tmp_path
     R·T·K DP-SGD steps (re-accounted with dp-accounting within the printed ε), S starts from
     it, and a run cut after 3 releases resumes without releasing again, ending equal to a
     straight run."""
+    from dpsynth.ledger import Ledger
     from dpsynth.methods.psg.trainer import PSGTrainer
-    from dpsynth.privacy.ledger import Ledger
     from dpsynth.runs import RunDir
     from dpsynth.training import train_run
 

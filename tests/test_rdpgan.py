@@ -22,7 +22,7 @@ from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.rdpgan import RDPGANMethod
 from dpsynth.methods.rdpgan import schedule as sched
 from dpsynth.methods.rdpgan.trainer import RDPGANTrainer
-from dpsynth.privacy.anchors import check_plan_parameters
+from dpsynth.privacy.plan_check import check_plan_parameters
 from dpsynth.privacy.randomness import PrivateRandomness
 
 DIGITS_INFO = DataInfo(
@@ -194,7 +194,7 @@ def test_schedule_events_reaccounted_under_pld_and_used_step_by_step(overrides):
     )  # fmt: skip
     check(noise_multiplier=plan.noise_multiplier)
     if len(plan.events) > 1:
-        from dpsynth.privacy.anchors import AnchorError
+        from dpsynth.errors import AnchorError
 
         with pytest.raises(AnchorError):
             check(noise_multiplier=z0)
@@ -321,7 +321,7 @@ def test_resume_is_bit_identical_across_a_sigma_change(tmp_path, one_torch_threa
 
 
 def test_cli_train_sample_ledger_within_epsilon(tmp_path, one_torch_thread):
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     runner = CliRunner()
     ledger = tmp_path / "ledger.jsonl"

@@ -18,11 +18,11 @@ from dpsynth.data.builtin_tables import TABLES_DIR
 from dpsynth.data.schema import parse_schema
 from dpsynth.data.sources import load_table, read_table
 from dpsynth.data.tabular import block_layout, encode_table, read_csv_table
+from dpsynth.ledger import Ledger
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.blocks import TableHead
 from dpsynth.methods.rdpgan import RDPGANMethod
 from dpsynth.methods.rdpgan.trainer import RDPGANTrainer
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.privacy.randomness import PrivateRandomness
 
 runner = CliRunner()

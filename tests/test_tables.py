@@ -21,6 +21,7 @@ from dpsynth.data.schema import DATA_SOURCE, draft_schema, parse_schema
 from dpsynth.data.sources import load_table, read_table
 from dpsynth.data.tabular import TableCodec, encode_table, read_csv_table
 from dpsynth.errors import DataError, UsageError
+from dpsynth.ledger import Ledger
 from dpsynth.privacy.accounting import compose_epsilon
 from dpsynth.privacy.histograms import (
     category_counts,
@@ -30,7 +31,6 @@ from dpsynth.privacy.histograms import (
     plan_histogram_release,
     release_schema_statistics,
 )
-from dpsynth.privacy.ledger import Ledger
 
 runner = CliRunner()
 
@@ -375,7 +375,7 @@ def test_german_credit_split_is_stratified_80_20_random_state_0() -> None:
         assert raw_train.column(name).tolist() == full.column(name)[index_train].tolist()
     assert Counter(test.y.tolist()) == {0: 140, 1: 60}
     assert Counter(train.y.tolist()) == {0: 560, 1: 240}
-    assert train.fingerprint != test.fingerprint
+    assert train.content_digest != test.content_digest
     assert (TABLES_DIR / "README.md").read_text().count("CC BY 4.0") == 1
 
 

@@ -181,7 +181,7 @@ _TINY_TEACHER = {
 def test_every_backend_trains_its_teacher_composes_it_and_samples_through_it(tmp_path, method):
     from safetensors.torch import load_file
 
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
     from dpsynth.sampling import generate
     from dpsynth.training import train_run
 
@@ -219,8 +219,8 @@ def test_every_backend_trains_its_teacher_composes_it_and_samples_through_it(tmp
 def test_the_frequency_model_is_released_once_and_warm_starts_the_backend(
     tmp_path, method, monkeypatch
 ):
+    from dpsynth.ledger import Ledger
     from dpsynth.methods import registry
-    from dpsynth.privacy.ledger import Ledger
     from dpsynth.training import train_run
 
     started = []

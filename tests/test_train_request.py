@@ -9,8 +9,8 @@ import pytest
 from loop_backend import TemplateMethod
 
 from dpsynth.errors import UsageError
+from dpsynth.ledger import Ledger
 from dpsynth.methods import registry
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.training import TrainRequest, train, train_run
 
 

@@ -10,6 +10,7 @@ themselves on `app` when `dpsynth.cli` imports them.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import signal
 import sys
@@ -33,7 +34,12 @@ except ImportError:  # pragma: no cover
 
 class _OneLineErrors(typer.core.TyperGroup):
     """The root command group, with usage errors (bad flag values, unknown commands or options)
-    printed as one `error: ...` line and exit 2 instead of typer's boxed panel."""
+    printed as one `error: ...` line and exit 2 instead of typer's boxed panel, and every help
+    text tidied for the help pages (`tidy_help`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        tidy_help(self)
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         try:
@@ -54,8 +60,32 @@ class _OneLineErrors(typer.core.TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def tidy_help(command: Any) -> None:
+    """Make the help texts of `command`, its options and (recursively) its sub-commands read as
+    sentences on any width: the line breaks of a docstring's paragraphs become spaces (typer
+    keeps them in the command list and in later paragraphs, so a sentence broke where the source
+    line ended), and square brackets are escaped (typer reads help as rich markup, which ate
+    `[default: ...]` and `[png]`)."""
+    command.help = _flow(command.help)
+    command.short_help = _flow(command.short_help)
+    for param in getattr(command, "params", ()):
+        if getattr(param, "help", None):
+            param.help = _flow(param.help)
+    for sub in getattr(command, "commands", {}).values():
+        tidy_help(sub)
+
+
+def _flow(text: str | None) -> str | None:
+    """Paragraphs (split at blank lines) each on one line, with rich markup escaped."""
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(escape(" ".join(p.split())) for p in paragraphs)
+
+
 app = typer.Typer(
     cls=_OneLineErrors,
+    rich_markup_mode="rich",
     name="dpsynth",
     help="Differentially private synthetic data, with a ledger of every privacy spend.",
     no_args_is_help=True,
@@ -80,7 +110,8 @@ ClassesOpt = Annotated[
     str | None,
     typer.Option(
         "--classes",
-        help="The public label set a,b,... (needed for npz: without a stored classes array).",
+        help="The public label set a,b,... (needed for an npz: file without a stored classes "
+        "array).",
     ),
 ]
 ChannelsOpt = Annotated[
@@ -93,7 +124,7 @@ ChannelsOpt = Annotated[
 
 def resolve_ledger_path(path: Path | None) -> Path:
     """The `--ledger` path, or the default ($DPSYNTH_LEDGER, else ./dpsynth-ledger.jsonl)."""
-    from dpsynth.privacy.ledger import default_ledger_path
+    from dpsynth.ledger import default_ledger_path
 
     return path if path is not None else default_ledger_path()
 
@@ -115,8 +146,10 @@ def handle_errors(func: F) -> F:
                 raise typer.Exit(exc.exit_code) from None
             stderr.print(f"[red]error:[/red] {_rank_prefix()}{escape(str(exc))}", highlight=False)
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            stderr.print("interrupted", highlight=False)
+        except KeyboardInterrupt as exc:
+            # `train` says where it stopped and how to go on; a bare Ctrl-C says nothing more.
+            detail = f": {exc}" if str(exc) else ""
+            stderr.print(f"interrupted{escape(detail)}", highlight=False)
             raise typer.Exit(130) from None
         except Exception as exc:
             if debug:
@@ -150,7 +183,12 @@ def _root(
     ctx: typer.Context,
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_version_callback, is_eager=True, help="Version."),
+        typer.Option(
+            "--version",
+            callback=_version_callback,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
     ] = False,
 ) -> None:
     """dpsynth: differentially private synthetic data with a privacy ledger."""
@@ -183,8 +221,9 @@ def main() -> None:
     warnings.filterwarnings(
         "ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning
     )
-    # A plain `kill` (SIGTERM) ends a command as Ctrl-C does: `train` checkpoints, `sample`
-    # removes its staging folder, and the exit is the one-line "interrupted" (130).
+    # A plain `kill` (SIGTERM) ends a command as Ctrl-C does: `sample` removes its staging
+    # folder, `train` stops at the next step boundary with a checkpoint (it installs its own
+    # handlers while its loop runs: dpsynth.training.interrupts), and the exit is one line (130).
     signal.signal(signal.SIGTERM, _interrupt)
     app()
 

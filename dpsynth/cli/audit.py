@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from dpsynth.cli.app import DebugOpt, JsonOpt, app, handle_errors
-from dpsynth.cli.render import emit_json, fmt_eps, kv_table, stderr, stdout
+from dpsynth.cli.render import emit_json, fmt_eps, print_kv, stderr
 from dpsynth.errors import UsageError
 
 
@@ -36,11 +36,10 @@ def audit(
 ) -> None:
     """Audit a backend's privacy mechanism empirically (one-run auditing, white-box).
 
-    m synthetic canaries run through DP-SGD with the backend's planned σ, q, T and clipping.
-
-    The accuracy of guessing which canaries were in gives a lower bound on ε.
-
-    It never reads your data or ledger. Exit 0: lower bound ≤ claimed ε; exit 1: it exceeds it.
+    m synthetic canaries run through the backend's mechanism with its planned σ, q, T and
+    clipping, and how well one can guess which canaries were in gives a lower bound on ε. It
+    never reads your data or ledger. Exit 0: the lower bound is at most the claimed ε; exit 1:
+    it exceeds it.
     """
     from dpsynth.audit.run import run_audit
 
@@ -76,7 +75,7 @@ def audit(
             ),
             ("verdict", result.verdict),
         ]
-        stdout.print(kv_table("privacy audit", rows))
+        print_kv("privacy audit", rows)
         stderr.print(f"note: {result.note}", highlight=False)
     if result.leaks:
         raise typer.Exit(1)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from dpsynth.cli.app import DebugOpt, JsonOpt, LedgerOpt, app, handle_errors, resolve_ledger_path
-from dpsynth.cli.render import emit_json, fmt_eps, kv_table, print_warnings, stderr, stdout
+from dpsynth.cli.render import emit_json, fmt_eps, print_kv, print_warnings, stderr
 from dpsynth.errors import UsageError
 
 
@@ -44,7 +44,7 @@ def calibrate(
     prior: tuple[dict, ...] = ()
     budget_info: dict[str, Any] | None = None
     if dataset is not None:
-        from dpsynth.privacy.ledger import Ledger
+        from dpsynth.ledger import Ledger
 
         book = Ledger(resolve_ledger_path(ledger))
         prior = book.events_for(dataset)
@@ -113,7 +113,7 @@ def calibrate(
             )
         )
     rows.append(("accountant", result.accountant))
-    stdout.print(kv_table(f"calibrate ({mode.replace('_', ' ')})", rows))
+    print_kv(f"calibrate ({mode.replace('_', ' ')})", rows)
     for note in result.notes:
         stderr.print(f"note: {note}", highlight=False)
 

@@ -6,10 +6,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from dpsynth.cli.app import ChannelsOpt, ClassesOpt, DebugOpt, JsonOpt, app, handle_errors
-from dpsynth.cli.render import emit_json, kv_table, stdout
+from dpsynth.cli.app import (
+    ChannelsOpt,
+    ClassesOpt,
+    DebugOpt,
+    JsonOpt,
+    LedgerOpt,
+    app,
+    handle_errors,
+    resolve_ledger_path,
+)
+from dpsynth.cli.render import emit_json, print_kv, print_rows, stdout
 
 data_app = typer.Typer(help="List built-in data sets and inspect data specs.")
 app.add_typer(data_app, name="data", no_args_is_help=True)
@@ -26,34 +34,39 @@ def data_list(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
     if as_json:
         emit_json([*items, *tables])
         return
-    table = Table(title="built-in data sets", title_justify="left")
-    for column in ("name", "records (train/test)", "shape", "classes", "description"):
-        table.add_column(column)
-    for item in items:
-        table.add_row(
-            item["name"],
-            f"{item['n']}/{item['n_test']}",
-            "x".join(map(str, item["shape"])),
-            str(len(item["classes"])),
-            item.get("description", ""),
-        )
-    stdout.print(table)
-    listed = Table(title="built-in tables", title_justify="left")
-    for column in ("name", "rows (train/test)", "columns", "target (classes)", "description"):
-        listed.add_column(column)
-    for item in tables:
-        listed.add_row(
-            item["name"],
-            f"{item['n']}/{item['n_test']}",
-            str(item["columns"]),
-            f"{item['target']} ({', '.join(item['classes'])})",
-            item.get("description", ""),
-        )
-    stdout.print(listed)
+    print_rows(
+        "built-in data sets",
+        ["name", "records (train/test)", "shape", "classes", "description"],
+        [
+            [
+                item["name"],
+                f"{item['n']}/{item['n_test']}",
+                "x".join(map(str, item["shape"])),
+                str(len(item["classes"])),
+                item.get("description", ""),
+            ]
+            for item in items
+        ],
+    )
+    print_rows(
+        "built-in tables",
+        ["name", "rows (train/test)", "columns", "target (classes)", "description"],
+        [
+            [
+                item["name"],
+                f"{item['n']}/{item['n_test']}",
+                str(item["columns"]),
+                f"{item['target']} ({', '.join(item['classes'])})",
+                item.get("description", ""),
+            ]
+            for item in tables
+        ],
+    )
     stdout.print(
         "Your own data: mnist:DIR[:test] (IDX files), folder:DIR (one sub-folder per class), "
         "npz:FILE (x, y arrays; a `classes` array or --classes a,b,...: the label set is public), "
-        "csv:FILE with --schema FILE.json (draft one with `dpsynth data schema csv:FILE`)."
+        "csv:FILE with --schema FILE.json (draft one with `dpsynth data schema csv:FILE`).",
+        markup=False,
     )
 
 
@@ -65,12 +78,15 @@ def data_inspect(
     classes: ClassesOpt = None,
     channels: ChannelsOpt = None,
     schema: Annotated[Path | None, typer.Option(help="Tables: the schema JSON.")] = None,
+    ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Public facts about a data set (size, shape, classes, fingerprint); no statistics."""
+    """Public facts about a data set (size, shape, classes), and its fingerprint as the ledger
+    keys it (when the ledger has a key); no statistics."""
     from dpsynth.data.schema import read_schema
     from dpsynth.data.sources import inspect_data, parse_classes
+    from dpsynth.ledger import Ledger
 
     info = inspect_data(
         spec,
@@ -79,6 +95,9 @@ def data_inspect(
         channels=channels,
         schema=read_schema(schema) if schema is not None else None,
     )
+    # The plain content digest is a membership test: only its keyed form is shown.
+    digest = info.pop("content_digest")
+    info["fingerprint"] = Ledger(resolve_ledger_path(ledger)).data_fingerprint(digest, create=False)
     if as_json:
         emit_json(info)
         return
@@ -92,9 +111,9 @@ def data_inspect(
         ),
         ("classes", ", ".join(info["classes"])),
         ("dataset id", info["dataset_id"]),
-        ("fingerprint", info["fingerprint"]),
+        ("ledger fingerprint", info["fingerprint"] or "none yet (the ledger has no key)"),
     ]
-    stdout.print(kv_table("data", rows))
+    print_kv("data", rows)
 
 
 @data_app.command("schema")

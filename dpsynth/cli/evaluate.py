@@ -22,11 +22,10 @@ from dpsynth.cli.app import (
 )
 from dpsynth.cli.render import (
     emit_json,
-    kv_table,
+    print_kv,
     print_warnings,
     progress_bar,
     show_progress,
-    stdout,
 )
 
 
@@ -138,7 +137,7 @@ def evaluate(
             rows.append(("accuracy, real-trained", f"{acc['real_train_accuracy']:.4f}"))
     if result.get("report_dir"):
         rows.append(("report", os.path.join(str(result["report_dir"]), "report.md")))
-    stdout.print(kv_table("evaluate", rows))
+    print_kv("evaluate", rows)
 
 
 def _render_table(result: dict[str, Any]) -> None:
@@ -158,4 +157,4 @@ def _render_table(result: dict[str, Any]) -> None:
             rows.append((f"{metric}, {kind} trained on {trained}", fmt_score(values[metric])))
     if result.get("report_dir"):
         rows.append(("report", os.path.join(str(result["report_dir"]), "report.md")))
-    stdout.print(kv_table("evaluate", rows))
+    print_kv("evaluate", rows)

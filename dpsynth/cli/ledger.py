@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
 from dpsynth.cli.app import DebugOpt, JsonOpt, LedgerOpt, app, handle_errors, resolve_ledger_path
-from dpsynth.cli.render import emit_json, fmt_eps, print_warnings, stdout
+from dpsynth.cli.render import emit_json, fmt_eps, print_rows, print_warnings, stdout
 from dpsynth.errors import UsageError
-from dpsynth.privacy.anchors import NOT_DP_LABEL, not_dp_label
+from dpsynth.privacy.plan_check import NOT_DP_LABEL, not_dp_label
 
 ledger_app = typer.Typer(help="Show, verify and cap the privacy spent per dataset.")
 app.add_typer(ledger_app, name="ledger", no_args_is_help=True)
@@ -36,7 +36,7 @@ def ledger_show(
     debug: DebugOpt = False,
 ) -> None:
     """What was spent per dataset: entries, composed total ε, budget left."""
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     path = resolve_ledger_path(ledger)
     book = Ledger(path)
@@ -48,35 +48,37 @@ def ledger_show(
         emit_json({"ledger": str(path), "datasets": datasets, "entries": entries})
         return
     if not entries:
-        stdout.print(f"{path}: no entries" + (f" for {dataset}" if dataset else ""))
+        stdout.print(f"{path}: no entries" + (f" for {dataset}" if dataset else ""), markup=False)
         return
-    table = Table(title=f"privacy ledger {path}", title_justify="left")
-    for column in ("dataset", "spends (open)", "releases", "total ε", "δ", "budget ε", "left ε"):
-        table.add_column(column)
+    totals = []
     for name, row in datasets.items():
         budget = row.get("budget") or {}
         private = row.get("private", True)
-        table.add_row(
-            name,
-            f"{row.get('spends', 0)} ({row.get('open_spends', 0)})",
-            str(row.get("releases", 0)),
-            fmt_eps(row.get("total_epsilon")) if private else "∞ (NOT PRIVATE)",
-            f"{row['delta']:g}" if row.get("delta") is not None else "-",
-            fmt_eps(budget.get("epsilon")) if budget else "-",
-            fmt_eps(row.get("remaining")) if budget else "-",
+        totals.append(
+            [
+                name,
+                f"{row.get('spends', 0)} ({row.get('open_spends', 0)})",
+                str(row.get("releases", 0)),
+                fmt_eps(row.get("total_epsilon")) if private else "∞ (NOT PRIVATE)",
+                f"{row['delta']:g}" if row.get("delta") is not None else "-",
+                fmt_eps(budget.get("epsilon")) if budget else "-",
+                fmt_eps(row.get("remaining")) if budget else "-",
+            ]
         )
-    stdout.print(table)
+    print_rows(
+        f"privacy ledger {path}",
+        ["dataset", "spends (open)", "releases", "total ε", "δ", "budget ε", "left ε"],
+        totals,
+    )
     for name, row in datasets.items():
         if row.get("linked_ids"):
             stdout.print(
                 f"{name}: total includes the linked ids {', '.join(row['linked_ids'])} "
-                "(same data by id or fingerprint)"
+                "(same data by id or fingerprint)",
+                markup=False,
             )
-    detail = Table(title="entries", title_justify="left")
-    for column in ("seq", "time", "kind", "dataset", "command", "method", "run", "status", "ε"):
-        detail.add_column(column)
-    for entry in entries:
-        detail.add_row(
+    rows = [
+        [
             str(entry.get("seq")),
             str(entry.get("time", ""))[:19],
             entry.get("kind", ""),
@@ -86,13 +88,17 @@ def ledger_show(
             entry.get("run_id", "") or str(entry.get("ref", "")),
             entry.get("status", "") or "",
             _entry_eps(entry),
-        )
-    stdout.print(detail)
+        ]
+        for entry in entries
+    ]
+    columns = ["seq", "time", "kind", "dataset", "command", "method", "run", "status", "ε"]
+    print_rows("entries", columns, rows)
     for entry in entries:
         label = not_dp_label(entry.get("events") or ()) if entry.get("kind") == "spend" else None
         if label:  # in full, whatever the terminal's width: no ε of this run is a bound
             stdout.print(
-                f"seq {entry.get('seq')} (run {entry.get('run_id')}): NOT PRIVATE, {label}"
+                f"seq {entry.get('seq')} (run {entry.get('run_id')}): NOT PRIVATE, {label}",
+                markup=False,
             )
 
 
@@ -100,7 +106,8 @@ def ledger_show(
 @handle_errors
 def ledger_verify(
     quick: Annotated[
-        bool, typer.Option(help="Check the hash chain only, not the recorded totals.")
+        bool,
+        typer.Option("--quick", help="Check the hash chain only, not the recorded totals."),
     ] = False,
     against: Annotated[
         list[Path] | None,
@@ -123,8 +130,8 @@ def ledger_verify(
 ) -> None:
     """Recompute the hash chain and every total; exit 1 if any line was edited or moved, or if
     a run's spend or a published head is not in the chain (a cut or rewritten ledger)."""
-    from dpsynth.privacy.anchors import SpendAnchor
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
+    from dpsynth.ledger.anchors import SpendAnchor
     from dpsynth.runs import RunDir
 
     if more_runs and not against:
@@ -143,18 +150,30 @@ def ledger_verify(
         emit_json({"ledger": str(path), **result})
         return
     what = "chain intact" + ("" if quick else ", totals recomputed")
-    stdout.print(f"[green]ok[/green]: {path}: {result.get('entries', 0)} entries, {what}")
+    stdout.print(
+        f"[green]ok[/green]: {escape(str(path))}: {result.get('entries', 0)} entries, {what}"
+    )
     for dataset, row in result.get("datasets", {}).items():
         stdout.print(
-            f"  {dataset}: ε ≤ {fmt_eps(row.get('total_epsilon'))} at δ={row.get('delta')}"
+            f"  {dataset}: ε ≤ {fmt_eps(row.get('total_epsilon'))} at δ={row.get('delta')}",
+            markup=False,
         )
     if result.get("other_accountant_seqs"):
         stdout.print(
             "  lines written by another accountant version, checked not to under-report: "
             + ", ".join(map(str, result["other_accountant_seqs"]))
         )
+    if result.get("plain_digest_seqs"):
+        stdout.print(
+            "  lines from before the fingerprint key name their data by its plain digest (a "
+            "membership test): do not publish this ledger as it is; lines "
+            + ", ".join(map(str, result["plain_digest_seqs"])),
+            markup=False,
+        )
     if runs:
-        stdout.print(f"  spends of {len(runs)} run(s) found in the chain: " + ", ".join(runs))
+        stdout.print(
+            f"  spends of {len(runs)} run(s) found in the chain: " + ", ".join(runs), markup=False
+        )
     if head:
         stdout.print(f"  {len(head)} published head(s) found in the chain")
 
@@ -168,7 +187,7 @@ def ledger_head(
 ) -> None:
     """Print the ledger's head (last seq and hash) after checking the chain; keep or publish it,
     and `ledger verify --head HASH` later proves that nothing up to it was cut or rewritten."""
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     path = resolve_ledger_path(ledger)
     if not path.is_file():
@@ -180,9 +199,9 @@ def ledger_head(
         emit_json({"ledger": str(path), **found})
         return
     if found["seq"] is None:
-        stdout.print(f"{path}: no entries (head {found['hash']})")
+        stdout.print(f"{path}: no entries (head {found['hash']})", markup=False)
         return
-    stdout.print(f"{found['hash']}  seq {found['seq']}  {found['time']}  {path}")
+    stdout.print(f"{found['hash']}  seq {found['seq']}  {found['time']}  {path}", markup=False)
 
 
 @ledger_app.command("budget")
@@ -196,8 +215,8 @@ def ledger_budget(
     debug: DebugOpt = False,
 ) -> None:
     """Record a privacy budget cap for a dataset; later spends over it are refused (exit 3)."""
+    from dpsynth.ledger import Ledger
     from dpsynth.privacy.accounting import compose_epsilon, validate_probability_inputs
-    from dpsynth.privacy.ledger import Ledger
 
     validate_probability_inputs(epsilon, delta, 1.0, None)
     book = Ledger(resolve_ledger_path(ledger))
@@ -208,7 +227,8 @@ def ledger_budget(
         emit_json(out)
         return
     stdout.print(
-        f"budget for {dataset}: ε ≤ {epsilon:g} at δ={delta:g} (spent so far: {fmt_eps(spent)})"
+        f"budget for {dataset}: ε ≤ {epsilon:g} at δ={delta:g} (spent so far: {fmt_eps(spent)})",
+        markup=False,
     )
     if spent > epsilon:
         print_warnings([f"{dataset} has already spent more than the new cap"])

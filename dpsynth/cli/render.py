@@ -1,5 +1,11 @@
 """The one place that renders: rich tables and progress bars for people, one JSON document
-for `--json`, warnings on stderr. Command modules build their output and call these."""
+for `--json`, warnings on stderr. Command modules build their output and call these.
+
+Tables go through `print_kv` and `print_rows`: on a terminal they are rich tables, fitted to
+its width (a long value wraps inside its cell); when stdout is not a terminal (a pipe, a file,
+a test's runner) they are plain text, never cut: `key: value` lines, or tab-separated rows
+under a header line. rich would otherwise fit them to 80 columns and cut values with "…"
+(`ledger show | cat` printed `relea…`)."""
 
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
@@ -57,14 +64,54 @@ def fmt_eps(value: Any) -> str:
     return f"{float(value):.4g}"
 
 
-def kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
-    """A two-column key/value table."""
+def stdout_is_terminal() -> bool:
+    """Whether stdout is a terminal (a pipe, a file or a test's runner is not)."""
+    isatty = getattr(stdout.file, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def print_kv(title: str, rows: list[tuple[str, Any]]) -> None:
+    """A titled list of key/value pairs on stdout: a two-column rich table on a terminal,
+    else the title and one `key: value` line per pair, in full."""
+    if not stdout_is_terminal():
+        _write_plain([title, *(f"{key}: {_one_line(value)}" for key, value in rows)])
+        return
     table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
+    # fold, not the default ellipsis: a long word wraps inside its cell instead of being cut.
+    table.add_column(style="bold", overflow="fold")
+    table.add_column(overflow="fold")
     for key, value in rows:
-        table.add_row(key, str(value))
-    return table
+        # Text, not a str: a value is data (a path, an id), never rich markup.
+        table.add_row(Text(str(key)), Text(str(value)))
+    stdout.print(table)
+
+
+def print_rows(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    """A titled table on stdout: rich on a terminal, else the title, the header and one
+    tab-separated line per row, in full (for `cut -f`, `grep`, `awk -F'\\t'`)."""
+    if not stdout_is_terminal():
+        lines = [title, "\t".join(columns)]
+        lines += ["\t".join(_one_line(cell) for cell in row) for row in rows]
+        _write_plain(lines)
+        return
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        # A value too long for its share of the width wraps inside its cell (never "…", which
+        # made two ids that differ at the end look alike); short headers stay whole.
+        table.add_column(column, overflow="fold", min_width=min(len(column), 7))
+    for row in rows:
+        table.add_row(*(Text(str(cell)) for cell in row))
+    stdout.print(table)
+
+
+def _one_line(value: Any) -> str:
+    """A cell for a tab-separated line: tabs and line breaks become spaces."""
+    return " ".join(str(value).replace("\t", " ").splitlines())
+
+
+def _write_plain(lines: list[str]) -> None:
+    stdout.file.write("".join(f"{line}\n" for line in lines))
+    stdout.file.flush()
 
 
 def print_warnings(lines: list[str]) -> None:

@@ -39,7 +39,7 @@ def sample(
             "samples, less diversity. Default: the run's `sample_truncation`."
         ),
     ] = None,
-    force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --out.")] = False,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
@@ -78,5 +78,6 @@ def sample(
     what = "rows" if result.get("modality") == "table" else "images"
     stdout.print(
         f"wrote {result['n']} {what} to {result['out']} ({result['format']}); "
-        f"{result['privacy']}; sha256 {result['output_sha256'][:16]}…"
+        f"{result['privacy']}; sha256 {result['output_sha256']}",
+        markup=False,
     )

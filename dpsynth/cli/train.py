@@ -24,7 +24,7 @@ from dpsynth.cli.app import (
 from dpsynth.cli.render import (
     emit_json,
     fmt_eps,
-    kv_table,
+    print_kv,
     print_warnings,
     progress_bar,
     show_progress,
@@ -48,19 +48,24 @@ def _parse_sets(items: list[str] | None) -> dict[str, str]:
 def train(
     out: Annotated[Path, typer.Option("--out", help="Run directory to create (or resume).")],
     method: Annotated[
-        str | None, typer.Option(help="Backend: pge, dpkernel, psg or dpaf (tables: dpkernel).")
+        str | None,
+        typer.Option(
+            help="Backend: pge, dpkernel, psg, dpaf or rdpgan (tables: dpkernel, rdpgan)."
+        ),
     ] = None,
     data: Annotated[str | None, typer.Option(help="Data spec (see `dpsynth data list`).")] = None,
     epsilon: Annotated[
         str | None,
         typer.Option(help="Total ε for the dataset after this run, or 'inf' (not private)."),
     ] = None,
-    delta: Annotated[float | None, typer.Option(help="δ [default: below 1/N].")] = None,
+    delta: Annotated[
+        float | None, typer.Option(help="δ [default: the largest power of ten ≤ 1/(10N)].")
+    ] = None,
     preset: Annotated[
         str,
         typer.Option(
-            help="A preset of the method (see README), or auto: the method's recommendation "
-            "for the data's public shape and size at the target ε."
+            help="A preset of the method (see docs/methods/), or auto: the method's "
+            "recommendation for the data's public shape and size at the target ε."
         ),
     ] = "auto",
     seed: Annotated[
@@ -70,13 +75,13 @@ def train(
             "and DP noise come from a fresh secret seed kept in RUN/private/."
         ),
     ] = 0,
-    resume: Annotated[bool, typer.Option(help="Continue the run in --out.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out.")] = False,
     log_private_loss: Annotated[
         bool,
         typer.Option(
             "--log-private-loss",
             help="Write the losses of private batches (computed without noise) to "
-            "RUN/private/train-loss.jsonl and show them in the progress bar. Not private: "
+            "train-loss.jsonl in RUN/private/ and show them in the progress bar. Not private: "
             "never publish them.",
         ),
     ] = False,
@@ -86,6 +91,15 @@ def train(
     image_size: Annotated[int | None, typer.Option(help="Resize images to this size.")] = None,
     dataset_id: Annotated[
         str | None, typer.Option(help="Ledger id of the data [default: from the spec].")
+    ] = None,
+    public_size: Annotated[
+        int | None,
+        typer.Option(
+            "--public-size",
+            help="A public upper bound N' on the record count, used instead of the count "
+            "itself for the sampling rate, the default δ and everything written (for when the "
+            "number of records is itself sensitive).",
+        ),
     ] = None,
     classes: ClassesOpt = None,
     channels: ChannelsOpt = None,
@@ -152,6 +166,7 @@ def train(
         overrides=_parse_sets(set_),
         image_size=image_size,
         dataset_id=dataset_id,
+        public_size=public_size,
         classes=parse_classes(classes),
         channels=channels,
         checkpoint_every_s=checkpoint_every,
@@ -186,7 +201,10 @@ def train(
         return
     print_warnings(list(result.get("warnings", [])))
     if result.get("already_finished"):
-        stdout.print(f"{out}: this run already finished ({result['steps']} steps); nothing to do")
+        stdout.print(
+            f"{out}: this run already finished ({result['steps']} steps); nothing to do",
+            markup=False,
+        )
     if result.get("privacy_label"):
         privacy = f"NOT PRIVATE ({result['privacy_label']})"
     elif not result["private"]:
@@ -220,4 +238,4 @@ def train(
         )
     if result.get("preview"):
         rows.append(("preview", result["preview"]))
-    stdout.print(kv_table("train", rows))
+    print_kv("train", rows)

@@ -13,8 +13,10 @@ import torch
 class DataInfo:
     """What is public about a data set: its size, shape and label set, and its identity.
 
-    `dataset_id` keys the ledger's per-dataset composition; `fingerprint` proves which bytes
-    were used. Neither the pixels nor anything computed from them beyond these fields is here.
+    `dataset_id` keys the ledger's per-dataset composition; `fingerprint` names which records
+    were used, keyed under the ledger's secret key (`dpsynth.ledger.key`; empty until a
+    ledger keyed it), so that it links spends without being a membership test. Neither the
+    pixels nor anything computed from them beyond these fields is here.
     """
 
     spec: str
@@ -61,8 +63,11 @@ class DataInfo:
         )
 
 
-def image_fingerprint(x: torch.Tensor, y: torch.Tensor, classes: tuple[str, ...]) -> str:
-    """SHA-256 of the canonical bytes: shape, class names, uint8 pixels (N,C,H,W), int64 labels."""
+def image_content_digest(x: torch.Tensor, y: torch.Tensor, classes: tuple[str, ...]) -> str:
+    """SHA-256 of the canonical bytes: shape, class names, uint8 pixels (N,C,H,W), int64 labels.
+
+    Private: with every other record known, it tells whether a record is in the data. It is
+    only ever written keyed (`DataInfo.fingerprint`)."""
     h = hashlib.sha256()
     h.update(("dpsynth-images-v1|" + ",".join(map(str, x.shape)) + "|").encode())
     h.update(("\x1f".join(classes) + "|").encode())
@@ -84,7 +89,7 @@ class ImageData:
     spec: str
     kind: str
     dataset_id: str = ""
-    _fingerprint: str | None = field(default=None, repr=False)
+    _content_digest: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.dataset_id:
@@ -102,21 +107,22 @@ class ImageData:
         return (int(c), int(h), int(w))
 
     @property
-    def fingerprint(self) -> str:
-        """SHA-256 of the canonical image and label bytes (cached)."""
-        if self._fingerprint is None:
-            self._fingerprint = image_fingerprint(self.x, self.y, self.classes)
-        return self._fingerprint
+    def content_digest(self) -> str:
+        """SHA-256 of the canonical image and label bytes (cached; private, see
+        `image_content_digest`)."""
+        if self._content_digest is None:
+            self._content_digest = image_content_digest(self.x, self.y, self.classes)
+        return self._content_digest
 
-    def info(self) -> DataInfo:
-        """The public description of this data set."""
+    def info(self, fingerprint: str = "") -> DataInfo:
+        """The public description of this data set, with the ledger's keyed `fingerprint`."""
         return DataInfo(
             spec=self.spec,
             kind=self.kind,
             n=self.n,
             shape=self.shape,
             classes=tuple(self.classes),
-            fingerprint=self.fingerprint,
+            fingerprint=fingerprint,
             dataset_id=self.dataset_id,
         )
 

@@ -4,7 +4,7 @@ Each reader returns `RawImages` (uint8 pixels [N, C, H, W], int64 labels, class 
 raises `DataError` with one line that starts with the offending file. Which channels, size and
 class names a data set has comes from the file format and the folder layout, which the data
 owner declares by writing them; nothing is chosen by looking at pixel or label statistics.
-The label set is public (see the README's privacy model): IDX files are the ten digits by
+The label set is public (see docs/privacy.md): IDX files are the ten digits by
 format, a class folder's classes are its sub-folder names, and an `.npz` needs a stored
 `classes` array or a declared list (`--classes`). A record whose label lies outside the
 declared set is malformed data, never a new class.

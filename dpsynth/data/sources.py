@@ -260,17 +260,21 @@ def inspect_data(
     schema: Schema | None = None,
 ) -> dict:
     """The public description of a data spec: spec, kind, n, shape [C,H,W], classes,
-    fingerprint, dataset_id.
+    dataset_id, and `content_digest` (private: for the caller to key, never to show).
 
     Per-class counts and pixel statistics are deliberately absent: this runs on private data
     and its output is not differentially private, so it shows only what the privacy model
-    treats as public (record count, shape, label set) plus the SHA-256 fingerprint.
+    treats as public (record count, shape, label set). The content digest is a membership
+    test for anyone who knows the other records: only its keyed form may be shown (see
+    `dpsynth.ledger.key`).
     """
     if is_table_spec(spec):
-        return load_table(spec, schema).info().to_json()
-    return (
-        load_data(spec, image_size=image_size, classes=classes, channels=channels).info().to_json()
-    )
+        records: ImageData | TableData = load_table(spec, schema)
+    else:
+        records = load_data(spec, image_size=image_size, classes=classes, channels=channels)
+    description = records.info().to_json()
+    del description["fingerprint"]
+    return {**description, "content_digest": records.content_digest}
 
 
 def is_table_spec(spec: str) -> bool:

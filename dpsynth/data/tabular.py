@@ -18,9 +18,11 @@ order: categories by sampling each one-hot block as a distribution (post-process
 public sampling seed), numbers unscaled (integers rounded), the target from the labels, and
 ignored columns left empty.
 
-The fingerprint is the SHA-256 of the canonical parsed table: the header, each used column's
-type and its values (stripped strings, or float64 numbers), independent of bounds and category
-lists, so releasing a schema does not change which data a ledger entry names.
+The content digest is the SHA-256 of the canonical parsed table: the header, each used
+column's type and its values (stripped strings, or float64 numbers), independent of bounds and
+category lists, so releasing a schema does not change which data a ledger entry names. It is
+private (a membership test for anyone who knows the other rows) and only ever written keyed
+(`DataInfo.fingerprint`, see `dpsynth.ledger.key`).
 """
 
 from __future__ import annotations
@@ -151,8 +153,9 @@ def _codes(raw: RawTable, column: Column) -> np.ndarray:
     return codes
 
 
-def table_fingerprint(raw: RawTable, schema: Schema) -> str:
-    """SHA-256 of the canonical parsed table (header, each used column's type and values)."""
+def table_content_digest(raw: RawTable, schema: Schema) -> str:
+    """SHA-256 of the canonical parsed table (header, each used column's type and values);
+    private, see the module docstring."""
     digest = hashlib.sha256()
     digest.update(("dpsynth-table-v1|" + "\x1f".join(raw.header) + "|").encode())
     digest.update(str(raw.n).encode() + b"|")
@@ -280,7 +283,7 @@ class TableData:
     schema: Schema
     spec: str
     kind: str
-    fingerprint: str
+    content_digest: str = field(repr=False)
     dataset_id: str = ""
     codec: TableCodec | None = field(default=None, repr=False)
 
@@ -303,15 +306,16 @@ class TableData:
         """Per-record shape (D,): the encoded width."""
         return (int(self.x.shape[1]),)
 
-    def info(self) -> DataInfo:
-        """The public description: N, (D,), classes, identity and the public schema."""
+    def info(self, fingerprint: str = "") -> DataInfo:
+        """The public description: N, (D,), classes, identity (`fingerprint`: the ledger's
+        keyed one) and the public schema."""
         return DataInfo(
             spec=self.spec,
             kind=self.kind,
             n=self.n,
             shape=self.shape,  # type: ignore[arg-type]
             classes=tuple(self.classes),
-            fingerprint=self.fingerprint,
+            fingerprint=fingerprint,
             dataset_id=self.dataset_id,
             modality="table",
             schema=self.schema.to_json(),
@@ -328,8 +332,8 @@ def encode_table(
     """Parse and encode a raw table under a schema whose entries are all public."""
     codec = TableCodec(schema)
     x, y = codec.encode(raw)
-    fingerprint = table_fingerprint(raw, schema)
-    return TableData(x, y, schema, spec, kind, fingerprint, dataset_id or spec, codec)
+    digest = table_content_digest(raw, schema)
+    return TableData(x, y, schema, spec, kind, digest, dataset_id or spec, codec)
 
 
 def codec_for(info: DataInfo) -> TableCodec:

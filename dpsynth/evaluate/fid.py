@@ -250,18 +250,19 @@ def cached_real_features(
     model: torch.nn.Module,
     images: torch.Tensor,
     *,
-    fingerprint: str,
+    content_digest: str,
     weights_sha256: str,
     batch_size: int = DEFAULT_BATCH_SIZE,
     device: torch.device | str = "cpu",
     progress: Progress | None = None,
 ) -> tuple[np.ndarray, bool]:
-    """Features of the real reference set, cached by data fingerprint, n and weights hash.
+    """Features of the real reference set, cached by the data's content digest, n and weights
+    hash (the cache is the data owner's: the digest never reaches a publishable file).
 
     Returns (features, from_cache).
     """
     key = hashlib.sha256(
-        f"{PIPELINE_VERSION}|{fingerprint}|{int(images.shape[0])}|{weights_sha256}".encode()
+        f"{PIPELINE_VERSION}|{content_digest}|{int(images.shape[0])}|{weights_sha256}".encode()
     ).hexdigest()[:32]
     path = cache_dir() / f"{key}.npz"
     if path.is_file():
@@ -295,7 +296,7 @@ def compute_fid(
     synthetic: torch.Tensor,
     real: torch.Tensor,
     *,
-    real_fingerprint: str,
+    real_digest: str,
     weights: str | os.PathLike[str] | None = None,
     device: torch.device | str = "cpu",
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -306,7 +307,7 @@ def compute_fid(
 ) -> dict:
     """FID between uint8 image sets and/or precision/recall on the same features.
 
-    Real-set features are cached by `real_fingerprint`, n and the weights file's hash.
+    Real-set features are cached by `real_digest`, n and the weights file's hash.
     Returns a JSON-ready dict: value (None without `with_fid`), n_synthetic, n_real, weights,
     weights_sha256, real_features_cached, and precision, recall, k when asked.
     """
@@ -318,7 +319,7 @@ def compute_fid(
     real_feats, cached = cached_real_features(
         model,
         real,
-        fingerprint=real_fingerprint,
+        content_digest=real_digest,
         weights_sha256=weights_sha256,
         batch_size=batch_size,
         device=device,

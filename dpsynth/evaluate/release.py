@@ -34,21 +34,33 @@ def spends_on(data: ImageData, ledger_path: str | os.PathLike[str] | None) -> li
 
     Either match makes the data private training data: the same records under another id, and
     the same id with one record added or removed (another fingerprint), are both the data a DP
-    run read.
+    run read. Fingerprints are matched keyed (under the ledger's key) and, for lines written
+    before the key, as the plain digest, compared in memory only.
     """
     if ledger_path is None or not Path(ledger_path).is_file():
         return []
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
+    ledger = Ledger(Path(ledger_path))
+    same_data = {data.content_digest, ledger.data_fingerprint(data.content_digest, create=False)}
     return [
         entry
-        for entry in Ledger(Path(ledger_path)).entries()
+        for entry in ledger.entries()
         if entry.get("kind") == "spend"
-        and (
-            entry.get("dataset_id") == data.dataset_id
-            or entry.get("fingerprint") == data.fingerprint
-        )
+        and (entry.get("dataset_id") == data.dataset_id or entry.get("fingerprint") in same_data)
     ]
+
+
+def keyed_fingerprint(
+    content_digest: str, ledger_path: str | os.PathLike[str] | None
+) -> str | None:
+    """The real data's fingerprint for a publishable report: keyed under the ledger's key, or
+    None when there is no ledger key yet (never the plain digest, a membership test)."""
+    if ledger_path is None:
+        return None
+    from dpsynth.ledger import Ledger
+
+    return Ledger(Path(ledger_path)).data_fingerprint(content_digest, create=False)
 
 
 def training_data_warnings(
@@ -78,7 +90,7 @@ def record_evaluation_release(
     provenance = result.get("provenance") or {}
     if ledger_path is None or not provenance.get("dataset_id"):
         return None
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger import Ledger
 
     details = {
         "synthetic": result["synthetic"],

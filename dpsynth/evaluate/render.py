@@ -117,6 +117,11 @@ def render_epsilon_curve(log: list[dict]) -> bytes:
     return _png(figure)
 
 
+def fingerprint_note(fingerprint: str | None) -> str:
+    """`, ledger fingerprint …` for a report line, or nothing without one."""
+    return f", ledger fingerprint `{fingerprint[:28]}…`" if fingerprint else ""
+
+
 def render_markdown(result: dict, images: dict[str, str]) -> str:
     """The human-readable report page, linking the PNGs."""
     lines = [
@@ -124,8 +129,8 @@ def render_markdown(result: dict, images: dict[str, str]) -> str:
         "",
         f"- Synthetic: `{result['synthetic']}` ({result['synthetic_source']}, "
         f"{result['n_synthetic']} images)",
-        f"- Real reference: `{result['real']}` ({result['real_n']} images, "
-        f"fingerprint `{result['real_fingerprint'][:16]}…`)",
+        f"- Real reference: `{result['real']}` ({result['real_n']} images"
+        f"{fingerprint_note(result['real_fingerprint'])})",
         "",
     ]
     if result["warnings"]:

@@ -26,6 +26,7 @@ from dpsynth.errors import UsageError
 from dpsynth.evaluate import downstream, fid, folders
 from dpsynth.evaluate.release import (
     check_report_dir,
+    keyed_fingerprint,
     record_evaluation_release,
     training_data_warnings,
 )
@@ -117,7 +118,7 @@ def run_evaluation(
         fid_result = fid.compute_fid(
             synth.x,
             real_data.x,
-            real_fingerprint=real_data.fingerprint,
+            real_digest=real_data.content_digest,
             weights=inception_weights,
             device=torch_device,
             batch_size=fid_batch_size,
@@ -167,7 +168,7 @@ def run_evaluation(
         # True when --real or --real-train is data a DP run in the ledger spent budget on.
         "non_private": non_private,
         "real_n": real_data.n,
-        "real_fingerprint": real_data.fingerprint,
+        "real_fingerprint": keyed_fingerprint(real_data.content_digest, ledger_path),
         "classes": list(real_data.classes),
         "metrics": result_metrics,
         "provenance": synth.provenance,

@@ -34,13 +34,15 @@ import pandas as pd
 
 from dpsynth.data.schema import Schema, parse_schema, read_schema
 from dpsynth.data.sources import read_table
-from dpsynth.data.tabular import RawTable, read_csv_table, table_fingerprint
+from dpsynth.data.tabular import RawTable, read_csv_table, table_content_digest
 from dpsynth.errors import DataError, UsageError
 from dpsynth.evaluate.release import (
     check_report_dir,
+    keyed_fingerprint,
     record_evaluation_release,
     training_data_warnings,
 )
+from dpsynth.evaluate.render import fingerprint_note
 from dpsynth.runs import write_bytes_atomic
 
 TABLE_METRICS = ("accuracy", "roc_auc")
@@ -236,9 +238,9 @@ def run_table_evaluation(
         schema = parse_schema(manifest["schema"], f"{synthetic} manifest schema")
     raw_real, schema, real_spec, real_kind = _real_table(real, schema)
     synth_raw = read_csv_table(synth_path, source=f"--synthetic {synthetic}")
-    real_fp = table_fingerprint(raw_real, schema)
+    real_digest = table_content_digest(raw_real, schema)
     warnings_list: list[str] = []
-    real_id = SimpleNamespace(spec=real_spec, dataset_id=real_spec, fingerprint=real_fp)
+    real_id = SimpleNamespace(spec=real_spec, dataset_id=real_spec, content_digest=real_digest)
     warnings_list += training_data_warnings(real_id, ledger_path, "--real")  # type: ignore[arg-type]
     non_private = bool(warnings_list)
     x_real, y_real = _frame(raw_real, schema)
@@ -257,7 +259,9 @@ def run_table_evaluation(
     if real_train is not None:
         raw_train, _, train_spec, train_kind = _real_table(real_train, schema)
         train_id = SimpleNamespace(
-            spec=train_spec, dataset_id=train_spec, fingerprint=table_fingerprint(raw_train, schema)
+            spec=train_spec,
+            dataset_id=train_spec,
+            content_digest=table_content_digest(raw_train, schema),
         )
         found = training_data_warnings(train_id, ledger_path, "--real-train")  # type: ignore[arg-type]
         non_private = non_private or bool(found)
@@ -286,7 +290,7 @@ def run_table_evaluation(
         "real_kind": real_kind,
         "non_private": non_private,
         "real_n": len(test[1]),
-        "real_fingerprint": real_fp,
+        "real_fingerprint": keyed_fingerprint(real_digest, ledger_path),
         "classes": list(schema.classes),
         "target": schema.target,
         "metrics_requested": wanted,
@@ -349,8 +353,8 @@ def render_table_markdown(result: dict[str, Any]) -> str:
         "# dpsynth evaluation report (table)",
         "",
         f"- Synthetic: `{result['synthetic']}` ({result['n_synthetic']} rows)",
-        f"- Real held-out: `{result['real']}` ({result['real_n']} rows, fingerprint "
-        f"`{result['real_fingerprint'][:16]}…`), target `{result['target']}`",
+        f"- Real held-out: `{result['real']}` ({result['real_n']} rows"
+        f"{fingerprint_note(result['real_fingerprint'])}), target `{result['target']}`",
     ]
     if result.get("privacy"):
         lines.append(f"- Privacy of the synthetic rows: {result['privacy']}")

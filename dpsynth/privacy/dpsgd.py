@@ -27,6 +27,7 @@ a single process on the same batch and noise.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,6 +43,7 @@ from dpsynth.privacy.distributed import (
     shard,
 )
 from dpsynth.privacy.ghost import BatchLossFn, GhostError, ghost_clipped_sum, unsupported_reasons
+from dpsynth.privacy.ghost_check import GhostFallbackWarning, ghost_disagreement
 
 __all__ = [
     "GRAD_MODES",
@@ -295,6 +297,8 @@ class PrivateGradient:
         self.active_mode = _resolve_mode(model, batch_loss_fn, grad_mode)
         self._per_record_fn = _compiled(loss_fn) if compile_vmap else None
         self._uses_checked = False
+        # ghost norms are cross-checked against vmap once, on a batch of ≥ 2 records
+        self._ghost_checked = False
 
     @property
     def noise_std(self) -> float:
@@ -357,6 +361,8 @@ class PrivateGradient:
         self, params: dict[str, Tensor], buffers: dict[str, Tensor], chunk: tuple[Tensor, ...]
     ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
         """(Σ clipped gradients, per-record norms, per-record losses) of one chunk."""
+        if self.active_mode == "ghost" and not self._ghost_checked:
+            self._check_ghost(params, buffers, chunk)
         if self.active_mode == "ghost":
             try:
                 out = ghost_clipped_sum(
@@ -378,6 +384,30 @@ class PrivateGradient:
             grads, losses = _per_sample_grads_and_losses(self.loss_fn, params, buffers, chunk, None)
         chunk_sum, norms = _clipped_sum(grads, self.max_grad_norm)
         return chunk_sum, norms, losses
+
+    def _check_ghost(
+        self, params: dict[str, Tensor], buffers: dict[str, Tensor], chunk: tuple[Tensor, ...]
+    ) -> None:
+        """The first-batch cross-check of ghost norms against vmap's (`privacy.ghost_check`):
+        on a disagreement `auto` switches to vmap with a warning, `ghost` stops."""
+        if _batch_size(chunk) < 2:
+            return  # nothing can mix in a batch of one: check on a later batch
+
+        def per_record_grads(records: tuple[Tensor, ...]) -> dict[str, Tensor]:
+            return _per_sample_grads_and_losses(self.loss_fn, params, buffers, records, None)[0]
+
+        assert self.batch_loss_fn is not None
+        try:
+            problem = ghost_disagreement(self.model, self.batch_loss_fn, per_record_grads, chunk)
+        except GhostError:
+            problem = None  # the ghost pass itself refuses: handled where it runs
+        self._ghost_checked = True
+        if problem is None:
+            return
+        if self.grad_mode == "ghost":
+            raise UsageError(f"grad_mode ghost: {problem}")
+        warnings.warn(problem, GhostFallbackWarning, stacklevel=2)
+        self.active_mode = "vmap"
 
     def _mean_gradient(
         self,

@@ -60,6 +60,45 @@ no unfolded copy) or "unfold" (unfold + batched matmul, as Opacus does). A tunin
 the GPU measurement (`bench/dpsgd.py` variant `dpsynth-ghost-unfold`); both are exact."""
 _NORMS = (nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
 
+# Leaf module types whose output for a record depends on that record alone (with the
+# argument checks of `_mixes_records`). A parameter-free operation that mixes the records of
+# a batch (a batch mean, attention across the batch) would make ghost norms wrong without
+# breaking any rule above, so `auto` takes ghost clipping only when every leaf is one of
+# these; what a container's own forward does is checked by `privacy.ghost_check` instead.
+PER_RECORD_MODULES: tuple[type[nn.Module], ...] = (
+    nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding, *_NORMS,
+    nn.Identity, nn.Flatten, nn.Unflatten, nn.Sequential, nn.ModuleList, nn.ModuleDict,
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
+    nn.Sigmoid, nn.Tanh, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus,
+    nn.Softsign, nn.Tanhshrink, nn.LogSigmoid, nn.Softmax, nn.LogSoftmax,
+    nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.Upsample,
+    nn.PixelShuffle, nn.PixelUnshuffle, nn.ZeroPad2d, nn.ConstantPad1d, nn.ConstantPad2d,
+    nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReplicationPad1d, nn.ReplicationPad2d,
+)  # fmt: skip
+
+
+def _mixes_records(module: nn.Module) -> bool:
+    """An allow-listed type configured to act across the batch dimension."""
+    if isinstance(module, (nn.Softmax, nn.LogSoftmax)):
+        return module.dim in (0, None)  # None: torch picks dim 0 for some ranks
+    if isinstance(module, nn.Flatten):
+        return module.start_dim == 0
+    if isinstance(module, nn.Unflatten):
+        return module.dim == 0
+    return False
+
+
+def unvouched_modules(model: nn.Module) -> list[str]:
+    """Leaf modules not known to act record by record (`PER_RECORD_MODULES`), by name."""
+    found = []
+    for name, module in model.named_modules():
+        if any(True for _ in module.children()):
+            continue  # a container: its forward is checked empirically (ghost_check)
+        if type(module) not in PER_RECORD_MODULES or _mixes_records(module):
+            found.append(f"{name or '<model>'} ({type(module).__name__})")
+    return found
+
 
 class GhostError(RuntimeError):
     """The model or the loss does not meet what ghost clipping needs (see the module doc)."""
@@ -107,6 +146,7 @@ def unsupported_reasons(model: nn.Module) -> list[str]:
             # batch statistics mix the records even without trained parameters: a record's
             # output gradient would then depend on the others
             reasons.append(f"{label}: BatchNorm mixes the records of a batch")
+    reasons += [f"{leaf}: not known to act record by record" for leaf in unvouched_modules(model)]
     return sorted(set(reasons))
 
 
@@ -404,11 +444,14 @@ def ghost_clipped_sum(
     batch: tuple[Tensor, ...],
     max_norm: float,
     check_uses: bool = True,
+    layer_sq_norms: dict[str, Tensor] | None = None,
 ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """Σ_i clip(∂ℓ_i/∂θ) over the batch, without per-record gradients of the whole model.
 
     `check_uses` walks the autograd graph to check that each trained parameter enters it only
     through its own layer's (hooked) call; a caller may skip it once a model passed it.
+    `layer_sq_norms`, when given, receives each called layer's squared per-record norms [B]
+    by module name (for `privacy.ghost_check`).
 
     Returns (clipped sums keyed like `model.named_parameters()`, trainable ones only; the
     per-record norms before clipping [B]; the per-record losses [B], detached). Raises
@@ -454,9 +497,12 @@ def ghost_clipped_sum(
         else []
     )
     sq = losses.new_zeros(size, dtype=_param_dtype(layers))
-    for layer, g in zip(used.values(), grads, strict=True):
+    for (name, layer), g in zip(used.items(), grads, strict=True):
         norms_fn, _ = _rules(layer.module)
-        sq = sq + norms_fn(layer, layer.calls[0][0].detach(), g.detach())
+        layer_sq = norms_fn(layer, layer.calls[0][0].detach(), g.detach())
+        if layer_sq_norms is not None:
+            layer_sq_norms[name] = layer_sq.detach()
+        sq = sq + layer_sq
     norms = sq.clamp(min=0).sqrt()
     factors = (max_norm / (norms + _NORM_EPS)).clamp(max=1.0)
     grad_of = dict(zip(used, grads, strict=True))

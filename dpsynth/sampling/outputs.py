@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsynth.data.images import DataInfo
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger import Ledger
 
 SampleProgress = Callable[[int, int], None]
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import DataError, UsageError
+from dpsynth.ledger import Ledger
+from dpsynth.ledger.anchors import SpendAnchor, privacy_statement, verified_spend
 from dpsynth.methods.base import Generator, check_truncation
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.anchors import SpendAnchor, privacy_statement, verified_spend
-from dpsynth.privacy.ledger import Ledger
 from dpsynth.runs import RunDir
 from dpsynth.training import resolve_device
 

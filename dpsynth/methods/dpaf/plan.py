@@ -16,7 +16,7 @@ from dpsynth.privacy.aggregation import (
     split_window_noise,
     window_sampling_rate,
 )
-from dpsynth.privacy.anchors import IDLE_STEPS_KEY, NOT_DP_LABEL
+from dpsynth.privacy.plan_check import IDLE_STEPS_KEY, NOT_DP_LABEL
 
 # Tags the ledger event of `phase2_release=once` (the trainer reads its σ from the plan).
 ONCE_PHASE = "dpaf-phase2-once"

@@ -25,10 +25,10 @@ from dpsynth.methods.dpaf.phase1 import Phase1Steps
 from dpsynth.methods.dpaf.phase2 import WindowSteps
 from dpsynth.methods.dpaf.plan import ONCE_PHASE, noise_ratio
 from dpsynth.privacy.aggregation import noisy_group_sums, split_window_noise
-from dpsynth.privacy.anchors import NOT_DP_LABEL
 from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.distributed import is_data_parallel
 from dpsynth.privacy.dpsgd import PrivateGradient
+from dpsynth.privacy.plan_check import NOT_DP_LABEL
 from dpsynth.privacy.randomness import PrivateRandomness
 
 _ADAM_BETAS = (0.5, 0.999)

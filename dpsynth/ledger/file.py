@@ -4,7 +4,7 @@ Each line is one JSON object in canonical form (sorted keys, no spaces, ASCII) w
 (0, 1, 2, ...), `time` (UTC), `kind`, `prev_hash` (the previous line's `hash`, 64 zeros for the
 first line) and `hash` (SHA-256 of the line's canonical JSON without `hash`). This module knows
 what makes a line valid in the chain and how to read and append lines when several processes
-share the file; what the lines mean (spends, budgets, totals) is `dpsynth.privacy.ledger`.
+share the file; what the lines mean (spends, budgets, totals) is `dpsynth.ledger`.
 
 Appends hold an exclusive flock on the sidecar `PATH.lock`, re-read what others appended, write
 the line with one `write` and fsync it; a failed write is cut back, so no half line is left. A

@@ -1,0 +1,84 @@
+"""The run's data: read the way the run recorded it, described publicly (N or a declared
+public size N', shape, classes) and named by the ledger's keyed fingerprint, never by the
+records' plain digest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from dpsynth.data.images import DataInfo, ImageData
+from dpsynth.data.schema import parse_schema
+from dpsynth.data.sources import load_data, load_table
+from dpsynth.data.tabular import TableData
+from dpsynth.errors import DataError, UsageError
+from dpsynth.ledger import Ledger
+from dpsynth.ledger.key import is_legacy
+from dpsynth.methods.base import Method
+from dpsynth.methods.registry import get_method, method_names
+
+
+def load_recorded(data_cfg: Mapping[str, Any], name: str) -> ImageData | TableData:
+    """The data a run recorded in config.json, read the same way (resume, other ranks)."""
+    if data_cfg.get("modality") == "table":
+        # The run's schema is public (declared or released when the run began): no new release.
+        return load_table(
+            data_cfg["spec"],
+            parse_schema(data_cfg["schema"], f"{name} schema"),
+            dataset_id=data_cfg["dataset_id"],
+        )
+    return load_data(
+        data_cfg["spec"],
+        image_size=data_cfg.get("image_size"),
+        dataset_id=data_cfg["dataset_id"],
+        classes=data_cfg.get("classes"),
+        channels=data_cfg.get("channels"),
+    )
+
+
+def check_modality(backend: Method, modality: str) -> None:
+    """UsageError (exit 2) when the backend cannot train on this kind of data."""
+    if modality not in backend.modalities:
+        others = [n for n in method_names() if modality in get_method(n).modalities]
+        kind = "image-only" if backend.modalities == ("image",) else "not for " + modality + "s"
+        raise UsageError(
+            f"--method {backend.name} is {kind}; for {modality}s use --method "
+            f"{' or '.join(others) or '(none)'}"
+        )
+
+
+def public_info(
+    records: ImageData | TableData, fingerprint: str, public_size: int | None
+) -> DataInfo:
+    """The data's public description; with a public size N', `n` is N' (the sampling rate, δ
+    and config.json use it), and the records must not outnumber it."""
+    info = records.info(fingerprint)
+    if public_size is None:
+        return info
+    if records.n > public_size:
+        raise DataError(
+            f"{info.spec}: --public-size {public_size} is below the number of records; it must "
+            "be a public upper bound on it"
+        )
+    return replace(info, n=public_size)
+
+
+def recorded_public_size(data_cfg: Mapping[str, Any]) -> int | None:
+    """The public size N' a run recorded (its `n`), or None when `n` is the record count."""
+    return int(data_cfg["n"]) if data_cfg.get("public_size") else None
+
+
+def keyed_fingerprint(ledger: Ledger, content_digest: str) -> str:
+    """The ledger's keyed fingerprint of the data (its key is made on first use)."""
+    fingerprint = ledger.data_fingerprint(content_digest)
+    assert fingerprint is not None
+    return fingerprint
+
+
+def recorded_fingerprint(ledger: Ledger, content_digest: str, recorded: str) -> str:
+    """This data's fingerprint in the form the run recorded: keyed, or the plain digest a run
+    started before the ledger key kept (its spend names that digest, so it is what the run's
+    anchor and the closing status line must match)."""
+    return content_digest if is_legacy(recorded) else keyed_fingerprint(ledger, content_digest)

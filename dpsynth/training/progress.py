@@ -1,0 +1,74 @@
+"""Progress reports of the loop, and the ε upper bound it shows after t steps."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dpsynth.privacy.accounting import epsilon_for
+from dpsynth.privacy.plan import PrivacyPlan
+
+# ε shown while training is a valid upper bound computed on a coarser accountant mesh (cheap).
+_PROGRESS_REL_ERROR = 0.05
+
+
+_PROGRESS_EPSILON_POINTS = 20
+
+
+@dataclass(frozen=True)
+class TrainProgress:
+    """One progress report from the loop to whoever renders it."""
+
+    step: int
+    total_steps: int
+    # The mean loss of the step's private batch, computed without noise: None unless the
+    # data owner asked for it (--log-private-loss), so that no default display shows it.
+    loss: float | None
+    epsilon: float
+
+
+ProgressCallback = Callable[[TrainProgress], None]
+
+
+class EpsilonCurve:
+    """ε upper bounds of this run after t steps, computed at a few points and reused."""
+
+    def __init__(self, plan: PrivacyPlan) -> None:
+        self.plan = plan
+        points = max(1, min(_PROGRESS_EPSILON_POINTS, plan.steps))
+        self.marks = sorted({max(1, round(plan.steps * (k + 1) / points)) for k in range(points)})
+        self.cache: dict[int, float] = {}
+        self.one_off_events = tuple(
+            e
+            for e in plan.events
+            if e.get("type") not in ("poisson_gaussian", "non_private")
+            or e.get("mechanism") == "dp_classifier"  # a DP teacher's steps: not the loop's
+        )
+
+    def at(self, step: int) -> float:
+        """Upper bound on ε after `step` steps, taken at the next mark (never an under-count)."""
+        if not self.plan.private:
+            return math.inf
+        if step <= 0:
+            return 0.0
+        mark = next((m for m in self.marks if m >= step), self.plan.steps)
+        if mark >= self.plan.steps:
+            # The plan's certified (fine-mesh) bound for the whole run.
+            return self.plan.epsilon_bound
+        if mark not in self.cache:
+            # ε grows with the number of steps, so the whole run's bound caps every prefix.
+            # The plan's one-off releases (a warm start's central images, DPAF's once
+            # release) are counted from the first step on, wherever the loop makes them.
+            self.cache[mark] = min(
+                self.plan.epsilon_bound,
+                epsilon_for(
+                    self.plan.noise_multiplier,
+                    self.plan.sampling_rate,
+                    mark,
+                    self.plan.delta,
+                    self.one_off_events,
+                    rel_error=_PROGRESS_REL_ERROR,
+                ).epsilon,
+            )
+        return self.cache[mark]

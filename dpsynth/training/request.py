@@ -1,0 +1,135 @@
+"""The request of one `train`: its fields, their checks, and the device and ε it names.
+
+`TrainRequest` is built by the CLI from its flags (or by Python code); `validate` refuses what
+cannot start (exit 2) before anything is read or written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpsynth.errors import UsageError
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto` → CUDA when present, else CPU; `cuda` without a GPU is a UsageError."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device must be auto, cpu or cuda[:N], got {device!r}") from None
+    if chosen.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda was asked for, but no CUDA device is available")
+        if chosen.index is not None and chosen.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA devices")
+    elif chosen.type != "cpu":
+        raise UsageError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
+    return chosen
+
+
+def parse_epsilon(value: str | float) -> float:
+    """`inf` (the non-private baseline) or a positive finite number."""
+    try:
+        epsilon = float(value)
+    except ValueError:
+        raise UsageError(f"--epsilon must be a number or 'inf', got {value!r}") from None
+    if math.isnan(epsilon) or epsilon <= 0:
+        raise UsageError(f"--epsilon must be positive (or 'inf' for no privacy), got {value!r}")
+    return epsilon
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """Everything one `train` needs: built by the CLI from its flags (or by Python code) and
+    checked by `validate` before anything is read or written.
+
+    A new run needs `method`, `data`, `epsilon` and `ledger_path`; `resume=True` needs only
+    `out` (the run's recorded settings are used, and its recorded ledger when `ledger_path` is
+    None). `epsilon` is the data set's total budget after this run ("inf": not private).
+    `stop_after_steps` and `privacy_seed` are for tests only (see `train`).
+    """
+
+    out: Path | str
+    method: str | None = None
+    data: str | None = None
+    epsilon: float | str | None = None
+    delta: float | None = None
+    preset: str = "auto"
+    ledger_path: Path | str | None = None
+    device: str = "auto"
+    seed: int = 0
+    resume: bool = False
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    image_size: int | None = None
+    dataset_id: str | None = None
+    # A public upper bound N' on the record count, used in place of N (q, δ, config.json).
+    public_size: int | None = None
+    classes: tuple[str, ...] | None = None
+    channels: int | None = None
+    checkpoint_every_s: float = 120.0
+    stop_after_steps: int | None = None
+    log_private_loss: bool = False
+    privacy_seed: int | None = None
+    # Tables: the schema file (default: a built-in table's bundled schema), and what to do with
+    # its entries read off the data (declare them public, or release them with DP).
+    schema: Path | str | None = None
+    schema_public: bool = False
+    schema_epsilon: float | None = None
+    # Tables: release the target's class proportions with DP (this ε, part of the total).
+    class_weights_epsilon: float | None = None
+
+    @staticmethod
+    def check_complete(
+        *, resume: bool, method: str | None, data: str | None, epsilon: float | str | None
+    ) -> None:
+        """UsageError naming what a new run lacks (--method, --data, --epsilon); a resumed run
+        takes them from its directory."""
+        if resume:
+            return
+        given = (("--method", method), ("--data", data), ("--epsilon", epsilon))
+        missing = [flag for flag, value in given if value is None]
+        if missing:
+            raise UsageError(f"missing {', '.join(missing)} (or use --resume)")
+
+    def validate(self) -> None:
+        """UsageError (exit 2) for a request that cannot start, before anything is read."""
+        self.check_complete(
+            resume=self.resume, method=self.method, data=self.data, epsilon=self.epsilon
+        )
+        resolve_device(self.device)
+        if not (self.checkpoint_every_s >= 0 and math.isfinite(self.checkpoint_every_s)):
+            raise UsageError(
+                f"--checkpoint-every must be a number of seconds ≥ 0, got {self.checkpoint_every_s}"
+            )
+        if not -(2**63) <= self.seed < 2**63:
+            raise UsageError(f"--seed must fit in 64 bits, got {self.seed}")
+        if self.public_size is not None and not 1 <= self.public_size < 2**53:
+            raise UsageError(f"--public-size must be a whole number ≥ 1, got {self.public_size}")
+        if not self.resume:
+            if self.ledger_path is None:
+                raise UsageError("a new run needs a ledger path")
+            parse_epsilon(self.epsilon if self.epsilon is not None else "inf")
+            table_flags = self.schema is not None or self.schema_public
+            released = self.schema_epsilon is not None or self.class_weights_epsilon is not None
+            if (table_flags or released) and self.data is not None:
+                from dpsynth.data.sources import is_table_spec
+
+                if not is_table_spec(self.data):
+                    raise UsageError(
+                        "--schema, --schema-public, --schema-epsilon and "
+                        "--class-weights-epsilon are for tables"
+                    )
+            for flag, value in (
+                ("--schema-epsilon", self.schema_epsilon),
+                ("--class-weights-epsilon", self.class_weights_epsilon),
+            ):
+                if value is not None and not (math.isfinite(value) and value > 0):
+                    raise UsageError(f"{flag} must be a positive number, got {value}")

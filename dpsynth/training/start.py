@@ -1,0 +1,243 @@
+"""Starting a new run: plan, reserve, write (rank 0, or the only process).
+
+Order of events, which is the privacy contract:
+1. load the data set's public description (N, shape, classes, the keyed fingerprint);
+2. compute the privacy plan (σ from the target ε, δ, q, T and the dataset's earlier spends);
+   build the trainer and the batch sampler: everything that can fail on public facts fails
+   here, before any spend;
+3. reserve the spend in the ledger (fsynced; refused with exit 3 over a budget cap) and write
+   the run's config and its secret (to `private/`) before any record is read.
+The loop (`dpsynth.training.loop`) then reads records, one Poisson batch per step.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpsynth import __version__
+from dpsynth.data.images import DataInfo
+from dpsynth.data.sources import is_table_spec, load_data
+from dpsynth.data.tabular import TableData
+from dpsynth.distributed import Launch
+from dpsynth.errors import UsageError
+from dpsynth.ledger import Ledger
+from dpsynth.ledger.anchors import run_config_digest
+from dpsynth.methods.base import Method
+from dpsynth.methods.registry import get_method
+from dpsynth.privacy.accounting import default_delta
+from dpsynth.privacy.dpsgd import PoissonSampler
+from dpsynth.privacy.plan import PrivacyTarget
+from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.runs import RunDir
+from dpsynth.training.data import (
+    check_modality,
+    keyed_fingerprint,
+    public_info,
+)
+from dpsynth.training.request import TrainRequest, parse_epsilon
+from dpsynth.training.session import Session, central_generator
+
+
+def _package_versions() -> dict[str, str]:
+    names = ("torch", "prv-accountant", "numpy", "safetensors")
+    return {"dpsynth": __version__, **{name: version(name) for name in names}}
+
+
+def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch | None) -> Session:
+    """Plan, reserve and write a new run (rank 0, or the only process)."""
+    out, ledger_path, preset, seed = request.out, request.ledger_path, request.preset, request.seed
+    log_private_loss, privacy_seed = request.log_private_loss, request.privacy_seed
+    image_size, channels = request.image_size, request.channels
+    delta = request.delta
+    run = RunDir(out)
+    assert ledger_path is not None and request.method is not None and request.data is not None
+    ledger = Ledger(ledger_path)
+    target_epsilon = parse_epsilon(request.epsilon if request.epsilon is not None else "inf")
+    backend = get_method(request.method)
+    run.check_new()
+    run_id = uuid.uuid4().hex[:12]
+    # Drawn before anything is read; it reaches the disk only in the run's private folder.
+    randomness = (
+        PrivateRandomness(privacy_seed) if privacy_seed is not None else PrivateRandomness.fresh()
+    )
+    schema_release = None
+    if is_table_spec(request.data):
+        records, schema_release = _load_table(
+            request, backend, ledger, target_epsilon, run_id, randomness
+        )
+    else:
+        check_modality(backend, "image")
+        records = load_data(
+            request.data,
+            image_size=image_size,
+            dataset_id=request.dataset_id,
+            classes=request.classes,
+            channels=channels,
+        )
+    # The ledger's keyed fingerprint: it links spends on the same records, and unlike their
+    # plain digest it is no membership test for whoever reads the ledger or the run dir.
+    info = public_info(
+        records, keyed_fingerprint(ledger, records.content_digest), request.public_size
+    )
+    warnings: list[str] = list((schema_release or {}).get("warnings", []))
+    if delta is None:
+        delta = default_delta(info.n)
+    elif delta >= 1.0 / info.n:
+        warnings.append(
+            f"δ={delta:g} is not below 1/N = {1.0 / info.n:.3g}: a mechanism could release a "
+            "whole record with that probability; use a smaller --delta"
+        )
+    preset = resolve_preset(backend, preset, info, target_epsilon)
+    config = backend.config(preset, dict(request.overrides), info)
+    # Everything that can fail for a reason known before the first private read fails here,
+    # before the spend is reserved: the config's values, then the plan, then building the
+    # trainer and the batch sampler (weights from the seed, never from the data).
+    backend.validate_config(config, info)
+    target = PrivacyTarget(target_epsilon, float(delta))
+    # Budgets follow the data: spends linked by dataset id or fingerprint are composed in.
+    prior = ledger.events_for(info.dataset_id, info.fingerprint)
+    plan = backend.plan(info, target, config, prior)
+    try:
+        trainer = backend.trainer(info, config, plan, torch_device, seed, randomness)
+        sampler = PoissonSampler(
+            records.n, plan.sampling_rate, randomness.generator("loop/batches")
+        )
+        central_rng = central_generator(plan, randomness)
+    except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
+        # e.g. an optimizer refusing a value, a seed out of range, a network too large to build
+        raise UsageError(
+            f"--method {backend.name} cannot start with these settings: {exc}"
+        ) from None
+    # `classes` (in info) and `channels` let --resume read the data the same way
+    data_json = {**info.to_json(), "image_size": image_size, "channels": channels}
+    if request.public_size is not None:  # `n` is then N', not the record count
+        data_json["public_size"] = True
+    # The spend binds what config.json will say about method, settings, data and plan.
+    bound = {"method": backend.name, "config": config, "data": data_json, "privacy": plan.to_json()}
+    entry = ledger.reserve(
+        dataset_id=info.dataset_id,
+        fingerprint=info.fingerprint,
+        command="train",
+        method=backend.name,
+        run_id=run_id,
+        events=list(plan.events),
+        delta=plan.delta,
+        private=plan.private,
+        # Another process may have spent on this dataset since the plan was made.
+        max_total_epsilon=plan.target_epsilon if plan.private else None,
+        config_sha256=run_config_digest(bound),
+    )
+    run_config = {
+        "run_id": run_id,
+        "method": backend.name,
+        "preset": preset,
+        "config": config,
+        "data": data_json,
+        "privacy": plan.to_json(),
+        "private": plan.private,
+        "ledger": {
+            "path": str(Path(ledger_path).resolve()),
+            "spend_seq": entry["seq"],
+            "spend_hash": entry["hash"],
+        },
+        "seed": seed,
+        "seed_scope": (
+            "public randomness only (initialisation, preview); the DP mechanisms draw from a "
+            "secret seed kept in private/"
+        ),
+        "log_private_loss": bool(log_private_loss),
+        "device": str(torch_device),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": _package_versions(),
+        "warnings": warnings,
+    }
+    if schema_release is not None:
+        run_config["schema_release"] = schema_release
+    if launch is not None:  # informational: the mechanism is the same for any world size
+        run_config["launch"] = {"world_size": launch.world_size}
+    try:
+        run.write_config(run_config)
+        # On disk before the first record is read, so that a crash can still be resumed.
+        run.write_secret(randomness.to_json())
+    except BaseException:
+        # Nothing was read yet: the reservation is closed at zero cost.
+        ledger.abort(entry["seq"], events=[], run_id=run_id, fingerprint=info.fingerprint)
+        raise
+    return Session(
+        run=run,
+        ledger=ledger,
+        backend=backend,
+        records=records,
+        info=info,
+        config=config,
+        plan=plan,
+        trainer=trainer,
+        sampler=sampler,
+        randomness=randomness,
+        central_rng=central_rng,
+        run_config=run_config,
+        start_step=0,
+        warnings=warnings,
+    )
+
+
+def resolve_preset(backend: Method, preset: str, info: DataInfo, epsilon: float) -> str:
+    """`preset`, or for `auto` the backend's recommendation for this data's public shape and
+    size at the target ε (no data is read: the choice spends no budget)."""
+    return backend.recommended_preset(info, epsilon) if preset == "auto" else preset
+
+
+def _load_table(
+    request: TrainRequest,
+    backend: Method,
+    ledger: Ledger,
+    target_epsilon: float,
+    run_id: str,
+    randomness: PrivateRandomness,
+) -> tuple[TableData, dict[str, Any] | None]:
+    """The table under a public schema; with --schema-epsilon its release is spent first."""
+    from dpsynth.tables import prepare_table
+
+    check_modality(backend, "table")
+    if request.image_size is not None or request.channels is not None:
+        raise UsageError("--image-size and --channels are for images, not tables")
+    if request.classes is not None:
+        raise UsageError("a table's classes are its schema's target categories; drop --classes")
+
+    def delta_for(n: int) -> float:
+        if request.delta is not None:
+            return float(request.delta)
+        return default_delta(request.public_size or n)
+
+    def plan_check(info: DataInfo, events: tuple[dict[str, Any], ...]) -> None:
+        if request.public_size is not None:
+            info = replace(info, n=request.public_size)
+        preset = resolve_preset(backend, request.preset, info, target_epsilon)
+        config = backend.config(preset, dict(request.overrides), info)
+        backend.validate_config(config, info)
+        prior = (*ledger.events_for(info.dataset_id, info.fingerprint or None), *events)
+        backend.plan(info, PrivacyTarget(target_epsilon, delta_for(info.n)), config, prior)
+
+    assert request.data is not None
+    return prepare_table(
+        spec=request.data,
+        schema_path=request.schema,
+        schema_public=request.schema_public,
+        schema_epsilon=request.schema_epsilon,
+        class_weights_epsilon=request.class_weights_epsilon,
+        dataset_id=request.dataset_id,
+        ledger=ledger,
+        delta_for=delta_for,
+        target_epsilon=target_epsilon,
+        method=backend.name,
+        run_id=run_id,
+        randomness=randomness,
+        plan_check=plan_check,
+    )
