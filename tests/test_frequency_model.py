@@ -53,11 +53,15 @@ def test_one_record_moves_the_released_vector_by_at_most_the_sensitivity(covaria
     x, y = _images(40, 1)
     base = frequency_statistics(x[1:], y[1:], 3, plan)
     worst = 0.0
-    for candidate in (x[0], torch.ones_like(x[0]), -torch.ones_like(x[0]), 0.3 * x[0]):
-        added = torch.cat([candidate.unsqueeze(0), x[1:]])
-        change = (frequency_statistics(added, y, 3, plan) - base).norm().item()
-        assert change <= plan.sensitivity + 1e-9
-        worst = max(worst, change)
+    # the added record may carry any label: it moves its own class's sums (and, with
+    # per-class moments, its own class's block) and count, never more than Δ in all
+    for label in range(3):
+        labels = torch.cat([torch.tensor([label]), y[1:]])
+        for candidate in (x[0], torch.ones_like(x[0]), -torch.ones_like(x[0]), 0.3 * x[0]):
+            added = torch.cat([candidate.unsqueeze(0), x[1:]])
+            change = (frequency_statistics(added, labels, 3, plan) - base).norm().item()
+            assert change <= plan.sensitivity + 1e-9
+            worst = max(worst, change)
     # an all-ones image (norm far above the clip) uses most of the bound: sums 1, moments
     # close to 1 (the upper triangle of f fᵀ keeps most of its Frobenius norm), count w
     assert worst > math.sqrt(1 + 0.5**2 + 0.25)
@@ -85,6 +89,28 @@ def test_the_noise_has_the_planned_std_and_comes_from_the_given_stream():
     g = torch.Generator().manual_seed(9)
     expected = exact + plan.noise_std * torch.randn(exact.shape, generator=g, dtype=torch.float64)
     assert torch.allclose(a.means, model_from_release(expected, 3, (1, 8, 8), plan).means)
+
+
+@pytest.mark.parametrize("covariance", ["pooled", "class"])
+def test_the_released_sums_and_counts_carry_noise_of_the_planned_std(covariance):
+    # Empirically, through the whole release path: over many releases of the same records
+    # from different streams, the released class sums (recovered from the means and counts)
+    # and the counts deviate from the exact ones by N(0, (σΔ)²) on every coordinate.
+    plan = FrequencyPlan(0.6, 3, 2.0, 0.5, covariance)
+    x, y = _images(90, 4)
+    exact = frequency_statistics(x, y, 3, plan)
+    d, w = 9, plan.count_weight
+    exact_sums, exact_counts = exact[: 3 * d], exact[-3:]
+    deviations = []
+    for seed in range(300):
+        model = release_frequency_model(x, y, 3, plan, torch.Generator().manual_seed(100 + seed))
+        assert model.counts.min() > 1  # about 30 a class: the means are not floored
+        sums = (model.means * model.counts[:, None] / plan.clip_norm).flatten()
+        deviations.append(torch.cat([sums - exact_sums, w * model.counts - exact_counts]))
+    deviations = torch.stack(deviations)
+    assert deviations.mean().item() == pytest.approx(0.0, abs=0.03)
+    assert deviations.std().item() == pytest.approx(plan.noise_std, rel=0.05)
+    assert plan.noise_std == pytest.approx(0.6 * math.sqrt(2.25))
 
 
 def test_without_noise_the_model_is_the_classes_mean_and_covariance():
