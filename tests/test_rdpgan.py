@@ -204,6 +204,37 @@ def test_schedule_events_reaccounted_under_pld_and_used_step_by_step(overrides):
     assert seen == [trainer.sigma_at(s) for s in range(plan.steps)]
 
 
+@pytest.mark.parametrize(
+    "stage",
+    [
+        {"frequency_share": "0.5", "frequency_band": "4"},
+        {"teacher_share": "0.3", "teacher_epochs": "1"},
+    ],
+)
+def test_a_schedule_beside_a_shared_stage_passes_the_anchor_check_and_nothing_else(stage):
+    # The frequency model's `gaussian` event and the teacher's own `poisson_gaussian` (another
+    # q) are not the loop's steps: the schedule is read from the other events (a resumed run
+    # was refused as "config.json was edited" before), and another σ is still refused.
+    from dpsynth.errors import AnchorError
+
+    overrides = {"schedule": "step", "decay": "0.5", "step_every": "2", "n_g": "6", **stage}
+    config, plan = _plan(3.0, tuple(sorted(overrides.items())))
+    mechanisms = [e.get("mechanism") for e in plan.events]
+    assert mechanisms[0] in ("frequency_model", "dp_classifier") and len(plan.events) == 4
+    trainer = RDPGANTrainer(DIGITS_INFO, config, plan, torch.device("cpu"), 0, PrivateRandomness(1))
+    assert plan.noise_multiplier == min(trainer.sigma_at(s) for s in range(plan.steps))
+    check = functools.partial(
+        check_plan_parameters, plan.events, private=True, sampling_rate=plan.sampling_rate,
+        steps=plan.steps, run_name="run",
+    )  # fmt: skip
+    check(noise_multiplier=plan.noise_multiplier)
+    for sigma in (plan.events[1]["noise_multiplier"], 1.01 * plan.noise_multiplier):
+        with pytest.raises(AnchorError):
+            check(noise_multiplier=sigma)
+    with pytest.raises(AnchorError):
+        check(noise_multiplier=plan.noise_multiplier, steps=plan.steps + 1)
+
+
 def test_decaying_schedule_spends_no_more_than_constant_and_decays():
     _, constant = _plan(3.0, (("n_g", "6"),))
     _, step = _plan(
