@@ -412,3 +412,21 @@ def test_paper_preset_takes_a_step_at_mnist_size(one_torch_thread):
     assert any(
         not torch.equal(a, b) for a, b in zip(before, trainer.net_d.parameters(), strict=True)
     )
+
+
+def test_auto_picks_the_frequency_model_presets_for_28x28_only():
+    # Public facts choose (the shape and ε); digits keep `small`, the demo's size.
+    mnist = DataInfo(**{**DIGITS_INFO.__dict__, "shape": (1, 28, 28), "n": 4000})
+    method = RDPGANMethod()
+    assert method.recommended_preset(DIGITS_INFO, 10.0) == "small"
+    assert method.recommended_preset(DIGITS_INFO, 1.0) == "small"
+    assert method.recommended_preset(mnist, 10.0) == "mnist"
+    assert method.recommended_preset(mnist, 1.0) == "mnist-eps1"
+    for preset, covariance in (("mnist", "class"), ("mnist-eps1", "pooled")):
+        config = method.config(preset, {}, mnist)
+        method.validate_config(config, mnist)
+        plan = method.plan(mnist, PrivacyTarget(1.0, 1e-5), config)
+        release = plan.events[0]
+        assert release["mechanism"] == "frequency_model"
+        assert release["covariance"] == covariance
+        assert plan.epsilon_bound <= 1.0
