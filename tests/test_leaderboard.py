@@ -93,6 +93,29 @@ def test_table_has_the_real_row_first_and_percent_of_real(leaderboard):
     assert "| pge | small | ∞ (not private) |" in table[4] and "| 50% | – |" in table[4]
 
 
+def test_the_dpsgd_reference_rows_follow_the_real_row(leaderboard):
+    reference = {
+        "method": leaderboard.DPSGD_METHOD,
+        "preset": "B 256, 15 epochs, Adam 5e-3, C 1",
+        "epsilon": 0.998,
+        "epsilon_target": "1",
+        "steps": 234,
+        "train_seconds": 31.0,
+        "cnn_mean": 0.886,
+        "cnn_std": 0.004,
+        "fid": None,
+    }
+    report = _report([_row("dpkernel", 1.0, 0.741)]) | {"dpsgd": [reference]}
+    table = leaderboard.markdown_table(report).splitlines()
+    assert table[2].startswith("| real train data |")
+    assert table[3] == (
+        "| DP-SGD classifier on the real records | B 256, 15 epochs, Adam 5e-3, C 1 | 1 | 234 "
+        "| 31 | 0.886 ± 0.004 | 93% | – | – |"
+    )
+    assert table[4].startswith("| dpkernel |")
+    assert leaderboard.parse_args(["--no-dpsgd"]).no_dpsgd
+
+
 def test_failed_runs_keep_their_row(leaderboard):
     report = _report([{"method": "pge", "epsilon": "1", "error": "dpsynth train failed"}])
     table = leaderboard.markdown_table(report)

@@ -204,6 +204,37 @@ def test_schedule_events_reaccounted_under_pld_and_used_step_by_step(overrides):
     assert seen == [trainer.sigma_at(s) for s in range(plan.steps)]
 
 
+@pytest.mark.parametrize(
+    "stage",
+    [
+        {"frequency_share": "0.5", "frequency_band": "4"},
+        {"teacher_share": "0.3", "teacher_epochs": "1"},
+    ],
+)
+def test_a_schedule_beside_a_shared_stage_passes_the_anchor_check_and_nothing_else(stage):
+    # The frequency model's `gaussian` event and the teacher's own `poisson_gaussian` (another
+    # q) are not the loop's steps: the schedule is read from the other events (a resumed run
+    # was refused as "config.json was edited" before), and another σ is still refused.
+    from dpsynth.errors import AnchorError
+
+    overrides = {"schedule": "step", "decay": "0.5", "step_every": "2", "n_g": "6", **stage}
+    config, plan = _plan(3.0, tuple(sorted(overrides.items())))
+    mechanisms = [e.get("mechanism") for e in plan.events]
+    assert mechanisms[0] in ("frequency_model", "dp_classifier") and len(plan.events) == 4
+    trainer = RDPGANTrainer(DIGITS_INFO, config, plan, torch.device("cpu"), 0, PrivateRandomness(1))
+    assert plan.noise_multiplier == min(trainer.sigma_at(s) for s in range(plan.steps))
+    check = functools.partial(
+        check_plan_parameters, plan.events, private=True, sampling_rate=plan.sampling_rate,
+        steps=plan.steps, run_name="run",
+    )  # fmt: skip
+    check(noise_multiplier=plan.noise_multiplier)
+    for sigma in (plan.events[1]["noise_multiplier"], 1.01 * plan.noise_multiplier):
+        with pytest.raises(AnchorError):
+            check(noise_multiplier=sigma)
+    with pytest.raises(AnchorError):
+        check(noise_multiplier=plan.noise_multiplier, steps=plan.steps + 1)
+
+
 def test_decaying_schedule_spends_no_more_than_constant_and_decays():
     _, constant = _plan(3.0, (("n_g", "6"),))
     _, step = _plan(
@@ -381,3 +412,21 @@ def test_paper_preset_takes_a_step_at_mnist_size(one_torch_thread):
     assert any(
         not torch.equal(a, b) for a, b in zip(before, trainer.net_d.parameters(), strict=True)
     )
+
+
+def test_auto_picks_the_frequency_model_presets_for_28x28_only():
+    # Public facts choose (the shape and ε); digits keep `small`, the demo's size.
+    mnist = DataInfo(**{**DIGITS_INFO.__dict__, "shape": (1, 28, 28), "n": 4000})
+    method = RDPGANMethod()
+    assert method.recommended_preset(DIGITS_INFO, 10.0) == "small"
+    assert method.recommended_preset(DIGITS_INFO, 1.0) == "small"
+    assert method.recommended_preset(mnist, 10.0) == "mnist"
+    assert method.recommended_preset(mnist, 1.0) == "mnist-eps1"
+    for preset, covariance in (("mnist", "class"), ("mnist-eps1", "pooled")):
+        config = method.config(preset, {}, mnist)
+        method.validate_config(config, mnist)
+        plan = method.plan(mnist, PrivacyTarget(1.0, 1e-5), config)
+        release = plan.events[0]
+        assert release["mechanism"] == "frequency_model"
+        assert release["covariance"] == covariance
+        assert plan.epsilon_bound <= 1.0

@@ -77,6 +77,13 @@ def sample(
         emit_json(result)
         return
     what = "rows" if result.get("modality") == "table" else "images"
+    if result.get("replaced"):
+        earlier = (
+            f"{result['out']} and {result['manifest']}"
+            if result.get("manifest")
+            else (result["out"])
+        )
+        stdout.print(f"replaced the earlier sample output {earlier} (--force)")
     stdout.print(
         f"wrote {result['n']} {what} to {result['out']} ({result['format']}); "
         f"{result['privacy']}; sha256 {result['output_sha256']}",

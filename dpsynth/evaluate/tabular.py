@@ -83,7 +83,7 @@ def check_columns(raw: RawTable, schema: Schema) -> None:
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise DataError(
-            f"{raw.source}: no column {', '.join(map(repr, missing[:5]))}{more}, which the "
+            f"{raw.source}: has no column {', '.join(map(repr, missing[:5]))}{more}, which the "
             "schema lists (the header must name every schema column that is not ignored)"
         )
 

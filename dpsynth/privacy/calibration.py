@@ -30,6 +30,11 @@ from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 _SIGMA_RTOL = 0.004
 # The coarse mesh used only to locate σ before the fine bound certifies it.
 _COARSE_REL_ERROR = 0.05
+# The one budget rule (see `_located_and_certified`): a run needs a headroom of at least this
+# share of its target ε above the earlier spends. Below it the run's own share would be lost
+# in the accountant's error bound, and whether a σ certifies there depends on the mesh.
+_MIN_HEADROOM = REL_EPS_ERROR
+_MAX_NOISE_MULTIPLIER = 1e6
 
 
 def _check_prior(prior_events: Sequence[Mapping[str, Any]], epsilon: float, delta: float) -> float:
@@ -39,7 +44,52 @@ def _check_prior(prior_events: Sequence[Mapping[str, Any]], epsilon: float, delt
             f"the dataset has already spent ε ≤ {prior:.4g} at δ={delta:g}, "
             f"which leaves nothing under the target ε={epsilon:g}"
         )
+    if epsilon - prior < _MIN_HEADROOM * epsilon:
+        raise _headroom_error(prior, epsilon, delta)
     return prior
+
+
+def _headroom_error(prior: float, epsilon: float, delta: float) -> BudgetExceededError:
+    """The one message for earlier spends that leave too little under the target ε."""
+    return BudgetExceededError(
+        f"the dataset has already spent ε ≤ {prior:.6g} at δ={delta:g}, leaving a headroom of "
+        f"{epsilon - prior:.3g} under the target ε={epsilon:g}; a run needs at least "
+        f"{_MIN_HEADROOM:.1%} of ε (the accountant's error bound) and a noise multiplier up to "
+        f"{_MAX_NOISE_MULTIPLIER:g} that fits: raise --epsilon or use other data"
+    )
+
+
+class _NoNoiseMultiplier(UsageError):
+    """No σ up to `_MAX_NOISE_MULTIPLIER` brings the bound under the target ε."""
+
+
+def _located_and_certified(
+    coarse_estimate: Callable[[float], float],
+    bound: Callable[[float], float],
+    epsilon: float,
+    delta: float,
+    prior: float,
+    guess: float,
+) -> float:
+    """σ located on the coarse estimate and certified by the fine upper bound (which alone
+    decides what is returned), under the one budget rule: a run fits when the earlier spends
+    leave at least `_MIN_HEADROOM`·ε (checked by `_check_prior`) and the accountant certifies
+    that they and the run compose to at most ε for some σ up to 1e6; otherwise
+    BudgetExceededError (exit 3) names what was spent and the headroom left.
+
+    The fine bound sits about its ε error above the estimate, so the search aims just under
+    ε (one fine evaluation instead of two), but never below the middle of the headroom: with
+    earlier spends within that error of ε, a lower aim is out of reach for any σ although
+    the fine bound may still certify one.
+    """
+    aim = max(epsilon * (1.0 - 1.2 * REL_EPS_ERROR), prior + 0.5 * (epsilon - prior))
+    try:
+        located = _solve_sigma(coarse_estimate, aim, guess)
+        return _certify_sigma(bound, epsilon, located)
+    except _NoNoiseMultiplier:
+        if prior <= 0:
+            raise
+        raise _headroom_error(prior, epsilon, delta) from None
 
 
 def calibrate_noise(
@@ -67,10 +117,7 @@ def calibrate_noise(
     # Locate σ on a coarse mesh (cheap), then certify it with the fine upper bound: only the
     # fine bound decides what is returned, the coarse search only saves accountant calls.
     guess = _closed_form_sigma_guess(epsilon - prior, delta, sampling_rate, steps)
-    # The fine upper bound sits about its ε error above the estimate: aim just under ε so the
-    # first certification usually passes (one fine-mesh evaluation instead of two).
-    located = _solve_sigma(coarse_estimate, epsilon * (1.0 - 1.2 * REL_EPS_ERROR), guess)
-    sigma = _certify_sigma(bound, epsilon, located)
+    sigma = _located_and_certified(coarse_estimate, bound, epsilon, delta, prior, guess)
     return epsilon_report(sigma, delta, sampling_rate, steps, prior_events)
 
 
@@ -86,8 +133,13 @@ def gaussian_sigma_for_share(
     it (which composes prior + release + loop to at most ε). BudgetExceededError when the
     prior spends leave nothing.
     """
-    left = epsilon - _check_prior(prior_events, epsilon, delta)
-    return calibrate_noise(share * left, delta, 1.0, 1).noise_multiplier
+    prior = _check_prior(prior_events, epsilon, delta)
+    try:
+        return calibrate_noise(share * (epsilon - prior), delta, 1.0, 1).noise_multiplier
+    except _NoNoiseMultiplier:
+        if prior <= 0:
+            raise
+        raise _headroom_error(prior, epsilon, delta) from None
 
 
 def _solve_sigma(bound: Callable[[float], float], epsilon: float, guess: float) -> float:
@@ -108,8 +160,10 @@ def _solve_sigma(bound: Callable[[float], float], epsilon: float, guess: float) 
     while g_hi > 0:
         lo, g_lo = hi, g_hi
         hi *= 2.0
-        if hi > 1e6:
-            raise UsageError("no noise multiplier below 1e6 reaches this ε; check the inputs")
+        if hi > _MAX_NOISE_MULTIPLIER:
+            raise _NoNoiseMultiplier(
+                "no noise multiplier below 1e6 reaches this ε; check the inputs"
+            )
         g_hi = gap(hi)
     while g_lo <= 0:
         hi, g_hi = lo, g_lo
@@ -284,8 +338,14 @@ def calibrate_schedule(
     guess = _closed_form_sigma_guess(epsilon - prior, delta, sampling_rate, steps) / math.sqrt(
         sum(n * f**-2 for f, n in segments) / steps
     )
-    located = _solve_sigma(coarse_estimate, epsilon * (1.0 - 1.2 * REL_EPS_ERROR), guess)
-    scale = _certify_sigma(lambda s: bound_at(s, REL_EPS_ERROR).epsilon, epsilon, located)
+    scale = _located_and_certified(
+        coarse_estimate,
+        lambda s: bound_at(s, REL_EPS_ERROR).epsilon,
+        epsilon,
+        delta,
+        prior,
+        guess,
+    )
     validate_noise_multiplier(scale * smallest)
     events = schedule_events(scale, sampling_rate, segments)
     alone = compose_epsilon(events, delta)

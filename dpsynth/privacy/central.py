@@ -172,10 +172,27 @@ def central_statistics(
 
 @dataclass(frozen=True)
 class CentralImages:
-    """A release: the noisy class means [K, C, H, W] in [-1, 1] and noisy counts [K] (public)."""
+    """A release: the noisy class means [K, C, H, W] in [-1, 1] and noisy counts [K] (public).
+
+    `model`, when the release is a frequency model (`dpsynth.privacy.frequency`), draws
+    whole images of a class (`model.sample(labels, generator, scale)`); `records` uses it.
+    """
 
     means: torch.Tensor
     counts: torch.Tensor
+    model: Any = None
+
+    def records(
+        self, labels: torch.Tensor, jitter: float, generator: torch.Generator
+    ) -> torch.Tensor:
+        """Stand-in records [n, C, H, W] for labels [n] (post-processing, for a warm start):
+        samples of the release's model when it has one (`jitter` is then not used), else
+        the class means plus `jitter`·N(0, I)."""
+        if self.model is not None:
+            return self.model.sample(labels, generator).to(self.means.device)
+        means = self.means[labels.to(self.means.device)]
+        noise = torch.randn(means.shape, generator=generator, device=generator.device)
+        return means + jitter * noise.to(means.device)
 
 
 def noisy_statistics(

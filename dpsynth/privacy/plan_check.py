@@ -14,6 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsynth.errors import AnchorError
+from dpsynth.privacy import classifier, frequency
+
+# One-off stages a backend may put beside its loop (`methods.blocks`): their events are
+# accounted like any other, but they are not the loop's steps, so a noise schedule is read
+# from the other events.
+_STAGE_MECHANISMS = (frequency.MECHANISM, classifier.MECHANISM)
 
 
 def _same_events(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
@@ -127,10 +133,11 @@ def check_plan_parameters(
     expected = loop_events(private, noise_multiplier, sampling_rate, steps)
     exact = any(_same_events([expected], [event]) for event in events)
     merged = any(_same_events([expected], [e]) for e in _merged_loop_events(events))
+    loop_only = [e for e in events if e.get("mechanism") not in _STAGE_MECHANISMS]
     if (
         not exact
         and not merged
-        and not _is_schedule(events, private, noise_multiplier, sampling_rate, steps)
+        and not _is_schedule(loop_only, private, noise_multiplier, sampling_rate, steps)
     ):
         raise AnchorError(
             f"{run_name}: the plan in config.json (σ={noise_multiplier:g}, q={sampling_rate:g}, "

@@ -40,7 +40,10 @@ class EpsilonCurve:
         self.marks = sorted({max(1, round(plan.steps * (k + 1) / points)) for k in range(points)})
         self.cache: dict[int, float] = {}
         self.one_off_events = tuple(
-            e for e in plan.events if e.get("type") not in ("poisson_gaussian", "non_private")
+            e
+            for e in plan.events
+            if e.get("type") not in ("poisson_gaussian", "non_private")
+            or e.get("mechanism") == "dp_classifier"  # a DP teacher's steps: not the loop's
         )
 
     def at(self, step: int) -> float:

@@ -12,6 +12,7 @@ The loop (`dpsynth.training.loop`) then reads records, one Poisson batch per ste
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -110,6 +111,7 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
             records.n, plan.sampling_rate, randomness.generator("loop/batches")
         )
         central_rng = central_generator(plan, randomness)
+        trainer.preflight()
     except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
         # e.g. an optimizer refusing a value, a seed out of range, a network too large to build
         raise UsageError(
@@ -162,13 +164,16 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         run_config["schema_release"] = schema_release
     if launch is not None:  # informational: the mechanism is the same for any world size
         run_config["launch"] = {"world_size": launch.world_size}
+    existed = run.path.exists()  # empty if so (check_new)
     try:
         run.write_config(run_config)
         # On disk before the first record is read, so that a crash can still be resumed.
         run.write_secret(randomness.to_json())
     except BaseException:
-        # Nothing was read yet: the reservation is closed at zero cost.
+        # Nothing was read yet: the reservation is closed at zero cost, and the run directory,
+        # holding nothing that counts, is left as it was found.
         ledger.abort(entry["seq"], events=[], run_id=run_id, fingerprint=info.fingerprint)
+        _clear_new_run_dir(run.path, existed)
         raise
     return Session(
         run=run,
@@ -186,6 +191,19 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         start_step=0,
         warnings=warnings,
     )
+
+
+def _clear_new_run_dir(path: Path, existed: bool) -> None:
+    """Remove what a failed start wrote: the folder itself, or its content when the user had
+    made it (empty) beforehand. Best effort: the original error is the one to report."""
+    if not existed:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for child in list(path.iterdir()) if path.is_dir() else []:
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def resolve_preset(backend: Method, preset: str, info: DataInfo, epsilon: float) -> str:

@@ -55,7 +55,8 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Method, PrivacyPlan, PrivacyTarget, sample_truncation
+from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, sample_truncation
+from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.dpaf.generator import DPAFGenerator, build_generator, with_prefix
 from dpsynth.methods.dpaf.plan import plan_dpaf
 from dpsynth.methods.dpaf.presets import CHOICES, PRESETS
@@ -171,7 +172,13 @@ class DPAFMethod(Method):
         prior_events: tuple[dict[str, Any], ...] = (),
     ) -> PrivacyPlan:
         """σ_w for c_steps + windows loop steps at q_w, or the once or paper plan (`plan.py`)."""
-        return plan_dpaf(info, target, config, prior_events)
+        return plan_with_stages(
+            info,
+            target,
+            config,
+            prior_events,
+            lambda goal, prior: plan_dpaf(info, goal, config, prior),
+        )
 
     def trainer(
         self,
@@ -191,8 +198,10 @@ class DPAFMethod(Method):
         config: Mapping[str, Any],
         tensors: Mapping[str, torch.Tensor],
         device: torch.device,
-    ) -> DPAFGenerator:
-        """Rebuild the sampler from saved `generator.*` tensors."""
+    ) -> Generator:
+        """Rebuild the sampler from saved `generator.*` tensors (behind the run's DP teacher,
+        if it has one)."""
         net = build_generator(info, config)
         net.load_state_dict(with_prefix(tensors, "generator."))
-        return DPAFGenerator(net, info.classes, torch.device(device), sample_truncation(config))
+        sampler = DPAFGenerator(net, info.classes, torch.device(device), sample_truncation(config))
+        return teacher_from_state(sampler, info, config, tensors)

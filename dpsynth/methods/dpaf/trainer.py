@@ -12,6 +12,7 @@ import torch
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
+from dpsynth.methods.blocks import FrequencyStart, Teacher, fit_generator_to_model
 from dpsynth.methods.dpaf.generator import (
     DPAFGenerator,
     build_features,
@@ -24,6 +25,7 @@ from dpsynth.methods.dpaf.phase1 import Phase1Steps
 from dpsynth.methods.dpaf.phase2 import WindowSteps
 from dpsynth.methods.dpaf.plan import ONCE_PHASE, noise_ratio
 from dpsynth.privacy.aggregation import noisy_group_sums, split_window_noise
+from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.distributed import is_data_parallel
 from dpsynth.privacy.dpsgd import PrivateGradient
 from dpsynth.privacy.plan_check import NOT_DP_LABEL
@@ -146,6 +148,10 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
         # The running (decayed) sum of the released real aggregates: public, the matching
         # loss's target (`g_loss=match`).
         self.released_sum = torch.zeros(self.rows.dim, device=self.device)
+        # The run's DP teacher, if its plan has one (post-processing of the samples).
+        self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
+        self.frequency = FrequencyStart(info, plan, randomness)
+        self.seed = int(seed)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """A phase-1 step of C for the first `c_steps` loop steps, then one window each."""
@@ -174,8 +180,13 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
         at the plan's σ) as the running released sum; the generator matches it from then on.
 
         A run resumed at exactly that step releases again from the restored secret stream,
-        which draws the same noise: the release the plan accounted for, made once.
+        which draws the same noise: the release the plan accounted for, made once. The DP
+        teacher, if the plan has one, is trained at the step its plan says.
         """
+        release = self.frequency.release(step, x, y)
+        if release is not None:  # the frequency model: G is fitted to it before step 0
+            self._fit_to_frequency_model(release)
+        self.teacher.release_whole_data(step, x, y, self._own_generator)
         if not self.once or step != self.c_steps:
             return
         pieces = []
@@ -195,6 +206,12 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
                 self.rng_agg,
             )
             self.released_sum.copy_(sums.flatten())
+
+    def _fit_to_frequency_model(self, release: CentralImages) -> None:
+        """Before the first DP step: fit G to the DP frequency model's samples by MMD
+        (`frequency_fit_steps`; post-processing of the release, public latents)."""
+        steps = int(self.config["frequency_fit_steps"])
+        fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
 
     def _modules(self) -> dict[str, torch.nn.Module]:
         out = {"features": self.features, "head": self.head, "generator": self.net_g}
@@ -219,6 +236,7 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
                 for key, value in state.items():
                     tensor = value if torch.is_tensor(value) else torch.tensor(value)
                     out[f"{prefix}.{index}.{key}"] = tensor.detach().cpu().clone()
+        out |= self.teacher.state_tensors()
         out["trainer.steps_done"] = torch.tensor(self.steps_done, dtype=torch.int64)
         out["trainer.d_steps"] = torch.tensor(self.d_steps, dtype=torch.int64)
         out["trainer.released_sum"] = self.released_sum.detach().cpu().clone()
@@ -227,6 +245,7 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore what `state_tensors` returned, so a resumed run continues exactly."""
         self.steps_done = int(tensors["trainer.steps_done"])
+        self.teacher.load_state_tensors(tensors)
         self.d_steps = int(tensors["trainer.d_steps"])
         self.released_sum = tensors["trainer.released_sum"].to(self.device).clone()
         if self.steps_done >= self.c_steps and self.classifier is not None:
@@ -244,7 +263,11 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
             optimizer.load_state_dict({"state": state, "param_groups": groups})
 
     def generator(self) -> Generator:
-        """A sampler over a copy of the current generator weights."""
+        """A sampler over a copy of the current generator weights (behind the DP teacher
+        once it is trained)."""
+        return self.teacher.wrap(self._own_generator(), self.config)
+
+    def _own_generator(self) -> DPAFGenerator:
         net = build_generator(self.info, self.config)
         net.load_state_dict(self.net_g.state_dict())
         return DPAFGenerator(net, self.info.classes, self.device, sample_truncation(self.config))

@@ -30,7 +30,8 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Method, PrivacyPlan, PrivacyTarget, sample_truncation
+from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, sample_truncation
+from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator, generator_weights
 from dpsynth.methods.dpkernel.labels import target_weights
 from dpsynth.methods.dpkernel.nets import build_network
@@ -143,7 +144,13 @@ class DPKernelMethod(Method):
         expected = functional_sensitivity(len(config["bandwidths"]), config["sensitivity"])
         if not math.isclose(float(config["max_grad_norm"]), expected):
             raise UsageError("max_grad_norm does not match the kernel's sensitivity")
-        return super().plan(info, target, config, prior_events)
+        return plan_with_stages(
+            info,
+            target,
+            config,
+            prior_events,
+            lambda goal, prior: super(DPKernelMethod, self).plan(info, goal, config, prior),
+        )
 
     def trainer(
         self,
@@ -163,11 +170,13 @@ class DPKernelMethod(Method):
         config: Mapping[str, Any],
         tensors: Mapping[str, torch.Tensor],
         device: torch.device,
-    ) -> DPKernelGenerator:
-        """The sampler from saved `ema.*` tensors (if the run kept an EMA), else `generator.*`."""
+    ) -> Generator:
+        """The sampler from saved `ema.*` tensors (if the run kept an EMA), else `generator.*`,
+        behind the run's DP teacher when it has one."""
         net = build_network(info, config)
         prefix = "ema." if any(k.startswith("ema.") for k in tensors) else "generator."
         net.load_state_dict(generator_weights(tensors, prefix))
-        return DPKernelGenerator(
+        sampler = DPKernelGenerator(
             net, info.classes, torch.device(device), info.modality, sample_truncation(config)
         )
+        return teacher_from_state(sampler, info, config, tensors)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, TEACHER_DEFAULTS
 from dpsynth.privacy.functional import functional_sensitivity
 
 _PAPER_BANDWIDTHS = (1.0, 2.0, 4.0, 8.0, 16.0)
@@ -196,7 +197,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 for _preset in PRESETS.values():
-    for _key, _value in WARM_START_DEFAULTS.items():
+    for _key, _value in {**WARM_START_DEFAULTS, **FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
         _preset.setdefault(_key, _value)
 
 

@@ -11,15 +11,16 @@ import torch
 from torch import nn
 
 from dpsynth.data.images import DataInfo
-from dpsynth.errors import UsageError
+from dpsynth.errors import MechanismFailure, UsageError
 from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
+from dpsynth.methods.blocks import FrequencyStart, Teacher
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator, generator_weights, one_hot_or_none
 from dpsynth.methods.dpkernel.kernel import generated_kernel_mean, private_embedding_gradient
 from dpsynth.methods.dpkernel.labels import balanced_labels, target_weights, weighted_labels
 from dpsynth.methods.dpkernel.nets import build_network
 from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.distributed import all_reduce_sum, shard
-from dpsynth.privacy.functional import privatize_embedding_gradient
+from dpsynth.privacy.functional import privatize_embedding_gradient, sample_derivative_noise
 from dpsynth.privacy.randomness import PrivateRandomness
 
 
@@ -61,6 +62,9 @@ class DPKernelTrainer(Trainer):
         # gradients) averages the functional noise over steps; the sampler uses it.
         self.ema_decay = float(config.get("ema", 0.0))
         self.ema = copy.deepcopy(self.net).requires_grad_(False) if self.ema_decay else None
+        # The run's DP teacher, if its plan has one (post-processing of the samples).
+        self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
+        self.frequency = FrequencyStart(info, plan, randomness)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One update from a Poisson batch; the batch is only forwarded to the private read."""
@@ -111,6 +115,43 @@ class DPKernelTrainer(Trainer):
             "released_grad_norm": float(released.norm()),
         }
 
+    def preflight(self) -> None:
+        """Draw the derivative-GP noise once at the initial generator's points (a copy of the
+        public-seed weights, latents from a public generator, the secret stream untouched):
+        settings under which its covariance cannot be factorised fail here, before the
+        reservation, instead of at the first step after it."""
+        if not self.plan.private:
+            return
+        public = torch.Generator(device=self.rng.device).manual_seed(0)
+        net = copy.deepcopy(self.net)  # a forward in train mode moves norm statistics
+        if not self.num_classes:
+            labels = None
+        elif self.label_weights is not None:
+            labels = weighted_labels(self.num_generated, self.label_weights)
+        else:
+            labels = balanced_labels(self.num_generated, self.num_classes, 0)
+        z = torch.randn(self.num_generated, net.latent_dim, generator=public, device=public.device)
+        dev_labels = labels.to(self.device) if labels is not None else None
+        with torch.no_grad():
+            points = net(
+                z.to(self.device),
+                one_hot_or_none(dev_labels, self.num_classes) if labels is not None else None,
+            )
+        if not torch.isfinite(points).all():
+            raise UsageError(
+                "--method dpkernel cannot start with these settings: the initial generator's "
+                "points are not finite"
+            )
+        try:
+            sample_derivative_noise(
+                points, dev_labels, self.bandwidths, public, jitter=float(self.config["jitter"])
+            )
+        except MechanismFailure as exc:
+            raise UsageError(
+                f"--method dpkernel cannot start with these settings (--set bandwidths, jitter, "
+                f"generated_points): {exc}"
+            ) from None
+
     def warm_start(self, release: CentralImages) -> None:
         """Pretrain the generator on the DP central images before the first DP step.
 
@@ -119,14 +160,16 @@ class DPKernelTrainer(Trainer):
         with balanced y: post-processing of the release, no data read. The EMA (if any) is
         reset to the pretrained weights; the DP steps then refine them.
         """
-        means = release.means.to(self.device, torch.float32).flatten(1)
+        central = CentralImages(
+            release.means.to(self.device, torch.float32), release.counts, release.model
+        )
         jitter = float(self.config["warm_start_jitter"])
         count = self.num_generated
         for step in range(int(self.config["warm_start_steps"])):
             labels = balanced_labels(count, self.num_classes, step).to(self.device)
             onehot = one_hot_or_none(labels, self.num_classes)
-            noise = torch.randn(count, means.shape[1], generator=self.rng, device=self.rng.device)
-            records = means[labels] + jitter * noise.to(self.device)
+            # the model's samples (a frequency release), else mean[y] + jitter·N(0, I)
+            records = central.records(labels, jitter, self.rng).flatten(1).to(self.device)
             z = torch.randn(count, self.net.latent_dim, generator=self.rng, device=self.rng.device)
             points = self.net(z.to(self.device), onehot)
             target = private_embedding_gradient(
@@ -174,7 +217,7 @@ class DPKernelTrainer(Trainer):
                 tensor = value if torch.is_tensor(value) else torch.tensor(value)
                 out[f"optimizer.{index}.{key}"] = tensor.detach().cpu().clone()
         out["trainer.steps_done"] = torch.tensor(self.steps_done, dtype=torch.int64)
-        return out
+        return out | self.teacher.state_tensors()
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore what `state_tensors` returned, so a resumed run continues exactly."""
@@ -191,9 +234,22 @@ class DPKernelTrainer(Trainer):
         groups = self.optimizer.state_dict()["param_groups"]
         self.optimizer.load_state_dict({"state": state, "param_groups": groups})
         self.steps_done = int(tensors["trainer.steps_done"])
+        self.teacher.load_state_tensors(tensors)
+
+    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """The plan's shared stages: the frequency model's release and warm start before
+        step 0, the DP teacher's training at the step its plan says (none without them)."""
+        release = self.frequency.release(step, x, y)
+        if release is not None:
+            self.warm_start(release)
+        self.teacher.release_whole_data(step, x, y, self._own_generator)
 
     def generator(self) -> Generator:
-        """A sampler over a copy of the current weights (their EMA when the config has one)."""
+        """A sampler over a copy of the current weights (their EMA when the config has one),
+        behind the DP teacher once it is trained."""
+        return self.teacher.wrap(self._own_generator(), self.config)
+
+    def _own_generator(self) -> DPKernelGenerator:
         net = build_network(self.info, self.config)
         net.load_state_dict((self.ema if self.ema is not None else self.net).state_dict())
         return DPKernelGenerator(

@@ -12,6 +12,7 @@ from dpsynth.methods.base import Generator
 from dpsynth.methods.pge.build import from_working, noise_levels, to_working, working_shape
 from dpsynth.methods.pge.hmc import annealed_hmc, step_schedule
 from dpsynth.methods.pge.nets import RandomConvEncoder, ScoreUNet
+from dpsynth.privacy.frequency import FrequencyModel
 
 
 class PGEGenerator(Generator):
@@ -25,8 +26,10 @@ class PGEGenerator(Generator):
         encoder: RandomConvEncoder | None,
         device: torch.device,
         central: torch.Tensor | None = None,
+        frequency: FrequencyModel | None = None,
     ) -> None:
         self.info = info
+        self.frequency = frequency
         self.central = None if central is None else central.to(device)
         self.config = dict(config)
         self.net = net.to(device).eval()
@@ -80,6 +83,12 @@ class PGEGenerator(Generator):
             start = to_working(self.central[y], cfg, self.info.shape)
             noise = torch.randn(shape, generator=generator, device=gdev).to(self.device)
             x = (start + float(self.sigmas[levels[0]]) * noise).clamp(-1.0, 1.0)
+        elif cfg.get("sampler_init") == "frequency" and self.frequency is not None:
+            # Start at a sample of the DP frequency model (a blurred image of the class) plus
+            # noise at the first round's level: the chains only refine it (SDEdit-like).
+            start = to_working(self.frequency.sample(y, generator), cfg, self.info.shape)
+            noise = torch.randn(shape, generator=generator, device=gdev).to(self.device)
+            x = (start.to(self.device) + float(self.sigmas[levels[0]]) * noise).clamp(-1.0, 1.0)
         z_shape = None
         if self.net.residual_channels > 0:
             f = self.net.downsample_factor

@@ -18,6 +18,7 @@ but it privatizes nothing (the vectors are data-independent noise) and changes n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +26,8 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Method, PrivacyPlan
+from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget
+from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.pge.build import (
     build_encoder,
     build_score_net,
@@ -37,10 +39,13 @@ from dpsynth.methods.pge.generator import PGEGenerator
 from dpsynth.methods.pge.hmc import MH_MODES
 from dpsynth.methods.pge.presets import PRESETS
 from dpsynth.methods.pge.trainer import PGETrainer
+from dpsynth.privacy.frequency import FrequencyModel
 from dpsynth.privacy.randomness import PrivateRandomness
 
 # At or below this ε `--preset auto` takes `small-eps1`.
 SMALL_EPSILON = 3.0
+# Records with at least this many values get the 28×28 presets.
+LARGE_IMAGE_VALUES = 400
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "ssm_variant": ("plain", "vr"),
@@ -49,7 +54,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "step_schedule": ("sigma", "paper"),
     "mh": MH_MODES,
     "resize": ("pad", "resize"),
-    "sampler_init": ("uniform", "central"),
+    "sampler_init": ("uniform", "central", "frequency"),
 }
 
 
@@ -64,12 +69,14 @@ class PGEMethod(Method):
     )
 
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
-        """`small-eps1` at ε ≤ 3 (most of the budget on the central images), else `small`.
-
-        Both were tuned on 8×8 digits (bench/results/tuning-pge.md); only public facts (ε)
-        choose, so the choice spends nothing.
-        """
-        return "small-eps1" if epsilon <= SMALL_EPSILON else "small"
+        """For 28×28-sized images (≥ 400 values a record) `mnist`, `mnist-eps1` at ε ≤ 3
+        (the DP frequency model first, then a short DP-SGD fine-tune and a short sampler);
+        for smaller ones `small`, `small-eps1` at ε ≤ 3 (tuned on 8×8 digits,
+        bench/results/tuning-pge.md). Only public facts (shape, ε) choose."""
+        small = epsilon <= SMALL_EPSILON
+        if math.prod(info.shape) >= LARGE_IMAGE_VALUES:
+            return "mnist-eps1" if small else "mnist"
+        return "small-eps1" if small else "small"
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """The preset with overrides, validated, plus the resolved working resolution."""
@@ -143,8 +150,8 @@ class PGEMethod(Method):
         config: Mapping[str, Any],
         tensors: Mapping[str, torch.Tensor],
         device: torch.device,
-    ) -> PGEGenerator:
-        """The sampler around the saved EMA score network."""
+    ) -> Generator:
+        """The sampler around the saved EMA score network (behind the run's DP teacher)."""
         device = torch.device(device)
         net = build_score_net(config, info)
         net.load_state_dict(subdict(tensors, "ema."))
@@ -152,4 +159,23 @@ class PGEMethod(Method):
         if encoder is not None and any(k.startswith("encoder.") for k in tensors):
             encoder.load_state_dict(subdict(tensors, "encoder."))
         central = tensors.get("central.means")
-        return PGEGenerator(info, config, net.to(device), encoder, device, central)
+        frequency = FrequencyModel.from_tensors(tensors)
+        sampler = PGEGenerator(info, config, net.to(device), encoder, device, central, frequency)
+        return teacher_from_state(sampler, info, config, tensors)
+
+    def plan(
+        self,
+        info: DataInfo,
+        target: PrivacyTarget,
+        config: Mapping[str, Any],
+        prior_events: tuple[dict[str, Any], ...] = (),
+    ) -> PrivacyPlan:
+        """The shared plan (DP-SGD steps, the central images), with the DP teacher in front
+        when the config has one."""
+        return plan_with_stages(
+            info,
+            target,
+            config,
+            prior_events,
+            lambda goal, prior: super(PGEMethod, self).plan(info, goal, config, prior),
+        )

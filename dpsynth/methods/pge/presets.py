@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, TEACHER_DEFAULTS
+
 _COMMON: dict[str, Any] = {
     "max_grad_norm": 1.0,
     "lr": 3e-4,
@@ -116,6 +118,31 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the central images (85%), 200 pretraining steps and a short DP-SGD fine-tune (25 steps).
     # CNN 0.093 -> 0.811 at ε = 1.
     "small-eps1": {**_SMALL, "warm_start_share": 0.85, "warm_start_steps": 200, "steps": 25},
+    # 28×28 images such as mnist-5k on a CPU (recommended for records of ≥ 400 values above
+    # ε = 3; issue 28). The curriculum's easy first target is the DP frequency model (80% of
+    # ε: class means and per-class covariances of the 10×10 lowest DCT frequencies, about the
+    # detail of a 16×16 image, hence the 16×16 working size with a fixed bilinear resize);
+    # the network pretrains on its samples (100 steps), then 20 DP-SGD steps on the pixels;
+    # the chains start at a sample of the model with the noise of level 6 of 8 and take 2
+    # rounds of 3 HMC steps (SDEdit-like: the score network refines the model's samples), so
+    # 10,000 images sample in about a minute. At 28×28 the same took 6× the CPU time.
+    # Designed from probes on the public mnist-5k (bench/results/tuning-28.md).
+    "mnist": {
+        **_SMALL,
+        "image_size": 16,
+        "resize": "resize",
+        "warm_start_share": 0.0,
+        "frequency_share": 0.8,
+        "frequency_covariance": "class",
+        "steps": 20,
+        "projections": 1,
+        "warm_start_steps": 100,
+        "warm_start_batch": 64,
+        "sampler_init": "frequency",
+        "sampler_rounds": 2,
+        "sampler_steps": 3,
+        "sampler_first_level": 6,
+    },
     # Spec section 10.4 budget run: DPDM's NCSN++ sizes for 28x28 / 32x32 on one GPU.
     "paper": {
         **_COMMON,
@@ -125,3 +152,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         "micro_batch_size": 256,
     },
 }
+# 28×28 at small ε (recommended at ε ≤ 3): the pooled within-class covariance (one matrix
+# for all classes: K times less noise per entry than per-class ones) and 85% of ε for it.
+PRESETS["mnist-eps1"] = {
+    **PRESETS["mnist"],
+    "frequency_share": 0.85,
+    "frequency_covariance": "pooled",
+    "steps": 10,
+}
+
+# The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0).
+for _preset in PRESETS.values():
+    for _key, _value in {**FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
+        _preset.setdefault(_key, _value)

@@ -11,7 +11,8 @@ import torch
 from torch.func import grad, vmap
 
 from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import PrivacyPlan, Trainer
+from dpsynth.methods.base import Generator, PrivacyPlan, Trainer
+from dpsynth.methods.blocks import FrequencyStart, Teacher
 from dpsynth.methods.pge.build import (
     build_encoder,
     build_score_net,
@@ -22,6 +23,7 @@ from dpsynth.methods.pge.build import (
 from dpsynth.methods.pge.generator import PGEGenerator
 from dpsynth.methods.pge.ssm import make_record_loss, randomized_response
 from dpsynth.privacy.central import CentralImages
+from dpsynth.privacy.frequency import FrequencyModel
 from dpsynth.privacy.randomness import PrivateRandomness
 
 
@@ -62,6 +64,7 @@ class PGETrainer(Trainer):
         self.sigmas = noise_levels(config).to(device)
         self.steps_done = 0
         self.central: torch.Tensor | None = None  # the released central images, once warm-started
+        self.frequency_model: FrequencyModel | None = None  # a frequency release, if any
         self.private_gradient = PrivateGradient(
             self.model,
             make_record_loss(self.model, str(config["ssm_variant"]), str(config["divergence"])),
@@ -72,6 +75,9 @@ class PGETrainer(Trainer):
             micro_batch_size=int(config["micro_batch_size"]),
             private=plan.private,
         )
+        # The run's DP teacher, if its plan has one (post-processing of the samples).
+        self.teacher = Teacher(info, config, plan, device, seed, randomness)
+        self.frequency = FrequencyStart(info, plan, randomness)
 
     def record_randomness(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Draw every per-record random input of the loss for a working-size batch x.
@@ -147,7 +153,10 @@ class PGETrainer(Trainer):
                 out[f"opt.{idx}.{key}"] = torch.as_tensor(t)
         if self.central is not None:  # a DP release: public
             out["central.means"] = self.central
+        if self.frequency_model is not None:  # a DP release: public
+            out |= self.frequency_model.tensors()
         out["trainer.steps"] = torch.tensor(self.steps_done, dtype=torch.int64)
+        out |= self.teacher.state_tensors()
         return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -166,11 +175,31 @@ class PGETrainer(Trainer):
         self.steps_done = int(tensors["trainer.steps"])
         if "central.means" in tensors:
             self.central = tensors["central.means"].to(self.device)
+        self.frequency_model = FrequencyModel.from_tensors(tensors)
+        self.teacher.load_state_tensors(tensors)
 
-    def generator(self) -> PGEGenerator:
-        """The sampler around a copy of the current EMA weights."""
+    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """The plan's shared stages: the frequency model's release and warm start before
+        step 0, the DP teacher's training at the step its plan says (none without them)."""
+        release = self.frequency.release(step, x, y)
+        if release is not None:
+            self.warm_start(release)
+        self.teacher.release_whole_data(step, x, y, self._own_generator)
+
+    def generator(self) -> Generator:
+        """The sampler around a copy of the current EMA weights (behind the DP teacher once
+        trained)."""
+        return self.teacher.wrap(self._own_generator(), self.config)
+
+    def _own_generator(self) -> PGEGenerator:
         return PGEGenerator(
-            self.info, self.config, copy.deepcopy(self.ema), self.encoder, self.device, self.central
+            self.info,
+            self.config,
+            copy.deepcopy(self.ema),
+            self.encoder,
+            self.device,
+            self.central,
+            self.frequency_model,
         )
 
     def warm_start(self, release: CentralImages) -> None:
@@ -182,8 +211,10 @@ class PGETrainer(Trainer):
         Adam. The means are kept (they are public) for `sampler_init=central`.
         """
         cfg = self.config
-        means = to_working(release.means.to(self.device), cfg, self.info.shape)
+        central = CentralImages(release.means.to(self.device), release.counts, release.model)
+        means = to_working(central.means, cfg, self.info.shape)
         self.central = release.means.to(self.device)
+        self.frequency_model = release.model
         steps, batch = int(cfg["warm_start_steps"]), int(cfg["warm_start_batch"])
         if steps == 0:
             return
@@ -201,7 +232,10 @@ class PGETrainer(Trainer):
         jitter, g = float(cfg["warm_start_jitter"]), self.rng
         for _ in range(steps):
             y = torch.randint(0, len(self.info.classes), (batch,), generator=g, device=self.device)
-            x = means[y] + jitter * torch.randn(means[y].shape, generator=g, device=self.device)
+            if central.model is not None:  # a frequency release: the model's samples
+                x = to_working(central.records(y, jitter, g), cfg, self.info.shape)
+            else:
+                x = means[y] + jitter * torch.randn(means[y].shape, generator=g, device=self.device)
             grads = grad_fn(params, x.clamp(-1.0, 1.0), *self.record_randomness(x, y))
             for name, leaf in params.items():
                 leaf.grad = grads[name]

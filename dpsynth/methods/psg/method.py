@@ -35,7 +35,8 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Method, PrivacyPlan, PrivacyTarget
+from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget
+from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.psg.model import NORMS
 from dpsynth.methods.psg.presets import PRESETS
 from dpsynth.methods.psg.prior import PRIORS
@@ -117,7 +118,13 @@ class PSGMethod(Method):
         releases = int(config["runs"]) * int(config["outer_loop"]) * int(config["batches"])
         if int(config["steps"]) != releases:
             raise UsageError("steps must equal runs · outer_loop · batches for --method psg")
-        return super().plan(info, target, config, prior_events)
+        return plan_with_stages(
+            info,
+            target,
+            config,
+            prior_events,
+            lambda goal, prior: super(PSGMethod, self).plan(info, goal, config, prior),
+        )
 
     def trainer(
         self,
@@ -137,12 +144,13 @@ class PSGMethod(Method):
         config: Mapping[str, Any],
         tensors: Mapping[str, torch.Tensor],
         device: torch.device,
-    ) -> PSGGenerator:
-        """The sampler over the saved synthetic set."""
-        return PSGGenerator(
+    ) -> Generator:
+        """The sampler over the saved synthetic set (behind the run's DP teacher, if any)."""
+        sampler = PSGGenerator(
             tensors["synthetic.images"],
             tensors["synthetic.labels"],
             info.classes,
             torch.device(device),
             bool(config["augment_replicas"]),
         )
+        return teacher_from_state(sampler, info, config, tensors)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, TEACHER_DEFAULTS
+
 _PAPER_COMMON: dict[str, Any] = {
     "spc": 10,
     "outer_loop": 10,
@@ -89,14 +91,29 @@ PRESETS: dict[str, dict[str, Any]] = {
     # digits at small ε (recommended at ε ≤ 3): half of ε for the class means (σ_c 7.1 instead
     # of 16 at ε = 1) and 4× fewer releases, so the matching noise does not wash them out.
     "small-eps1": {**_SMALL, "runs": 10, "warm_start_share": 0.5},
-    # 28×28 images such as mnist-5k on a CPU (1000 releases, about 2–3 minutes): `small` with a
-    # larger jitter around the class means, so the spc members of a class start apart and
-    # matching spreads them (0.1: CNN 0.54, 0.5: 0.70 at ε = 10 on mnist-5k), and a 3× larger
-    # step on S (lr_syn 0.3: 0.57, 1: 0.68–0.70, 3: 0.72; tuning-psg.md).
-    "mnist": {**_SMALL, "lr_syn": 3.0, "warm_start_jitter": 0.5},
-    # 28×28 at small ε (recommended at ε ≤ 3): half of ε to the class means (not tuned on
-    # mnist-5k beyond the leaderboard row; the digits finding).
-    "mnist-eps1": {**_SMALL, "warm_start_share": 0.5, "warm_start_jitter": 0.5},
+    # 28×28 images such as mnist-5k on a CPU (1000 releases; issue 28): S (30 per class)
+    # starts from samples of the DP frequency model (60% of ε: class means and per-class
+    # covariances of the 10×10 lowest DCT frequencies) instead of jittered class means, and
+    # gradient matching refines it with the rest (lr_syn 3 as before: tuning-psg.md). The
+    # model's samples differ as the class's images do, which the jitter only imitated.
+    "mnist": {
+        **_SMALL,
+        "lr_syn": 3.0,
+        "spc": 30,
+        "warm_start_share": 0.0,
+        "frequency_share": 0.6,
+        "frequency_covariance": "class",
+    },
+    # 28×28 at small ε (recommended at ε ≤ 3): the pooled within-class covariance (K times
+    # less noise per entry) at 80% of ε, and 4× fewer releases (`small-eps1`'s finding).
+    "mnist-eps1": {
+        **_SMALL,
+        "runs": 10,
+        "spc": 30,
+        "warm_start_share": 0.0,
+        "frequency_share": 0.8,
+        "frequency_covariance": "pooled",
+    },
     # The paper's budget variant for one GPU (spec §9.4 `quick`): R = 100 → 10 000 releases.
     "quick": {**_PAPER_COMMON, "runs": 100},
     # The paper's MNIST setting at ε = 10 (spc 10: R = 1000, T = 10, K = 10 → 100 000 releases;
@@ -104,3 +121,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # a V100; the spec estimates 1–3 h on an H100/H200 (not measured here).
     "paper-multi-hour": {**_PAPER_COMMON, "runs": 1000},
 }
+# The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0).
+for _preset in PRESETS.values():
+    for _key, _value in {**FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
+        _preset.setdefault(_key, _value)

@@ -13,7 +13,8 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import PrivacyPlan, Trainer
+from dpsynth.methods.base import Generator, PrivacyPlan, Trainer
+from dpsynth.methods.blocks import FrequencyStart, Teacher
 from dpsynth.methods.psg.matching import match_loss
 from dpsynth.methods.psg.model import ConvNet
 from dpsynth.methods.psg.prior import PriorGenerator
@@ -118,6 +119,9 @@ class PSGTrainer(Trainer):
             # ghost clipping (no per-record gradients) where every trained layer allows it
             batch_loss_fn=self._batch_loss,
         )
+        # The run's DP teacher, if its plan has one (post-processing of the samples).
+        self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
+        self.frequency = FrequencyStart(info, plan, randomness)
 
     def warm_start(self, release: CentralImages) -> None:
         """Start S from the DP central images (issues 14 and 12) instead of N(0, 1).
@@ -129,11 +133,11 @@ class PSGTrainer(Trainer):
         those images. S's optimiser state starts at zero; θ is untouched. The release's cost
         is the plan's `gaussian` event.
         """
-        means = release.means.to(self.device, torch.float32)
         noise_rng = torch.Generator().manual_seed(public_seed(self.seed, "warm-start-jitter"))
-        noise = torch.randn(self.images.shape, generator=noise_rng, device=noise_rng.device)
         jitter = float(self.config["warm_start_jitter"])
-        targets = means[self.labels] + jitter * noise.to(self.device)
+        # the model's samples (a frequency release), else mean[y] + jitter·N(0, I)
+        central = CentralImages(release.means.cpu(), release.counts, release.model)
+        targets = central.records(self.labels.cpu(), jitter, noise_rng).to(self.device)
         if self.prior is None:
             with torch.no_grad():
                 self.images.copy_(targets)
@@ -277,6 +281,7 @@ class PSGTrainer(Trainer):
             for index, slots in self.syn_optimizer.state_dict()["state"].items():
                 for slot, value in slots.items():
                     out[f"prior.optimizer.{index}.{slot}"] = torch.as_tensor(value)
+        out |= self.teacher.state_tensors()
         return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -300,9 +305,21 @@ class PSGTrainer(Trainer):
                 "momentum_buffer": tensors["synthetic.momentum"].to(self.device).clone()
             }
         self.steps_done = int(tensors["trainer.steps_done"])
+        self.teacher.load_state_tensors(tensors)
 
-    def generator(self) -> PSGGenerator:
-        """A sampler over a copy of the current S."""
+    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """The plan's shared stages: the frequency model's release and warm start before
+        step 0, the DP teacher's training at the step its plan says (none without them)."""
+        release = self.frequency.release(step, x, y)
+        if release is not None:
+            self.warm_start(release)
+        self.teacher.release_whole_data(step, x, y, self._own_generator)
+
+    def generator(self) -> Generator:
+        """A sampler over a copy of the current S (behind the DP teacher once trained)."""
+        return self.teacher.wrap(self._own_generator(), self.config)
+
+    def _own_generator(self) -> PSGGenerator:
         return PSGGenerator(
             self.images.detach().clone(),
             self.labels,

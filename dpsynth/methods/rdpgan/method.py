@@ -22,6 +22,7 @@ distinct σ is its own ledger event, and the trainer reads each step's σ from t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +30,15 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import MAX_STEPS, Method, PrivacyPlan, PrivacyTarget, sample_truncation
+from dpsynth.methods.base import (
+    MAX_STEPS,
+    Generator,
+    Method,
+    PrivacyPlan,
+    PrivacyTarget,
+    sample_truncation,
+)
+from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.rdpgan.generator import RDPGANGenerator, build_generator, with_prefix
 from dpsynth.methods.rdpgan.plan import plan_rdpgan
 from dpsynth.methods.rdpgan.presets import CHOICES, PRESETS, TABLE_PRESETS
@@ -106,6 +115,13 @@ class RDPGANMethod(Method):
                     "use arch=mlp"
                 )
 
+    def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
+        """`mnist` for 28×28-sized images (≥ 400 values a record), `mnist-eps1` at ε ≤ 3;
+        `small` otherwise (digits, tables). Public facts only (shape, ε)."""
+        if info.modality == "image" and math.prod(info.shape) >= 400:
+            return "mnist-eps1" if epsilon <= 3.0 else "mnist"
+        return "small"
+
     def plan(
         self,
         info: DataInfo,
@@ -114,7 +130,13 @@ class RDPGANMethod(Method):
         prior_events: tuple[dict[str, Any], ...] = (),
     ) -> PrivacyPlan:
         """The whole σ schedule, one event per distinct σ (`plan.plan_rdpgan`)."""
-        return plan_rdpgan(info, target, config, prior_events)
+        return plan_with_stages(
+            info,
+            target,
+            config,
+            prior_events,
+            lambda goal, prior: plan_rdpgan(info, goal, config, prior),
+        )
 
     def trainer(
         self,
@@ -134,10 +156,12 @@ class RDPGANMethod(Method):
         config: Mapping[str, Any],
         tensors: Mapping[str, torch.Tensor],
         device: torch.device,
-    ) -> RDPGANGenerator:
-        """Rebuild the sampler from saved `generator.*` tensors."""
+    ) -> Generator:
+        """Rebuild the sampler from saved `generator.*` tensors (behind the run's DP teacher,
+        if it has one)."""
         net = build_generator(info, config)
         net.load_state_dict(with_prefix(tensors, "generator."))
-        return RDPGANGenerator(
+        sampler = RDPGANGenerator(
             net, info.classes, torch.device(device), info.modality, sample_truncation(config)
         )
+        return teacher_from_state(sampler, info, config, tensors)

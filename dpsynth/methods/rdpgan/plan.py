@@ -31,6 +31,8 @@ def step_sigmas(plan: PrivacyPlan) -> tuple[list[int], list[float]]:
     """Cumulative step ends and σ of the plan's events, in order (σ of step s: first end > s)."""
     ends, sigmas, total = [], [], 0
     for event in plan.events:
+        if event.get("mechanism") in ("dp_classifier", "frequency_model"):
+            continue  # the shared stages' releases (methods.blocks), not the loop's steps
         total += int(event["steps"])
         ends.append(total)
         sigmas.append(float(event.get("noise_multiplier", 0.0)))

@@ -15,6 +15,7 @@ from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
+from dpsynth.methods.blocks import FrequencyStart, Teacher, fit_generator_to_model
 from dpsynth.methods.rdpgan.generator import (
     RDPGANGenerator,
     build_discriminator,
@@ -25,6 +26,7 @@ from dpsynth.methods.rdpgan.generator import (
 )
 from dpsynth.methods.rdpgan.nets import init_weights
 from dpsynth.methods.rdpgan.plan import step_sigmas
+from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.dpsgd import PrivateGradient
 from dpsynth.privacy.randomness import PrivateRandomness
 
@@ -72,6 +74,10 @@ class RDPGANTrainer(Trainer):
         randomness = randomness if randomness is not None else PrivateRandomness.fresh()
         self.rng_noise = randomness.generator("rdpgan/noise", self.device)
         self.rng_latents = randomness.generator("rdpgan/latents", self.device)
+        # The run's DP teacher, if its plan has one (post-processing of the samples).
+        self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
+        self.frequency = FrequencyStart(info, plan, randomness)
+        self.seed = int(seed)
         self.private_d = PrivateGradient(
             self.net_d,
             self._real_loss,
@@ -173,12 +179,14 @@ class RDPGANTrainer(Trainer):
                 for key, value in state.items():
                     tensor = value if torch.is_tensor(value) else torch.tensor(value)
                     out[f"{prefix}.{index}.{key}"] = tensor.detach().cpu().clone()
+        out |= self.teacher.state_tensors()
         out["trainer.steps_done"] = torch.tensor(self.steps_done, dtype=torch.int64)
         return out
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore what `state_tensors` returned, so a resumed run continues exactly."""
         self.steps_done = int(tensors["trainer.steps_done"])
+        self.teacher.load_state_tensors(tensors)
         for prefix, module in self._modules().items():
             module.load_state_dict(with_prefix(tensors, prefix + "."))
         for prefix, optimizer in self._optimizers().items():
@@ -191,8 +199,26 @@ class RDPGANTrainer(Trainer):
             groups = optimizer.state_dict()["param_groups"]
             optimizer.load_state_dict({"state": state, "param_groups": groups})
 
+    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """The plan's shared stages: the frequency model's release and G's fit to it before
+        step 0, the DP teacher's training at the step its plan says (none without them)."""
+        release = self.frequency.release(step, x, y)
+        if release is not None:
+            self._fit_to_frequency_model(release)
+        self.teacher.release_whole_data(step, x, y, self._own_generator)
+
+    def _fit_to_frequency_model(self, release: CentralImages) -> None:
+        """Before the first DP step: fit G to the DP frequency model's samples by MMD
+        (`frequency_fit_steps`; post-processing of the release, public latents)."""
+        steps = int(self.config["frequency_fit_steps"])
+        fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
+
     def generator(self) -> Generator:
-        """A sampler over a copy of the current generator weights."""
+        """A sampler over a copy of the current generator weights (behind the DP teacher
+        once it is trained)."""
+        return self.teacher.wrap(self._own_generator(), self.config)
+
+    def _own_generator(self) -> RDPGANGenerator:
         net = build_generator(self.info, self.config)
         net.load_state_dict(self.net_g.state_dict())
         return RDPGANGenerator(

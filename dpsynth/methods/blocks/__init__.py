@@ -1,4 +1,4 @@
-"""Network blocks that more than one backend may use (never imported from a method's module).
+"""Pieces that more than one backend may use (never imported from a method's module).
 
 `TableHead`: the output activation of a generator of table rows. A table's encoding
 (`dpsynth.data.tabular`) is a sequence of blocks, one per feature column: a one-hot block of
@@ -6,6 +6,13 @@ k categories (`softmax`: the head outputs a distribution over them, which decodi
 or one scaled number in [-1, 1] (`tanh`). A backend that opts into tables
 (`Method.modalities` includes "table") ends its generator with `TableHead(block_layout(info))`
 on D = info.shape[0] raw outputs.
+
+Two optional stages any image backend can put around its own mechanisms, each a share of ε
+with its own event in the run's plan, composed by PRV (`stages.plan_with_stages`):
+- `stages`: the DP frequency model (`dpsynth.privacy.frequency`), released before loop step 0
+  and used as the backend's warm start (`FrequencyStart`);
+- `teacher`: the DP teacher, a classifier trained once with DP-SGD whose only use is choosing
+  the backend's samples (`Teacher` in the trainer, `TeacherFilter` around the generator).
 """
 
 from __future__ import annotations
@@ -14,6 +21,43 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+
+from dpsynth.methods.blocks.stages import (
+    FREQUENCY_DEFAULTS,
+    FrequencyStart,
+    fit_generator_to_model,
+    frequency_plan,
+    mmd_fit,
+    plan_with_stages,
+)
+from dpsynth.methods.blocks.teacher import (
+    TEACHER_DEFAULTS,
+    TEACHER_FILTERS,
+    Teacher,
+    TeacherFilter,
+    TeacherNet,
+    check_teacher_config,
+    teacher_from_state,
+    teacher_schedule,
+)
+
+__all__ = [
+    "FREQUENCY_DEFAULTS",
+    "TEACHER_DEFAULTS",
+    "TEACHER_FILTERS",
+    "FrequencyStart",
+    "TableHead",
+    "Teacher",
+    "TeacherFilter",
+    "TeacherNet",
+    "check_teacher_config",
+    "fit_generator_to_model",
+    "frequency_plan",
+    "mmd_fit",
+    "plan_with_stages",
+    "teacher_from_state",
+    "teacher_schedule",
+]
 
 
 class TableHead(nn.Module):

@@ -1,0 +1,318 @@
+"""The DP teacher a backend may train (config `teacher_share` > 0, defaults `TEACHER_DEFAULTS`).
+
+A small classifier trained with DP-SGD on all records once, at loop step 0, or with
+`teacher_pretrain` before the last step from a fit to the backend's own samples
+(`dpsynth.privacy.classifier`; its own event in the run's plan, composed by PRV), whose only
+use is post-processing the backend's samples: `TeacherFilter` draws `teacher_oversample`
+candidates per requested image and keeps, for each requested label, the candidates the
+teacher finds most likely to be of that class.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpsynth.errors import UsageError
+from dpsynth.methods.base import Generator
+from dpsynth.privacy.classifier import (
+    ClassifierSchedule,
+    classifier_plan_in,
+    train_private_classifier,
+)
+from dpsynth.privacy.plan import PrivacyPlan
+from dpsynth.privacy.randomness import PrivateRandomness
+
+TEACHER_DEFAULTS: dict[str, Any] = {
+    # Share of the ε left for the DP teacher (0: none); the backend's own mechanisms are
+    # calibrated on what remains, and PRV composes both.
+    "teacher_share": 0.0,
+    "teacher_batch": 256,
+    "teacher_epochs": 15.0,
+    "teacher_lr": 5e-3,
+    "teacher_clip": 1.0,
+    "teacher_augment": 0,
+    "teacher_ema": 0.0,
+    "teacher_width": 16,
+    # How samples are chosen: "rank" draws oversample × the request with the requested
+    # labels and keeps the ones the teacher rates most likely of their label; "relabel"
+    # draws candidates of every class and fills each label with the candidates the teacher
+    # assigns to it, most confident first.
+    "teacher_filter": "rank",
+    "teacher_oversample": 2.0,
+    # > 0: the teacher is trained before the LAST loop step instead of the first, starting
+    # from a network fitted (without privacy: post-processing) to this many images of the
+    # backend's own generator as it is then, for `teacher_pretrain_epochs` epochs.
+    "teacher_pretrain": 0,
+    "teacher_pretrain_epochs": 3,
+}
+TEACHER_FILTERS = ("rank", "relabel")
+
+# The optional DP frequency model (`dpsynth.privacy.frequency`): `frequency_share` of ε (0:
+# off) on per-class means and second moments of the images' lowest DCT frequencies (B×B per
+# channel, features of x + 1 clipped to `frequency_clip`; 0: 0.6·√(H·W·C)); it replaces the
+# central images as the backend's warm start (its samples, not means plus jitter).
+
+
+def check_teacher_config(config: Mapping[str, Any]) -> None:
+    """UsageError for a teacher setting no run could use (before any budget is spent)."""
+    share = float(config.get("teacher_share", 0.0))
+    if share == 0:
+        return
+    if not 0 < share < 1:
+        raise UsageError(f"--set teacher_share: must be in [0, 1), got {share}")
+    if config["teacher_filter"] not in TEACHER_FILTERS:
+        raise UsageError(f"--set teacher_filter: choose from {', '.join(TEACHER_FILTERS)}")
+    if float(config["teacher_oversample"]) < 1:
+        raise UsageError("--set teacher_oversample: must be at least 1")
+    if int(config["teacher_width"]) < 1:
+        raise UsageError("--set teacher_width: must be at least 1")
+    if int(config["teacher_pretrain"]) < 0 or int(config["teacher_pretrain_epochs"]) < 0:
+        raise UsageError("--set teacher_pretrain and teacher_pretrain_epochs: must be ≥ 0")
+    teacher_schedule(config).check()
+
+
+def teacher_schedule(config: Mapping[str, Any]) -> ClassifierSchedule:
+    """The teacher's DP-SGD schedule from the run's config."""
+    return ClassifierSchedule(
+        batch_size=int(config["teacher_batch"]),
+        epochs=float(config["teacher_epochs"]),
+        lr=float(config["teacher_lr"]),
+        max_grad_norm=float(config["teacher_clip"]),
+        augment_copies=int(config["teacher_augment"]),
+        ema=float(config["teacher_ema"]),
+    )
+
+
+class TeacherNet(nn.Module):
+    """Two 3×3 conv blocks (GroupNorm, ReLU, 2×2 max-pool), a 128-unit layer, the logits."""
+
+    def __init__(self, channels: int, classes: int, height: int, width: int, w: int = 16):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, w, 3, padding=1),
+            nn.GroupNorm(4, w),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(w, 2 * w, 3, padding=1),
+            nn.GroupNorm(8, 2 * w),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(2 * w * (height // 4) * (width // 4), 128),
+            nn.ReLU(),
+            nn.Linear(128, classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of images in [-1, 1]."""
+        return self.head(self.features(x))
+
+
+def _teacher_net(info: Any, config: Mapping[str, Any]) -> TeacherNet:
+    channels, height, width = (int(s) for s in info.shape)
+    return TeacherNet(channels, len(info.classes), height, width, int(config["teacher_width"]))
+
+
+class Teacher:
+    """A trainer's DP teacher: built from the public seed, trained once at loop step 0 on
+    every record through `dpsynth.privacy.classifier`, saved and restored with the trainer.
+
+    Inactive (every method a no-op) when the plan holds no `dp_classifier` event.
+    """
+
+    def __init__(
+        self,
+        info: Any,
+        config: Mapping[str, Any],
+        plan: PrivacyPlan,
+        device: torch.device,
+        seed: int,
+        randomness: PrivateRandomness,
+    ) -> None:
+        self.plan = classifier_plan_in(plan.events, info.n)
+        self.net: TeacherNet | None = None
+        self.trained = False
+        if self.plan is None:
+            return
+        self.schedule = teacher_schedule(config)
+        self.pretrain = int(config["teacher_pretrain"])
+        self.pretrain_epochs = int(config["teacher_pretrain_epochs"])
+        self.loop_steps = int(plan.steps)
+        self.seed = int(seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + 7919)  # public initialisation, apart from the backend's
+            self.net = _teacher_net(info, config).to(device)
+        # Secret streams, handed out up front so that a checkpoint saves them with the loop's.
+        self.streams = {
+            name: randomness.generator(f"teacher/{name}", device)
+            for name in ("batches", "noise", "augment")
+        }
+
+    @property
+    def active(self) -> bool:
+        """Whether the run has a teacher."""
+        return self.net is not None
+
+    @property
+    def release_step(self) -> int:
+        """The loop step before which the teacher is trained: the first, or with
+        `teacher_pretrain` the last (so that it starts from the generator's late samples)."""
+        return self.loop_steps - 1 if self.pretrain else 0
+
+    def release_whole_data(
+        self,
+        step: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        generator: Callable[[], Generator] | None = None,
+    ) -> None:
+        """Train the teacher on all records before loop step `release_step` (once: a resumed
+        run's checkpoint holds it). A run restarted before it was saved retrains it from the
+        same secret streams' states, so with the same batches and noise: the same release.
+        `generator` gives the backend's generator as it is (for `teacher_pretrain`)."""
+        if self.net is None or self.trained or step != self.release_step:
+            return
+        assert self.plan is not None
+        if self.pretrain and generator is not None:
+            self._pretrain(generator(), x.device)
+        train_private_classifier(
+            self.net,
+            x,
+            y,
+            self.plan,
+            self.schedule,
+            sampling_generator=self.streams["batches"],
+            noise_generator=self.streams["noise"],
+            augment_generator=self.streams["augment"],
+        )
+        self.trained = True
+
+    def _pretrain(self, generator: Generator, device: torch.device) -> None:
+        """Fit the network to `pretrain` balanced samples of `generator` (public: they are
+        post-processing of the backend's released updates), Adam 1e-3, batch 128."""
+        assert self.net is not None
+        k = len(generator.classes)
+        labels = torch.arange(self.pretrain) % k
+        rng = torch.Generator(device=generator.device).manual_seed(self.seed + 104729)
+        images = torch.cat(list(generator.sample(labels.to(generator.device), 500, rng)))
+        x = images.to(device).float() / 127.5 - 1.0
+        y = labels.to(device)
+        optimizer = torch.optim.Adam(self.net.parameters(), lr=1e-3)
+        order_rng = torch.Generator().manual_seed(self.seed + 15485863)
+        self.net.train()
+        for _ in range(self.pretrain_epochs):
+            order = torch.randperm(len(y), generator=order_rng).to(device)
+            for start in range(0, len(y), 128):
+                index = order[start : start + 128]
+                optimizer.zero_grad(set_to_none=True)
+                nn.functional.cross_entropy(self.net(x[index]), y[index]).backward()
+                optimizer.step()
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """`teacher.*` weights and the trained flag ({} without a teacher)."""
+        if self.net is None:
+            return {}
+        out = {f"teacher.{k}": v.detach().clone() for k, v in self.net.state_dict().items()}
+        out["teacher_trained"] = torch.tensor(int(self.trained))
+        return out
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore `state_tensors`."""
+        if self.net is None:
+            return
+        self.net.load_state_dict(_prefixed(tensors, "teacher."))
+        self.trained = bool(int(tensors["teacher_trained"]))
+
+    def wrap(self, generator: Generator, config: Mapping[str, Any]) -> Generator:
+        """The backend's generator behind this teacher's filter (unchanged without one)."""
+        if self.net is None or not self.trained:
+            return generator
+        return TeacherFilter(generator, self.net.eval(), config)
+
+
+def _prefixed(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def teacher_from_state(
+    generator: Generator,
+    info: Any,
+    config: Mapping[str, Any],
+    tensors: Mapping[str, torch.Tensor],
+) -> Generator:
+    """A saved run's generator behind its teacher's filter (unchanged if it has none)."""
+    if "teacher_trained" not in tensors or not int(tensors["teacher_trained"]):
+        return generator
+    net = _teacher_net(info, config)
+    net.load_state_dict(_prefixed(tensors, "teacher."))
+    return TeacherFilter(generator, net.to(generator.device).eval(), config)
+
+
+class TeacherFilter(Generator):
+    """Post-processing of a generator's samples by a DP teacher (no data is read).
+
+    For each requested batch of labels it draws `teacher_oversample` times as many
+    candidates and keeps, for every requested label c, the candidates with the highest
+    teacher probability p(c | x): `rank` draws the candidates with the requested labels
+    (the teacher re-ranks what the generator made for c); `relabel` draws them with labels
+    spread over all classes (what the teacher assigns to c may come from any class).
+    """
+
+    def __init__(self, base: Generator, teacher: nn.Module, config: Mapping[str, Any]) -> None:
+        self.base = base
+        self.teacher = teacher
+        self.mode = str(config["teacher_filter"])
+        self.oversample = float(config["teacher_oversample"])
+        self.classes = base.classes
+        self.shape = base.shape
+        self.device = base.device
+
+    @property  # type: ignore[override]
+    def truncation(self) -> float | None:  # the base's latent scale (sample --truncation)
+        return self.base.truncation
+
+    @truncation.setter
+    def truncation(self, value: float | None) -> None:
+        self.base.truncation = value
+
+    def _candidate_labels(self, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        count = max(len(labels), math.ceil(self.oversample * len(labels)))
+        if self.mode == "rank":
+            return labels.repeat(math.ceil(count / len(labels)))[:count]
+        k = len(self.classes)
+        offset = int(torch.randint(k, (1,), generator=generator, device=generator.device))
+        return (torch.arange(count, device=labels.device) + offset) % k
+
+    def sample(
+        self, labels: torch.Tensor, batch_size: int, generator: torch.Generator
+    ) -> Iterator[torch.Tensor]:
+        """uint8 images for `labels`, in order, chosen by the teacher among candidates."""
+        for start in range(0, len(labels), batch_size):
+            wanted = labels[start : start + batch_size]
+            candidates = self._candidate_labels(wanted, generator)
+            images = torch.cat(list(self.base.sample(candidates, batch_size, generator)))
+            yield self._choose(images, wanted)
+
+    @torch.inference_mode()
+    def _choose(self, images: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        scores = []
+        for start in range(0, len(images), 1024):
+            chunk = images[start : start + 1024].to(self.device).float() / 127.5 - 1.0
+            scores.append(torch.softmax(self.teacher(chunk), dim=1))
+        prob = torch.cat(scores)  # [M, K]
+        taken = torch.zeros(len(images), dtype=torch.bool, device=prob.device)
+        out = torch.empty(len(wanted), *images.shape[1:], dtype=images.dtype)
+        for c in wanted.unique().tolist():
+            slots = (wanted == c).nonzero().flatten().cpu()
+            score = prob[:, c].masked_fill(taken, -1.0)
+            best = score.argsort(descending=True)[: len(slots)]
+            taken[best] = True
+            out[slots] = images[best.cpu()].cpu()
+        return out
