@@ -35,7 +35,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from rich.console import Console
 from rich.table import Table
 
-from dpsynth.privacy import accounting
+from dpsynth.privacy import accounting, calibration
 
 SETTINGS = [
     # (epsilon, delta, q, steps)
@@ -93,7 +93,7 @@ def tools_for(epsilon: float, delta: float, q: float, steps: int) -> dict[str, C
     """The calibrations to time for one setting, each returning σ."""
 
     def ours() -> float:
-        return accounting.calibrate_noise(epsilon, delta, q, steps).noise_multiplier
+        return calibration.calibrate_noise(epsilon, delta, q, steps).noise_multiplier
 
     def ours_cli() -> float:
         command = [sys.executable, "-m", "dpsynth.cli", "calibrate", "--json"]

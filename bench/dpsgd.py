@@ -258,7 +258,7 @@ def make_step(variant: str, model: nn.Module, spec: Task, batch_size: int, input
 
         return step
     if variant.startswith("dpsynth"):
-        from dpsynth.privacy import ghost
+        from dpsynth.privacy import ghost_layers
 
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         dp = PrivateGradient(
@@ -276,7 +276,7 @@ def make_step(variant: str, model: nn.Module, spec: Task, batch_size: int, input
         conv = "unfold" if variant == "dpsynth-ghost-unfold" else "grouped"
 
         def step(*batch: Tensor) -> None:
-            ghost.CONV_PER_RECORD = conv  # the variants share a process while timed
+            ghost_layers.CONV_PER_RECORD = conv  # the variants share a process while timed
             dp.compute(*batch)
             opt.step()
 

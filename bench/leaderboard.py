@@ -56,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +226,8 @@ def dpsgd_row(data: str, epsilon: str, seeds: int, device: str = "cpu") -> dict[
 
     from dpsynth.data.sources import load_data
     from dpsynth.evaluate.downstream import SmallCNN, predict_cnn
-    from dpsynth.privacy.accounting import compose_epsilon, default_delta
+    from dpsynth.privacy.accounting import compose_epsilon
+    from dpsynth.privacy.calibration import default_delta
     from dpsynth.privacy.classifier import (
         ClassifierSchedule,
         plan_classifier,
@@ -358,9 +359,11 @@ def majority_rate(args: argparse.Namespace) -> float:
     return max(counts.values()) / sum(counts.values())
 
 
-def _evaluate_table(csv: Path, args: argparse.Namespace, ledger: Path, seeds: int) -> dict:
+def _evaluate_table(
+    csv: Path, args: argparse.Namespace, ledger: Path, seeds: int, metrics: str = "ml"
+) -> dict:
     command = [
-        "evaluate", "--synthetic", str(csv), "--real", test_spec(args), "--metrics", "ml",
+        "evaluate", "--synthetic", str(csv), "--real", test_spec(args), "--metrics", metrics,
         "--seeds", str(seeds), "--ledger", str(ledger), "--quiet",
     ]  # fmt: skip
     if args.schema:
@@ -370,8 +373,15 @@ def _evaluate_table(csv: Path, args: argparse.Namespace, ledger: Path, seeds: in
 
 
 def _table_scores(evaluation: dict) -> dict[str, Any]:
+    """The classifiers' scores (and, when measured, the mean 1-, 2- and 3-way marginal TVDs
+    and each column's 1-way TVD) of a table evaluation."""
     scores = evaluation["metrics"]["classifiers"]
     out: dict[str, Any] = {}
+    marginals = evaluation["metrics"].get("marginals")
+    if marginals:
+        for order in ("one_way", "two_way", "three_way"):
+            out[f"tvd_{order}"] = marginals[order]["mean"]
+        out["tvd_per_column"] = marginals["one_way"]["per_column"]
     for kind in ("logreg", "gbm"):
         for metric in ("accuracy", "roc_auc"):
             found = scores[kind][metric]
@@ -381,8 +391,9 @@ def _table_scores(evaluation: dict) -> dict[str, Any]:
     return out
 
 
-def real_table_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
-    """The real-trained reference: the train table, written as a CSV, evaluated as synthetic."""
+def real_table_row(args: argparse.Namespace, seeds: int, metrics: str = "ml") -> dict[str, Any]:
+    """The real-trained reference: the train table, written as a CSV, evaluated as synthetic
+    (`metrics` as `evaluate --metrics`)."""
     import pandas as pd
 
     from dpsynth.data.sources import read_table
@@ -392,7 +403,7 @@ def real_table_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
         csv = Path(tmp) / "real-train.csv"
         frame = pd.DataFrame({h: c for h, c in zip(raw.header, raw.columns, strict=True)})
         frame.to_csv(csv, index=False)
-        evaluation = _evaluate_table(csv, args, Path(tmp) / "ledger.jsonl", seeds)
+        evaluation = _evaluate_table(csv, args, Path(tmp) / "ledger.jsonl", seeds, metrics)
     return {"method": "real train data", "preset": None, "epsilon": None, "n": len(frame)} | (
         _table_scores(evaluation)
     )
@@ -610,7 +621,7 @@ def main(argv: list[str] | None = None) -> None:
     info = data_info(args.data)
     report: dict[str, Any] = {
         "data": args.data,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine_description(args.device),
         "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
         "synthetic_n": n,
@@ -660,7 +671,7 @@ def main_tables(args: argparse.Namespace, argv: list[str] | None) -> None:
         "data": args.data,
         "modality": "table",
         "test": test_spec(args),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine_description(args.device),
         "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
         "synthetic_n": n,

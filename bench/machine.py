@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ def cpu_model() -> str:
 def describe(device: str = "cpu") -> dict[str, Any]:
     """Date (UTC), CPU model and cores, load, GPU name if any, Python, torch and thread counts."""
     out: dict[str, Any] = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,

@@ -32,6 +32,12 @@ class DataError(DpsynthError):
     exit_code = 4
 
 
+class MechanismFailure(DpsynthError):
+    """A DP mechanism cannot go on with the run's values (e.g. a noise covariance that no
+    jitter makes positive definite). The failure is deterministic, a resume would meet it
+    again, so the training loop closes the run's spend as aborted (exit 1)."""
+
+
 class LedgerIntegrityError(DpsynthError):
     """The ledger file was edited, truncated or reordered (exit 1)."""
 

@@ -1,8 +1,9 @@
 """Output folders that commands write whole: what may be replaced, staging beside the target,
 and clean-up of staging folders that a killed process left behind.
 
-A command writes its output into a hidden staging folder beside the target
-(`.NAME.dpsynth-PID-RANDOM.tmp`) and renames it into place at the end. The PID in the name lets
+A command writes its output into a hidden staging folder (or, for one file such as a table's
+CSV, a staging file) beside the target (`.NAME.dpsynth-PID-RANDOM.tmp`) and renames it into
+place at the end. The PID in the name lets
 a later run tell a live writer's staging folder from a dead one's and remove only the latter.
 `--force` may only replace a folder that the same command wrote itself, never the current
 directory, one of its parents, a run directory, the ledger's folder or a folder holding other
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -26,6 +28,18 @@ _STAGING = re.compile(r"^\.(?P<name>.+)\.dpsynth-(?P<pid>\d+)-[A-Za-z0-9_]+\.(?P
 def staging_dir(out: Path) -> Path:
     """A new, empty staging folder beside `out` whose name carries this process's PID."""
     return _sibling(out, ".tmp")
+
+
+def staging_file(out: Path) -> Path:
+    """A new, empty staging file beside the file `out` whose name carries this process's PID
+    (`.NAME.dpsynth-PID-RANDOM.tmp`): a later run removes it if this process dies first."""
+    while True:
+        path = out.parent / f".{out.name}.dpsynth-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        try:  # mode 0666 less the umask, as the final file would have (mkstemp makes 0600)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return path
 
 
 def _sibling(out: Path, suffix: str) -> Path:
@@ -47,7 +61,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def remove_stale_staging(parent: Path) -> list[Path]:
-    """Remove the staging folders in `parent` whose writing process is gone; return them.
+    """Remove the staging folders and files in `parent` whose writing process is gone; return
+    them.
 
     A replaced output that was moved aside (`.old`) by a process killed before the new one took
     its place is moved back instead, so that a kill at that moment loses nothing.
@@ -66,8 +81,13 @@ def remove_stale_staging(parent: Path) -> list[Path]:
         if match["kind"] == "old" and not target.exists() and not target.is_symlink():
             os.replace(path, target)
             continue
-        if path.is_dir() and not path.is_symlink():
+        if path.is_symlink():
+            continue
+        if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        elif match["kind"] == "tmp" and path.is_file():
+            path.unlink(missing_ok=True)  # a CSV that `sample` was writing when it was killed
             removed.append(path)
     return removed
 

@@ -65,7 +65,9 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise UsageError(f"no such file: {path}") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise DataError(f"{path}: unreadable JSON (nested too deeply)") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: unreadable JSON ({exc})") from None
 
 

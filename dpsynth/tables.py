@@ -32,6 +32,7 @@ from dpsynth.data.tabular import (
     RawTable,
     TableData,
     check_header,
+    check_values,
     encode_table,
     table_content_digest,
 )
@@ -168,6 +169,9 @@ def prepare_table(
             f"{flags} ({spent:g}) must be below --epsilon {target_epsilon:g} "
             "(the total, training included)"
         )
+    # Every row is checked against the schema before anything is spent: after the release
+    # only the released columns' lists change (a value outside them falls in '(other)').
+    check_values(raw, schema, released=schema.data_derived() if schema_epsilon is not None else ())
     delta = delta_for(raw.n)
     # keyed under the ledger's secret key: the plain digest would be a membership test
     fingerprint = ledger.data_fingerprint(table_content_digest(raw, schema))

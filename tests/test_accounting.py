@@ -12,13 +12,8 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpsynth.errors import BudgetExceededError, UsageError
 from dpsynth.privacy import accounting
-from dpsynth.privacy.accounting import (
-    calibrate_noise,
-    compose_epsilon,
-    epsilon_report,
-    max_steps,
-    poisson_gaussian_event,
-)
+from dpsynth.privacy.accounting import compose_epsilon, epsilon_report, poisson_gaussian_event
+from dpsynth.privacy.calibration import calibrate_noise, max_steps
 
 ADD_REMOVE = NeighboringRelation.ADD_OR_REMOVE_ONE
 
@@ -124,6 +119,20 @@ def test_prior_spends_are_composed_into_calibration():
     assert after.prior_epsilon > 0
     with pytest.raises(BudgetExceededError):
         calibrate_noise(after.prior_epsilon * 0.5, 1e-5, 0.02, 200, prior)
+
+
+def test_one_rule_for_a_small_headroom_at_least_half_a_percent_of_epsilon():
+    # Under 0.5% of ε left (the accountant's error bound) is exit 3 naming the spent ε and the
+    # headroom, whatever q and T; with 0.6% left a σ is certified and the total stays ≤ ε.
+    prior_alone = calibrate_noise(4.99, 1e-5, 0.01, 1000)
+    prior = (poisson_gaussian_event(prior_alone.noise_multiplier, 0.01, 1000),)
+    spent = prior_alone.epsilon
+    assert 4.97 < spent <= 4.99
+    for q, steps in ((0.01, 1000), (1.0, 1), (0.05, 300)):
+        with pytest.raises(BudgetExceededError, match=r"leaving a headroom of .* at least 0\.5%"):
+            calibrate_noise(spent * 1.004, 1e-5, q, steps, prior)
+        fits = calibrate_noise(spent * 1.006, 1e-5, q, steps, prior)
+        assert fits.total_epsilon <= spent * 1.006
 
 
 def test_non_private_events_compose_to_infinity():

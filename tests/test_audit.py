@@ -11,7 +11,7 @@ import torch
 from scipy.stats import binom
 from typer.testing import CliRunner
 
-import dpsynth.privacy.dpsgd as dpsgd
+import dpsynth.privacy.per_record as per_record
 from dpsynth.audit import run as audit_run
 from dpsynth.audit.bound import epsilon_lower_bound, p_value
 from dpsynth.audit.functional import canary_block
@@ -19,7 +19,8 @@ from dpsynth.audit.whitebox import mechanism_steps
 from dpsynth.cli import app
 from dpsynth.errors import UsageError
 from dpsynth.methods.registry import get_method, method_names
-from dpsynth.privacy.accounting import plan_poisson_gaussian, poisson_gaussian_event
+from dpsynth.privacy.accounting import poisson_gaussian_event
+from dpsynth.privacy.calibration import plan_poisson_gaussian
 from dpsynth.privacy.functional import derivative_kernel_covariance
 from dpsynth.privacy.plan import PrivacyTarget
 
@@ -116,8 +117,10 @@ def test_broken_pge_tiny_fails(broken):
 
 
 def test_the_audit_runs_the_privacy_layers_own_clipping(monkeypatch):
-    """A bug in dpsgd's clipping (not the audit's --break switch) is caught."""
-    monkeypatch.setattr(dpsgd, "_clip_factors", lambda norms, max_norm: norms.new_ones(norms.shape))
+    """A bug in the per-record clipping (not the audit's --break switch) is caught."""
+    monkeypatch.setattr(
+        per_record, "_clip_factors", lambda norms, max_norm: norms.new_ones(norms.shape)
+    )
     result = audit_run.run_audit("pge", "tiny", 1.0, canaries=3000, seed=13)
     assert result.broken is None
     assert result.lower_bound > result.claimed_epsilon

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dpsynth.privacy.accounting import plan_poisson_gaussian
+from dpsynth.privacy.calibration import plan_poisson_gaussian
 from dpsynth.privacy.central import (
     CentralImagesPlan,
     central_plan_in,
@@ -244,7 +244,8 @@ def test_audit_runs_a_plan_with_the_release() -> None:
 
 def test_gaussian_sigma_for_share_takes_its_share_of_what_is_left() -> None:
     from dpsynth.errors import BudgetExceededError
-    from dpsynth.privacy.accounting import compose_epsilon, gaussian_sigma_for_share
+    from dpsynth.privacy.accounting import compose_epsilon
+    from dpsynth.privacy.calibration import gaussian_sigma_for_share
 
     prior = ({"type": "gaussian", "noise_multiplier": 2.0, "count": 1},)
     left = 5.0 - compose_epsilon(prior, 1e-5).epsilon

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dpsynth import sampling
-from dpsynth.methods.registry import method_names
+from dpsynth.methods.registry import get_method, method_names
 from dpsynth.training import train_run
 
 DRAWS = ("randn", "rand", "randint", "randperm", "normal", "bernoulli", "multinomial")
@@ -52,6 +52,8 @@ def draws_without_the_generators_device(monkeypatch) -> list[str]:
 def test_training_and_sampling_draw_on_the_generators_device(
     tmp_path: Path, method: str, draws_without_the_generators_device: list[str]
 ) -> None:
+    if "image" not in get_method(method).modalities:
+        pytest.skip(f"{method} is table-only (see the table variant below)")
     run = tmp_path / "run"
     train_run(
         method=method, data="digits", epsilon=10, preset="tiny", out=run,
@@ -60,6 +62,24 @@ def test_training_and_sampling_draw_on_the_generators_device(
     )  # fmt: skip
     images, labels, _ = sampling.generate(run, 4, seed=0, device="cpu", batch_size=3)
     assert images.shape[0] == 4 and labels.shape[0] == 4
+    assert draws_without_the_generators_device == []
+
+
+@pytest.mark.parametrize(
+    "method", [m for m in method_names() if "image" not in get_method(m).modalities]
+)
+def test_table_only_methods_draw_on_the_generators_device(
+    tmp_path: Path, method: str, draws_without_the_generators_device: list[str]
+) -> None:
+    run = tmp_path / "run"
+    train_run(
+        method=method, data="german-credit", epsilon=10, preset="tiny", out=run,
+        ledger_path=tmp_path / "ledger.jsonl", device="cpu", stop_after_steps=1,
+        checkpoint_every_s=0,
+    )  # fmt: skip
+    out = tmp_path / "synth.csv"
+    sampling.sample_table(run, 5, out, batch_size=3, seed=0, device="cpu")
+    assert len(out.read_text().splitlines()) == 6
     assert draws_without_the_generators_device == []
 
 

@@ -12,7 +12,8 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 
 from dpsynth.errors import UsageError
-from dpsynth.privacy.accounting import compose_epsilon, plan_poisson_gaussian
+from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.privacy.calibration import plan_poisson_gaussian
 from dpsynth.privacy.frequency import (
     FrequencyPlan,
     band_features,

@@ -20,14 +20,10 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from dpsynth.errors import UsageError
-from dpsynth.privacy.dpsgd import (
-    PrivateGradient,
-    _clipped_sum,
-    add_noise,
-    per_sample_grads,
-)
+from dpsynth.privacy.dpsgd import PrivateGradient, add_noise
 from dpsynth.privacy.ghost import ghost_clipped_sum, unsupported_reasons
 from dpsynth.privacy.ghost_check import GhostFallbackWarning
+from dpsynth.privacy.per_record import clipped_sum, per_sample_grads
 from tests.noise_checks import assert_gaussian_noise
 
 # --------------------------------------------------------------------------- models
@@ -147,7 +143,7 @@ def test_norms_and_clipped_sum_equal_vmap(case: str):
     grads = per_sample_grads(model, record_loss(model), (x, y))
     flat = torch.cat([g.flatten(1) for g in grads.values()], dim=1)
     max_norm = float(flat.norm(dim=1).median())  # some records clipped, some not
-    want_sum, want_norms = _clipped_sum(grads, max_norm)
+    want_sum, want_norms = clipped_sum(grads, max_norm)
     summed, norms, losses = ghost_clipped_sum(model, batch_loss(model), (x, y), max_norm)
     torch.testing.assert_close(norms, want_norms, rtol=1e-10, atol=1e-12)
     assert list(summed) == list(want_sum)  # all trainable parameters, in the model's order
@@ -158,9 +154,9 @@ def test_norms_and_clipped_sum_equal_vmap(case: str):
 
 @pytest.mark.parametrize("case", ["conv1d", "conv2d", "small-cnn"])
 def test_unfold_per_record_conv_gradients_equal_vmap(case: str, monkeypatch):
-    from dpsynth.privacy import ghost
+    from dpsynth.privacy import ghost_layers
 
-    monkeypatch.setattr(ghost, "CONV_PER_RECORD", "unfold")
+    monkeypatch.setattr(ghost_layers, "CONV_PER_RECORD", "unfold")
     test_norms_and_clipped_sum_equal_vmap(case)
 
 
@@ -184,7 +180,7 @@ def test_frozen_parameters_and_unused_layers():
             + 0 * params["unused.bias"].sum()
         )
 
-    want, want_norms = _clipped_sum(per_sample_grads(model, rec, (x, y)), 0.3)
+    want, want_norms = clipped_sum(per_sample_grads(model, rec, (x, y)), 0.3)
     summed, norms, _ = ghost_clipped_sum(model, loss, (x, y), 0.3)
     assert "0.bias" not in summed
     assert_grads_close(summed, want, rtol=1e-9, atol=1e-12)
@@ -512,13 +508,13 @@ def test_backends_use_ghost_and_train_as_with_vmap(case: str, one_torch_thread: 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("conv", ["grouped", "unfold"])
 def test_ghost_equals_vmap_on_cuda(conv: str, monkeypatch):
-    from dpsynth.privacy import ghost
+    from dpsynth.privacy import ghost_layers
 
-    monkeypatch.setattr(ghost, "CONV_PER_RECORD", conv)
+    monkeypatch.setattr(ghost_layers, "CONV_PER_RECORD", conv)
     model, x, y = build("small-cnn", records=16)
     model, x, y = model.cuda(), x.cuda(), y.cuda()
     grads = per_sample_grads(model, record_loss(model), (x, y))
-    want, want_norms = _clipped_sum(grads, 0.5)
+    want, want_norms = clipped_sum(grads, 0.5)
     summed, norms, _ = ghost_clipped_sum(model, batch_loss(model), (x, y), 0.5)
     torch.testing.assert_close(norms, want_norms, rtol=1e-9, atol=1e-12)
     assert_grads_close(summed, want, rtol=1e-9, atol=1e-12)

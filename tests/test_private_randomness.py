@@ -251,18 +251,25 @@ def test_cli_log_private_loss_flag(tmp_path):
 
     from dpsynth.cli import app
 
+    # Two independent runs, one ledger each: the second would otherwise get only the
+    # headroom the first left (under the 0.5% of ε a run needs).
     args = ["train", "--method", "templates", "--data", "digits", "--epsilon", "4",
-            "--preset", "tiny", "--ledger", str(tmp_path / "l.jsonl"), "--device", "cpu",
-            "--json"]  # fmt: skip
+            "--preset", "tiny", "--device", "cpu", "--json"]  # fmt: skip
     runner = CliRunner()
-    plain = runner.invoke(app, [*args, "--out", str(tmp_path / "plain")])
+    plain = runner.invoke(
+        app, [*args, "--out", str(tmp_path / "plain"), "--ledger", str(tmp_path / "p.jsonl")]
+    )
     assert plain.exit_code == 0, plain.output
     assert not (tmp_path / "plain" / "private" / "train-loss.jsonl").exists()
     assert (tmp_path / "plain" / "private" / "secret.json").is_file()
     secret = json.loads((tmp_path / "plain" / "private" / "secret.json").read_text())["secret"]
     for name in ("config.json", "train-log.jsonl", "state.json"):
         assert secret not in (tmp_path / "plain" / name).read_text(), name
-    loud = runner.invoke(app, [*args, "--out", str(tmp_path / "loud"), "--log-private-loss"])
+    loud = runner.invoke(
+        app,
+        [*args, "--out", str(tmp_path / "loud"), "--ledger", str(tmp_path / "l.jsonl"),
+         "--log-private-loss"],
+    )  # fmt: skip
     assert loud.exit_code == 0, loud.output
     assert private_log(tmp_path / "loud")
 

@@ -18,7 +18,8 @@ from scipy import integrate
 from scipy.fft import irfft, rfft
 
 from dpsynth.privacy import accounting, prv, rdp
-from dpsynth.privacy.accounting import calibrate_noise, compose_epsilon, poisson_gaussian_event
+from dpsynth.privacy.accounting import compose_epsilon, poisson_gaussian_event
+from dpsynth.privacy.calibration import calibrate_noise
 
 CASES = [
     # (groups of (kind, σ, q), counts, δ)

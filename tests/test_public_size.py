@@ -14,7 +14,7 @@ import pytest
 
 from dpsynth.errors import DataError, UsageError
 from dpsynth.ledger import Ledger
-from dpsynth.privacy.accounting import default_delta
+from dpsynth.privacy.calibration import default_delta
 from dpsynth.training import TrainRequest, train_run
 
 DIGITS_N = 1437

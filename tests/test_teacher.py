@@ -22,7 +22,8 @@ from dpsynth.methods.blocks import (
     plan_with_stages,
     teacher_from_state,
 )
-from dpsynth.privacy.accounting import compose_epsilon, plan_poisson_gaussian
+from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.privacy.calibration import plan_poisson_gaussian
 from dpsynth.privacy.plan import PrivacyTarget
 from dpsynth.privacy.randomness import PrivateRandomness
 

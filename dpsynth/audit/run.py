@@ -18,12 +18,13 @@ from dpsynth.audit.functional import audit_field
 from dpsynth.audit.whitebox import CANARY_NORM_FACTOR, audit_events
 from dpsynth.data.builtin import BUILTINS
 from dpsynth.data.images import DataInfo
+from dpsynth.data.limits import over_budget
 from dpsynth.errors import UsageError
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.accounting import default_delta
+from dpsynth.privacy.calibration import default_delta
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
-__all__ = ["AuditResult", "public_info", "run_audit"]
+__all__ = ["AuditResult", "audit_memory", "check_audit_values", "public_info", "run_audit"]
 
 MODE = "white-box"
 DATA_NOTE = (
@@ -102,6 +103,33 @@ def plan_for(method_name: str, preset: str, epsilon: float, data: str) -> Privac
     return method.plan(info, target, config, ())
 
 
+def check_audit_values(canaries: int, confidence: float) -> None:
+    """UsageError for a canary count or confidence the audit cannot use, before any work."""
+    if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 2:
+        raise UsageError(f"--canaries must be an integer of at least 2, got {canaries!r}")
+    if not 0.0 < confidence < 1.0:
+        raise UsageError(
+            f"--confidence must be strictly between 0 and 1 (e.g. 0.95), got {confidence:g}"
+        )
+
+
+def audit_memory(mechanism: str, plan: PrivacyPlan, canaries: int) -> float:
+    """Bytes the white-box audit of `canaries` canaries holds at its peak (an upper estimate).
+
+    DP-SGD: a few float64 vectors of length m, and per step the batch's records and their
+    per-record gradients, [b, m] each, b the largest Poisson batch expected (q·m/2 plus six
+    standard deviations). Functional: the canaries' field and noise over m·16 points, measured
+    at about 11 bytes per m² (16 here).
+    """
+    m = float(canaries)
+    if mechanism == "functional":
+        return 16.0 * m * m + 64.0 * m * 16
+    rates = [float(e.get("sampling_rate", 1.0)) for e in plan.events] or [1.0]
+    mean = max(rates) * m / 2.0
+    batch = min(m, mean + 6.0 * mean**0.5 + 1.0)
+    return 8.0 * m * (16.0 + 4.0 * batch)
+
+
 def run_audit(
     method_name: str,
     preset: str,
@@ -114,9 +142,17 @@ def run_audit(
     break_mode: str | None = None,
 ) -> AuditResult:
     """Audit `method_name`'s mechanism as planned for `preset` at ε (one white-box run)."""
+    check_audit_values(canaries, confidence)
     method = get_method(method_name)
     mechanism = getattr(method, "audit_mechanism", "dpsgd")
+    if mechanism not in ("dpsgd", "functional"):
+        raise UsageError(
+            f"--method {method_name}: no white-box audit for its {mechanism!r} mechanism yet"
+        )
     plan = plan_for(method_name, preset, epsilon, data)
+    problem = over_budget(audit_memory(mechanism, plan, canaries))
+    if problem:
+        raise UsageError(f"--canaries {canaries}: the audit {problem}; use fewer canaries")
     if mechanism == "dpsgd":
         outcome = audit_events(
             plan.events,

@@ -101,6 +101,8 @@ LedgerOpt = Annotated[
         "--ledger",
         help="Ledger file [default: $DPSYNTH_LEDGER or ./dpsynth-ledger.jsonl].",
         show_default=False,
+        # The ledger reports an unreadable file itself (exit 4, one line), as for data.
+        readable=False,
     ),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]

@@ -37,7 +37,7 @@ def calibrate(
     debug: DebugOpt = False,
 ) -> None:
     """Noise multiplier for a target (ε, δ), sampling rate and length; or ε for a given noise."""
-    from dpsynth.privacy import accounting
+    from dpsynth.privacy import accounting, calibration
 
     q, n = _sampling_rate(sampling_rate, batch_size, dataset_size)
     length = _length(steps, epochs, q)
@@ -71,7 +71,7 @@ def calibrate(
             raise UsageError(
                 "give at most two of --epsilon, --noise-multiplier and --steps/--epochs"
             )
-        result = accounting.max_steps(noise_multiplier, epsilon, delta, q, prior)
+        result = calibration.max_steps(noise_multiplier, epsilon, delta, q, prior)
         mode = "max_steps"
     elif noise_multiplier is not None:
         if length is None:
@@ -81,7 +81,7 @@ def calibrate(
     elif epsilon is not None:
         if length is None:
             raise UsageError("--epsilon needs --steps or --epochs (or --noise-multiplier)")
-        result = accounting.calibrate_noise(epsilon, delta, q, length, prior)
+        result = calibration.calibrate_noise(epsilon, delta, q, length, prior)
         mode = "noise_multiplier"
     else:
         raise UsageError("give --epsilon (to find the noise) or --noise-multiplier (to find ε)")

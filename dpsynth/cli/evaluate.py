@@ -39,7 +39,8 @@ def evaluate(
     metrics: Annotated[
         str,
         typer.Option(
-            help="Comma list: fid, accuracy, precision, recall; tables: accuracy, roc_auc, ml."
+            help="Comma list: fid, accuracy, precision, recall; tables: accuracy, roc_auc, ml, "
+            "marginals."
         ),
     ] = "fid,accuracy",
     classifier: Annotated[str, typer.Option(help="cnn or logreg.")] = "cnn",
@@ -70,7 +71,8 @@ def evaluate(
 ) -> None:
     """FID and downstream accuracy of synthetic images against held-out real data; for tables
     (--real csv:FILE or german-credit:test), logistic regression and gradient boosting trained
-    on the synthetic CSV: accuracy and ROC-AUC (--metrics accuracy,roc_auc or ml)."""
+    on the synthetic CSV: accuracy and ROC-AUC (--metrics accuracy,roc_auc or ml), and the
+    total variation distance of its 1-, 2- and 3-way marginals to the real rows (marginals)."""
     from dpsynth.data.sources import parse_classes
     from dpsynth.evaluate.report import run_evaluation
 
@@ -141,7 +143,7 @@ def evaluate(
 
 
 def _render_table(result: dict[str, Any]) -> None:
-    from dpsynth.evaluate.tabular import fmt_score, score_rows
+    from dpsynth.evaluate.tabular import fmt_score, marginal_rows, ml_metrics, score_rows
 
     print_warnings(list(result.get("warnings", [])))
     rows: list[tuple[str, Any]] = [
@@ -153,8 +155,9 @@ def _render_table(result: dict[str, Any]) -> None:
     if result.get("non_private"):
         rows.append(("privacy", "NOT PRIVATE: evaluated on data a DP run spent budget on"))
     for trained, kind, values in score_rows(result):
-        for metric in result["metrics_requested"]:
+        for metric in ml_metrics(result["metrics_requested"]):
             rows.append((f"{metric}, {kind} trained on {trained}", fmt_score(values[metric])))
+    rows += marginal_rows(result)
     if result.get("report_dir"):
         rows.append(("report", os.path.join(str(result["report_dir"]), "report.md")))
     print_kv("evaluate", rows)

@@ -27,7 +27,8 @@ def sample(
         str,
         typer.Option(
             help="balanced, per-class counts a,b,c,... summing to --n, or (tables) weights: "
-            "the target's class proportions in the run's schema (declared or DP-released)."
+            "the target's class proportions in the run's schema (declared or DP-released), "
+            "or (aim, mst) model: the class proportions the model fitted."
         ),
     ] = "balanced",
     batch_size: Annotated[int, typer.Option(help="Images generated at once.")] = 500,
@@ -76,6 +77,13 @@ def sample(
         emit_json(result)
         return
     what = "rows" if result.get("modality") == "table" else "images"
+    if result.get("replaced"):
+        earlier = (
+            f"{result['out']} and {result['manifest']}"
+            if result.get("manifest")
+            else (result["out"])
+        )
+        stdout.print(f"replaced the earlier sample output {earlier} (--force)")
     stdout.print(
         f"wrote {result['n']} {what} to {result['out']} ({result['format']}); "
         f"{result['privacy']}; sha256 {result['output_sha256']}",

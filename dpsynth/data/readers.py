@@ -1,4 +1,5 @@
-"""Readers for the user's own image files: IDX (MNIST family), class folders, `.npz` arrays.
+"""Readers for the user's own image files: IDX (MNIST family) and `.npz` arrays (class folders:
+`dpsynth.data.image_folder`).
 
 Each reader returns `RawImages` (uint8 pixels [N, C, H, W], int64 labels, class names) or
 raises `DataError` with one line that starts with the offending file. Which channels, size and
@@ -12,7 +13,6 @@ declared set is malformed data, never a new class.
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
+from dpsynth.data.limits import MAX_IMAGE_PIXELS, fmt_bytes, memory_budget, over_budget
 from dpsynth.errors import DataError, UsageError
 
 IDX_UNSIGNED_BYTE = 0x08
@@ -30,12 +30,9 @@ IDX_FILES: dict[str, tuple[str, str]] = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 IDX_CLASSES: tuple[str, ...] = tuple(str(d) for d in range(10))
-IMAGE_SUFFIXES = frozenset(
-    {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm"}
-)
-GRAY_MODES = frozenset({"1", "L", "LA"})
-WIDE_MODES = frozenset({"I", "F", "I;16", "I;16B", "I;16L", "I;16N"})
+# Images resized at once: at most this many float32 bytes per chunk (and at most 2048 images).
 RESIZE_CHUNK = 2048
+RESIZE_CHUNK_BYTES = 256 << 20
 
 
 @dataclass
@@ -68,12 +65,14 @@ def resize_uint8(x: np.ndarray, image_size: int) -> np.ndarray:
     if x.shape[2:] == (image_size, image_size):
         return x
     out = np.empty((*x.shape[:2], image_size, image_size), dtype=np.uint8)
-    for start in range(0, len(x), RESIZE_CHUNK):
-        chunk = torch.from_numpy(x[start : start + RESIZE_CHUNK].astype(np.float32))
+    per_image = 4 * int(np.prod(x.shape[1:])) + 4 * x.shape[1] * image_size * image_size
+    step = max(1, min(RESIZE_CHUNK, RESIZE_CHUNK_BYTES // max(per_image, 1)))
+    for start in range(0, len(x), step):
+        chunk = torch.from_numpy(x[start : start + step].astype(np.float32))
         resized = F.interpolate(
             chunk, size=(image_size, image_size), mode="bilinear", antialias=True
         )
-        out[start : start + RESIZE_CHUNK] = resized.round().clamp(0, 255).to(torch.uint8).numpy()
+        out[start : start + step] = resized.round().clamp(0, 255).to(torch.uint8).numpy()
     return out
 
 
@@ -115,10 +114,15 @@ def read_maybe_gzip(path: Path) -> bytes:
     try:
         with path.open("rb") as handle:
             compressed = handle.read(2) == b"\x1f\x8b"
-        if compressed:
-            with gzip.open(path, "rb") as handle:
-                return handle.read()
-        return path.read_bytes()
+        cap = memory_budget() // 2
+        opener = gzip.open if compressed else open
+        with opener(path, "rb") as handle:
+            data = handle.read(cap + 1)  # a gzip bomb stops at the cap
+        if len(data) > cap:
+            raise data_error(
+                path, f"holds more than {fmt_bytes(cap)} (half the memory budget) of pixel data"
+            )
+        return data
     except (OSError, EOFError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
         raise data_error(path, f"cannot read ({describe(error)})") from error
 
@@ -160,7 +164,7 @@ def read_idx(root: Path, split: str) -> RawImages:
             images_path, f"has {len(images)} images but {labels_path} has {len(labels)} labels"
         )
     if len(images) == 0:
-        raise data_error(images_path, "holds no images")
+        raise data_error(images_path, "holds no records")
     outside = np.flatnonzero(labels >= len(IDX_CLASSES))
     if outside.size:
         raise data_error(
@@ -171,110 +175,13 @@ def read_idx(root: Path, split: str) -> RawImages:
     return RawImages(images[:, None].copy(), labels.astype(np.int64), IDX_CLASSES)
 
 
-# --- class folders (torchvision ImageFolder layout) ----------------------------------------
-
-
-def list_image_folder(root: Path) -> tuple[tuple[str, ...], list[tuple[Path, int]]]:
-    """Class names (sorted sub-folders) and (file, label) pairs, as torchvision ImageFolder.
-
-    Hidden files and folders and files without an image suffix are skipped; files directly in
-    `root` (a sample's labels.csv, manifest.json) are not records.
-    """
-    try:
-        class_dirs = sorted(
-            entry for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith(".")
-        )
-    except OSError as error:
-        raise data_error(root, f"cannot list folder ({describe(error)})") from error
-    if not class_dirs:
-        raise data_error(root, "has no class sub-folders (expected one sub-folder per class)")
-    files: list[tuple[Path, int]] = []
-    for label, class_dir in enumerate(class_dirs):
-        found = []
-        for folder, dirnames, filenames in os.walk(class_dir, followlinks=True):
-            dirnames[:] = [name for name in dirnames if not name.startswith(".")]
-            found.extend(
-                Path(folder) / name
-                for name in filenames
-                if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES
-            )
-        files.extend((path, label) for path in sorted(found))
-    if not files:
-        suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
-        raise data_error(root, f"no image files ({suffixes}) in its class sub-folders")
-    return tuple(entry.name for entry in class_dirs), files
-
-
-def _probe(path: Path) -> tuple[str, tuple[int, int]]:
-    try:
-        with Image.open(path) as image:
-            return image.mode, image.size
-    # PIL's format plugins raise many exception types on corrupt files, not only OSError.
-    except Exception as error:
-        raise data_error(path, f"cannot open image ({describe(error)})") from error
-
-
-def _decode(path: Path, mode: str, size: tuple[int, int]) -> np.ndarray:
-    try:
-        with Image.open(path) as image:
-            converted = image.convert(mode)
-            if converted.size != size:
-                converted = converted.resize(size, Image.Resampling.BILINEAR)
-            pixels = np.asarray(converted, dtype=np.uint8)
-    except Exception as error:  # see _probe
-        raise data_error(path, f"cannot decode image ({describe(error)})") from error
-    return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
-
-
-def read_image_folder(
-    root: Path, image_size: int | None = None, channels: int | None = None
-) -> RawImages:
-    """Read one sub-folder per class of PIL-readable images into uint8 [N, C, H, W].
-
-    One channel when every image is grayscale (PIL modes 1, L, LA), three (RGB, alpha dropped)
-    when every image is colour. A folder that mixes both needs `channels` (1 or 3), to which
-    every image is converted: one colour file must not silently decide the data's shape.
-    All images must share one size unless `image_size` is given, which resizes every image to
-    image_size x image_size (bilinear; non-square images are stretched).
-    """
-    classes, files = list_image_folder(root)
-    probes = [_probe(path) for path, _ in files]
-    wide = next((i for i, (mode, _) in enumerate(probes) if mode in WIDE_MODES), None)
-    if wide is not None:
-        raise data_error(
-            files[wide][0], f"image mode {probes[wide][0]} (16/32-bit) unsupported; save as 8-bit"
-        )
-    gray_files = [mode in GRAY_MODES for mode, _ in probes]
-    if channels is None:
-        if any(gray_files) and not all(gray_files):
-            gray_at, colour_at = gray_files.index(True), gray_files.index(False)
-            raise UsageError(
-                one_line(
-                    f"{root}: images mix grayscale and colour ({files[gray_at][0]} is "
-                    f"{probes[gray_at][0]}, {files[colour_at][0]} is {probes[colour_at][0]}); "
-                    "pass --channels 1 or --channels 3 to convert them all"
-                )
-            )
-        channels = 1 if all(gray_files) else 3
-    gray = channels == 1
-    if image_size is None:
-        first_size = probes[0][1]
-        odd = next((i for i, (_, size) in enumerate(probes) if size != first_size), None)
-        if odd is not None:
-            (w0, h0), (w1, h1) = first_size, probes[odd][1]
-            raise data_error(
-                root,
-                f"images differ in size: {files[0][0]} is {w0}x{h0}, {files[odd][0]} is "
-                f"{w1}x{h1}; pass --image-size N to resize all to NxN",
-            )
-        size = first_size
-    else:
-        size = (image_size, image_size)
-    x = np.empty((len(files), channels, size[1], size[0]), dtype=np.uint8)
-    for i, (path, _) in enumerate(files):
-        x[i] = _decode(path, "L" if gray else "RGB", size)
-    y = np.array([label for _, label in files], dtype=np.int64)
-    return RawImages(x, y, classes)
+def too_large(path: Path, what: str) -> DataError:
+    """The DataError for an image over the pixel cap (`what` says how large it is)."""
+    return data_error(
+        path,
+        f"{what}, more than the cap of {MAX_IMAGE_PIXELS:,} pixels per image (4096x4096); "
+        "resize it before use",
+    )
 
 
 # --- .npz arrays ----------------------------------------------------------------------------
@@ -302,10 +209,33 @@ def _load_npz_arrays(path: Path) -> dict[str, np.ndarray]:
                 path, f"has no array {' or '.join(missing)} (found: {', '.join(archive.files)})"
             )
         keys = [key for key in ("x", "y", "classes") if key in archive.files]
+        _check_npz_sizes(archive, keys, path)
         try:
             return {key: archive[key] for key in keys}
         except Exception as error:  # truncated member, bad CRC, pickled object array
             raise data_error(path, f"cannot read arrays ({describe(error)})") from error
+
+
+def _check_npz_sizes(archive: np.lib.npyio.NpzFile, keys: list[str], path: Path) -> None:
+    """Refuse arrays whose headers declare more bytes than the memory budget holds, before
+    they are decompressed (a compressed archive of zeros can declare terabytes)."""
+    needed = 0
+    for key in keys:
+        try:
+            with archive.zip.open(f"{key}.npy") as member:
+                version = np.lib.format.read_magic(member)
+                read_header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, _, dtype = read_header(member)
+        except Exception:  # a damaged member: reported with its reason when it is read
+            continue
+        needed += int(np.prod(shape, dtype=object)) * max(dtype.itemsize, 1)
+    problem = over_budget(2 * needed)  # the arrays, and one converted copy of the pixels
+    if problem:
+        raise data_error(path, f"its arrays {problem}")
 
 
 def _npz_pixels(x: np.ndarray, path: Path) -> np.ndarray:
@@ -320,14 +250,24 @@ def _npz_pixels(x: np.ndarray, path: Path) -> np.ndarray:
             raise data_error(path, f"x has dtype {x.dtype} with values outside 0..255")
         x = x.astype(np.uint8)
     if x.ndim == 3:
-        return x[:, None].copy()
+        return _check_pixels(x[:, None].copy(), path)
     if x.ndim == 4 and x.shape[3] in (1, 3):  # channels-last wins when both axes could be C
-        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+        return _check_pixels(np.ascontiguousarray(x.transpose(0, 3, 1, 2)), path)
     if x.ndim == 4 and x.shape[1] in (1, 3):
-        return np.ascontiguousarray(x)
+        return _check_pixels(np.ascontiguousarray(x), path)
     raise data_error(
         path, f"x has shape {list(x.shape)}; expected [N,H,W], [N,H,W,C] or [N,C,H,W], C 1 or 3"
     )
+
+
+def _check_pixels(x: np.ndarray, path: Path) -> np.ndarray:
+    """x [N, C, H, W] with records of at least one pixel and at most the pixel cap."""
+    height, width = x.shape[2], x.shape[3]
+    if height * width == 0:
+        raise data_error(path, f"x has shape {list(x.shape)}: its records hold no pixels")
+    if height * width > MAX_IMAGE_PIXELS:
+        raise too_large(path, f"its images are {width}x{height}")
+    return x
 
 
 def class_name_problem(classes: tuple[str, ...]) -> str | None:
@@ -390,7 +330,7 @@ def read_npz(path: Path, classes: tuple[str, ...] | None = None) -> RawImages:
     if len(y) != len(x):
         raise data_error(path, f"x has {len(x)} images but y has {len(y)} labels")
     if len(y) == 0:
-        raise data_error(path, "holds no images")
+        raise data_error(path, "holds no records (x and y are empty)")
     if int(y.min()) < 0:
         raise data_error(path, "y has negative labels")
     names = _npz_classes(arrays, classes, path)

@@ -149,11 +149,28 @@ def _number_json(value: float | None) -> float | int | None:
     return int(value) if float(value).is_integer() and abs(value) < 2**53 else float(value)
 
 
+def _finite(value: Any) -> float | None:
+    """`value` as a finite float, or None (not a number, a bool, infinite, or an integer too
+    large for a float: JSON integers have no size limit)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _number(obj: Mapping[str, Any], key: str, where: str) -> float:
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UsageError(f"{where}: {key!r} must be a finite number, got {value!r}")
-    return float(value)
+    number = _finite(obj.get(key))
+    if number is None:
+        raise UsageError(f"{where}: {key!r} must be a finite number, got {_shown(obj.get(key))}")
+    return number
 
 
 def parse_column(obj: Any, index: int) -> Column:
@@ -174,6 +191,9 @@ def parse_column(obj: Any, index: int) -> Column:
         low, high = _number(obj, "min", where), _number(obj, "max", where)
         if low > high:
             raise UsageError(f"{where}: min {low:g} is above max {high:g}")
+        if not math.isfinite(high - low):
+            # [min, max] is scaled to [-1, 1]: its width must be a finite number too
+            raise UsageError(f"{where}: the range from {low:g} to {high:g} overflows a float")
         return Column(name, kind, low, high, source=source)
     if kind == "categorical":
         categories = obj.get("categories")
@@ -193,14 +213,11 @@ def parse_column(obj: Any, index: int) -> Column:
             if (
                 not isinstance(weights, list)
                 or len(weights) != len(categories)
-                or not all(
-                    isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0
-                    for w in weights
-                )
-                or not all(math.isfinite(w) for w in weights)
+                or not all((_finite(w) or 0.0) > 0 for w in weights)
+                or not math.isfinite(sum(float(w) for w in weights))
             ):
                 raise UsageError(f"{where}: 'weights' must be one positive number per category")
-            total = float(sum(weights))
+            total = float(sum(float(w) for w in weights))
             weights = tuple(float(w) / total for w in weights)
         weights_source = obj.get("weights_source")
         if weights_source is not None and (weights is None or not isinstance(weights_source, str)):
@@ -233,7 +250,10 @@ def parse_schema(obj: Any, where: str = "schema") -> Schema:
     target = obj.get("target")
     if target not in names:
         raise UsageError(f"{where}: 'target' must name one of its columns, got {target!r}")
-    schema = Schema(columns, str(target), tuple(str(n) for n in obj.get("notes", ())))
+    notes = obj.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise UsageError(f"{where}: 'notes' must be a list of strings")
+    schema = Schema(columns, str(target), tuple(notes))
     if schema.target_column.type != "categorical":
         raise UsageError(f"{where}: the target {target!r} must be categorical (the label set)")
     if len(schema.classes) < 2:
@@ -245,15 +265,31 @@ def parse_schema(obj: Any, where: str = "schema") -> Schema:
     return schema
 
 
+# A schema file lists column names, bounds and categories: a few KiB, or a few MiB for a wide
+# table with long category lists. Anything larger is not a schema; it is refused unread.
+MAX_SCHEMA_BYTES = 16 << 20
+
+
 def read_schema(path: Path | str) -> Schema:
     """Read and check a schema file (UsageError for a missing or malformed file)."""
     path = Path(path)
     try:
+        if path.is_dir():
+            raise UsageError(f"--schema {path}: is a folder, not a JSON file")
+        size = path.stat().st_size
+        if size > MAX_SCHEMA_BYTES:
+            raise UsageError(
+                f"--schema {path}: {size} bytes, more than the {MAX_SCHEMA_BYTES >> 20} MiB cap "
+                "of a schema file"
+            )
         obj = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"--schema {path}: no such file") from None
+    except RecursionError:
+        raise UsageError(f"--schema {path}: JSON nested too deeply to be a schema") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"--schema {path}: not a readable JSON file ({exc})") from None
+        reason = " ".join(str(exc).split())[:160]
+        raise UsageError(f"--schema {path}: not a readable JSON file ({reason})") from None
     return parse_schema(obj, f"--schema {path}")
 
 

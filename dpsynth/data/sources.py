@@ -23,12 +23,12 @@ import torch
 
 from dpsynth.data.builtin import BUILTINS, list_builtin
 from dpsynth.data.builtin_tables import TABLE_BUILTINS
+from dpsynth.data.image_folder import read_image_folder
 from dpsynth.data.images import ImageData
 from dpsynth.data.readers import (
     RawImages,
     class_name_problem,
     read_idx,
-    read_image_folder,
     read_npz,
     resize_uint8,
 )

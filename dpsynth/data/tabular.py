@@ -37,7 +37,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dpsynth.data.csvfile import read_csv_text
 from dpsynth.data.images import DataInfo
+from dpsynth.data.limits import MAX_CSV_COLUMNS, MAX_CSV_FIELD_CHARS, over_budget
 from dpsynth.data.schema import Column, Schema
 from dpsynth.errors import DataError
 
@@ -58,37 +60,79 @@ class RawTable:
         return len(self.columns[0]) if self.columns else 0
 
     def column(self, name: str) -> np.ndarray:
-        """The values of one column (strings)."""
+        """The values of one column (strings); DataError when the file has no such column."""
+        if name not in self.header:
+            raise DataError(
+                f"{self.source}: has no column {name[:_MAX_SHOWN]!r} (its columns: "
+                f"{', '.join(self.header[:10])}{', ...' if len(self.header) > 10 else ''})"
+            )
         return self.columns[self.header.index(name)]
 
 
 def read_csv_table(path: Path | str, source: str | None = None) -> RawTable:
-    """Read a CSV (plain or compressed, by file name) as stripped strings (DataError if not)."""
+    """Read a CSV (plain or compressed, by file name) as stripped strings (DataError if not).
+
+    The text is read and checked first (`dpsynth.data.csvfile`: decompression, UTF-8, the line
+    and size caps), then parsed; the header is read as written, so a name that appears twice
+    is an error rather than silently renamed; a field longer than the cap, or columns whose
+    fixed-width strings would not fit the memory budget, are refused before they are built.
+    """
     path = Path(path)
     name = source or str(path)
+    text = read_csv_text(path, name)
     try:
         frame = pd.read_csv(
-            path,
+            io.BytesIO(text),
+            header=None,
             dtype=str,
             keep_default_na=False,
             na_filter=False,
             skipinitialspace=True,
-            compression="infer",
+            encoding="utf-8",
         )
-    except FileNotFoundError:
-        raise DataError(f"{name}: no such file") from None
-    except (OSError, ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{name}: the table has no rows") from None
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DataError(f"{name}: not a readable CSV file ({first})") from None
-    if frame.shape[0] == 0 or frame.shape[1] == 0:
+    del text
+    if frame.shape[1] > MAX_CSV_COLUMNS:
+        raise DataError(f"{name}: {frame.shape[1]} columns, more than the cap of {MAX_CSV_COLUMNS}")
+    if frame.shape[0] < 2:
         raise DataError(f"{name}: the table has no rows")
-    header = tuple(str(c).strip() for c in frame.columns)
-    if len(set(header)) != len(header):
-        raise DataError(f"{name}: a column name appears twice in the header")
-    columns = tuple(
-        np.char.strip(frame.iloc[:, i].to_numpy(dtype=str)) for i in range(frame.shape[1])
-    )
+    header = tuple(str(c).strip() or f"Unnamed: {i}" for i, c in enumerate(frame.iloc[0].tolist()))
+    seen: set[str] = set()
+    for column_name in header:
+        if column_name in seen:
+            raise DataError(
+                f"{name}: the column name {column_name[:_MAX_SHOWN]!r} appears twice in the "
+                "header; a schema names each column once (rename one)"
+            )
+        seen.add(column_name)
+    values = [frame.iloc[1:, i].to_numpy(dtype=object) for i in range(frame.shape[1])]
+    del frame
+    _check_field_sizes(values, header, name)
+    columns = tuple(np.char.strip(column.astype(str)) for column in values)
     return RawTable(header, columns, name)
+
+
+def _check_field_sizes(values: list[np.ndarray], header: tuple[str, ...], name: str) -> None:
+    """DataError for a field over MAX_CSV_FIELD_CHARS, or columns whose fixed-width strings
+    (rows x longest field x 4 bytes each) would not fit the memory budget."""
+    needed = 0
+    for column_name, column in zip(header, values, strict=True):
+        lengths = np.fromiter(map(len, column), dtype=np.int64, count=len(column))
+        longest = int(lengths.max(initial=0))
+        if longest > MAX_CSV_FIELD_CHARS:
+            row = int(np.argmax(lengths))
+            raise DataError(
+                f"{name}: column {column_name[:_MAX_SHOWN]!r} row {row + 2} holds a field of "
+                f"{longest} characters, more than the cap of {MAX_CSV_FIELD_CHARS}"
+            )
+        needed += len(column) * max(longest, 1) * 4
+    problem = over_budget(needed)
+    if problem:
+        raise DataError(f"{name}: the table's {len(values[0])} rows {problem}")
 
 
 def check_header(raw: RawTable, schema: Schema) -> None:
@@ -151,6 +195,23 @@ def _codes(raw: RawTable, column: Column) -> np.ndarray:
             "or declare an 'other' category that absorbs unlisted values)"
         )
     return codes
+
+
+def check_values(raw: RawTable, schema: Schema, released: Sequence[str] = ()) -> None:
+    """DataError (exit 4) for the first value the schema cannot encode: every used column's
+    values are parsed (numbers must be finite), and categories checked against their list,
+    except for the `released` columns, whose list a DP release is about to replace (a value
+    outside it then falls in the released '(other)'). Spends nothing: run before any release
+    so that a bad row fails before the ledger is touched."""
+    check_header(raw, schema)
+    skip = set(released)
+    for column in schema.columns:
+        if column.type == "ignored":
+            continue
+        if column.is_numeric:
+            _numbers(raw, column)
+        elif column.name not in skip:
+            _codes(raw, column)
 
 
 def table_content_digest(raw: RawTable, schema: Schema) -> str:
@@ -251,7 +312,8 @@ def _scale(values: np.ndarray, column: Column) -> np.ndarray:
     low, high = float(column.min), float(column.max)  # type: ignore[arg-type]
     if high == low:
         return np.zeros_like(values, dtype=np.float32)
-    return (2.0 * (np.clip(values, low, high) - low) / (high - low) - 1.0).astype(np.float32)
+    # divided before doubled: 2·(v − min) overflows for ranges near the float maximum
+    return ((np.clip(values, low, high) - low) / (high - low) * 2.0 - 1.0).astype(np.float32)
 
 
 def _unscale(values: np.ndarray, column: Column) -> np.ndarray:

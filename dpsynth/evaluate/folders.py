@@ -8,6 +8,7 @@ real set's label order.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from dpsynth.data.images import ImageData
+from dpsynth.data.limits import over_budget
 from dpsynth.errors import DataError, UsageError
 
 
@@ -58,6 +60,7 @@ def load_synthetic(
     if not root.exists():
         raise UsageError(f"--synthetic {root}: no such folder or run directory")
     if is_run_dir(root):
+        _check_image_run(root, n, real_shape)
         x, y, classes, provenance = _sample_run(root, n, seed, device)
         source = "run"
     else:
@@ -75,6 +78,27 @@ def load_synthetic(
     return SyntheticImages(
         x=x, y=y, classes=tuple(real_classes), source=source, path=root, provenance=provenance
     )
+
+
+def _check_image_run(root: Path, n: int | None, real_shape: tuple[int, int, int]) -> None:
+    """UsageError for a table's run given against image data, or for `--n` images whose
+    pixels (held whole, then as floats) would not fit the memory budget."""
+    try:
+        data = json.loads((root / "config.json").read_text()).get("data")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        data = None  # the sampler reports an unreadable config with its own message
+    if isinstance(data, dict) and data.get("modality") == "table":
+        raise UsageError(
+            f"--synthetic {root} is a table's run: evaluate a sample of it (`dpsynth sample "
+            f"{root} --out rows.csv`) against a table (--real csv:FILE or a built-in table)"
+        )
+    if n is not None:
+        shape = data.get("shape") if isinstance(data, dict) else None
+        known = isinstance(shape, list) and all(type(v) is int and v > 0 for v in shape)
+        values = math.prod(shape) if known and shape else 0
+        problem = over_budget(n * max(values, math.prod(real_shape)) * 8)
+        if problem:
+            raise UsageError(f"--n {n}: the synthetic images {problem}")
 
 
 def map_labels_by_name(

@@ -8,6 +8,10 @@ fitted on the synthetic CSV only and tested on the real held-out table: accuracy
 The final model is reported, nothing is selected on the test rows. `--real-train SPEC` adds the
 same classifiers trained on real rows, for reference (a non-private statistic of those rows).
 
+`--metrics marginals` adds the marginal fidelity (`dpsynth.evaluate.marginals`): the total
+variation distance of the 1-, 2- and 3-way marginals between the synthetic and the real rows,
+numbers binned on the schema's public bounds; `ml` and `marginals` combine (`ml,marginals`).
+
 The schema that reads both tables: `--schema`, else the one in the synthetic CSV's manifest
 (the run's public schema), else a built-in table's own. Values the schema does not list are
 kept: one-hot encoding ignores them and the boosted trees treat them as missing. Rows whose
@@ -46,25 +50,42 @@ from dpsynth.evaluate.render import fingerprint_note
 from dpsynth.runs import write_bytes_atomic
 
 TABLE_METRICS = ("accuracy", "roc_auc")
+FIDELITY_METRICS = ("marginals",)
 CLASSIFIERS = ("logreg", "gbm")
 _ALIASES = {"ml": TABLE_METRICS, "auc": ("roc_auc",), "roc-auc": ("roc_auc",)}
 
 
 def parse_table_metrics(metrics: Sequence[str]) -> list[str]:
-    """accuracy, roc_auc (aliases: auc, roc-auc; ml for both)."""
+    """accuracy, roc_auc (aliases: auc, roc-auc; ml for both) and marginals."""
     wanted: list[str] = []
     for name in (m.strip().lower() for m in metrics if m.strip()):
         for metric in _ALIASES.get(name, (name,)):
-            if metric not in TABLE_METRICS:
+            if metric not in TABLE_METRICS + FIDELITY_METRICS:
                 raise UsageError(
                     f"--metrics {name!r} is not a table metric; choose from accuracy, roc_auc "
-                    "(or ml for both)"
+                    "(or ml for both), marginals"
                 )
             if metric not in wanted:
                 wanted.append(metric)
     if not wanted:
-        raise UsageError("--metrics: name at least one of accuracy, roc_auc, ml")
+        raise UsageError("--metrics: name at least one of accuracy, roc_auc, ml, marginals")
     return wanted
+
+
+def ml_metrics(wanted: Sequence[str]) -> list[str]:
+    """The classifier metrics among the requested ones (accuracy, roc_auc)."""
+    return [m for m in wanted if m in TABLE_METRICS]
+
+
+def check_columns(raw: RawTable, schema: Schema) -> None:
+    """DataError naming the schema's columns (all but ignored ones) that the table lacks."""
+    missing = [c.name for c in schema.columns if c.type != "ignored" and c.name not in raw.header]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise DataError(
+            f"{raw.source}: has no column {', '.join(map(repr, missing[:5]))}{more}, which the "
+            "schema lists (the header must name every schema column that is not ignored)"
+        )
 
 
 def _manifest(path: Path) -> dict[str, Any]:
@@ -221,6 +242,8 @@ def run_table_evaluation(
 ) -> dict[str, Any]:
     """Evaluate a synthetic CSV against a real held-out table (see the module docstring)."""
     wanted = parse_table_metrics(metrics)
+    if real_train is not None and not ml_metrics(wanted):
+        raise UsageError("--real-train is for the classifier metrics (accuracy, roc_auc, ml)")
     if seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {seeds}")
     if report_dir is not None:
@@ -237,25 +260,37 @@ def run_table_evaluation(
     elif isinstance(manifest.get("schema"), dict):
         schema = parse_schema(manifest["schema"], f"{synthetic} manifest schema")
     raw_real, schema, real_spec, real_kind = _real_table(real, schema)
+    check_columns(raw_real, schema)
     synth_raw = read_csv_table(synth_path, source=f"--synthetic {synthetic}")
+    check_columns(synth_raw, schema)
     real_digest = table_content_digest(raw_real, schema)
     warnings_list: list[str] = []
     real_id = SimpleNamespace(spec=real_spec, dataset_id=real_spec, content_digest=real_digest)
     warnings_list += training_data_warnings(real_id, ledger_path, "--real")  # type: ignore[arg-type]
     non_private = bool(warnings_list)
-    x_real, y_real = _frame(raw_real, schema)
-    x_syn, y_syn = _frame(synth_raw, schema)
-    for name, labels in (("real", y_real), ("synthetic", y_syn)):
-        dropped = int((labels < 0).sum())
-        if dropped:
-            warnings_list.append(f"{dropped} {name} row(s) have a target outside the classes")
-    keep_real, keep_syn = y_real >= 0, y_syn >= 0
-    test = (x_real[keep_real].reset_index(drop=True), y_real[keep_real])
-    train = (x_syn[keep_syn].reset_index(drop=True), y_syn[keep_syn])
-    if len(np.unique(train[1])) < 2:
-        warnings_list.append("the synthetic rows hold fewer than two classes: no classifier")
-    scores = classifier_scores(train, test, schema, wanted, seeds)
-    result_metrics: dict[str, Any] = {"classifiers": scores}
+    result_metrics: dict[str, Any] = {}
+    if "marginals" in wanted:
+        from dpsynth.evaluate.marginals import marginal_fidelity
+
+        result_metrics["marginals"] = marginal_fidelity(synth_raw, raw_real, schema)
+    classifier_metrics = ml_metrics(wanted)
+    n_synthetic, n_real = synth_raw.n, raw_real.n
+    if classifier_metrics:
+        x_real, y_real = _frame(raw_real, schema)
+        x_syn, y_syn = _frame(synth_raw, schema)
+        for name, labels in (("real", y_real), ("synthetic", y_syn)):
+            dropped = int((labels < 0).sum())
+            if dropped:
+                warnings_list.append(f"{dropped} {name} row(s) have a target outside the classes")
+        keep_real, keep_syn = y_real >= 0, y_syn >= 0
+        test = (x_real[keep_real].reset_index(drop=True), y_real[keep_real])
+        train = (x_syn[keep_syn].reset_index(drop=True), y_syn[keep_syn])
+        n_synthetic, n_real = len(train[1]), len(test[1])
+        if len(np.unique(train[1])) < 2:
+            warnings_list.append("the synthetic rows hold fewer than two classes: no classifier")
+        result_metrics["classifiers"] = classifier_scores(
+            train, test, schema, classifier_metrics, seeds
+        )
     if real_train is not None:
         raw_train, _, train_spec, train_kind = _real_table(real_train, schema)
         train_id = SimpleNamespace(
@@ -269,8 +304,9 @@ def run_table_evaluation(
         x_rt, y_rt = _frame(raw_train, schema)
         result_metrics["real_train"] = train_spec
         result_metrics["real_train_classifiers"] = classifier_scores(
-            (x_rt[y_rt >= 0].reset_index(drop=True), y_rt[y_rt >= 0]), test, schema, wanted, seeds
-        )
+            (x_rt[y_rt >= 0].reset_index(drop=True), y_rt[y_rt >= 0]),
+            test, schema, classifier_metrics, seeds,
+        )  # fmt: skip
         if train_kind != "builtin":
             warnings_list.append(
                 f"the real-trained reference reads {train_spec} without DP: a non-private "
@@ -285,11 +321,11 @@ def run_table_evaluation(
         "modality": "table",
         "synthetic": str(synth_path),
         "synthetic_source": "sample" if manifest else "file",
-        "n_synthetic": len(train[1]),
+        "n_synthetic": n_synthetic,
         "real": real_spec,
         "real_kind": real_kind,
         "non_private": non_private,
-        "real_n": len(test[1]),
+        "real_n": n_real,
         "real_fingerprint": keyed_fingerprint(real_digest, ledger_path),
         "classes": list(schema.classes),
         "target": schema.target,
@@ -309,8 +345,8 @@ def run_table_evaluation(
         reasons.append("metrics on data that DP training spent budget on")
     if real_kind != "builtin":
         reasons.append(
-            f"scores on {real_spec}: a statistic of the user's own held-out rows, computed "
-            "without DP"
+            f"{', '.join(wanted)} on {real_spec}: a statistic of the user's own held-out rows, "
+            "computed without DP"
         )
     result["non_private_contents"] = reasons
     if report_dir is not None:
@@ -333,7 +369,7 @@ def run_table_evaluation(
 def score_rows(result: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """(trained on, classifier, {metric: {mean, std}}) rows of a result, synthetic first."""
     metrics = result["metrics"]
-    rows = [("synthetic", k, v) for k, v in metrics["classifiers"].items()]
+    rows = [("synthetic", k, v) for k, v in metrics.get("classifiers", {}).items()]
     for kind, values in metrics.get("real_train_classifiers", {}).items():
         rows.append((f"real ({metrics['real_train']})", kind, values))
     return rows
@@ -346,9 +382,38 @@ def fmt_score(value: dict[str, Any]) -> str:
     return f"{value['mean']:.4f} ± {value['std']:.4f}"
 
 
+def marginal_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) lines of a result's marginal fidelity; none when it was not requested."""
+    found = result["metrics"].get("marginals")
+    if not found:
+        return []
+
+    def tvd(part: dict[str, Any]) -> str:
+        if part["mean"] is None:
+            return "n/a (fewer columns)"
+        return f"{part['mean']:.4f} (max {part['max']:.4f}, {part['count']} marginals)"
+
+    three = found["three_way"]
+    rows = [
+        ("1-way TVD", tvd(found["one_way"])),
+        ("2-way TVD", tvd(found["two_way"])),
+        (f"3-way TVD (public random triples, seed {three['seed']})", tvd(three)),
+    ]
+    worst = found["two_way"]["worst"]
+    if worst:
+        rows.append(
+            ("worst 2-way", ", ".join(f"{'×'.join(w['columns'])} {w['tvd']:.3f}" for w in worst))
+        )
+    for side, shares in found["other_share"].items():
+        if shares:
+            shown = ", ".join(f"{k} {v:.1%}" for k, v in list(shares.items())[:8])
+            rows.append((f"{side} values outside the schema", shown))
+    return rows
+
+
 def render_table_markdown(result: dict[str, Any]) -> str:
     """The Markdown page of a table evaluation."""
-    wanted = result["metrics_requested"]
+    wanted = ml_metrics(result["metrics_requested"])
     lines = [
         "# dpsynth evaluation report (table)",
         "",
@@ -362,14 +427,30 @@ def render_table_markdown(result: dict[str, Any]) -> str:
     lines.append("")
     if result["warnings"]:
         lines += ["## Warnings", ""] + [f"- **{w}**" for w in result["warnings"]] + [""]
-    lines += [
-        "## Classifiers tested on the real held-out rows",
-        "",
-        "| trained on | classifier | " + " | ".join(wanted) + " |",
-        "|---|---|" + "---|" * len(wanted),
-    ]
-    for trained, kind, values in score_rows(result):
-        cells = " | ".join(fmt_score(values[m]) for m in wanted)
-        lines.append(f"| {trained} | {kind} | {cells} |")
-    lines.append("")
+    if wanted:
+        lines += [
+            "## Classifiers tested on the real held-out rows",
+            "",
+            "| trained on | classifier | " + " | ".join(wanted) + " |",
+            "|---|---|" + "---|" * len(wanted),
+        ]
+        for trained, kind, values in score_rows(result):
+            cells = " | ".join(fmt_score(values[m]) for m in wanted)
+            lines.append(f"| {trained} | {kind} | {cells} |")
+        lines.append("")
+    found = result["metrics"].get("marginals")
+    if found:
+        lines += [
+            "## Marginal fidelity (total variation distance to the real held-out rows)",
+            "",
+            f"Lower is better (0: the same distribution, 1: disjoint). {found['binning']}.",
+            "",
+            "| marginals | TVD |",
+            "|---|---|",
+        ]
+        lines += [f"| {label} | {value} |" for label, value in marginal_rows(result)]
+        lines += ["", "| column | 1-way TVD |", "|---|---|"]
+        per_column = found["one_way"]["per_column"]
+        lines += [f"| {name} | {value:.4f} |" for name, value in per_column.items()]
+        lines.append("")
     return "\n".join(lines)

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +87,32 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not allowed in the ledger")
 
 
+_TEXT_FIELDS = frozenset(
+    ("dataset_id", "fingerprint", "run_id", "output_sha256", "status", "command", "method", "kind")
+)
+_NUMBER_FIELDS = frozenset(("delta", "epsilon", "total_epsilon"))
+
+
+def _field_problem(name: str, value: Any) -> str | None:
+    """Why a known field's value has the wrong JSON type (None when it is fine): a line
+    re-hashed by hand may hold anything, and the ledger's state keys and sums these fields."""
+    if name in _TEXT_FIELDS and not isinstance(value, str):
+        return f"must be a string, not {type(value).__name__}"
+    if name in _NUMBER_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            return f"must be a number, not {type(value).__name__}"
+        try:
+            float(value)
+        except ValueError:
+            return f"must be a number, not {value[:40]!r}"
+    well_formed = isinstance(value, list) and all(isinstance(e, dict) for e in value)
+    if name == "events" and value is not None and not well_formed:
+        return "must be a list of objects"
+    return None
+
+
 def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 @dataclass
@@ -117,6 +141,8 @@ class Chain:
             entry = json.loads(raw.decode("ascii"), parse_constant=_reject_constant)
         except (UnicodeDecodeError, ValueError):
             raise self.fail(line, "not valid JSON (edited or corrupted)") from None
+        except RecursionError:
+            raise self.fail(line, "JSON nested too deeply (edited or corrupted)") from None
         if not isinstance(entry, dict):
             raise self.fail(line, "not a JSON object (edited or corrupted)")
         if entry.get("hash") != entry_hash(entry):
@@ -138,6 +164,10 @@ class Chain:
         missing = [name for name in REQUIRED_FIELDS[kind] if name not in entry]
         if missing:
             raise self.fail(line, f"{kind} line lacks {', '.join(missing)}")
+        for name, value in entry.items():
+            problem = _field_problem(name, value)
+            if problem:
+                raise self.fail(line, f"{name} {problem} (edited or corrupted)")
         self.record(entry, line)
         self.entries.append(entry)
         return entry
@@ -336,6 +366,11 @@ class LedgerFile:
         """Hold flock on the sidecar `PATH.lock` (shared for reads, exclusive for appends)."""
         try:
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except IsADirectoryError:
+            raise UsageError(
+                f"ledger {self.path}: its lock file {self.lock_path} is a folder; move it away "
+                "(the lock must be a file, which the ledger creates)"
+            ) from None
         except OSError as exc:
             if exclusive or exc.errno not in (errno.EACCES, errno.EROFS, errno.ENOENT):
                 raise
@@ -354,6 +389,8 @@ def _is_json(raw: bytes) -> bool:
         json.loads(raw.decode("ascii"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError):
         return False
+    except RecursionError:
+        return True  # complete, but nested too deeply: `add_line` says so
     return True
 
 

@@ -121,6 +121,13 @@ class Trainer(ABC):
     def generator(self) -> Generator:
         """The generator as of now (EMA weights where the method keeps them)."""
 
+    def preflight(self) -> None:
+        """Check, on public facts only (the config, the public seed's initial weights; no
+        record, no secret stream), what the mechanism could otherwise fail on after the
+        ledger reservation; UsageError (exit 2) if it would. `train` calls it on a new run
+        before reserving the spend. Default: nothing to check."""
+        return None
+
     def warm_start(self, release: CentralImages) -> None:
         """Initialise from a DP central-images release before the first DP-SGD step.
 
@@ -248,7 +255,7 @@ class Method(ABC):
         first releases DP central images with that share of the ε, composed with the steps
         (`dpsynth.privacy.central`); the loop hands the release to `Trainer.warm_start`.
         """
-        from dpsynth.privacy.accounting import plan_poisson_gaussian
+        from dpsynth.privacy.calibration import plan_poisson_gaussian
         from dpsynth.privacy.central import plan_dpsgd_with_central_images
 
         if float(config.get("warm_start_share", 0.0)) > 0:

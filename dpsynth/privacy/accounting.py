@@ -1,4 +1,5 @@
-"""Privacy accounting: ε upper bounds for composed mechanisms, and noise calibration.
+"""Privacy accounting: ε upper bounds for composed mechanisms (noise calibration, which
+searches these bounds, is `privacy/calibration.py`).
 
 Every ε this module returns is an upper bound: the PRV accountant's `eps_upper` (Gopi et al.
 2021, error bounds included), or, where the PRV discretisation fails or is not applicable, the
@@ -13,6 +14,10 @@ Mechanism events are plain dicts, the same ones the ledger stores:
 
 - `{"type": "poisson_gaussian", "noise_multiplier": σ, "sampling_rate": q, "steps": T}`
 - `{"type": "gaussian", "noise_multiplier": σ, "count": k}` (sensitivity-1 Gaussian, k times)
+- `{"type": "pure_dp", "epsilon": ε, "count": k}` (k pure ε-DP mechanisms, e.g. the exponential
+  mechanism's selections, `privacy/selection.py`): composed through their dominating pair,
+  randomized response (Kairouz et al. 2015; its PRV is ±ε), which PRV composition of dominating
+  pairs allows under adaptive choice of what each mechanism selects (Zhu et al. 2022)
 - `{"type": "non_private", ...}` (the `--epsilon inf` baseline: ε = inf)
 - `{"type": "threshold_delta", "delta": δ_t}` (the failure probability of a thresholding step,
   e.g. the sparse histogram that releases a category list: it adds δ_t to the δ of everything
@@ -23,36 +28,32 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import version
 from typing import Any
 
-from dpsynth.errors import BudgetExceededError, UsageError
+from dpsynth.errors import UsageError
 from dpsynth.privacy import prv, rdp
-from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
 PRV_VERSION = version("prv-accountant")
 
 # Relative ε discretisation error of the PRV accountant. The reported bound includes it, so a
 # smaller value gives a tighter (smaller) bound at the cost of a finer mesh.
-_REL_EPS_ERROR = 0.005
+REL_EPS_ERROR = 0.005
 _MIN_EPS_ERROR = 1e-3
-# Relative tolerance on σ when calibrating (the answer is always on the valid side).
-_SIGMA_RTOL = 0.004
-# The coarse mesh used only to locate σ before the fine bound certifies it.
-_COARSE_REL_ERROR = 0.05
 # The accountant's name records its settings: a ledger line is re-verified against the same
 # ones, and lines written under other settings are recognised as such.
 ACCOUNTANT_PRV = (
     f"dpsynth PRV upper bound (prv-accountant {PRV_VERSION}'s algorithm in float64, "
-    f"eps_error {_REL_EPS_ERROR:g}·ε)"
+    f"eps_error {REL_EPS_ERROR:g}·ε)"
 )
 ACCOUNTANT_PRV_LONG_DOUBLE = (
-    f"prv-accountant {PRV_VERSION} PRV upper bound (eps_error {_REL_EPS_ERROR:g}·ε)"
+    f"prv-accountant {PRV_VERSION} PRV upper bound (eps_error {REL_EPS_ERROR:g}·ε)"
 )
 ACCOUNTANT_RDP = f"prv-accountant {PRV_VERSION} RDP upper bound (PRV fallback, integer orders)"
+ACCOUNTANT_RDP_OWN = "dpsynth RDP upper bound (PRV fallback, integer orders, pure DP as RR)"
 
 # Bounds on what the accountant is asked, so that every call ends in seconds with bounded
 # memory. ε above MAX_EPSILON protects nothing (e^1000 likelihood ratios); the PRV mesh grows
@@ -171,6 +172,18 @@ def _normalise(events: Iterable[Mapping[str, Any]]) -> tuple[bool, dict[tuple, i
             sigma = float(event["noise_multiplier"])
             q = 1.0
             count = int(event.get("count", 1))
+        elif kind == "pure_dp":
+            # Keyed by ε in the σ slot: ("pure_dp", ε, 1.0). ε = inf protects nothing.
+            epsilon = float(event["epsilon"])
+            count = int(event.get("count", 1))
+            if count <= 0 or epsilon == 0.0:
+                continue
+            if not (epsilon > 0 and math.isfinite(epsilon)):
+                non_private = True
+                continue
+            key = ("pure_dp", epsilon, 1.0)
+            groups[key] = groups.get(key, 0) + count
+            continue
         else:
             raise UsageError(f"unknown mechanism event type {kind!r}")
         if count <= 0:
@@ -191,6 +204,10 @@ def _prv(key: tuple) -> Any:
     )
 
     kind, sigma, q = key
+    if kind == "pure_dp":
+        from prv_accountant.privacy_random_variables import PureDPMechanism
+
+        return PureDPMechanism(eps=sigma)
     if kind == "gaussian":
         return GaussianMechanism(noise_multiplier=sigma)
     return PoissonSubsampledGaussianMechanism(sampling_probability=q, noise_multiplier=sigma)
@@ -292,6 +309,8 @@ def _prv_epsilon(
     """
     delta_error = delta / 1000.0
     length = max(_safe_domain_length(keys, counts, delta_error), eps_error) + 3.0
+    # A pure-DP mechanism's PRV has atoms at ±ε, which the domain must hold.
+    length = max([length, *(k[1] + 1.0 for k in keys if k[0] == "pure_dp")])
     nodes = prv_mesh_size(length, counts, delta_error, eps_error)
     if nodes > MAX_PRV_MESH:
         # Estimated before anything is allocated: the accountant's arrays scale with this.
@@ -359,13 +378,16 @@ def _compose_cached(
         return EpsilonBound(prv_eps, delta, prv_name, tuple(notes), estimate)
     if math.isinf(prv_eps):
         notes.append("PRV accountant unusable at these settings; reporting the RDP upper bound")
+    if any(k[0] == "pure_dp" for k in keys):
+        # The package's pure-DP RDP is not an upper bound: ours (`privacy/rdp.py`) is reported.
+        return EpsilonBound(rdp_eps, delta, ACCOUNTANT_RDP_OWN, tuple(notes), estimate)
     # Reported as the package computes it (the same formulas as `privacy/rdp.py`).
     rdp_eps = _package_rdp_epsilon(keys, counts, delta)
     return EpsilonBound(rdp_eps, delta, ACCOUNTANT_RDP, tuple(notes), estimate)
 
 
 def compose_epsilon(
-    events: Iterable[Mapping[str, Any]], delta: float, rel_error: float = _REL_EPS_ERROR
+    events: Iterable[Mapping[str, Any]], delta: float, rel_error: float = REL_EPS_ERROR
 ) -> EpsilonBound:
     """The ε upper bound at `delta` of all `events` composed (heterogeneous PRV composition).
 
@@ -418,145 +440,11 @@ def epsilon_for(
     steps: int,
     delta: float,
     prior_events: Sequence[Mapping[str, Any]] = (),
-    rel_error: float = _REL_EPS_ERROR,
+    rel_error: float = REL_EPS_ERROR,
 ) -> EpsilonBound:
     """ε bound of `steps` Poisson-Gaussian steps composed with `prior_events`."""
     event = poisson_gaussian_event(noise_multiplier, sampling_rate, steps)
     return compose_epsilon([*prior_events, event], delta, rel_error)
-
-
-def _check_prior(prior_events: Sequence[Mapping[str, Any]], epsilon: float, delta: float) -> float:
-    prior = compose_epsilon(prior_events, delta).epsilon if prior_events else 0.0
-    if prior >= epsilon:
-        raise BudgetExceededError(
-            f"the dataset has already spent ε ≤ {prior:.4g} at δ={delta:g}, "
-            f"which leaves nothing under the target ε={epsilon:g}"
-        )
-    return prior
-
-
-def calibrate_noise(
-    epsilon: float,
-    delta: float,
-    sampling_rate: float,
-    steps: int,
-    prior_events: Sequence[Mapping[str, Any]] = (),
-) -> Calibration:
-    """The smallest noise multiplier (to 0.2%) whose composed ε bound is at most `epsilon`.
-
-    `prior_events` are earlier spends on the same data set; the returned σ makes the total
-    (prior + this run) fit under `epsilon`. Raises BudgetExceededError if nothing is left.
-    """
-    validate_probability_inputs(epsilon, delta, sampling_rate, steps)
-    prior = _check_prior(prior_events, epsilon, delta)
-
-    def bound(sigma: float) -> float:
-        return epsilon_for(sigma, sampling_rate, steps, delta, prior_events).epsilon
-
-    def coarse_estimate(sigma: float) -> float:
-        result = epsilon_for(sigma, sampling_rate, steps, delta, prior_events, _COARSE_REL_ERROR)
-        return result.estimate if result.estimate is not None else result.epsilon
-
-    # Locate σ on a coarse mesh (cheap), then certify it with the fine upper bound: only the
-    # fine bound decides what is returned, the coarse search only saves accountant calls.
-    guess = _closed_form_sigma_guess(epsilon - prior, delta, sampling_rate, steps)
-    # The fine upper bound sits about its ε error above the estimate: aim just under ε so the
-    # first certification usually passes (one fine-mesh evaluation instead of two).
-    located = _solve_sigma(coarse_estimate, epsilon * (1.0 - 1.2 * _REL_EPS_ERROR), guess)
-    sigma = _certify_sigma(bound, epsilon, located)
-    return epsilon_report(sigma, delta, sampling_rate, steps, prior_events)
-
-
-def gaussian_sigma_for_share(
-    epsilon: float,
-    delta: float,
-    share: float,
-    prior_events: Sequence[Mapping[str, Any]] = (),
-) -> float:
-    """σ of one Gaussian release (sensitivity 1) at `share` of the ε left after `prior_events`.
-
-    For a plan that gives a one-off release part of the budget and calibrates its loop after
-    it (which composes prior + release + loop to at most ε). BudgetExceededError when the
-    prior spends leave nothing.
-    """
-    left = epsilon - _check_prior(prior_events, epsilon, delta)
-    return calibrate_noise(share * left, delta, 1.0, 1).noise_multiplier
-
-
-def _solve_sigma(bound: Callable[[float], float], epsilon: float, guess: float) -> float:
-    """The smallest σ (to `_SIGMA_RTOL`) with bound(σ) ≤ ε, for a bound decreasing in σ.
-
-    Illinois-safeguarded regula falsi on log ε against log σ, where the curve is close to a
-    straight line, so a handful of accountant calls suffice. The answer is always a σ that
-    was checked to satisfy the bound.
-    """
-    target = math.log(epsilon)
-
-    def gap(sigma: float) -> float:
-        value = bound(sigma)
-        return math.log(value) - target if value > 0 else -math.inf
-
-    hi, g_hi = guess, gap(guess)
-    lo, g_lo = guess, g_hi
-    while g_hi > 0:
-        lo, g_lo = hi, g_hi
-        hi *= 2.0
-        if hi > 1e6:
-            raise UsageError("no noise multiplier below 1e6 reaches this ε; check the inputs")
-        g_hi = gap(hi)
-    while g_lo <= 0:
-        hi, g_hi = lo, g_lo
-        lo /= 2.0
-        if lo < MIN_NOISE_MULTIPLIER:
-            # Even (about) the smallest σ allowed fits: its bound is below ε, which is valid.
-            return hi
-        g_lo = gap(lo)
-    side = 0
-    while (hi - lo) / hi > _SIGMA_RTOL:
-        x_lo, x_hi = math.log(lo), math.log(hi)
-        if math.isinf(g_hi):
-            mid = math.sqrt(lo * hi)
-        else:
-            mid = math.exp(x_lo + (x_hi - x_lo) * g_lo / (g_lo - g_hi))
-            # Keep each try strictly inside the bracket, at least a little away from its ends.
-            width = hi - lo
-            mid = min(max(mid, lo + 0.02 * width), hi - 0.02 * width)
-        g_mid = gap(mid)
-        if g_mid <= 0:
-            hi, g_hi = mid, g_mid
-            if side == -1:
-                g_lo /= 2.0
-            side = -1
-        else:
-            lo, g_lo = mid, g_mid
-            if side == 1:
-                g_hi /= 2.0
-            side = 1
-    return hi
-
-
-def _certify_sigma(bound: Callable[[float], float], epsilon: float, located: float) -> float:
-    """The first σ on a 0.5% grid upward from `located` whose fine bound is at most ε.
-
-    `located` comes from the coarse estimate, so the first grid point almost always passes; a
-    σ that fails is never returned.
-    """
-    step = 1.0025
-    sigma = located
-    for _ in range(12):
-        if bound(sigma) <= epsilon:
-            return sigma
-        sigma *= step * step
-    return _solve_sigma(bound, epsilon, sigma)
-
-
-def _closed_form_sigma_guess(epsilon: float, delta: float, q: float, steps: int) -> float:
-    """A σ near the answer from a closed-form approximation (only a starting point)."""
-    log_term = math.log(1.0 / delta)
-    eps = max(epsilon, 1e-6)
-    if q >= 1.0:
-        return max(0.3, min(math.sqrt(2.0 * log_term * steps) / eps, 1e5))
-    return max(0.3, min(q * math.sqrt(steps * log_term) * 2.0 / eps, 1e5))
 
 
 def epsilon_report(
@@ -583,198 +471,3 @@ def epsilon_report(
         accountant=total.accountant,
         notes=total.notes,
     )
-
-
-def max_steps(
-    noise_multiplier: float,
-    epsilon: float,
-    delta: float,
-    sampling_rate: float,
-    prior_events: Sequence[Mapping[str, Any]] = (),
-    limit: int = 10_000_000,
-) -> Calibration:
-    """The largest number of steps whose composed ε bound is at most `epsilon`.
-
-    Raises BudgetExceededError when not even one step fits.
-    """
-    validate_probability_inputs(epsilon, delta, sampling_rate, None)
-    validate_noise_multiplier(noise_multiplier)
-    _check_prior(prior_events, epsilon, delta)
-
-    def gap(steps: int) -> float:
-        """log ε(steps) − log ε: ≤ 0 exactly when `steps` fits."""
-        value = epsilon_for(noise_multiplier, sampling_rate, steps, delta, prior_events).epsilon
-        return math.log(value) - math.log(epsilon) if value > 0 else -math.inf
-
-    g_lo = gap(1)
-    if g_lo > 0:
-        raise BudgetExceededError(
-            f"not even one step at σ={noise_multiplier:g}, q={sampling_rate:g} "
-            f"fits under ε={epsilon:g}"
-        )
-    lo, hi = 1, 4
-    g_hi = gap(hi)
-    while g_hi <= 0:
-        if hi >= limit:
-            return epsilon_report(noise_multiplier, delta, sampling_rate, limit, prior_events)
-        lo, g_lo = hi, g_hi
-        hi = min(hi * 4, limit)
-        g_hi = gap(hi)
-    lo = _largest_fitting_integer(gap, lo, g_lo, hi, g_hi)
-    return epsilon_report(noise_multiplier, delta, sampling_rate, lo, prior_events)
-
-
-def _largest_fitting_integer(
-    gap: Callable[[int], float], lo: int, g_lo: float, hi: int, g_hi: float
-) -> int:
-    """The largest integer t in [lo, hi) with gap(t) ≤ 0, given gap(lo) ≤ 0 < gap(hi).
-
-    Illinois-safeguarded regula falsi on log t, where log ε is close to a straight line: a
-    handful of accountant calls instead of a bisection's twenty. Exact: it ends only when
-    gap(t) ≤ 0 < gap(t + 1) was checked, as a bisection would.
-    """
-    side = 0
-    while hi - lo > 1:
-        if math.isinf(g_lo) or math.isinf(g_hi):
-            mid = int(math.sqrt(lo * hi))
-        else:
-            x_lo, x_hi = math.log(lo), math.log(hi)
-            mid = round(math.exp(x_lo + (x_hi - x_lo) * g_lo / (g_lo - g_hi)))
-        mid = min(max(mid, lo + 1), hi - 1)
-        g_mid = gap(mid)
-        if g_mid <= 0:
-            lo, g_lo = mid, g_mid
-            if side == 1:
-                g_hi /= 2.0
-            side = 1
-        else:
-            hi, g_hi = mid, g_mid
-            if side == -1:
-                g_lo /= 2.0
-            side = -1
-    return lo
-
-
-def schedule_events(
-    scale: float, sampling_rate: float, segments: Sequence[tuple[float, int]]
-) -> list[dict[str, Any]]:
-    """One `poisson_gaussian` event per segment (factor f, steps n): σ = scale·f, in order."""
-    return [
-        poisson_gaussian_event(scale * float(factor), sampling_rate, int(steps))
-        for factor, steps in segments
-    ]
-
-
-def calibrate_schedule(
-    epsilon: float,
-    delta: float,
-    sampling_rate: float,
-    segments: Sequence[tuple[float, int]],
-    prior_events: Sequence[Mapping[str, Any]] = (),
-) -> Calibration:
-    """The smallest scale z₀ (to 0.2%) such that the schedule σ_i = z₀·f_i meets `epsilon`.
-
-    `segments` is a data-independent noise schedule as (factor f_i > 0, steps n_i) pairs, each
-    a run of n_i Poisson(q)-subsampled Gaussian steps at multiplier z₀·f_i; all of them are
-    composed heterogeneously (PRV, RDP fallback) with `prior_events`. The returned
-    Calibration's `noise_multiplier` is z₀ and `steps` the total Σ n_i; its ε is that of
-    `schedule_events(z₀, q, segments)`. A single segment (1.0, T) is `calibrate_noise`.
-    """
-    segments = [(float(f), int(n)) for f, n in segments if int(n) > 0]
-    if not segments:
-        raise UsageError("a noise schedule needs at least one step")
-    if any(not (math.isfinite(f) and f > 0) for f, _ in segments):
-        raise UsageError("noise schedule factors must be positive and finite")
-    steps = sum(n for _, n in segments)
-    validate_probability_inputs(epsilon, delta, sampling_rate, steps)
-    if len(segments) == 1 and segments[0][0] == 1.0:
-        return calibrate_noise(epsilon, delta, sampling_rate, steps, prior_events)
-    prior = _check_prior(prior_events, epsilon, delta)
-
-    def bound_at(scale: float, rel_error: float) -> EpsilonBound:
-        events = schedule_events(scale, sampling_rate, segments)
-        return compose_epsilon([*prior_events, *events], delta, rel_error)
-
-    def coarse_estimate(scale: float) -> float:
-        result = bound_at(scale, _COARSE_REL_ERROR)
-        return result.estimate if result.estimate is not None else result.epsilon
-
-    smallest = min(f for f, _ in segments)
-    guess = _closed_form_sigma_guess(epsilon - prior, delta, sampling_rate, steps) / math.sqrt(
-        sum(n * f**-2 for f, n in segments) / steps
-    )
-    located = _solve_sigma(coarse_estimate, epsilon * (1.0 - 1.2 * _REL_EPS_ERROR), guess)
-    scale = _certify_sigma(lambda s: bound_at(s, _REL_EPS_ERROR).epsilon, epsilon, located)
-    validate_noise_multiplier(scale * smallest)
-    events = schedule_events(scale, sampling_rate, segments)
-    alone = compose_epsilon(events, delta)
-    total = compose_epsilon([*prior_events, *events], delta)
-    return Calibration(
-        noise_multiplier=scale,
-        sampling_rate=sampling_rate,
-        steps=steps,
-        delta=delta,
-        epsilon=alone.epsilon,
-        total_epsilon=total.epsilon,
-        prior_epsilon=prior,
-        accountant=total.accountant,
-        notes=total.notes,
-    )
-
-
-def plan_poisson_gaussian(
-    target: PrivacyTarget,
-    n: int,
-    expected_batch_size: float,
-    steps: int,
-    max_grad_norm: float,
-    prior_events: Sequence[Mapping[str, Any]] = (),
-) -> PrivacyPlan:
-    """The PrivacyPlan of a DP-SGD-like run: `steps` Poisson-subsampled Gaussian steps.
-
-    `target.epsilon` is the data set's total budget after this run (earlier spends in
-    `prior_events` are composed in). A non-private target (ε = inf) gives a plan without
-    noise or clipping whose only event is `non_private`.
-    """
-    if n < 1:
-        raise UsageError("the data set is empty")
-    if steps < 1:
-        raise UsageError(f"steps must be at least 1, got {steps}")
-    q = min(1.0, float(expected_batch_size) / n)
-    if not target.private:
-        return PrivacyPlan(
-            private=False,
-            target_epsilon=math.inf,
-            delta=target.delta,
-            noise_multiplier=0.0,
-            sampling_rate=q,
-            steps=steps,
-            max_grad_norm=math.inf,
-            expected_batch_size=q * n,
-            events=({"type": "non_private", "sampling_rate": q, "steps": steps},),
-            epsilon_bound=math.inf,
-            total_epsilon_bound=math.inf,
-            accountant="none (not private)",
-            notes=("NOT PRIVATE: trained without clipping or noise (--epsilon inf)",),
-        )
-    cal = calibrate_noise(target.epsilon, target.delta, q, steps, prior_events)
-    return PrivacyPlan(
-        private=True,
-        target_epsilon=float(target.epsilon),
-        delta=target.delta,
-        noise_multiplier=cal.noise_multiplier,
-        sampling_rate=q,
-        steps=steps,
-        max_grad_norm=float(max_grad_norm),
-        expected_batch_size=q * n,
-        events=(poisson_gaussian_event(cal.noise_multiplier, q, steps),),
-        epsilon_bound=cal.epsilon,
-        total_epsilon_bound=cal.total_epsilon,
-        accountant=cal.accountant,
-        notes=cal.notes,
-    )
-
-
-def default_delta(n: int) -> float:
-    """A δ safely below 1/N: the largest power of ten ≤ 1/(10 N)."""
-    return 10.0 ** math.floor(math.log10(1.0 / (10.0 * max(n, 1))))

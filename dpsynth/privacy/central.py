@@ -31,13 +31,9 @@ from typing import Any
 import torch
 
 from dpsynth.errors import UsageError
-from dpsynth.privacy.accounting import (
-    compose_epsilon,
-    gaussian_sigma_for_share,
-    plan_poisson_gaussian,
-    poisson_gaussian_event,
-)
+from dpsynth.privacy.accounting import compose_epsilon, poisson_gaussian_event
 from dpsynth.privacy.aggregation import renorm_rows
+from dpsynth.privacy.calibration import gaussian_sigma_for_share, plan_poisson_gaussian
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
 MECHANISM = "central_images"

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from dpsynth.errors import BudgetExceededError, UsageError
-from dpsynth.privacy.accounting import calibrate_noise, compose_epsilon, poisson_gaussian_event
+from dpsynth.privacy.accounting import compose_epsilon, poisson_gaussian_event
+from dpsynth.privacy.calibration import calibrate_noise
 from dpsynth.privacy.dpsgd import PoissonSampler, PrivateGradient
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 

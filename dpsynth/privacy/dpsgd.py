@@ -11,7 +11,8 @@ accountant assumes for a `poisson_gaussian` event:
 - the result is divided by the expected batch size qN, a public constant (dividing by the
   realised size would leak it).
 
-Per-record gradients use `torch.func` (vmap over grad), never a Python loop over records,
+Per-record gradients (`privacy/per_record.py`) use `torch.func` (vmap over grad), never a
+Python loop over records,
 so losses that themselves differentiate w.r.t. the input (score matching) work too. Where
 the loss is a plain function of the network's outputs and every trained layer has a
 ghost-norm rule, `grad_mode="ghost"` (or `"auto"`) gets the same clipped sum from layer
@@ -28,12 +29,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import grad_and_value, vmap
+from torch.func import vmap
 
 from dpsynth.errors import UsageError
 from dpsynth.privacy.distributed import (
@@ -44,6 +45,16 @@ from dpsynth.privacy.distributed import (
 )
 from dpsynth.privacy.ghost import BatchLossFn, GhostError, ghost_clipped_sum, unsupported_reasons
 from dpsynth.privacy.ghost_check import GhostFallbackWarning, ghost_disagreement
+from dpsynth.privacy.per_record import (
+    LossFn,
+    clip_per_sample,
+    clipped_sum,
+    compiled_per_sample_grads,
+    functional_state,
+    per_sample_grads,
+    per_sample_grads_and_losses,
+    per_sample_norms,
+)
 
 __all__ = [
     "GRAD_MODES",
@@ -58,14 +69,6 @@ __all__ = [
     "per_sample_grads",
     "per_sample_norms",
 ]
-
-LossFn = Callable[..., Tensor]
-"""`loss_fn(params, buffers, *record) -> scalar`: the loss of ONE record (no batch dim).
-
-Call the model as `functional_call(model, (params, buffers), (x.unsqueeze(0),))`.
-"""
-
-_NORM_EPS = 1e-6
 
 GRAD_MODES = ("auto", "vmap", "ghost")
 """How `PrivateGradient` forms the clipped sum: `vmap` per-record gradients, `ghost` norms
@@ -100,86 +103,6 @@ class PoissonSampler:
     def load_state(self, state: Tensor) -> None:
         """Restore a state from `state()`; the following batches repeat the saved sequence."""
         self.generator.set_state(state.to("cpu", torch.uint8))
-
-
-def functional_state(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """Split a model into (trainable params, everything else) as detached tensors.
-
-    Frozen parameters go with the buffers so that `functional_call` still sees them while
-    only trainable ones are differentiated (and clipped).
-    """
-    params: dict[str, Tensor] = {}
-    fixed: dict[str, Tensor] = {}
-    for name, p in model.named_parameters():
-        (params if p.requires_grad else fixed)[name] = p.detach()
-    for name, b in model.named_buffers():
-        fixed[name] = b.detach()
-    return params, fixed
-
-
-def _per_sample_grads_and_losses(
-    loss_fn: LossFn,
-    params: Mapping[str, Tensor],
-    buffers: Mapping[str, Tensor],
-    batch: tuple[Tensor, ...],
-    chunk_size: int | None,
-) -> tuple[dict[str, Tensor], Tensor]:
-    """Per-record gradients (leading dim = batch) and per-record losses."""
-    in_dims = (None, None, *([0] * len(batch)))
-    fn = vmap(grad_and_value(loss_fn), in_dims=in_dims, chunk_size=chunk_size)
-    grads, losses = fn(dict(params), dict(buffers), *batch)
-    return grads, losses
-
-
-def per_sample_grads(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batch: tuple[Tensor, ...],
-    chunk_size: int | None = None,
-) -> dict[str, Tensor]:
-    """Each record's gradient of `loss_fn` w.r.t. every trainable parameter of `model`.
-
-    Returns `{param name: tensor [B, *param.shape]}`. `chunk_size` bounds vmap's working
-    memory (the result still holds all B gradients). Randomness the loss needs must be drawn
-    by the caller from a seeded generator and passed in as batch tensors.
-    """
-    params, buffers = functional_state(model)
-    grads, _ = _per_sample_grads_and_losses(loss_fn, params, buffers, batch, chunk_size)
-    return grads
-
-
-def per_sample_norms(grads: Mapping[str, Tensor]) -> Tensor:
-    """Each record's L2 norm over all parameters flattened together, shape [B]."""
-    per_param = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()])
-    return per_param.norm(dim=0)
-
-
-def _clip_factors(norms: Tensor, max_norm: float) -> Tensor:
-    """min(1, C / (norm + 1e-6)) per record."""
-    return (max_norm / (norms + _NORM_EPS)).clamp(max=1.0)
-
-
-def clip_per_sample(
-    grads: Mapping[str, Tensor], max_norm: float
-) -> tuple[dict[str, Tensor], Tensor]:
-    """Scale each record's gradient so its flat L2 norm over all parameters is ≤ `max_norm`.
-
-    Returns (clipped per-record gradients, the norms before clipping [B]).
-    """
-    norms = per_sample_norms(grads)
-    factors = _clip_factors(norms, max_norm)
-    clipped = {
-        name: g * factors.view(-1, *([1] * (g.dim() - 1))).to(g.dtype) for name, g in grads.items()
-    }
-    return clipped, norms
-
-
-def _clipped_sum(grads: Mapping[str, Tensor], max_norm: float) -> tuple[dict[str, Tensor], Tensor]:
-    """Σ_i clip(g_i) without materialising the clipped per-record copies; also the norms."""
-    norms = per_sample_norms(grads)
-    factors = _clip_factors(norms, max_norm)
-    summed = {name: torch.tensordot(factors.to(g.dtype), g, dims=1) for name, g in grads.items()}
-    return summed, norms
 
 
 def add_noise(
@@ -295,7 +218,7 @@ class PrivateGradient:
         self.batch_loss_fn = batch_loss_fn
         self.grad_mode = grad_mode
         self.active_mode = _resolve_mode(model, batch_loss_fn, grad_mode)
-        self._per_record_fn = _compiled(loss_fn) if compile_vmap else None
+        self._per_record_fn = compiled_per_sample_grads(loss_fn) if compile_vmap else None
         self._uses_checked = False
         # ghost norms are cross-checked against vmap once, on a batch of ≥ 2 records
         self._ghost_checked = False
@@ -381,8 +304,8 @@ class PrivateGradient:
         if self._per_record_fn is not None:
             grads, losses = self._per_record_fn(dict(params), dict(buffers), *chunk)
         else:
-            grads, losses = _per_sample_grads_and_losses(self.loss_fn, params, buffers, chunk, None)
-        chunk_sum, norms = _clipped_sum(grads, self.max_grad_norm)
+            grads, losses = per_sample_grads_and_losses(self.loss_fn, params, buffers, chunk, None)
+        chunk_sum, norms = clipped_sum(grads, self.max_grad_norm)
         return chunk_sum, norms, losses
 
     def _check_ghost(
@@ -394,7 +317,7 @@ class PrivateGradient:
             return  # nothing can mix in a batch of one: check on a later batch
 
         def per_record_grads(records: tuple[Tensor, ...]) -> dict[str, Tensor]:
-            return _per_sample_grads_and_losses(self.loss_fn, params, buffers, records, None)[0]
+            return per_sample_grads_and_losses(self.loss_fn, params, buffers, records, None)[0]
 
         assert self.batch_loss_fn is not None
         try:
@@ -454,16 +377,6 @@ def _resolve_mode(model: nn.Module, batch_loss_fn: BatchLossFn | None, grad_mode
             raise UsageError("grad_mode ghost cannot handle " + "; ".join(reasons))
         return "ghost"
     return "ghost" if batch_loss_fn is not None and not reasons else "vmap"
-
-
-def _compiled(loss_fn: LossFn) -> Callable[..., tuple[dict[str, Tensor], Tensor]]:
-    """`torch.compile` of vmap(grad_and_value(loss_fn)) over the batch (params shared)."""
-
-    def per_record(params: dict, buffers: dict, *batch: Tensor):
-        in_dims = (None, None, *([0] * len(batch)))
-        return vmap(grad_and_value(loss_fn), in_dims=in_dims)(params, buffers, *batch)
-
-    return torch.compile(per_record, dynamic=True)
 
 
 def _device_of(params: Mapping[str, Tensor]) -> torch.device:

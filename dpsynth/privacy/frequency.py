@@ -30,8 +30,9 @@ from typing import Any
 import torch
 
 from dpsynth.errors import UsageError
-from dpsynth.privacy.accounting import compose_epsilon, gaussian_sigma_for_share
+from dpsynth.privacy.accounting import compose_epsilon
 from dpsynth.privacy.aggregation import renorm_rows
+from dpsynth.privacy.calibration import gaussian_sigma_for_share
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 
 MECHANISM = "frequency_model"

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dpsynth.errors import DpsynthError, UsageError
+from dpsynth.errors import MechanismFailure, UsageError
 from dpsynth.privacy.distributed import all_reduce_sum, noisy_partial
 
 SENSITIVITY_CHOICES = ("paper", "add_remove")
@@ -105,7 +105,7 @@ def _cholesky_with_jitter(matrix: torch.Tensor, relative_jitter: float) -> torch
         if int(info) == 0:
             return factor
         jitter *= 10.0
-    raise DpsynthError(
+    raise MechanismFailure(
         "the derivative-GP covariance is not positive definite even with jitter "
         f"{_MAX_RELATIVE_JITTER:g}·mean(diag); refusing to release a gradient without noise"
     )

@@ -33,7 +33,7 @@ import torch
 from scipy.stats import norm
 
 from dpsynth.errors import UsageError
-from dpsynth.privacy.accounting import calibrate_noise
+from dpsynth.privacy.calibration import calibrate_noise
 
 # Share of the run's δ given to the thresholding steps of the category release.
 THRESHOLD_DELTA_SHARE = 0.1

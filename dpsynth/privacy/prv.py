@@ -18,8 +18,13 @@ difference from the long-double package is some 1e-11) on top of the paper's δ_
 too small for that raises `NeedsLongDouble`, so that the caller falls back to the package;
 so does a domain wider than float64's exp can take (ε in the hundreds).
 
-Only the two mechanisms dpsynth accounts are supported: the Gaussian mechanism and the
-Poisson-subsampled Gaussian (add/remove adjacency, sensitivity 1).
+The mechanisms dpsynth accounts are supported: the Gaussian mechanism and the
+Poisson-subsampled Gaussian (add/remove adjacency, sensitivity 1), and pure ε-DP mechanisms
+(the exponential mechanism's selections) through their dominating pair, randomized response,
+whose PRV is ±ε with probabilities e^ε/(1 + e^ε) and 1/(1 + e^ε) (the package's
+`PureDPMechanism`). Its two atoms fall in the mesh cells that contain them and the mean shift
+moves them back by less than half a cell, which the paper's error bound (a coupling that
+holds for any distribution) covers as for the continuous PRVs.
 """
 
 from __future__ import annotations
@@ -113,8 +118,17 @@ def _gaussian_cdf(t: np.ndarray, sigma: float) -> np.ndarray:
     return ndtr(np.asarray(t, dtype=np.float64) / mu - mu / 2.0)
 
 
+def _pure_dp_cdf(t: np.ndarray, epsilon: float) -> np.ndarray:
+    """CDF of randomized response's PRV: atoms at −ε and +ε (right-continuous)."""
+    t = np.asarray(t, dtype=np.float64)
+    low = 1.0 / (1.0 + math.exp(epsilon)) if epsilon < 700 else 0.0
+    return np.where(t < -epsilon, 0.0, np.where(t < epsilon, low, 1.0))
+
+
 def _cdf(key: tuple, t: np.ndarray) -> np.ndarray:
     kind, sigma, q = key
+    if kind == "pure_dp":
+        return _pure_dp_cdf(t, sigma)
     if kind == "gaussian":
         return _gaussian_cdf(t, sigma)
     return _psg_cdf(t, q, sigma)
@@ -132,6 +146,11 @@ def _truncated_mean(key: tuple, t_min: float, t_max: float, mass: float) -> floa
     with quad to 1.5e-8, which is slower and needs scipy.integrate's second of imports).
     """
     kind, sigma, q = key
+    if kind == "pure_dp":
+        # Two atoms, both inside the domain (the caller makes it wider than ε): exact.
+        if not t_min < -sigma and sigma < t_max:
+            raise RuntimeError("the pure-DP atoms fall outside the PRV domain")
+        return sigma * math.tanh(sigma / 2.0) / mass
     scale = 1.0 / sigma
     if kind == "gaussian" or q >= 1.0:
         components = [(1.0, scale * scale / 2.0)]
@@ -212,7 +231,8 @@ def prv_epsilon(
 ) -> tuple[float, float]:
     """(estimate, upper bound) of ε at `delta` for `counts[i]` compositions of `keys[i]`.
 
-    `keys` are `("gaussian", σ, 1.0)` or `("poisson_gaussian", σ, q)`; `length` is the
+    `keys` are `("gaussian", σ, 1.0)`, `("poisson_gaussian", σ, q)` or `("pure_dp", ε, 1.0)`;
+    `length` is the
     half-width of the domain (the package's `eps_max`), which the caller sizes safely.
     """
     if length > _MAX_LENGTH:

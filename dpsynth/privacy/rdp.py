@@ -3,7 +3,13 @@
 The same closed forms as the `prv-accountant` package's `RDP` accountant (which follows TF
 Privacy): for the subsampled Gaussian at integer order α,
 A_α = Σ_i C(α, i) q^i (1 − q)^{α−i} e^{(i² − i)/(2σ²)} and RDP = log A_α / (α − 1) (Mironov
-et al. 2019); for the Gaussian α/(2σ²). The conversion to ε at δ is the package's:
+et al. 2019); for the Gaussian α/(2σ²); for a pure ε-DP mechanism (the exponential mechanism's
+selections) the Rényi divergence of its dominating pair, randomized response
+P = (p, 1 − p), Q = (1 − p, p) with p = e^ε/(1 + e^ε):
+log(p^α (1 − p)^{1−α} + (1 − p)^α p^{1−α}) / (α − 1), which bounds the RDP of every ε-DP
+mechanism (data processing: any ε-DP pair is a post-processing of this one); the package's
+`PureDPMechanism.rdp` is not that bound (it is below it), so it is never used. The
+conversion to ε at δ is the package's:
 ε = min_α RDP(α) − log(δ α)/(α − 1) + log(1 − 1/α) (Balle et al. 2020).
 
 Kept here, without the package, so that the accountant's hot path does not import it: the
@@ -41,12 +47,23 @@ def _psg_rdp(q: float, sigma: float, order: int) -> float:
     return log_a / (order - 1)
 
 
+def pure_dp_rdp(epsilon: float, order: int) -> float:
+    """RDP of order `order` of randomized response with log-likelihood ratio ±ε (the tight
+    bound for any ε-DP mechanism); computed in log space, at most ε."""
+    log_norm = np.logaddexp(0.0, epsilon)  # log(1 + e^ε)
+    log_sum = np.logaddexp(order * epsilon, (1 - order) * epsilon) - log_norm
+    return min(float(log_sum) / (order - 1), float(epsilon))
+
+
 @lru_cache(maxsize=512)
 def rdp_curve(key: tuple, orders: tuple[float, ...]) -> np.ndarray:
-    """RDP of one mechanism `("gaussian", σ, 1.0)` or `("poisson_gaussian", σ, q)` per order."""
+    """RDP of one mechanism per order: `("gaussian", σ, 1.0)`, `("poisson_gaussian", σ, q)` or
+    `("pure_dp", ε, 1.0)`."""
     kind, sigma, q = key
     if any(a != int(a) or a < 2 for a in orders):
         raise ValueError("only integer orders ≥ 2 have the closed form")
+    if kind == "pure_dp":
+        return np.array([pure_dp_rdp(sigma, int(a)) for a in orders])
     if kind == "gaussian" or q >= 1.0:
         return np.array([a / (2.0 * sigma**2) for a in orders])
     return np.array([_psg_rdp(q, sigma, int(a)) for a in orders])

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from dpsynth.data.images import DataInfo
+from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator
 from dpsynth.outdir import check_target, remove_stale_staging, replace_dir, staging_dir
@@ -102,8 +103,7 @@ def sample_run(
     fmt = fmt or "png"
     if fmt not in ("png", "npz"):
         raise UsageError(f"--format must be png or npz, got {fmt!r}")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    check_batch_size("--batch-size", batch_size, 1)
     out = Path(out_dir)
     run = RunDir(run_dir)
     # The statement comes from the ledger, checked before anything is generated or written.
@@ -116,6 +116,7 @@ def sample_run(
         written_by_us=is_sample_output,
     )
     generator, run_config, info = load_generator(run_dir, device)
+    check_batch_size("--batch-size", batch_size, math.prod(info.shape))
     set_truncation(generator, truncation, run_config["method"])
     counts = label_counts(labels, n, len(info.classes))
     class_dirs = [_safe_class_dir(name) for name in info.classes]
@@ -156,11 +157,13 @@ def sample_run(
         if details:
             manifest["generator"] = details
         write_json_atomic(staging / "manifest.json", manifest)
+        replaced = out.exists()
         replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return {"out": str(out), **{k: v for k, v in manifest.items() if k != "classes"}}
+    found = {k: v for k, v in manifest.items() if k != "classes"}
+    return {"out": str(out), "replaced": replaced, **found}
 
 
 def _check_free_space(folder: Path, needed: int) -> None:

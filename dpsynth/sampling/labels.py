@@ -57,6 +57,8 @@ def table_label_counts(labels: str, n: int, info: DataInfo) -> tuple[list[int], 
     schema = info.schema or {}
     target = next((c for c in schema.get("columns", ()) if c["name"] == schema.get("target")), {})
     weights = target.get("weights")
+    if labels == "model":
+        raise UsageError("--labels model: only a run of aim or mst fits its own class proportions")
     if labels == "weights":
         if not weights:
             raise UsageError("--labels weights: the run's schema gives its target no 'weights'")

@@ -8,9 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import UsageError
+from dpsynth.outdir import remove_stale_staging, staging_file
 from dpsynth.runs import RunDir, write_json_atomic
-from dpsynth.sampling.labels import labelled_batches, table_label_counts
+from dpsynth.sampling.labels import labelled_batches, table_label_counts, weighted_counts
 from dpsynth.sampling.outputs import SampleProgress, record_release, table_manifest_path
 from dpsynth.sampling.run import load_generator, run_privacy, set_truncation
 
@@ -36,13 +38,12 @@ def sample_table(
     SHA-256 of the CSV). `force` replaces only an earlier CSV of `sample` (one with its
     manifest). Categorical blocks are sampled with the public `seed`.
     """
+    import math
     import os
-    import uuid
 
     from dpsynth.data.tabular import codec_for
 
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    check_batch_size("--batch-size", batch_size, 1)
     out = Path(out)
     run = RunDir(run_dir)
     privacy = run_privacy(run_dir, ledger_path)
@@ -61,11 +62,19 @@ def sample_table(
                 "--force replaces only an earlier sample"
             )
     generator, run_config, info = load_generator(run_dir, device)
+    check_batch_size("--batch-size", batch_size, math.prod(info.shape))
     set_truncation(generator, truncation, run_config["method"])
     codec = codec_for(info)
-    counts, label_rule = table_label_counts(labels, n, info)
+    proportions = getattr(generator, "class_proportions", None)
+    if labels == "model" and proportions is not None:
+        # The model's own fitted class proportions (aim, mst): public, post-processing.
+        counts, label_rule = weighted_counts(n, list(proportions())), "the model's own"
+    else:
+        counts, label_rule = table_label_counts(labels, n, info)
     out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
+    remove_stale_staging(out.parent)  # CSVs that killed `sample` runs were writing
+    replaced = out.exists()
+    temporary = staging_file(out)
     digest = hashlib.sha256()
     rng = np.random.default_rng(seed)
     done = 0
@@ -113,4 +122,4 @@ def sample_table(
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    return {"out": str(out), "manifest": str(manifest_path), **manifest}
+    return {"out": str(out), "manifest": str(manifest_path), "replaced": replaced, **manifest}

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from dpsynth.distributed import Launch
-from dpsynth.errors import DpsynthError
+from dpsynth.errors import DpsynthError, MechanismFailure
 from dpsynth.methods.base import Trainer
 from dpsynth.privacy.dpsgd import PoissonSampler
 from dpsynth.privacy.ghost_check import GhostFallbackWarning
@@ -80,7 +80,11 @@ def run_loop(
     # A step is all or nothing: signals only ask for a stop, honoured at the next boundary,
     # and nothing that raises inside a step (a second signal included) writes a checkpoint,
     # so the checkpoint on disk is always a finished step's (see dpsynth.training.interrupts).
-    with deferred_interrupts() as interrupts, collected_warnings(GhostFallbackWarning, warnings):
+    with (
+        deferred_interrupts() as interrupts,
+        collected_warnings(GhostFallbackWarning, warnings),
+        aborted_on_failure(session, seq),
+    ):
         if start_step == 0 and not run.has_checkpoint():
             warm_start(session, pixels, labels)
         while step < plan.steps:
@@ -176,6 +180,24 @@ def _follower_loop(
                 check_ranks_agree(session.trainer, device)
     check_ranks_agree(session.trainer, device)
     return {"rank": launch.rank if launch else 0, "steps": step}
+
+
+@contextlib.contextmanager
+def aborted_on_failure(session: Session, seq: int) -> Iterator[None]:
+    """A mechanism that cannot go on (`MechanismFailure`, deterministic: a resume would fail
+    the same way) closes the run's spend as aborted. The data was read, so the abort counts
+    the reserved events in full: an honest upper bound on what the steps taken spent."""
+    try:
+        yield
+    except MechanismFailure as exc:
+        assert session.ledger is not None
+        session.ledger.abort(
+            seq, run_id=session.run_config["run_id"], fingerprint=session.info.fingerprint
+        )
+        raise MechanismFailure(
+            f"{exc}; the run's ledger entry (seq {seq}) is closed as aborted and counts its "
+            "planned ε in full (the data was read)"
+        ) from None
 
 
 @contextlib.contextmanager

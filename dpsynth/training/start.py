@@ -12,9 +12,10 @@ The loop (`dpsynth.training.loop`) then reads records, one Poisson batch per ste
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import run_config_digest
 from dpsynth.methods.base import Method
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.accounting import default_delta
+from dpsynth.privacy.calibration import default_delta
 from dpsynth.privacy.dpsgd import PoissonSampler
 from dpsynth.privacy.plan import PrivacyTarget
 from dpsynth.privacy.randomness import PrivateRandomness
@@ -110,6 +111,7 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
             records.n, plan.sampling_rate, randomness.generator("loop/batches")
         )
         central_rng = central_generator(plan, randomness)
+        trainer.preflight()
     except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
         # e.g. an optimizer refusing a value, a seed out of range, a network too large to build
         raise UsageError(
@@ -154,7 +156,7 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         ),
         "log_private_loss": bool(log_private_loss),
         "device": str(torch_device),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "versions": _package_versions(),
         "warnings": warnings,
     }
@@ -162,13 +164,16 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         run_config["schema_release"] = schema_release
     if launch is not None:  # informational: the mechanism is the same for any world size
         run_config["launch"] = {"world_size": launch.world_size}
+    existed = run.path.exists()  # empty if so (check_new)
     try:
         run.write_config(run_config)
         # On disk before the first record is read, so that a crash can still be resumed.
         run.write_secret(randomness.to_json())
     except BaseException:
-        # Nothing was read yet: the reservation is closed at zero cost.
+        # Nothing was read yet: the reservation is closed at zero cost, and the run directory,
+        # holding nothing that counts, is left as it was found.
         ledger.abort(entry["seq"], events=[], run_id=run_id, fingerprint=info.fingerprint)
+        _clear_new_run_dir(run.path, existed)
         raise
     return Session(
         run=run,
@@ -186,6 +191,19 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         start_step=0,
         warnings=warnings,
     )
+
+
+def _clear_new_run_dir(path: Path, existed: bool) -> None:
+    """Remove what a failed start wrote: the folder itself, or its content when the user had
+    made it (empty) beforehand. Best effort: the original error is the one to report."""
+    if not existed:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for child in list(path.iterdir()) if path.is_dir() else []:
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def resolve_preset(backend: Method, preset: str, info: DataInfo, epsilon: float) -> str:

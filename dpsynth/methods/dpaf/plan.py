@@ -10,12 +10,13 @@ from typing import Any
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyPlan, PrivacyTarget
-from dpsynth.privacy.accounting import calibrate_noise, compose_epsilon, gaussian_sigma_for_share
+from dpsynth.privacy.accounting import compose_epsilon
 from dpsynth.privacy.aggregation import (
     WINDOW_ACCOUNTING_NOTE,
     split_window_noise,
     window_sampling_rate,
 )
+from dpsynth.privacy.calibration import calibrate_noise, gaussian_sigma_for_share
 from dpsynth.privacy.plan_check import IDLE_STEPS_KEY, NOT_DP_LABEL
 
 # Tags the ledger event of `phase2_release=once` (the trainer reads its σ from the plan).

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from dpsynth.data.images import DataInfo
-from dpsynth.errors import UsageError
+from dpsynth.errors import MechanismFailure, UsageError
 from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
 from dpsynth.methods.blocks import FrequencyStart, Teacher
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator, generator_weights, one_hot_or_none
@@ -20,7 +20,7 @@ from dpsynth.methods.dpkernel.labels import balanced_labels, target_weights, wei
 from dpsynth.methods.dpkernel.nets import build_network
 from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.distributed import all_reduce_sum, shard
-from dpsynth.privacy.functional import privatize_embedding_gradient
+from dpsynth.privacy.functional import privatize_embedding_gradient, sample_derivative_noise
 from dpsynth.privacy.randomness import PrivateRandomness
 
 
@@ -114,6 +114,43 @@ class DPKernelTrainer(Trainer):
             "yy_term": float(yy_term.detach()),
             "released_grad_norm": float(released.norm()),
         }
+
+    def preflight(self) -> None:
+        """Draw the derivative-GP noise once at the initial generator's points (a copy of the
+        public-seed weights, latents from a public generator, the secret stream untouched):
+        settings under which its covariance cannot be factorised fail here, before the
+        reservation, instead of at the first step after it."""
+        if not self.plan.private:
+            return
+        public = torch.Generator(device=self.rng.device).manual_seed(0)
+        net = copy.deepcopy(self.net)  # a forward in train mode moves norm statistics
+        if not self.num_classes:
+            labels = None
+        elif self.label_weights is not None:
+            labels = weighted_labels(self.num_generated, self.label_weights)
+        else:
+            labels = balanced_labels(self.num_generated, self.num_classes, 0)
+        z = torch.randn(self.num_generated, net.latent_dim, generator=public, device=public.device)
+        dev_labels = labels.to(self.device) if labels is not None else None
+        with torch.no_grad():
+            points = net(
+                z.to(self.device),
+                one_hot_or_none(dev_labels, self.num_classes) if labels is not None else None,
+            )
+        if not torch.isfinite(points).all():
+            raise UsageError(
+                "--method dpkernel cannot start with these settings: the initial generator's "
+                "points are not finite"
+            )
+        try:
+            sample_derivative_noise(
+                points, dev_labels, self.bandwidths, public, jitter=float(self.config["jitter"])
+            )
+        except MechanismFailure as exc:
+            raise UsageError(
+                f"--method dpkernel cannot start with these settings (--set bandwidths, jitter, "
+                f"generated_points): {exc}"
+            ) from None
 
     def warm_start(self, release: CentralImages) -> None:
         """Pretrain the generator on the DP central images before the first DP step.

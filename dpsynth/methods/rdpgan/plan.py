@@ -10,7 +10,7 @@ from typing import Any
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyPlan, PrivacyTarget
 from dpsynth.methods.rdpgan import schedule as sched
-from dpsynth.privacy.accounting import calibrate_schedule
+from dpsynth.privacy.calibration import calibrate_schedule
 
 MECHANISM = "rdpgan D step: DP-SGD on the real-loss term (clip C, noise σ·C, divide by qN)"
 

@@ -1,0 +1,176 @@
+"""The scale goal of issue 29: `train` and `sample` of a table method on 1M rows × 50 columns,
+timed, with each command's peak memory.
+
+    OMP_NUM_THREADS=1 python bench/tables_scale.py --methods dpkernel --epsilon 1
+    python bench/tables_scale.py --rows 20000 --n 2000 20000 --preset tiny     # a smoke run
+
+The table is bench/big_table.py's (census rows resampled with public noise plus 9 extra public
+columns; generated once under `--out`, reused while its rows and seed are the same). For each
+method (`--methods`, default every table method of the registry) the `dpsynth` CLI trains with
+the big table's public schema (`--preset auto` unless `--preset`, δ = `--delta`) in a fresh
+ledger under `--timeout` minutes, then samples each `--n` (default 100,000 and 1,000,000 rows):
+the same peak memory at both sizes is the "flat memory in sampling" check. Times are wall clock
+of the commands (start-up and reading the CSV included); peak memory is each command's maximum
+RSS (`wait4`). Writes `bench/results/tables-scale-<date>.json` and `.md` (rows of the same
+method, rows and ε are replaced) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import big_table  # noqa: E402
+import leaderboard  # noqa: E402
+import machine  # noqa: E402
+from measure import mb  # noqa: E402
+from tables_peers import cli_json  # noqa: E402
+
+RESULTS = BENCH / "results"
+
+
+def scale_row(
+    method: str, csv: Path, schema: Path, args: argparse.Namespace, folder: Path
+) -> dict[str, Any]:
+    """Train one method on the big table and sample each --n; times and peak RSS."""
+    ledger, run = folder / "ledger.jsonl", folder / "run"
+    command = [
+        "train", "--method", method, "--data", f"csv:{csv}", "--schema", str(schema),
+        "--epsilon", args.epsilon, "--delta", repr(args.delta), "--out", str(run),
+        "--device", "cpu", "--ledger", str(ledger), "--quiet",
+    ]  # fmt: skip
+    if args.preset:
+        command += ["--preset", args.preset]
+    for item in args.set or []:
+        command += ["--set", item]
+    row: dict[str, Any] = {"method": method, "rows": args.rows, "epsilon": args.epsilon}
+    limit = (args.timeout * 60, args.timeout * 60 * 3)
+    trained, train = cli_json(command, limit)
+    row["train_peak_rss_mb"] = mb(train.peak_rss_mb)
+    if train.timed_out:
+        return row | {
+            "timed_out": f"train did not finish in {args.timeout:g} {train.killed_by} min"
+        }
+    row |= {
+        "preset": trained["preset"],
+        "steps": trained["steps"],
+        "epsilon_bound": trained["epsilon"],
+        "train_seconds": round(train.seconds, 1),
+        "train_cpu_seconds": round(train.cpu_seconds, 1),
+        "samples": [],
+    }
+    for n in args.n:
+        out = folder / f"synth-{n}.csv"
+        _, sampled = cli_json(
+            ["sample", str(run), "--n", str(n), "--out", str(out), "--device", "cpu",
+             "--ledger", str(ledger), "--quiet"],
+            limit,
+        )  # fmt: skip
+        sample = {"n": n, "peak_rss_mb": mb(sampled.peak_rss_mb)}
+        if sampled.timed_out:
+            sample["timed_out"] = f"did not finish in {args.timeout:g} {sampled.killed_by} min"
+        else:
+            sample |= {
+                "seconds": round(sampled.seconds, 1),
+                "cpu_seconds": round(sampled.cpu_seconds, 1),
+                "csv_mb": out.stat().st_size / 2**20,
+            }
+            out.unlink()
+        row["samples"].append(sample)
+    return row
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """One line per (method, rows, ε): train time and memory, then each sample size's."""
+    lines = [
+        "| method | preset | rows × columns | ε | train wall s (CPU s) | train peak MB "
+        "| sample n: wall s, peak MB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        shape = f"{row['rows']:,} × {report['columns']}"
+        head = f"| {row['method']} | {row.get('preset', '–')} | {shape} | {row['epsilon']} |"
+        if "error" in row or "timed_out" in row:
+            why = row.get("timed_out") or "failed: " + row["error"].splitlines()[-1][:100]
+            lines.append(f"{head} {why} | {row.get('train_peak_rss_mb', '–')} | |")
+            continue
+        samples = "; ".join(
+            f"{s['n']:,}: "
+            + (s["timed_out"] if "timed_out" in s else f"{s['seconds']:.0f} s, {s['peak_rss_mb']}")
+            for s in row["samples"]
+        )
+        lines.append(
+            f"{head} {row['train_seconds']:.0f} ({row['train_cpu_seconds']:.0f}) "
+            f"| {row['train_peak_rss_mb']} | {samples} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Generate (or reuse) the table, run each method, write and print the results."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", nargs="+", default=None)
+    parser.add_argument("--epsilon", default="1")
+    parser.add_argument("--delta", type=float, default=1e-6)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--n", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--preset", default=None)
+    parser.add_argument("--set", action="append")
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="CPU minutes per command (wall: 3×)"
+    )
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "dpsynth-scale")
+    parser.add_argument("--shared", type=Path, default=BENCH.parents[1] / "shared" / "data")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    command = shlex.join(["python", "bench/tables_scale.py", *(argv or sys.argv[1:])])
+    csv, schema = big_table.make_big_table(args.out / str(args.rows), args.shared, args.rows)
+    columns = len(json.loads(schema.read_text())["columns"])
+    json_path = args.json or RESULTS / f"tables-scale-{datetime.now(UTC):%Y-%m-%d}.json"
+    report: dict[str, Any] = {"rows": [], "commands": []}
+    if json_path.is_file():
+        report = json.loads(json_path.read_text())
+    report |= {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine.describe("cpu"),
+        "columns": columns,
+        "table": big_table.__doc__.splitlines()[0],
+        "commands": [*report["commands"], command],
+    }
+    for method in args.methods or leaderboard.table_methods():
+        with tempfile.TemporaryDirectory(prefix=f"scale-{method}-") as tmp:
+            try:
+                row = scale_row(method, csv, schema, args, Path(tmp))
+            except RuntimeError as exc:
+                row = {"method": method, "rows": args.rows, "epsilon": args.epsilon}
+                row["error"] = str(exc)[-2000:]
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        key = (row["method"], row["rows"], row["epsilon"])
+        report["rows"] = [
+            r for r in report["rows"] if (r["method"], r["rows"], r["epsilon"]) != key
+        ] + [row]
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        host = report["machine"]
+        json_path.with_suffix(".md").write_text(
+            f"# Table methods at scale ({report['date'][:10]})\n\n{host['cpu']}, "
+            f"{host['cpu_cores']} cores, OMP_NUM_THREADS={host['omp_num_threads']}, load "
+            f"{host['load_average_1min']:.1f} at the start · {report['table']}\n\n"
+            + "".join(f"`{c}`\n\n" for c in report["commands"])
+            + markdown(report)
+        )
+    print(markdown(report))
+    print(f"wrote {json_path} and {json_path.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()

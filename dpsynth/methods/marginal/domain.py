@@ -1,0 +1,198 @@
+"""The discrete public domain of a table for marginal-based synthesizers, and the codecs to it.
+
+Every used column (the features in file order, then the target) becomes an attribute with a
+finite public domain, from the schema and the preset only, never from the data:
+- a categorical column: its schema categories (the one-hot block's argmax);
+- a numeric or integer column: bins over its public [min, max]. An integer column with at
+  most `bins` values gets one bin per value (exact). Otherwise, with `bound_bins`, the bounds
+  themselves are bins of their own (a point mass at min or max, common in real tables: zero
+  incomes, top codes) and `bins − 2` equal-width bins cover the open interval between them;
+  without it, `bins` equal-width bins cover [min, max].
+- the target: its classes.
+
+`codes_from_rows` maps the encoded rows the training loop hands a trainer (one-hot blocks,
+numbers scaled to [-1, 1]; `dpsynth.data.tabular`) to integer codes [N, d], a per-record
+deterministic map; `rows_from_codes` maps sampled codes back to encoded rows, drawing a number
+uniformly inside its bin (integers among the bin's integers) with the sampler's public
+generator, so that `TableCodec.decode` writes the original columns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpsynth.data.images import DataInfo
+from dpsynth.data.tabular import codec_for
+
+# Encoded rows converted per chunk (bounds the temporary memory on a million rows).
+_CHUNK = 65_536
+# Positions within this fraction of a bin below an edge count as on the edge: the float32
+# encoding's rounding (≤ 3e-5 bins for a thousand bins) must not move a value across it.
+_EDGE = 1e-4
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """One attribute of the discrete domain."""
+
+    name: str
+    kind: str  # "categorical", "exact" (one bin per integer), "bins", or "target"
+    size: int
+    start: int = 0  # the first column of its block in the encoded row (-1: the target)
+    low: float = 0.0
+    high: float = 0.0
+    integer: bool = False
+    bound_bins: bool = False
+
+
+@dataclass(frozen=True)
+class TableDomain:
+    """The attributes of a table's discrete domain, in order (the target last)."""
+
+    attributes: tuple[Attribute, ...]
+    width: int  # the encoded row width D
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The number of values of each attribute."""
+        return tuple(a.size for a in self.attributes)
+
+    @property
+    def target(self) -> int:
+        """The index of the target attribute (the last)."""
+        return len(self.attributes) - 1
+
+    def cells(self, clique: tuple[int, ...]) -> int:
+        """The number of cells of the marginal on `clique`."""
+        return int(math.prod(self.attributes[j].size for j in clique))
+
+
+def table_domain(info: DataInfo, config: Mapping[str, Any]) -> TableDomain:
+    """The discrete domain of a table's public schema under the preset's binning."""
+    codec = codec_for(info)
+    bins = int(config["bins"])
+    bound_bins = bool(config["bound_bins"])
+    attributes = []
+    for column, block in zip(codec.schema.features, codec.blocks, strict=True):
+        if column.type == "categorical":
+            attributes.append(Attribute(column.name, "categorical", block.size, block.start))
+            continue
+        low, high = float(column.min), float(column.max)  # type: ignore[arg-type]
+        integer = column.type == "integer"
+        values = math.floor(high) - math.ceil(low) + 1 if integer else math.inf
+        if high == low:
+            attributes.append(Attribute(column.name, "bins", 1, block.start, low, high, integer))
+        elif integer and values <= bins:
+            attributes.append(
+                Attribute(column.name, "exact", int(values), block.start, low, high, True)
+            )
+        else:
+            use_bounds = bound_bins and bins >= 3
+            attributes.append(
+                Attribute(column.name, "bins", bins, block.start, low, high, integer, use_bounds)
+            )
+    attributes.append(Attribute(codec.schema.target, "target", len(info.classes), -1))
+    return TableDomain(tuple(attributes), codec.dim)
+
+
+def _number_codes(scaled: np.ndarray, attribute: Attribute) -> np.ndarray:
+    """Bin codes of numbers scaled to [-1, 1] from [low, high]."""
+    size = attribute.size
+    if size == 1:
+        return np.zeros(len(scaled), dtype=np.int64)
+    unit = (np.clip(scaled.astype(np.float64), -1.0, 1.0) + 1.0) / 2.0
+    if attribute.kind == "exact":
+        values = attribute.low + unit * (attribute.high - attribute.low)
+        return np.clip(np.rint(values - math.ceil(attribute.low)), 0, size - 1).astype(np.int64)
+    if not attribute.bound_bins:
+        return np.clip(np.floor(unit * size + _EDGE), 0, size - 1).astype(np.int64)
+    # The encoding maps min to exactly -1 and max to exactly 1 (clipped values too).
+    inner = 1 + np.clip(np.floor(unit * (size - 2) + _EDGE), 0, size - 3).astype(np.int64)
+    return np.where(scaled <= -1.0, 0, np.where(scaled >= 1.0, size - 1, inner))
+
+
+def codes_from_rows(rows: torch.Tensor, labels: torch.Tensor, domain: TableDomain) -> np.ndarray:
+    """Integer codes [N, d] (uint16 or int32) of encoded rows [N, D] and their labels [N]."""
+    n = int(rows.shape[0])
+    dtype = np.uint16 if max(domain.sizes) < 2**16 else np.int32
+    out = np.empty((n, len(domain.attributes)), dtype=dtype)
+    for begin in range(0, n, _CHUNK):
+        part = rows[begin : begin + _CHUNK].detach().cpu().numpy()
+        for j, attribute in enumerate(domain.attributes):
+            if attribute.kind == "target":
+                out[begin : begin + len(part), j] = labels[begin : begin + _CHUNK].cpu().numpy()
+            elif attribute.kind == "categorical":
+                block = part[:, attribute.start : attribute.start + attribute.size]
+                out[begin : begin + len(part), j] = block.argmax(1)
+            else:
+                out[begin : begin + len(part), j] = _number_codes(
+                    part[:, attribute.start], attribute
+                )
+    return out
+
+
+def _bin_values(codes: np.ndarray, attribute: Attribute, uniform: np.ndarray) -> np.ndarray:
+    """Numbers in [low, high] for bin codes: uniform inside the bin (integers: among its
+    integers), the bounds themselves for bound bins."""
+    low, high, size = attribute.low, attribute.high, attribute.size
+    if size == 1:
+        return np.full(len(codes), low)
+    if attribute.kind == "exact":
+        return math.ceil(low) + codes.astype(np.float64)
+    codes = codes.astype(np.float64)
+    if attribute.bound_bins:
+        inner = size - 2
+        left = low + (codes - 1) / inner * (high - low)
+        right = low + codes / inner * (high - low)
+    else:
+        left = low + codes / size * (high - low)
+        right = low + (codes + 1) / size * (high - low)
+    if attribute.integer:
+        # The bin's integers: ceil(left) … the last integer below right (the last bin's own).
+        first = np.ceil(left)
+        last = np.where(np.floor(right) < right, np.floor(right), right - 1)
+        if not attribute.bound_bins:
+            last = np.where(codes == size - 1, np.floor(high), last)
+        else:
+            first = np.maximum(first, math.ceil(low) + 1)
+            last = np.minimum(last, math.floor(high) - 1)
+        last = np.maximum(last, first)
+        values = first + np.floor(uniform * (last - first + 1))
+        values = np.minimum(values, last)
+    else:
+        # Kept clear of the edges by the coding tolerance, so the value codes to its bin.
+        width = right - left
+        values = left + 2 * _EDGE * width + uniform * (1 - 4 * _EDGE) * width
+    if attribute.bound_bins:
+        values = np.where(codes == 0, low, np.where(codes == size - 1, high, values))
+    return np.clip(values, low, high)
+
+
+def rows_from_codes(
+    codes: np.ndarray, domain: TableDomain, uniform: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encoded rows float32 [b, D] and labels int64 [b] for codes [b, d].
+
+    `uniform` [b, d] holds public U(0, 1) draws for the positions inside numeric bins.
+    """
+    b = len(codes)
+    rows = np.zeros((b, domain.width), dtype=np.float32)
+    for j, attribute in enumerate(domain.attributes):
+        column = codes[:, j].astype(np.int64)
+        if attribute.kind == "target":
+            continue
+        if attribute.kind == "categorical":
+            rows[np.arange(b), attribute.start + column] = 1.0
+            continue
+        values = _bin_values(column, attribute, uniform[:, j])
+        span = attribute.high - attribute.low
+        scaled = np.zeros(b) if span == 0 else 2.0 * (values - attribute.low) / span - 1.0
+        rows[:, attribute.start] = scaled.astype(np.float32)
+    labels = torch.from_numpy(codes[:, domain.target].astype(np.int64))
+    return torch.from_numpy(rows), labels

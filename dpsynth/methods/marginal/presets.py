@@ -1,0 +1,68 @@
+"""Presets of the marginal-based synthesizers (plain data).
+
+Shared keys:
+- `bins`: bins of a numeric column over its public [min, max] (an integer column with at most
+  this many values gets one bin per value); `bound_bins`: the bounds are bins of their own.
+- `selection_share`: the share of the budget (in Gaussian-DP terms, see
+  `privacy/marginal_plan.py`) given to the exponential mechanism's selections.
+- `max_cells`: the largest marginal (cells) a selection may pick.
+- `iters`, `final_iters`: mirror-descent steps of mbi's estimation per round and at the end.
+- `max_memory_mb`: the refusal cap of the memory estimate (before anything is spent).
+AIM only:
+- `selections`: the number of marginals selected and measured after the one-way ones (0: a
+  public rule from the columns, N and ε, `aim.auto_selections`);
+- `rounds`: estimation rounds they are spread over (each round selects its share from the
+  model of the previous one, then measures them and re-estimates: one compilation of mbi's
+  program per round, so this bounds the time; 0: about 120 / d, within [2, 8]);
+- `max_model_mb`: the cap on the junction tree's size, reached gradually over the rounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_COMMON: dict[str, Any] = {
+    "bins": 16,
+    "bound_bins": True,
+    "max_cells": 10_000,
+    "max_memory_mb": 8192,
+}
+
+AIM_PRESETS: dict[str, dict[str, Any]] = {
+    # CPU tests in seconds: few rounds, short estimation.
+    "tiny": {
+        **_COMMON,
+        "bins": 8,
+        "selections": 4,
+        "rounds": 1,
+        "selection_share": 0.1,
+        "max_model_mb": 4.0,
+        "iters": 100,
+        "final_iters": 200,
+    },
+    "small": {
+        **_COMMON,
+        "selections": 0,
+        "rounds": 0,
+        "selection_share": 0.1,
+        "max_model_mb": 32.0,
+        "iters": 500,
+        "final_iters": 3000,
+    },
+}
+
+MST_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        **_COMMON,
+        "bins": 8,
+        "selection_share": 1.0 / 3.0,
+        "iters": 100,
+        "final_iters": 200,
+    },
+    "small": {
+        **_COMMON,
+        "selection_share": 1.0 / 3.0,
+        "iters": 300,
+        "final_iters": 3000,
+    },
+}

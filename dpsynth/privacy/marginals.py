@@ -1,0 +1,132 @@
+"""Noisy marginal counts of a discretised table, and private selection among marginals.
+
+The table reaches this module as integer codes [N, d] over a public domain (column j takes
+values 0 … sizes[j] − 1: categories from the schema, numbers in bins over their public
+bounds). A marginal on a set of columns (a clique) is the vector of counts of every
+combination of their values. Adding or removing one record changes exactly one cell of every
+marginal by 1, so each marginal's L2 (and L1) sensitivity is 1 under add/remove adjacency,
+and k marginals measured separately are k Gaussian mechanisms of sensitivity 1: the ledger's
+`gaussian` event with noise multiplier σ (the noise's standard deviation, since the
+sensitivity is 1) and count k.
+
+`MarginalQueries` holds the codes and answers only through mechanisms: `measure` (counts
+plus N(0, σ²) per cell, from the run's secret stream) and `select` (the exponential mechanism
+over the L1 error of public estimates, `privacy/selection.py`). The exact counts it caches
+never leave it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpsynth.errors import DpsynthError
+from dpsynth.privacy.selection import exponential_mechanism
+
+MEASUREMENT_MECHANISM = "Gaussian marginal counts (L2 sensitivity 1 per marginal, add/remove)"
+
+Clique = tuple[int, ...]
+
+
+def measurement_event(noise_multiplier: float, count: int, **annotations: Any) -> dict[str, Any]:
+    """The ledger event of `count` marginals measured with Gaussian noise of std σ each."""
+    return {
+        "type": "gaussian",
+        "noise_multiplier": float(noise_multiplier),
+        "count": int(count),
+        "mechanism": MEASUREMENT_MECHANISM,
+        **annotations,
+    }
+
+
+def cells(sizes: Sequence[int], clique: Clique) -> int:
+    """The number of cells of the marginal on `clique`."""
+    return int(math.prod(int(sizes[j]) for j in clique))
+
+
+def marginal_counts(codes: np.ndarray, sizes: Sequence[int], clique: Clique) -> np.ndarray:
+    """Exact counts (float64, C order over the clique's columns) of the codes on `clique`.
+
+    A pure function of the private data: only this module's mechanisms call it before noise.
+    """
+    if not clique:
+        return np.array([float(len(codes))])
+    shape = tuple(int(sizes[j]) for j in clique)
+    flat = np.ravel_multi_index(tuple(codes[:, j].astype(np.int64) for j in clique), shape)
+    return np.bincount(flat, minlength=math.prod(shape)).astype(np.float64)
+
+
+class MarginalQueries:
+    """A discretised private table that answers marginal queries only through mechanisms."""
+
+    def __init__(self, codes: np.ndarray, sizes: Sequence[int]) -> None:
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[1] != len(sizes):
+            raise DpsynthError("codes must be [N, d] with one domain size per column")
+        if codes.size and (codes.min() < 0 or (codes >= np.asarray(sizes)).any()):
+            raise DpsynthError("a code lies outside its column's public domain")
+        self._codes = codes
+        self.sizes = tuple(int(s) for s in sizes)
+        self._cache: dict[Clique, np.ndarray] = {}
+
+    def _counts(self, clique: Clique) -> np.ndarray:
+        clique = tuple(int(j) for j in clique)
+        if clique not in self._cache:
+            self._cache[clique] = marginal_counts(self._codes, self.sizes, clique)
+        return self._cache[clique]
+
+    def measure(
+        self, cliques: Sequence[Clique], noise_multiplier: float, generator: torch.Generator
+    ) -> list[np.ndarray]:
+        """Each clique's counts plus N(0, σ²) per cell (σ = `noise_multiplier`, sensitivity
+        1): `len(cliques)` Gaussian mechanisms, which the plan must have accounted.
+
+        σ = 0 returns the exact counts: only the `--epsilon inf` baseline (a `non_private`
+        plan) asks for that.
+        """
+        if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+            raise DpsynthError(f"a measurement needs a σ ≥ 0, got {noise_multiplier}")
+        out = []
+        for clique in cliques:
+            counts = self._counts(clique)
+            if noise_multiplier == 0:
+                out.append(counts.copy())
+                continue
+            noise = torch.randn(
+                counts.size, generator=generator, dtype=torch.float64, device=generator.device
+            )
+            out.append(counts + noise_multiplier * noise.cpu().numpy())
+        return out
+
+    def select(
+        self,
+        candidates: Sequence[Clique],
+        estimates: Sequence[np.ndarray],
+        offsets: Sequence[float],
+        weights: Sequence[float],
+        epsilon: float,
+        generator: torch.Generator,
+    ) -> int:
+        """The index of the candidate chosen by the exponential mechanism (ε-DP).
+
+        Candidate r's quality is w_r · (‖counts_r − estimates_r‖₁ − offsets_r): how badly the
+        public estimate (the current model's marginal) misses the data, less a public offset
+        (the error expected from measurement noise alone). Adding or removing a record moves
+        one cell of counts_r by 1, so the L1 term moves by at most 1 and the quality by at
+        most |w_r|: the sensitivity is max |w_r|.
+        """
+        if not (len(candidates) == len(estimates) == len(offsets) == len(weights)):
+            raise DpsynthError("one estimate, offset and weight per candidate")
+        scores = np.empty(len(candidates))
+        for r, (clique, estimate) in enumerate(zip(candidates, estimates, strict=True)):
+            counts = self._counts(clique)
+            estimate = np.asarray(estimate, dtype=np.float64).reshape(-1)
+            if estimate.shape != counts.shape:
+                raise DpsynthError(f"the estimate of clique {clique} has the wrong size")
+            scores[r] = float(weights[r]) * (np.abs(counts - estimate).sum() - float(offsets[r]))
+        sensitivity = float(np.max(np.abs(np.asarray(weights, dtype=np.float64))))
+        return exponential_mechanism(scores, sensitivity, epsilon, generator)

@@ -1,0 +1,271 @@
+"""AIM and MST end to end: the CLI round trip, resume, the model's pieces, and bad input.
+
+The round trip (train → sample → evaluate ml → ledger verify) runs on the built-in
+german-credit with the `tiny` presets; bad input must fail before the reservation (no ledger
+entry) with one line and the documented exit code.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dpsynth.cli import app
+from dpsynth.data.builtin_tables import TABLES_DIR
+from dpsynth.data.sources import load_table, read_table
+from dpsynth.ledger import Ledger
+from dpsynth.methods.base import PrivacyTarget
+from dpsynth.methods.marginal.aim import AIMMethod
+from dpsynth.methods.marginal.cliquetree import CliqueTree, added_cells
+from dpsynth.methods.marginal.domain import codes_from_rows, rows_from_codes, table_domain
+from dpsynth.methods.marginal.model import Measurement, estimate
+from dpsynth.methods.marginal.sampler import TreeSampler
+from dpsynth.methods.registry import get_method
+from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.training import train_run
+
+runner = CliRunner()
+
+
+@functools.lru_cache
+def _german():
+    return load_table("german-credit")
+
+
+def _invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+@pytest.mark.parametrize("method", ["aim", "mst"])
+def test_cli_train_sample_evaluate_verify(tmp_path: Path, method: str, one_torch_thread) -> None:
+    ledger, run, out = tmp_path / "ledger.jsonl", tmp_path / "run", tmp_path / "synth.csv"
+    train = _invoke(
+        "train", "--method", method, "--data", "german-credit", "--epsilon", "2",
+        "--preset", "tiny", "--out", str(run), "--ledger", str(ledger), "--device", "cpu",
+        "--json",
+    )  # fmt: skip
+    assert train.exit_code == 0, train.output
+    summary = json.loads(train.stdout)
+    assert summary["private"] and float(summary["epsilon"]) <= 2.0
+    assert summary["steps"] == summary["total_steps"]
+    spend = Ledger(ledger).spend(summary["ledger_seq"])
+    assert spend["status"] == "completed"
+    types = sorted(e["type"] for e in spend["events"])
+    assert types == ["gaussian", "pure_dp"]
+    # The ledger's events recompose to the printed bound.
+    assert compose_epsilon(spend["events"], spend["delta"]).epsilon == pytest.approx(
+        float(spend["epsilon"])
+    )
+    for labels, n in (("model", 300), ("balanced", 120)):
+        sample = _invoke(
+            "sample", str(run), "--n", str(n), "--out", str(out), "--ledger", str(ledger),
+            "--labels", labels, "--force", "--json",
+        )  # fmt: skip
+        assert sample.exit_code == 0, sample.output
+    header = (TABLES_DIR / "german_credit.csv").read_text().splitlines()[0]
+    assert out.read_text().splitlines()[0] == header
+    frame = pd.read_csv(out, dtype=str)
+    assert len(frame) == 120
+    assert (frame["credit_risk"].value_counts() == 60).all()
+    schema = read_table("german-credit")[2]
+    for column in schema.columns:
+        if column.type == "categorical":
+            assert set(frame[column.name]) <= set(column.categories), column.name
+        else:
+            values = frame[column.name].astype(float)
+            assert values.between(column.min, column.max).all(), column.name
+            if column.type == "integer":
+                assert (values == values.round()).all(), column.name
+    evaluated = _invoke(
+        "evaluate", "--synthetic", str(out), "--real", "german-credit:test", "--metrics", "ml",
+        "--seeds", "1", "--ledger", str(ledger), "--json",
+    )  # fmt: skip
+    assert evaluated.exit_code == 0, evaluated.output
+    scores = json.loads(evaluated.stdout)["metrics"]["classifiers"]
+    assert 0.0 <= scores["logreg"]["roc_auc"]["mean"] <= 1.0
+    verify = _invoke("ledger", "verify", "--ledger", str(ledger), "--json")
+    assert verify.exit_code == 0, verify.output
+
+
+def test_resume_continues_with_the_same_measurements(tmp_path: Path, one_torch_thread) -> None:
+    common = {
+        "method": "aim", "data": "german-credit", "epsilon": 3, "preset": "tiny",
+        "device": "cpu", "privacy_seed": 1234, "checkpoint_every_s": 0,
+    }  # fmt: skip
+    whole = train_run(out=tmp_path / "whole", ledger_path=tmp_path / "a.jsonl", **common)
+    part = train_run(
+        out=tmp_path / "part", ledger_path=tmp_path / "b.jsonl", stop_after_steps=1, **common
+    )
+    assert part["interrupted"] and part["steps"] == 1
+    resumed = train_run(out=tmp_path / "part", resume=True, ledger_path=None, **common)
+    assert resumed["steps"] == whole["steps"] == resumed["total_steps"]
+    assert resumed["epsilon"] == whole["epsilon"]
+    spends = [Ledger(tmp_path / name).entries() for name in ("a.jsonl", "b.jsonl")]
+    assert [e.get("kind") for e in spends[1]].count("spend") == 1  # charged once
+    from safetensors.torch import load_file
+
+    def state(run: str) -> dict[str, torch.Tensor]:
+        folder = tmp_path / run
+        return load_file(next(folder.rglob("*.safetensors")))
+
+    a, b = state("whole"), state("part")
+    for key in ("trainer/measurements/cliques", "trainer/measurements/values"):
+        torch.testing.assert_close(a[key], b[key])
+
+
+def test_codes_round_trip_through_encoded_rows() -> None:
+    data = _german()
+    info = data.info()
+    config = AIMMethod().config("small", {}, info)
+    domain = table_domain(info, config)
+    codes = codes_from_rows(data.x, data.y, domain)
+    assert codes.shape == (info.n, len(domain.attributes))
+    assert (codes.max(0) < np.array(domain.sizes)).all()
+    uniform = np.random.default_rng(0).random(codes.shape)
+    rows, labels = rows_from_codes(codes.astype(np.int64), domain, uniform)
+    again = codes_from_rows(rows, labels, domain)
+    np.testing.assert_array_equal(again, codes)
+    np.testing.assert_array_equal(labels.numpy(), data.y.numpy())
+
+
+def test_clique_tree_pairs_match_mbi_and_sampling_matches_the_model() -> None:
+    sizes = (3, 4, 2, 5, 3)
+    rng = np.random.default_rng(0)
+    codes = np.stack([rng.integers(0, s, 400) for s in sizes], axis=1)
+    codes[:, 1] = (codes[:, 0] + rng.integers(0, 2, 400)) % 4  # dependence along a chain
+    codes[:, 3] = (codes[:, 1] + codes[:, 2]) % 5
+
+    def counts(clique):
+        flat = np.ravel_multi_index(tuple(codes[:, j] for j in clique), [sizes[j] for j in clique])
+        return np.bincount(flat, minlength=int(np.prod([sizes[j] for j in clique]))).astype(float)
+
+    cliques = [(0,), (1,), (2,), (3,), (4,), (0, 1), (1, 2), (1, 3), (2, 3), (3, 4)]
+    measurements = [Measurement(c, counts(c), 1.0) for c in cliques]
+    tree, _ = estimate(sizes, measurements, 400.0, 300)
+    assert len(tree.cliques) < len(cliques)  # maximal cliques of a triangulated graph
+    pairs = list(itertools.combinations(range(len(sizes)), 2))
+    ours = tree.pair_marginals(pairs)
+    # The reference: the joint table built from the clique tree by brute force.
+    joint = _brute_force_joint(tree)
+    for a, b in pairs:
+        axes = tuple(k for k in range(len(sizes)) if k not in (a, b))
+        np.testing.assert_allclose(ours[(a, b)], joint.sum(axis=axes).reshape(-1), rtol=1e-6)
+    # Forward sampling reproduces the model's pair marginals given its target marginal.
+    sampler = TreeSampler(tree, 4)
+    target = tree.marginal(4) / tree.total
+    labels = rng.choice(3, size=60000, p=target)
+    drawn = sampler.sample(labels, rng.random((60000, len(sampler.steps))))
+    assert (drawn[:, 4] == labels).all()
+    for a, b in [(0, 1), (1, 3), (0, 4)]:
+        flat = np.ravel_multi_index((drawn[:, a], drawn[:, b]), (sizes[a], sizes[b]))
+        empirical = np.bincount(flat, minlength=sizes[a] * sizes[b]) / len(drawn)
+        np.testing.assert_allclose(empirical, ours[(a, b)] / tree.total, atol=0.01)
+    assert added_cells(tree, 0, 1) == 0 and added_cells(tree, 0, 4) > 0
+
+
+def test_independent_model_samples_its_one_way_marginals_around_the_labels() -> None:
+    # Before any pair is measured (a run stopped after round 0) the target's clique is the
+    # target alone: nothing to draw there, every other column from its own marginal.
+    sizes = (2, 3, 4)
+    tree = CliqueTree(sizes, [(0,), (1,), (2,)], [[50, 50], [10, 30, 60], [25, 25, 25, 25]])
+    sampler = TreeSampler(tree, 0)
+    assert all(step.new for step in sampler.steps) and len(sampler.steps) == 2
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 40000)
+    drawn = sampler.sample(labels, rng.random((40000, len(sampler.steps))))
+    assert (drawn[:, 0] == labels).all()
+    np.testing.assert_allclose(
+        np.bincount(drawn[:, 1], minlength=3) / 40000, [0.1, 0.3, 0.6], atol=0.01
+    )
+
+
+def _brute_force_joint(tree: CliqueTree) -> np.ndarray:
+    """P(all attributes) = Π clique marginals / Π separator marginals, on the full grid."""
+    from dpsynth.methods.marginal.cliquetree import spanning_tree
+
+    sizes = tree.sizes
+    joint = np.ones(sizes)
+    for factor in tree.factors:
+        shape = [sizes[a] if a in factor.attrs else 1 for a in range(len(sizes))]
+        joint = joint * (factor.values / tree.total).reshape(shape)
+    for i, j in spanning_tree(tree.cliques):
+        sep = tuple(a for a in tree.cliques[i] if a in tree.cliques[j])
+        marginal = tree.factors[i].sum_to(sep).values / tree.total
+        shape = [sizes[a] if a in sep else 1 for a in range(len(sizes))]
+        joint = joint / marginal.reshape(shape)
+    return joint * tree.total
+
+
+def _no_spend(ledger: Path) -> bool:
+    return not ledger.exists() or not [e for e in Ledger(ledger).entries() if e.get("kind")]
+
+
+def test_bad_input_is_one_line_and_spends_nothing(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    schema = json.loads((TABLES_DIR / "german_credit.schema.json").read_text())
+    csv = tmp_path / "german.csv"
+    csv.write_text((TABLES_DIR / "german_credit.csv").read_text())
+    base = ["train", "--method", "aim", "--data", f"csv:{csv}", "--preset", "tiny",
+            "--ledger", str(ledger), "--device", "cpu"]  # fmt: skip
+
+    def run(schema_obj, *extra: str, epsilon: str = "1"):
+        path = tmp_path / "schema.json"
+        path.write_text(json.dumps(schema_obj))
+        out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        return _invoke(
+            *base, "--schema", str(path), "--epsilon", epsilon, "--out", str(out), *extra
+        )
+
+    # A numeric column without public bounds: exit 2 (the schema is invalid).
+    no_bounds = json.loads(json.dumps(schema))
+    numeric = next(c for c in no_bounds["columns"] if c["type"] in ("numeric", "integer"))
+    numeric.pop("min")
+    result = run(no_bounds)
+    assert result.exit_code == 2 and "'min'" in result.output
+    # A category outside the list: exit 4.
+    short = json.loads(json.dumps(schema))
+    column = next(
+        c for c in short["columns"] if c["type"] == "categorical" and c["name"] != "credit_risk"
+    )
+    column["categories"] = column["categories"][:-1]
+    result = run(short)
+    assert result.exit_code == 4 and "not in the schema's category list" in result.output
+    # A domain too large for the marginals: exit 2 with the estimate (two real-valued
+    # columns in a million bins each: their pair alone would hold 10^12 cells).
+    wide = json.loads(json.dumps(schema))
+    for column in wide["columns"]:
+        if column["name"] in ("credit_amount", "age_in_years"):
+            column["type"] = "numeric"
+    result = run(wide, "--set", "bins=1000000", "--set", "max_cells=10000000000000")
+    assert result.exit_code == 2 and "too large" in result.output
+    # An ε too small for even one useful measurement: exit 2.
+    result = run(schema, epsilon="0.001")
+    assert result.exit_code == 2 and "too small" in result.output
+    assert _no_spend(ledger)
+    # Images are refused with the loop's one line.
+    image = _invoke("train", "--method", "aim", "--data", "digits", "--epsilon", "1",
+                    "--out", str(tmp_path / "img"), "--ledger", str(ledger))  # fmt: skip
+    assert image.exit_code == 2 and "for images use" in image.output
+    assert len(image.output.strip().splitlines()) == 1
+
+
+def test_plan_is_public_and_declares_its_rounds() -> None:
+    info = _german().info()
+    for name in ("aim", "mst"):
+        method = get_method(name)
+        config = method.config("small", {}, info)
+        plan = method.plan(info, PrivacyTarget(1.0, 1e-4), config)
+        measure = next(e for e in plan.events if e["type"] == "gaussian")
+        assert measure["loop_steps_without_reads"] == plan.steps
+        assert plan.noise_multiplier == measure["noise_multiplier"]
+        assert plan.epsilon_bound <= 1.0
+        inf = method.plan(info, PrivacyTarget(float("inf"), 1e-4), config)
+        assert not inf.private and inf.steps == plan.steps
