@@ -334,6 +334,17 @@ def test_sample_streams_csv_and_evaluate(tmp_path: Path) -> None:
         assert 0.0 <= scores["accuracy"]["mean"] <= 1.0 and len(scores["roc_auc"]["per_seed"]) == 2
     assert (tmp_path / "report" / "report.md").read_text().count("| synthetic |") == 2
     assert result["release"] is not None
+    # the statement is the ledger spend's, not the manifest's words taken on trust
+    assert result["privacy"] == manifest["privacy"] and manifest["privacy"].startswith("(ε ≤")
+    elsewhere = runner.invoke(
+        app,
+        ["evaluate", "--synthetic", str(out), "--real", "german-credit:test", "--metrics", "ml",
+         "--seeds", "1", "--json", "--ledger", str(tmp_path / "other.jsonl")],
+    )  # fmt: skip
+    assert elsewhere.exit_code == 0, elsewhere.output
+    unchecked = json.loads(elsewhere.stdout)
+    assert "privacy" not in unchecked
+    assert any("is not reported" in w for w in unchecked["warnings"])
 
 
 def test_evaluate_real_vs_real_on_german_credit(tmp_path: Path) -> None:

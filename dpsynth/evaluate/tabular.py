@@ -39,7 +39,7 @@ import pandas as pd
 from dpsynth.data.schema import Schema, parse_schema, read_schema
 from dpsynth.data.sources import read_table
 from dpsynth.data.tabular import RawTable, read_csv_table, table_content_digest
-from dpsynth.errors import DataError, UsageError
+from dpsynth.errors import DataError, DpsynthError, UsageError
 from dpsynth.evaluate.release import (
     check_report_dir,
     keyed_fingerprint,
@@ -47,6 +47,8 @@ from dpsynth.evaluate.release import (
     training_data_warnings,
 )
 from dpsynth.evaluate.render import fingerprint_note
+from dpsynth.ledger import Ledger
+from dpsynth.ledger.anchors import privacy_statement
 from dpsynth.runs import write_bytes_atomic
 
 TABLE_METRICS = ("accuracy", "roc_auc")
@@ -86,6 +88,43 @@ def check_columns(raw: RawTable, schema: Schema) -> None:
             f"{raw.source}: has no column {', '.join(map(repr, missing[:5]))}{more}, which the "
             "schema lists (the header must name every schema column that is not ignored)"
         )
+
+
+def _checked_manifest_privacy(
+    manifest: dict[str, Any],
+    synthetic: Path,
+    ledger_path: str | os.PathLike[str] | None,
+    warnings_list: list[str],
+) -> str | None:
+    """The privacy statement of a sampled CSV, re-derived from the ledger spend its manifest
+    names (`--ledger`, else the ledger the manifest records), or None with a warning when that
+    ledger does not hold the spend: a manifest's own words are never repeated unchecked."""
+    if not manifest.get("privacy"):
+        return None
+    source = manifest.get("privacy_source")
+    source = source if isinstance(source, dict) else {}
+    seq, digest = source.get("ledger_seq"), source.get("ledger_hash")
+    path = ledger_path or source.get("ledger")
+    spend = None
+    if path and isinstance(seq, int) and not isinstance(seq, bool):
+        try:
+            candidate = Ledger(path).spend(seq)
+        except DpsynthError:
+            candidate = None
+        if (
+            candidate is not None
+            and candidate.get("hash") == digest
+            and candidate.get("run_id") == manifest.get("run_id")
+        ):
+            spend = candidate
+    if spend is None:
+        warnings_list.append(
+            f"{synthetic.name}: its manifest's privacy statement names ledger entry {seq}, "
+            f"which {path or 'no ledger'} does not hold as run {manifest.get('run_id')}'s spend: "
+            "the statement is not reported (pass --ledger with the run's own ledger)"
+        )
+        return None
+    return str(privacy_statement(spend)["statement"])
 
 
 def _manifest(path: Path) -> dict[str, Any]:
@@ -336,8 +375,9 @@ def run_table_evaluation(
         "warnings": warnings_list,
         "report_dir": None,
     }
-    if manifest.get("privacy"):
-        result["privacy"] = manifest["privacy"]
+    privacy = _checked_manifest_privacy(manifest, synth_path, ledger_path, warnings_list)
+    if privacy is not None:
+        result["privacy"] = privacy
     reasons = []
     if "real_train_classifiers" in result_metrics and real_train is not None:
         reasons.append("real-trained scores: a statistic of the real training data")
