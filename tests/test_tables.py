@@ -503,3 +503,19 @@ def test_target_weights_set_the_generated_label_proportions() -> None:
     trainer.net.forward = spy  # type: ignore[method-assign]
     trainer.step(torch.zeros(0, info.shape[0]), torch.zeros(0, dtype=torch.int64))
     assert Counter(seen[0].tolist()) == {0: 22, 1: 10}
+
+
+def test_evaluate_names_the_synthetic_columns_its_schema_does_not_score(tmp_path: Path) -> None:
+    schema = json.loads((TABLES_DIR / "german_credit.schema.json").read_text())
+    dropped = schema["columns"].pop(1)["name"]
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    table = str(TABLES_DIR / "german_credit.csv")
+    result = runner.invoke(
+        app,
+        ["evaluate", "--synthetic", table, "--real", f"csv:{table}", "--schema",
+         str(tmp_path / "s.json"), "--metrics", "ml", "--seeds", "1", "--json",
+         "--ledger", str(tmp_path / "ledger.jsonl")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(result.stdout)["warnings"]
+    assert any("not scored" in w and repr(dropped) in w for w in warnings), warnings

@@ -307,6 +307,14 @@ def run_table_evaluation(
     real_id = SimpleNamespace(spec=real_spec, dataset_id=real_spec, content_digest=real_digest)
     warnings_list += training_data_warnings(real_id, ledger_path, "--real")  # type: ignore[arg-type]
     non_private = bool(warnings_list)
+    described = {column.name for column in schema.columns if column.type != "ignored"}
+    unscored = [name for name in synth_raw.header if name not in described]
+    if unscored:
+        shown = ", ".join(map(repr, unscored[:5])) + (" …" if len(unscored) > 5 else "")
+        warnings_list.append(
+            f"--synthetic {synth_path.name}: {len(unscored)} column(s) the schema does not "
+            f"describe (or ignores) are not scored: {shown}"
+        )
     result_metrics: dict[str, Any] = {}
     if "marginals" in wanted:
         from dpsynth.evaluate.marginals import marginal_fidelity
