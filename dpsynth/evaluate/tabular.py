@@ -25,16 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import warnings as python_warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from dpsynth.data.schema import Schema, parse_schema, read_schema
 from dpsynth.data.sources import read_table
@@ -47,13 +44,13 @@ from dpsynth.evaluate.release import (
     training_data_warnings,
 )
 from dpsynth.evaluate.render import fingerprint_note
+from dpsynth.evaluate.table_classifiers import classifier_scores, table_frame
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import privacy_statement
 from dpsynth.runs import write_bytes_atomic
 
 TABLE_METRICS = ("accuracy", "roc_auc")
 FIDELITY_METRICS = ("marginals",)
-CLASSIFIERS = ("logreg", "gbm")
 _ALIASES = {"ml": TABLE_METRICS, "auc": ("roc_auc",), "roc-auc": ("roc_auc",)}
 
 
@@ -136,130 +133,6 @@ def _manifest(path: Path) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else {}
 
 
-def _frame(raw: RawTable, schema: Schema) -> tuple[pd.DataFrame, np.ndarray]:
-    """Feature frame (strings for categories, floats for numbers) and label indices (−1 when
-    the target is not one of the classes)."""
-    data = {}
-    for column in schema.features:
-        values = raw.column(column.name)
-        if column.is_numeric:
-            try:
-                data[column.name] = values.astype(np.float64)
-            except ValueError:
-                raise DataError(
-                    f"{raw.source}: column {column.name!r} holds a value that is not a number"
-                ) from None
-        else:
-            data[column.name] = values.astype(object)
-    lookup = {c: i for i, c in enumerate(schema.classes)}
-    labels = np.array([lookup.get(v, -1) for v in raw.column(schema.target).tolist()])
-    return pd.DataFrame(data), labels
-
-
-def _model(kind: str, schema: Schema, seed: int) -> Any:
-    from sklearn.compose import ColumnTransformer
-    from sklearn.ensemble import HistGradientBoostingClassifier
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
-
-    categorical = [c.name for c in schema.features if not c.is_numeric]
-    numeric = [c.name for c in schema.features if c.is_numeric]
-    if kind == "logreg":
-        encode = ColumnTransformer(
-            [
-                ("cat", OneHotEncoder(handle_unknown="ignore"), categorical),
-                ("num", StandardScaler(), numeric),
-            ]
-        )
-        return make_pipeline(encode, LogisticRegression(max_iter=2000, random_state=seed))
-    encode = ColumnTransformer(
-        [
-            (
-                "cat",
-                OrdinalEncoder(
-                    handle_unknown="use_encoded_value",
-                    unknown_value=np.nan,
-                    encoded_missing_value=np.nan,
-                ),
-                categorical,
-            ),
-            ("num", "passthrough", numeric),
-        ]
-    )
-    wide = [len(c.categories) > 250 for c in schema.features if not c.is_numeric]
-    mask = [not w for w in wide] + [False] * len(numeric)
-    return make_pipeline(
-        encode,
-        HistGradientBoostingClassifier(random_state=seed, categorical_features=mask),
-    )
-
-
-def _scores(model: Any, x: pd.DataFrame, y: np.ndarray, classes: int, metrics: list[str]) -> dict:
-    from sklearn.metrics import accuracy_score, roc_auc_score
-
-    out: dict[str, float] = {}
-    fitted = list(model.classes_)
-    proba = np.zeros((len(x), classes))
-    proba[:, fitted] = model.predict_proba(x)
-    if "accuracy" in metrics:
-        out["accuracy"] = float(accuracy_score(y, proba.argmax(1)))
-    if "roc_auc" in metrics:
-        if len(np.unique(y)) < 2:
-            out["roc_auc"] = math.nan
-        elif classes == 2:
-            out["roc_auc"] = float(roc_auc_score(y, proba[:, 1]))
-        else:
-            present = np.unique(y)
-            sub = proba[:, present]
-            sub = sub / np.clip(sub.sum(1, keepdims=True), 1e-12, None)
-            out["roc_auc"] = float(
-                roc_auc_score(y, sub, multi_class="ovr", average="macro", labels=present)
-            )
-    return out
-
-
-def classifier_scores(
-    train: tuple[pd.DataFrame, np.ndarray],
-    test: tuple[pd.DataFrame, np.ndarray],
-    schema: Schema,
-    metrics: list[str],
-    seeds: int,
-    classifiers: Sequence[str] = CLASSIFIERS,
-) -> dict[str, Any]:
-    """Per classifier and metric: mean, std and per-seed values (NaN when undefined, e.g. a
-    training set with one class only)."""
-    x_train, y_train = train
-    x_test, y_test = test
-    out: dict[str, Any] = {}
-    for kind in classifiers:
-        per_seed: dict[str, list[float]] = {m: [] for m in metrics}
-        for seed in range(seeds):
-            if len(np.unique(y_train)) < 2:
-                values = {m: math.nan for m in metrics}
-            else:
-                model = _model(kind, schema, seed)
-                with python_warnings.catch_warnings():
-                    python_warnings.simplefilter("ignore")
-                    model.fit(x_train, y_train)
-                values = _scores(model, x_test, y_test, len(schema.classes), metrics)
-            for metric in metrics:
-                per_seed[metric].append(values[metric])
-        out[kind] = {
-            metric: {
-                "mean": _json_float(float(np.mean(v))),
-                "std": _json_float(float(np.std(v))),
-                "per_seed": [_json_float(x) for x in v],
-            }
-            for metric, v in per_seed.items()
-        }
-    return out
-
-
-def _json_float(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 def _real_table(spec: str, schema: Schema | None) -> tuple[RawTable, Schema, str, str]:
     raw, parsed, bundled = read_table(spec)
     chosen = schema or bundled
@@ -323,8 +196,8 @@ def run_table_evaluation(
     classifier_metrics = ml_metrics(wanted)
     n_synthetic, n_real = synth_raw.n, raw_real.n
     if classifier_metrics:
-        x_real, y_real = _frame(raw_real, schema)
-        x_syn, y_syn = _frame(synth_raw, schema)
+        x_real, y_real = table_frame(raw_real, schema)
+        x_syn, y_syn = table_frame(synth_raw, schema)
         for name, labels in (("real", y_real), ("synthetic", y_syn)):
             dropped = int((labels < 0).sum())
             if dropped:
@@ -348,7 +221,7 @@ def run_table_evaluation(
         found = training_data_warnings(train_id, ledger_path, "--real-train")  # type: ignore[arg-type]
         non_private = non_private or bool(found)
         warnings_list += found
-        x_rt, y_rt = _frame(raw_train, schema)
+        x_rt, y_rt = table_frame(raw_train, schema)
         result_metrics["real_train"] = train_spec
         result_metrics["real_train_classifiers"] = classifier_scores(
             (x_rt[y_rt >= 0].reset_index(drop=True), y_rt[y_rt >= 0]),
