@@ -20,23 +20,33 @@ from dpsynth.methods.marginal.method import MarginalMethod, MarginalTrainer, pai
 from dpsynth.methods.marginal.presets import MST_PRESETS
 
 
-def tree_edges(d: int, pairs: list[tuple[int, int]]) -> int:
-    """How many edges a spanning forest of the allowed pairs has (d − its components)."""
-    parent = list(range(d))
+class Forest:
+    """Union-find over d attributes: which pairs would join two trees of a spanning forest."""
 
-    def root(i: int) -> int:
+    def __init__(self, d: int) -> None:
+        self.parent = list(range(d))
+
+    def root(self, i: int) -> int:
+        """The representative of i's tree (path halving)."""
+        parent = self.parent
         while parent[i] != i:
             parent[i] = parent[parent[i]]
             i = parent[i]
         return i
 
-    edges = 0
-    for a, b in pairs:
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[ra] = rb
-            edges += 1
-    return edges
+    def join(self, a: int, b: int) -> bool:
+        """Merge a's and b's trees; False when they were already one."""
+        ra, rb = self.root(a), self.root(b)
+        if ra == rb:
+            return False
+        self.parent[ra] = rb
+        return True
+
+
+def tree_edges(d: int, pairs: list[tuple[int, int]]) -> int:
+    """How many edges a spanning forest of the allowed pairs has (d − its components)."""
+    forest = Forest(d)
+    return sum(forest.join(a, b) for a, b in pairs)
 
 
 class MSTMethod(MarginalMethod):
@@ -76,22 +86,15 @@ class MSTTrainer(MarginalTrainer):
         pool = pairs_within(self.domain, int(self.config["max_cells"]))
         estimates = self.tree.pair_marginals(pool)
         edges = tree_edges(d, pool)
-        parent = list(range(d))
-
-        def root(i: int) -> int:
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
+        forest = Forest(d)
         chosen: list[tuple[int, int]] = []
         for _ in range(edges):
-            candidates = [(a, b) for a, b in pool if root(a) != root(b)]
+            candidates = [(a, b) for a, b in pool if forest.root(a) != forest.root(b)]
             index = self.select(
                 candidates, [estimates[p] for p in candidates], [0.0] * len(candidates)
             )
             a, b = candidates[index]
-            parent[root(a)] = root(b)
+            forest.join(a, b)
             chosen.append((a, b))
         self.measure(chosen)
         self.fit(int(self.config["final_iters"]))
