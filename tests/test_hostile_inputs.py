@@ -612,10 +612,12 @@ def test_the_memory_budget_is_half_the_machine_or_the_environment(
 def test_a_csv_bigger_than_its_share_of_the_budget_is_refused_while_reading(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DPSYNTH_MEMORY_BUDGET", "128K")  # → a 4 KiB cap on the CSV text
+    # GERMAN_ROWS rows × 21 columns parsed: 16 bytes a field and the distinct strings, over 16 KiB
+    monkeypatch.setenv("DPSYNTH_MEMORY_BUDGET", "16K")
     result = invoke("data", "schema", "csv:g.csv")
     assert result.exit_code == 4
-    assert "longer than 4 KiB, the cap for a table held in memory" in result.stderr
+    assert f"the table's first {GERMAN_ROWS} rows would need about" in result.stderr
+    assert "more than the 16 KiB budget" in result.stderr
 
 
 MEMORY_CASES = [

@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from dpsynth.data.limits import MAX_CSV_LINE_BYTES, csv_text_cap, fmt_bytes
+from dpsynth.data.limits import MAX_CSV_LINE_BYTES, fmt_bytes
 from dpsynth.errors import DataError
 
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zip")
@@ -156,25 +156,44 @@ def _chunks(stream: BinaryIO, checker: _Checker) -> Iterator[bytes]:
         yield chunk
 
 
-def read_csv_text(path: Path | str, name: str | None = None) -> bytes:
-    """The whole decompressed text of a CSV file, checked (see the module docstring).
+class CheckedText(io.RawIOBase):
+    """The decompressed text of a CSV file as a binary stream, checked chunk by chunk as it is
+    read (see the module docstring), so that a parser can consume a file of any size without
+    the whole text in memory. A `DataError` surfaces from `read` at the first bad chunk; the
+    final check (an unfinished UTF-8 sequence at the end) runs when the text is exhausted."""
 
-    `name` is how messages name the file (default: the path).
-    """
-    path = Path(path)
-    name = name or str(path)
-    cap = csv_text_cap()
-    checker = _Checker(name)
-    buffer = io.BytesIO()
-    with _open(path, name) as stream:
-        for chunk in _chunks(stream, checker):
-            if checker.offset + len(chunk) > cap:
-                raise DataError(
-                    f"{name}: the CSV text is longer than {fmt_bytes(cap)}, the cap for a "
-                    "table held in memory (1/32 of the memory budget; see "
-                    "DPSYNTH_MEMORY_BUDGET in docs/commands.md)"
-                )
-            checker.check(chunk, final=False)
-            buffer.write(chunk)
-    checker.check(b"", final=True)
-    return buffer.getvalue()
+    def __init__(self, path: Path | str, name: str | None = None) -> None:
+        super().__init__()
+        path = Path(path)
+        self.name = name or str(path)
+        self._stream = _open(path, self.name)
+        self._checker = _Checker(self.name)
+        self._chunks = _chunks(self._stream, self._checker)
+        self._pending = memoryview(b"")
+        self._finished = False
+
+    def readable(self) -> bool:
+        """Always: a read-only stream."""
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        """Fill `buffer` from the checked text; 0 at its end."""
+        if not self._pending:
+            if self._finished:
+                return 0
+            chunk = next(self._chunks, b"")
+            self._checker.check(chunk, final=not chunk)
+            if not chunk:
+                self._finished = True
+                return 0
+            self._pending = memoryview(chunk)
+        count = min(len(buffer), len(self._pending))
+        buffer[:count] = self._pending[:count]
+        self._pending = self._pending[count:]
+        return count
+
+    def close(self) -> None:
+        """Close the underlying file."""
+        if not self.closed:
+            self._stream.close()
+        super().close()

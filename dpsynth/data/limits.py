@@ -7,7 +7,8 @@ the OS or hours of work. Two kinds of cap:
   docs/commands.md, which no real data set comes near;
 - caps derived from memory: what an input would make a command hold (a table's decoded
   text, a folder's decoded pixels, an audit's canary matrices, a sampling batch) is
-  estimated from public sizes before it is allocated and compared with `memory_budget()`.
+  estimated from public sizes before it is allocated (a table's rows as they are
+  parsed) and compared with `memory_budget()`.
 
 The budget is half the machine's physical memory (less when the process runs under a lower
 address-space limit, `ulimit -v`), or `DPSYNTH_MEMORY_BUDGET` (bytes, or with a K/M/G/T
@@ -29,9 +30,6 @@ MAX_CSV_LINE_BYTES = 1 << 20
 MAX_CSV_FIELD_CHARS = 4096
 # Columns of a CSV: far beyond any tabular generator's width.
 MAX_CSV_COLUMNS = 10_000
-# Decoded CSV text may take at most this fraction of the memory budget: parsed into Python
-# strings and per-column arrays, a table holds about 30 bytes per byte of short fields.
-CSV_TEXT_SHARE = 32
 # Pixels of one image (width x height), read from its header before decoding: 4096 x 4096.
 # PIL warns about decompression bombs only above 89 million; every model here works at 1024
 # or below, so a larger image is a mistake or an attack, and is refused before decoding.
@@ -94,11 +92,6 @@ def over_budget(needed: float) -> str | None:
         f"would need about {fmt_bytes(needed)} of memory, more than the {fmt_bytes(budget)} budget "
         f"(half the machine's memory; set {ENV_BUDGET} to change it)"
     )
-
-
-def csv_text_cap() -> int:
-    """Largest decoded CSV text (bytes) a table may have: the memory budget / CSV_TEXT_SHARE."""
-    return memory_budget() // CSV_TEXT_SHARE
 
 
 def check_batch_size(flag: str, batch_size: int, record_values: int) -> None:

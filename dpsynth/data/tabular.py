@@ -31,108 +31,18 @@ import hashlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from dpsynth.data.csvfile import read_csv_text
+from dpsynth.data.csvtable import MAX_SHOWN, RawTable, read_csv_table
 from dpsynth.data.images import DataInfo
-from dpsynth.data.limits import MAX_CSV_COLUMNS, MAX_CSV_FIELD_CHARS, over_budget
+from dpsynth.data.limits import over_budget
 from dpsynth.data.schema import Column, Schema
 from dpsynth.errors import DataError
 
-_MAX_SHOWN = 40
-
-
-@dataclass(frozen=True)
-class RawTable:
-    """A CSV as read: its header and one array of stripped strings per column."""
-
-    header: tuple[str, ...]
-    columns: tuple[np.ndarray, ...]
-    source: str
-
-    @property
-    def n(self) -> int:
-        """Number of rows."""
-        return len(self.columns[0]) if self.columns else 0
-
-    def column(self, name: str) -> np.ndarray:
-        """The values of one column (strings); DataError when the file has no such column."""
-        if name not in self.header:
-            raise DataError(
-                f"{self.source}: has no column {name[:_MAX_SHOWN]!r} (its columns: "
-                f"{', '.join(self.header[:10])}{', ...' if len(self.header) > 10 else ''})"
-            )
-        return self.columns[self.header.index(name)]
-
-
-def read_csv_table(path: Path | str, source: str | None = None) -> RawTable:
-    """Read a CSV (plain or compressed, by file name) as stripped strings (DataError if not).
-
-    The text is read and checked first (`dpsynth.data.csvfile`: decompression, UTF-8, the line
-    and size caps), then parsed; the header is read as written, so a name that appears twice
-    is an error rather than silently renamed; a field longer than the cap, or columns whose
-    fixed-width strings would not fit the memory budget, are refused before they are built.
-    """
-    path = Path(path)
-    name = source or str(path)
-    text = read_csv_text(path, name)
-    try:
-        frame = pd.read_csv(
-            io.BytesIO(text),
-            header=None,
-            dtype=str,
-            keep_default_na=False,
-            na_filter=False,
-            skipinitialspace=True,
-            encoding="utf-8",
-        )
-    except pd.errors.EmptyDataError:
-        raise DataError(f"{name}: the table has no rows") from None
-    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"{name}: not a readable CSV file ({first})") from None
-    del text
-    if frame.shape[1] > MAX_CSV_COLUMNS:
-        raise DataError(f"{name}: {frame.shape[1]} columns, more than the cap of {MAX_CSV_COLUMNS}")
-    if frame.shape[0] < 2:
-        raise DataError(f"{name}: the table has no rows")
-    header = tuple(str(c).strip() or f"Unnamed: {i}" for i, c in enumerate(frame.iloc[0].tolist()))
-    seen: set[str] = set()
-    for column_name in header:
-        if column_name in seen:
-            raise DataError(
-                f"{name}: the column name {column_name[:_MAX_SHOWN]!r} appears twice in the "
-                "header; a schema names each column once (rename one)"
-            )
-        seen.add(column_name)
-    values = [frame.iloc[1:, i].to_numpy(dtype=object) for i in range(frame.shape[1])]
-    del frame
-    _check_field_sizes(values, header, name)
-    columns = tuple(np.char.strip(column.astype(str)) for column in values)
-    return RawTable(header, columns, name)
-
-
-def _check_field_sizes(values: list[np.ndarray], header: tuple[str, ...], name: str) -> None:
-    """DataError for a field over MAX_CSV_FIELD_CHARS, or columns whose fixed-width strings
-    (rows x longest field x 4 bytes each) would not fit the memory budget."""
-    needed = 0
-    for column_name, column in zip(header, values, strict=True):
-        lengths = np.fromiter(map(len, column), dtype=np.int64, count=len(column))
-        longest = int(lengths.max(initial=0))
-        if longest > MAX_CSV_FIELD_CHARS:
-            row = int(np.argmax(lengths))
-            raise DataError(
-                f"{name}: column {column_name[:_MAX_SHOWN]!r} row {row + 2} holds a field of "
-                f"{longest} characters, more than the cap of {MAX_CSV_FIELD_CHARS}"
-            )
-        needed += len(column) * max(longest, 1) * 4
-    problem = over_budget(needed)
-    if problem:
-        raise DataError(f"{name}: the table's {len(values[0])} rows {problem}")
+__all__ = ["RawTable", "TableCodec", "TableData", "encode_table", "read_csv_table"]
 
 
 def check_header(raw: RawTable, schema: Schema) -> None:
@@ -157,13 +67,15 @@ def check_header(raw: RawTable, schema: Schema) -> None:
 
 def _numbers(raw: RawTable, column: Column) -> np.ndarray:
     values = raw.column(column.name)
+    # parsed once per distinct value (a column repeats most of its values)
+    codes, uniques = pd.factorize(values, use_na_sentinel=False)
     try:
-        numbers = values.astype(np.float64)
+        numbers = np.asarray(uniques, dtype=object).astype(np.float64)[codes]
     except ValueError:
         bad = next(i for i, v in enumerate(values) if not _is_number(v))
         raise DataError(
             f"{raw.source}: column {column.name!r} is {column.type} but row {bad + 2} holds "
-            f"{values[bad][:_MAX_SHOWN]!r}; declare it categorical (missing values are "
+            f"{values[bad][:MAX_SHOWN]!r}; declare it categorical (missing values are "
             "categories there) or ignored"
         ) from None
     if not np.isfinite(numbers).all():
@@ -184,14 +96,14 @@ def _codes(raw: RawTable, column: Column) -> np.ndarray:
     values = raw.column(column.name)
     lookup = {c: i for i, c in enumerate(column.categories)}
     fallback = lookup.get(column.other, -1) if column.other is not None else -1
-    uniques, inverse = np.unique(values, return_inverse=True)
+    inverse, uniques = pd.factorize(values, use_na_sentinel=False)
     mapped = np.array([lookup.get(u, fallback) for u in uniques.tolist()], dtype=np.int64)
-    codes = mapped[inverse.reshape(-1)]
+    codes = mapped[inverse]
     if (codes < 0).any():
         bad = int(np.flatnonzero(codes < 0)[0])
         raise DataError(
             f"{raw.source}: column {column.name!r} row {bad + 2} holds "
-            f"{values[bad][:_MAX_SHOWN]!r}, which is not in the schema's category list (add it, "
+            f"{values[bad][:MAX_SHOWN]!r}, which is not in the schema's category list (add it, "
             "or declare an 'other' category that absorbs unlisted values)"
         )
     return codes
@@ -262,6 +174,11 @@ class TableCodec:
     def encode(self, raw: RawTable) -> tuple[torch.Tensor, torch.Tensor]:
         """Features float32 [N, D] and labels int64 [N] (DataError for unreadable values)."""
         check_header(raw, self.schema)
+        problem = over_budget(raw.n * self.dim * 4)
+        if problem:
+            raise DataError(
+                f"{raw.source}: its {raw.n:,} rows encoded as {self.dim} values each {problem}"
+            )
         out = np.zeros((raw.n, self.dim), dtype=np.float32)
         for column, block in zip(self.schema.features, self.blocks, strict=True):
             if column.type == "categorical":
