@@ -129,7 +129,7 @@ def prepare_table(
     ledger: Ledger,
     delta_for: Callable[[int], float],
     target_epsilon: float,
-    method: str,
+    method_name: Callable[[], str],
     run_id: str,
     randomness: PrivateRandomness,
     plan_check: PlanCheck,
@@ -187,7 +187,7 @@ def prepare_table(
         drafted = schema.replace_column(replace(schema.target_column, weights=(1.0 / k,) * k))
     provisional = _provisional(raw, drafted, canonical, kind, dataset, fingerprint)
     schema, release = _release(
-        raw, schema, schema_epsilon, delta, dataset, fingerprint, ledger, method, run_id,
+        raw, schema, schema_epsilon, delta, dataset, fingerprint, ledger, method_name, run_id,
         randomness, lambda events: plan_check(provisional, events), weights_plan,
     )  # fmt: skip
     return encode_table(raw, schema, canonical, kind, dataset), release
@@ -212,7 +212,7 @@ def _release(
     dataset: str,
     fingerprint: str,
     ledger: Ledger,
-    method: str,
+    method_name: Callable[[], str],
     run_id: str,
     randomness: PrivateRandomness,
     check: Callable[[tuple[dict[str, Any], ...]], None],
@@ -236,7 +236,7 @@ def _release(
         dataset_id=dataset,
         fingerprint=fingerprint,
         command="schema-release",
-        method=method,
+        method=method_name(),
         run_id=run_id,
         events=list(events),
         delta=delta,

@@ -50,7 +50,9 @@ def train(
     method: Annotated[
         str | None,
         typer.Option(
-            help="Backend: pge, dpkernel, psg, dpaf or rdpgan (tables: dpkernel, rdpgan)."
+            help="Backend: pge, dpkernel, psg, dpaf or rdpgan for images; mst, aim, dpkernel "
+            "or rdpgan for tables; or auto: the recommendation for the data's public shape "
+            "and ε (see docs/methods/)."
         ),
     ] = None,
     data: Annotated[str | None, typer.Option(help="Data spec (see `dpsynth data list`).")] = None,

@@ -165,6 +165,9 @@ class Method(ABC):
     # Presets for tables, where they differ from the image ones (a backend that supports tables
     # usually needs other networks and kernels); `presets_for` picks the set for the data.
     table_presets: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    # A warning `train` gives when this backend trains on a table and another table method is
+    # measurably better (None: no advice).
+    table_advice: ClassVar[str | None] = None
 
     def presets_for(self, info: DataInfo) -> Mapping[str, Mapping[str, Any]]:
         """The presets that apply to this data: `table_presets` for a table when given."""

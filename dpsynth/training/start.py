@@ -31,6 +31,7 @@ from dpsynth.errors import UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import run_config_digest
 from dpsynth.methods.base import Method
+from dpsynth.methods.recommend import AUTO, recommend_method
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.calibration import default_delta
 from dpsynth.privacy.dpsgd import PoissonSampler
@@ -61,7 +62,8 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
     assert ledger_path is not None and request.method is not None and request.data is not None
     ledger = Ledger(ledger_path)
     target_epsilon = parse_epsilon(request.epsilon if request.epsilon is not None else "inf")
-    backend = get_method(request.method)
+    # --method auto is resolved from the public description once it is known (below).
+    backend = None if request.method == AUTO else get_method(request.method)
     run.check_new()
     run_id = uuid.uuid4().hex[:12]
     # Drawn before anything is read; it reaches the disk only in the run's private folder.
@@ -70,11 +72,12 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
     )
     schema_release = None
     if is_table_spec(request.data):
-        records, schema_release = _load_table(
+        records, schema_release, backend = _load_table(
             request, backend, ledger, target_epsilon, run_id, randomness
         )
     else:
-        check_modality(backend, "image")
+        if backend is not None:
+            check_modality(backend, "image")
         records = load_data(
             request.data,
             image_size=image_size,
@@ -87,7 +90,11 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
     info = public_info(
         records, keyed_fingerprint(ledger, records.content_digest), request.public_size
     )
+    if backend is None:
+        backend = get_method(recommend_method(info, target_epsilon))
     warnings: list[str] = list((schema_release or {}).get("warnings", []))
+    if backend.table_advice and info.modality == "table":
+        warnings.append(backend.table_advice)
     if delta is None:
         delta = default_delta(info.n)
     elif delta >= 1.0 / info.n:
@@ -214,16 +221,27 @@ def resolve_preset(backend: Method, preset: str, info: DataInfo, epsilon: float)
 
 def _load_table(
     request: TrainRequest,
-    backend: Method,
+    backend: Method | None,
     ledger: Ledger,
     target_epsilon: float,
     run_id: str,
     randomness: PrivateRandomness,
-) -> tuple[TableData, dict[str, Any] | None]:
-    """The table under a public schema; with --schema-epsilon its release is spent first."""
+) -> tuple[TableData, dict[str, Any] | None, Method]:
+    """The table under a public schema, and the run's backend (None: --method auto, chosen
+    from the first public description of the table, the one a DP schema release is planned
+    on, so that the release and the run agree); with --schema-epsilon its release is spent
+    first."""
     from dpsynth.tables import prepare_table
 
-    check_modality(backend, "table")
+    if backend is not None:
+        check_modality(backend, "table")
+    chosen: list[Method] = [backend] if backend is not None else []
+
+    def backend_for(info: DataInfo) -> Method:
+        if not chosen:
+            chosen.append(get_method(recommend_method(info, target_epsilon)))
+        return chosen[0]
+
     if request.image_size is not None or request.channels is not None:
         raise UsageError("--image-size and --channels are for images, not tables")
     if request.classes is not None:
@@ -237,14 +255,15 @@ def _load_table(
     def plan_check(info: DataInfo, events: tuple[dict[str, Any], ...]) -> None:
         if request.public_size is not None:
             info = replace(info, n=request.public_size)
-        preset = resolve_preset(backend, request.preset, info, target_epsilon)
-        config = backend.config(preset, dict(request.overrides), info)
-        backend.validate_config(config, info)
+        method = backend_for(info)
+        preset = resolve_preset(method, request.preset, info, target_epsilon)
+        config = method.config(preset, dict(request.overrides), info)
+        method.validate_config(config, info)
         prior = (*ledger.events_for(info.dataset_id, info.fingerprint or None), *events)
-        backend.plan(info, PrivacyTarget(target_epsilon, delta_for(info.n)), config, prior)
+        method.plan(info, PrivacyTarget(target_epsilon, delta_for(info.n)), config, prior)
 
     assert request.data is not None
-    return prepare_table(
+    records, release = prepare_table(
         spec=request.data,
         schema_path=request.schema,
         schema_public=request.schema_public,
@@ -254,8 +273,12 @@ def _load_table(
         ledger=ledger,
         delta_for=delta_for,
         target_epsilon=target_epsilon,
-        method=backend.name,
+        # asked after plan_check, which has fixed the backend
+        method_name=lambda: chosen[0].name,
         run_id=run_id,
         randomness=randomness,
         plan_check=plan_check,
     )
+    if not chosen:  # nothing was released, so nothing was planned yet: choose on the final info
+        backend_for(records.info(""))
+    return records, release, chosen[0]

@@ -1,0 +1,48 @@
+"""`--method auto`: the backend dpsynth recommends for a data set's public shape and ε.
+
+The rule reads public facts only (the modality, the record's shape, the schema's columns and
+the target ε), so the choice spends nothing. It follows what the leaderboard measured on the
+2-core CPU (docs/leaderboard.md, docs/tables.md):
+
+- tables: `aim` for tables of at most `AIM_MAX_COLUMNS` feature columns (german-credit, 20
+  features: the same 2-way marginal distance as `mst` at ε = 1 and 10 and a better logistic
+  regression ROC-AUC, in about two minutes), `mst` for wider ones (census, 40 features: `aim`
+  did not finish in 12 minutes, `mst` took minutes and led every tool on both marginals and
+  ROC-AUC);
+- images of at least `LARGE_IMAGE_VALUES` values (28×28): `rdpgan`, whose 28×28 presets fit
+  a generator to the DP frequency model (mnist-5k: 0.765 at ε = 1, 0.891 at ε = 10, the best
+  rows);
+- smaller images (8×8 digits): `pge` at ε ≤ `SMALL_EPSILON` (0.823 at ε = 1), `dpkernel`
+  above (0.893 at ε = 10).
+"""
+
+from __future__ import annotations
+
+import math
+
+from dpsynth.data.images import DataInfo
+from dpsynth.data.schema import parse_schema
+
+AUTO = "auto"
+AIM_MAX_COLUMNS = 24
+LARGE_IMAGE_VALUES = 400
+SMALL_EPSILON = 3.0
+
+
+def feature_columns(info: DataInfo) -> int:
+    """The number of a table's feature columns (the target and ignored columns excluded)."""
+    return len(parse_schema(info.schema).features) if info.schema else 0
+
+
+def recommend_method(info: DataInfo, epsilon: float) -> str:
+    """The recommended backend's name for this public description at the target ε."""
+    if info.modality == "table":
+        return "aim" if feature_columns(info) <= AIM_MAX_COLUMNS else "mst"
+    if math.prod(info.shape) >= LARGE_IMAGE_VALUES:
+        return "rdpgan"
+    return "pge" if epsilon <= SMALL_EPSILON else "dpkernel"
+
+
+def resolve_method(name: str, info: DataInfo, epsilon: float) -> str:
+    """`name`, or for `auto` the recommendation (see the module docstring)."""
+    return recommend_method(info, epsilon) if name == AUTO else name
