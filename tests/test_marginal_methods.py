@@ -64,12 +64,19 @@ def test_cli_train_sample_evaluate_verify(tmp_path: Path, method: str, one_torch
     assert compose_epsilon(spend["events"], spend["delta"]).epsilon == pytest.approx(
         float(spend["epsilon"])
     )
-    for labels, n in (("model", 300), ("balanced", 120)):
+    written = {}
+    for labels, n in ((None, 300), ("model", 300), ("balanced", 120)):
+        chosen = [] if labels is None else ["--labels", labels]
         sample = _invoke(
             "sample", str(run), "--n", str(n), "--out", str(out), "--ledger", str(ledger),
-            "--labels", labels, "--force", "--json",
+            *chosen, "--force", "--json",
         )  # fmt: skip
         assert sample.exit_code == 0, sample.output
+        manifest = json.loads(out.with_name(out.name + ".manifest.json").read_text())
+        written[labels] = (manifest["labels"], manifest["label_counts"], out.read_text())
+    # the default is the model's own class proportions (the same rows as --labels model)
+    assert written[None] == written["model"] and written[None][0] == "the model's own"
+    assert written["balanced"][0] == "balanced"
     header = (TABLES_DIR / "german_credit.csv").read_text().splitlines()[0]
     assert out.read_text().splitlines()[0] == header
     frame = pd.read_csv(out, dtype=str)
@@ -269,3 +276,35 @@ def test_plan_is_public_and_declares_its_rounds() -> None:
         assert plan.epsilon_bound <= 1.0
         inf = method.plan(info, PrivacyTarget(float("inf"), 1e-4), config)
         assert not inf.private and inf.steps == plan.steps
+
+
+def test_aims_automatic_selection_count_follows_its_noise_target() -> None:
+    """The public rule: as many selections as keep a typical pair's expected L1 noise within
+    the target share of N, never below d/4 nor above 3d, non-decreasing in ε and in N."""
+    import math
+
+    from dpsynth.methods.marginal import aim
+    from dpsynth.privacy.marginal_plan import gdp_mu
+
+    info = _german().info()
+    config = AIMMethod().config("small", {}, info)
+    domain = table_domain(info, config)
+    d = len(domain.attributes)
+    share = float(config["selection_share"])
+    cells = sorted(domain.cells(p) for p in aim.pairs_within(domain, int(config["max_cells"])))
+    typical = cells[len(cells) // 2]
+    previous = 0
+    for epsilon in (0.3, 0.5, 1.0, 1.5, 2.0, 5.0, 10.0):
+        counts = [
+            aim.auto_selections(domain, n, epsilon, 1e-4, share, 10_000) for n in (400, 800, 8000)
+        ]
+        assert counts == sorted(counts) and counts[1] >= previous
+        previous = counts[1]
+        for n, k in zip((400, 800, 8000), counts, strict=True):
+            assert math.ceil(d / 4) <= k <= 3 * d
+            sigma = math.sqrt(d + k) / (math.sqrt(1 - share) * gdp_mu(epsilon, 1e-4))
+            noise = math.sqrt(2 / math.pi) * sigma * typical
+            if k > math.ceil(d / 4):  # above the floor the noise target holds
+                assert noise <= aim._TARGET_NOISE_SHARE * n * 1.05
+    # german-credit at ε = 1 (the measured case): about d selections, not the 3d cap
+    assert d <= aim.auto_selections(domain, 800, 1.0, 1e-4, share, 10_000) < 3 * d

@@ -26,11 +26,12 @@ def sample(
     labels: Annotated[
         str,
         typer.Option(
-            help="balanced, per-class counts a,b,c,... summing to --n, or (tables) weights: "
-            "the target's class proportions in the run's schema (declared or DP-released), "
-            "or (aim, mst) model: the class proportions the model fitted."
+            help="auto (the default: model for aim and mst, else balanced), balanced, "
+            "per-class counts a,b,c,... summing to --n, or (tables) weights: the target's "
+            "class proportions in the run's schema (declared or DP-released), or (aim, mst) "
+            "model: the class proportions the model fitted."
         ),
-    ] = "balanced",
+    ] = "auto",
     batch_size: Annotated[int, typer.Option(help="Images generated at once.")] = 500,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     truncation: Annotated[

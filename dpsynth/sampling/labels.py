@@ -12,14 +12,19 @@ from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator
 
+# `sample --labels`'s default: the model's own class proportions for a run whose generator
+# fitted them (aim, mst: the target is one of the model's attributes), else balanced.
+AUTO_LABELS = "auto"
+
 
 def label_counts(labels: str, n: int, num_classes: int) -> list[int]:
-    """Records per class: `balanced` (data-independent, free) or per-class COUNTS `a,b,...`.
+    """Records per class: `balanced` (data-independent, free; also what `auto` means here) or
+    per-class COUNTS `a,b,...`.
 
     Balanced gives each class n // K records and the first n % K classes one more (a table's
     run may also ask for its target's `weights`: see `table_label_counts`).
     """
-    if labels == "balanced":
+    if labels in ("balanced", AUTO_LABELS):
         return [n // num_classes + (1 if c < n % num_classes else 0) for c in range(num_classes)]
     try:
         counts = [int(part) for part in labels.split(",")]
@@ -50,9 +55,9 @@ def table_label_counts(labels: str, n: int, info: DataInfo) -> tuple[list[int], 
     """Records per class of a table's sample and the rule used, stated in its manifest.
 
     `weights`: the target's `weights` in the run's schema (declared public or released with DP
-    before training: the proportions the generator was trained with); `balanced` (the default:
-    on census it gave downstream classifiers a higher ROC-AUC than the true 6% share) or
-    COUNTS as for images.
+    before training: the proportions the generator was trained with); `balanced` (what `auto`
+    means for a generator without class proportions of its own: on census it gave dpkernel's
+    downstream classifiers a higher ROC-AUC than the true 6% share) or COUNTS as for images.
     """
     schema = info.schema or {}
     target = next((c for c in schema.get("columns", ()) if c["name"] == schema.get("target")), {})
@@ -65,7 +70,7 @@ def table_label_counts(labels: str, n: int, info: DataInfo) -> tuple[list[int], 
         source = target.get("weights_source") or "declared public in the schema"
         return weighted_counts(n, weights), f"weights of the target ({source})"
     counts = label_counts(labels, n, len(info.classes))
-    return counts, "balanced" if labels == "balanced" else "counts (--labels)"
+    return counts, "balanced" if labels in ("balanced", AUTO_LABELS) else "counts (--labels)"
 
 
 def parse_labels(labels: str, n: int, num_classes: int) -> torch.Tensor:

@@ -12,7 +12,12 @@ from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import UsageError
 from dpsynth.outdir import remove_stale_staging, staging_file
 from dpsynth.runs import RunDir, write_json_atomic
-from dpsynth.sampling.labels import labelled_batches, table_label_counts, weighted_counts
+from dpsynth.sampling.labels import (
+    AUTO_LABELS,
+    labelled_batches,
+    table_label_counts,
+    weighted_counts,
+)
 from dpsynth.sampling.outputs import SampleProgress, record_release, table_manifest_path
 from dpsynth.sampling.run import load_generator, run_privacy, set_truncation
 
@@ -21,7 +26,7 @@ def sample_table(
     run_dir: Path | str,
     n: int,
     out: Path | str,
-    labels: str = "balanced",
+    labels: str = AUTO_LABELS,
     batch_size: int = 500,
     seed: int = 0,
     device: str = "auto",
@@ -66,7 +71,7 @@ def sample_table(
     set_truncation(generator, truncation, run_config["method"])
     codec = codec_for(info)
     proportions = getattr(generator, "class_proportions", None)
-    if labels == "model" and proportions is not None:
+    if labels in ("model", AUTO_LABELS) and proportions is not None:
         # The model's own fitted class proportions (aim, mst): public, post-processing.
         counts, label_rule = weighted_counts(n, list(proportions())), "the model's own"
     else:
