@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 from dpsynth.data.images import to_uint8
 from dpsynth.methods.base import Generator, draw_latent
+from dpsynth.methods.dpkernel.binning import NumberBins
 from dpsynth.methods.dpkernel.nets import VectorGenerator
 
 
@@ -32,8 +33,10 @@ class DPKernelGenerator(Generator):
         device: torch.device,
         modality: str = "image",
         truncation: float = 1.0,
+        bins: NumberBins | None = None,
     ):
         self.net = net.to(device).eval()
+        self.bins = bins  # a table's numbers generated as bins (decoded to values here)
         self.truncation = float(truncation)
         self.modality = modality
         self.classes = tuple(classes)
@@ -52,8 +55,12 @@ class DPKernelGenerator(Generator):
                 z.to(self.device),
                 one_hot_or_none(chunk.to(self.device), self.net.num_classes),
             )
-            if self.modality == "table":
-                yield vectors.float().cpu()  # encoded rows; the codec decodes them
+            if self.modality == "table":  # encoded rows; the codec decodes them
+                yield (
+                    vectors.float().cpu()
+                    if self.bins is None
+                    else self.bins.decode(vectors, generator)
+                )
             else:
                 yield to_uint8(vectors.reshape(-1, *self.shape)).cpu()
 

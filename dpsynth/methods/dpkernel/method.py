@@ -32,6 +32,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, sample_truncation
 from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
+from dpsynth.methods.dpkernel.binning import number_bins
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator, generator_weights
 from dpsynth.methods.dpkernel.labels import target_weights
 from dpsynth.methods.dpkernel.nets import build_network
@@ -43,6 +44,8 @@ from dpsynth.privacy.randomness import PrivateRandomness
 # `recommended_preset`: records with at least this many values get the 28×28 presets, and
 # targets at or below this ε the single-kernel `-eps1` ones.
 _LARGE_IMAGE_VALUES = 400
+# A number's bins in the kernel's space (`number_bins`): beyond this the blocks are mostly empty.
+_MAX_NUMBER_BINS = 256
 _SMALL_EPSILON = 3.0
 
 
@@ -122,6 +125,11 @@ class DPKernelMethod(Method):
                 "--set arch: tables need arch=table, images conv or mlp "
                 f"(got {config['arch']!r} for {info.modality} data)"
             )
+        if "number_bins" in config and not 0 <= int(config["number_bins"]) <= _MAX_NUMBER_BINS:
+            raise UsageError(
+                f"--set number_bins: 0 (numbers as values) or a bin count up to "
+                f"{_MAX_NUMBER_BINS}, got {config['number_bins']}"
+            )
         choices = {
             "arch": ("conv", "mlp", "table"),
             "norm": ("batch", "group", "none"),
@@ -177,6 +185,11 @@ class DPKernelMethod(Method):
         prefix = "ema." if any(k.startswith("ema.") for k in tensors) else "generator."
         net.load_state_dict(generator_weights(tensors, prefix))
         sampler = DPKernelGenerator(
-            net, info.classes, torch.device(device), info.modality, sample_truncation(config)
+            net,
+            info.classes,
+            torch.device(device),
+            info.modality,
+            sample_truncation(config),
+            number_bins(info, config),
         )
         return teacher_from_state(sampler, info, config, tensors)

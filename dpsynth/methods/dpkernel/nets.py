@@ -14,6 +14,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.data.tabular import block_layout
 from dpsynth.errors import UsageError
 from dpsynth.methods.blocks import TableHead
+from dpsynth.methods.dpkernel.binning import number_bins
 
 
 def _norm_layer(kind: str, channels: int) -> nn.Module:
@@ -184,8 +185,12 @@ def build_network(info: DataInfo, config: Mapping[str, Any]) -> VectorGenerator:
     """The generator network for this data's shape, labels (and table layout) and config."""
     num_classes = len(info.classes) if config["conditional"] else 0
     layout = block_layout(info) if info.modality == "table" else ()
+    shape = tuple(info.shape)
+    bins = number_bins(info, config)
+    if bins is not None:  # the kernel's space: numbers as one-hot bins
+        layout, shape = bins.layout, (bins.dim,)
     return VectorGenerator(
-        shape=tuple(info.shape),
+        shape=shape,
         num_classes=num_classes,
         latent_dim=int(config["latent_dim"]),
         width=int(config["width"]),

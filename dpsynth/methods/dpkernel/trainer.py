@@ -14,6 +14,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.errors import MechanismFailure, UsageError
 from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
 from dpsynth.methods.blocks import FrequencyStart, Teacher
+from dpsynth.methods.dpkernel.binning import number_bins
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator, generator_weights, one_hot_or_none
 from dpsynth.methods.dpkernel.kernel import generated_kernel_mean, private_embedding_gradient
 from dpsynth.methods.dpkernel.labels import balanced_labels, target_weights, weighted_labels
@@ -65,6 +66,7 @@ class DPKernelTrainer(Trainer):
         # The run's DP teacher, if its plan has one (post-processing of the samples).
         self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
         self.frequency = FrequencyStart(info, plan, randomness)
+        self.bins = number_bins(info, config)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One update from a Poisson batch; the batch is only forwarded to the private read."""
@@ -86,6 +88,8 @@ class DPKernelTrainer(Trainer):
         # Data-parallel: this rank's share of the batch (all of it in one process); the
         # embedding gradient is a sum over records, so the shares add up across ranks.
         x, y = shard(x, y)
+        if self.bins is not None:  # a public per-record map (see binning.py)
+            x = self.bins.encode(x)
         batch_labels = y if labels is not None else None
         gradient = private_embedding_gradient(
             x, batch_labels, points, dev_labels, self.bandwidths, self.normalizer
@@ -253,7 +257,12 @@ class DPKernelTrainer(Trainer):
         net = build_network(self.info, self.config)
         net.load_state_dict((self.ema if self.ema is not None else self.net).state_dict())
         return DPKernelGenerator(
-            net, self.info.classes, self.device, self.info.modality, sample_truncation(self.config)
+            net,
+            self.info.classes,
+            self.device,
+            self.info.modality,
+            sample_truncation(self.config),
+            self.bins,
         )
 
 
