@@ -157,7 +157,7 @@ def _evaluate(
 ) -> tuple[dict, float]:
     metrics = "accuracy" if args.no_fid else "accuracy,fid"
     command = [
-        "evaluate", "--synthetic", str(folder), "--real", f"{args.data}:test",
+        "evaluate", "--synthetic", str(folder), "--real", test_spec(args),
         "--metrics", metrics, "--classifier", "cnn", "--seeds", str(seeds),
         "--device", args.device, "--ledger", str(ledger), "--quiet",
     ]  # fmt: skip
@@ -215,7 +215,9 @@ DPSGD_METHOD = "DP-SGD classifier on the real records"
 DPSGD_SCHEDULE = {"batch_size": 256, "epochs": 15.0, "lr": 5e-3, "max_grad_norm": 1.0}
 
 
-def dpsgd_row(data: str, epsilon: str, seeds: int, device: str = "cpu") -> dict[str, Any]:
+def dpsgd_row(
+    data: str, epsilon: str, seeds: int, device: str = "cpu", test: str | None = None
+) -> dict[str, Any]:
     """What a data owner who only needs a classifier would do instead: the evaluation's
     SmallCNN trained with dpsynth's own DP-SGD (`dpsynth.privacy.classifier`: Poisson batches,
     per-record clipping, noise calibrated by the PRV accountant to ε at the CLI's default δ)
@@ -235,7 +237,7 @@ def dpsgd_row(data: str, epsilon: str, seeds: int, device: str = "cpu") -> dict[
     )
     from dpsynth.privacy.randomness import PrivateRandomness
 
-    train, test = load_data(data), load_data(f"{data}:test")
+    train, test = load_data(data), load_data(test or f"{data}:test")
     schedule = ClassifierSchedule(**DPSGD_SCHEDULE)
     delta = default_delta(train.n)
     plan = plan_classifier(float(epsilon), delta, train.n, schedule)
@@ -343,7 +345,7 @@ def _table_schema(args: argparse.Namespace):
 
 
 def test_spec(args: argparse.Namespace) -> str:
-    """The held-out table: --test, else `DATA:test` (built-in tables)."""
+    """The held-out split: --test, else `DATA:test` (the built-in data sets)."""
     return args.test or f"{args.data}:test"
 
 
@@ -561,7 +563,7 @@ def write_results(report: dict[str, Any], json_path: Path, markdown_path: Path) 
         f"# Leaderboard: {report['data']}\n\n"
         f"{report['date']} · {where} · torch {machine['torch']} · "
         f"{report['synthetic_n']:,} synthetic images per run · CNN {report['seeds']} seeds · "
-        f"FID against {report['data']}:test"
+        f"FID against {report.get('test') or report['data'] + ':test'}"
         f"{'' if report['fid'] else ' not measured (--no-fid)'}\n\n"
         f"`{report['command']}`\n\n"
     )
@@ -591,7 +593,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: no FID, one seed")
     parser.add_argument("--inception-weights", type=Path, default=None)
-    parser.add_argument("--test", default=None, help="tables: held-out spec [DATA:test]")
+    parser.add_argument("--test", default=None, help="the held-out spec [DATA:test]")
     parser.add_argument("--schema", type=Path, default=None, help="tables: the schema JSON")
     parser.add_argument(
         "--schema-public", action="store_true", help="tables: declare --schema's entries public"
@@ -625,6 +627,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": machine_description(args.device),
         "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
         "synthetic_n": n,
+        "test": test_spec(args),
         "seeds": args.seeds,
         "fid": not args.no_fid,
         "real": None,
@@ -637,7 +640,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_dpsgd:
         for epsilon in args.epsilon:
             if math.isfinite(float(epsilon)):
-                report["dpsgd"].append(dpsgd_row(args.data, epsilon, args.seeds, args.device))
+                report["dpsgd"].append(
+                    dpsgd_row(args.data, epsilon, args.seeds, args.device, test_spec(args))
+                )
                 print(json.dumps(report["dpsgd"][-1]), file=sys.stderr, flush=True)
                 write_results(report, json_path, markdown_path)
     for method in methods:

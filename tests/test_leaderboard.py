@@ -188,3 +188,29 @@ def test_table_rows_combine_training_runs(leaderboard):
     assert row["runs"] == 2 and row["train_seconds"] == 15.0 and row["per_run"] == runs
     assert row["logreg_roc_auc_mean"] == pytest.approx(0.7)
     assert row["gbm_accuracy_std"] == pytest.approx(0.1)
+
+
+def test_images_take_their_held_out_split_from_test(leaderboard, tmp_path, monkeypatch):
+    """`--test` names the held-out split of any data (here the unseen 28×28 set of
+    bench/digits28.py): the evaluation, the real row and the DP-SGD row read it."""
+    args = leaderboard.parse_args(["--data", "npz:train.npz", "--test", "npz:test.npz"])
+    assert leaderboard.test_spec(args) == "npz:test.npz"
+    assert leaderboard.test_spec(leaderboard.parse_args(["--data", "digits"])) == "digits:test"
+    digits28 = importlib.util.spec_from_file_location("digits28", SCRIPT.parent / "digits28.py")
+    module = importlib.util.module_from_spec(digits28)
+    digits28.loader.exec_module(module)
+    x, y, classes = module.upscaled("digits:test")
+    assert x.shape == (360, 1, 28, 28) and x.dtype.name == "uint8" and len(y) == 360
+    assert list(classes) == [str(c) for c in range(10)]
+    import numpy as np
+
+    np.savez(tmp_path / "train.npz", x=x[:200], y=y[:200], classes=classes)
+    monkeypatch.setitem(leaderboard.DPSGD_SCHEDULE, "epochs", 1.0)
+    row = leaderboard.dpsgd_row(
+        f"npz:{tmp_path / 'train.npz'}", "10", 1, "cpu", f"npz:{tmp_path / 'train.npz'}"
+    )
+    assert 0.0 <= row["cnn_mean"] <= 1.0
+    with pytest.raises(Exception, match="no such file|not found|No such"):
+        leaderboard.dpsgd_row(
+            f"npz:{tmp_path / 'train.npz'}", "10", 1, "cpu", f"npz:{tmp_path / 'missing.npz'}"
+        )
