@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dpsynth.data.images import DataInfo
+from dpsynth.errors import UsageError
 from dpsynth.methods import registry
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "leaderboard.py"
@@ -210,7 +211,7 @@ def test_images_take_their_held_out_split_from_test(leaderboard, tmp_path, monke
         f"npz:{tmp_path / 'train.npz'}", "10", 1, "cpu", f"npz:{tmp_path / 'train.npz'}"
     )
     assert 0.0 <= row["cnn_mean"] <= 1.0
-    with pytest.raises(Exception, match="no such file|not found|No such"):
+    with pytest.raises(UsageError, match="no such file or folder"):
         leaderboard.dpsgd_row(
             f"npz:{tmp_path / 'train.npz'}", "10", 1, "cpu", f"npz:{tmp_path / 'missing.npz'}"
         )
