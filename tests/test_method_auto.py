@@ -17,7 +17,6 @@ from dpsynth.methods.recommend import (
     AIM_MAX_COLUMNS,
     feature_columns,
     recommend_method,
-    resolve_method,
 )
 from dpsynth.methods.registry import get_method, method_names
 
@@ -44,7 +43,6 @@ def test_the_rule_follows_the_public_shape_and_epsilon() -> None:
     assert recommend_method(_image((1, 28, 28)), 10.0) == "rdpgan"
     assert recommend_method(_image((1, 8, 8)), 1.0) == "pge"
     assert recommend_method(_image((1, 8, 8)), 10.0) == "dpkernel"
-    assert resolve_method("psg", _image((1, 8, 8)), 1.0) == "psg"
     # every recommendation is a registered backend that takes that kind of data
     for info in (_table(3), _table(40), _image((1, 28, 28)), _image((1, 8, 8))):
         for epsilon in (1.0, 10.0):

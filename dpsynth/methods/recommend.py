@@ -6,14 +6,15 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
 
 - tables: `aim` for tables of at most `AIM_MAX_COLUMNS` feature columns (german-credit, 20
   features: the same 2-way marginal distance as `mst` at ε = 1 and 10 and a better logistic
-  regression ROC-AUC, in about two minutes), `mst` for wider ones (census, 40 features: `aim`
-  did not finish in 12 minutes, `mst` took minutes and led every tool on both marginals and
-  ROC-AUC);
+  regression ROC-AUC, in half a minute at ε = 1 and two minutes at ε = 10), `mst` for wider
+  ones (census, 40 features: `aim` did not finish in 12 minutes, `mst` took a minute and led
+  every tool on both marginals and ROC-AUC);
 - images of at least `LARGE_IMAGE_VALUES` values (28×28): `rdpgan`, whose 28×28 presets fit
-  a generator to the DP frequency model (mnist-5k: 0.765 at ε = 1, 0.891 at ε = 10, the best
-  rows);
-- smaller images (8×8 digits): `pge` at ε ≤ `SMALL_EPSILON` (0.823 at ε = 1), `dpkernel`
-  above (0.893 at ε = 10).
+  a generator to the DP frequency model (mnist-5k, 2026-11-26: 0.757 at ε = 1, 0.895 at
+  ε = 10, the best at ε = 10; pge's 0.765 at ε = 1 is within the runs' spread, and on unseen
+  28×28 digits rdpgan led at ε = 1, 0.806 against 0.779);
+- smaller images (8×8 digits): `pge` at ε ≤ `SMALL_EPSILON` (0.796 at ε = 1, the best),
+  `dpkernel` above (0.884 at ε = 10, within 0.002 of the best and the fastest to train).
 """
 
 from __future__ import annotations
@@ -41,8 +42,3 @@ def recommend_method(info: DataInfo, epsilon: float) -> str:
     if math.prod(info.shape) >= LARGE_IMAGE_VALUES:
         return "rdpgan"
     return "pge" if epsilon <= SMALL_EPSILON else "dpkernel"
-
-
-def resolve_method(name: str, info: DataInfo, epsilon: float) -> str:
-    """`name`, or for `auto` the recommendation (see the module docstring)."""
-    return recommend_method(info, epsilon) if name == AUTO else name
