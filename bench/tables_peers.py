@@ -26,8 +26,9 @@ Each training (for SmartNoise: fit and sample) may use `--timeout` minutes of CP
 (default 30) and `--wall-timeout` minutes of wall clock (default 3 × that): on a shared machine
 the CPU time is the work done, the wall clock depends on the load. A run past either limit is
 killed and recorded as "did not finish in X CPU (or wall) min" (AIM: with the rounds it had
-done). The table gives CPU and wall seconds of the commands (start-up and data loading
-included) and each command's peak RSS (bench/measure.py says how they are measured).
+done), and the cell's remaining runs are skipped. The table gives CPU and wall seconds of the
+commands (start-up and data loading included) and each command's peak RSS (bench/measure.py
+says how they are measured).
 
 The real train rows, evaluated as if synthetic, give each data set's reference row (not
 private: the floor of the metrics with that many real rows). Results are merged into
@@ -387,6 +388,8 @@ def main(argv: list[str] | None = None) -> None:
                     print(json.dumps({"data": name, "epsilon": epsilon, "tool": tool} | {
                         k: v for k, v in runs[-1].items() if k != "tvd_per_column"
                     }), file=sys.stderr, flush=True)  # fmt: skip
+                    if runs[-1].get("timed_out"):
+                        break  # another run would hit the same limit: its time is better spent
                 row = {"data": name, "epsilon": epsilon, "tool": tool, "aim_rounds": rounds}
                 row["labels"] = labels
                 mine.append(row | combine(runs))
