@@ -35,6 +35,18 @@ from dpsynth.privacy.randomness import PrivateRandomness
 # of this interface, so they are re-exported here for backends.
 __all__ = ["Generator", "Method", "PrivacyPlan", "PrivacyTarget", "Trainer"]
 
+# The public thresholds of every `recommended_preset` and of `--method auto`: a record of at
+# least this many values is 28×28-sized (the `mnist*` presets), and a target ε at or below
+# this is small (the `-eps1` presets, which spend more of ε on the coarse statistics).
+LARGE_IMAGE_VALUES = 400
+SMALL_EPSILON = 3.0
+
+
+def is_large_image(info: DataInfo) -> bool:
+    """Whether these records are images of 28×28 size or more (a public fact: the shape)."""
+    return info.modality == "image" and math.prod(info.shape) >= LARGE_IMAGE_VALUES
+
+
 # Training steps a run may plan: far beyond the presets (at most 2e5), and a bound on the time
 # and on the accountant's work that a typo (`steps=1e12`) could otherwise ask for.
 MAX_STEPS = 10_000_000

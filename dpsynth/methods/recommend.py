@@ -19,15 +19,12 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
 
 from __future__ import annotations
 
-import math
-
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import parse_schema
+from dpsynth.methods.base import SMALL_EPSILON, is_large_image
 
 AUTO = "auto"
 AIM_MAX_COLUMNS = 24
-LARGE_IMAGE_VALUES = 400
-SMALL_EPSILON = 3.0
 
 
 def feature_columns(info: DataInfo) -> int:
@@ -39,6 +36,6 @@ def recommend_method(info: DataInfo, epsilon: float) -> str:
     """The recommended backend's name for this public description at the target ε."""
     if info.modality == "table":
         return "aim" if feature_columns(info) <= AIM_MAX_COLUMNS else "mst"
-    if math.prod(info.shape) >= LARGE_IMAGE_VALUES:
+    if is_large_image(info):
         return "rdpgan"
     return "pge" if epsilon <= SMALL_EPSILON else "dpkernel"

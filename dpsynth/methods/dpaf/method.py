@@ -55,18 +55,21 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, sample_truncation
+from dpsynth.methods.base import (
+    SMALL_EPSILON,
+    Generator,
+    Method,
+    PrivacyPlan,
+    PrivacyTarget,
+    is_large_image,
+    sample_truncation,
+)
 from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.dpaf.generator import DPAFGenerator, build_generator, with_prefix
 from dpsynth.methods.dpaf.plan import plan_dpaf
 from dpsynth.methods.dpaf.presets import CHOICES, PRESETS
 from dpsynth.methods.dpaf.trainer import DPAFTrainer
 from dpsynth.privacy.randomness import PrivateRandomness
-
-# `recommended_preset`: records with at least this many values get the 28×28 preset, at ε
-# above this.
-_LARGE_IMAGE_VALUES = 400
-_SMALL_EPSILON = 3.0
 
 
 class DPAFMethod(Method):
@@ -86,8 +89,8 @@ class DPAFMethod(Method):
         ε it gets (mnist-5k at ε = 1: 0.36–0.61 over runs against 0.57 for `small`'s windows;
         on digits the windows were ahead at ε = 1 too; tuning-dpaf.md).
         """
-        large = math.prod(info.shape) >= _LARGE_IMAGE_VALUES
-        return "mnist" if large and epsilon > _SMALL_EPSILON else "small"
+        large = is_large_image(info)
+        return "mnist" if large and epsilon > SMALL_EPSILON else "small"
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """Preset plus overrides, validated; `conv1_init=random` means no phase 1."""

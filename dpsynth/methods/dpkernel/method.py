@@ -30,7 +30,15 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, sample_truncation
+from dpsynth.methods.base import (
+    SMALL_EPSILON,
+    Generator,
+    Method,
+    PrivacyPlan,
+    PrivacyTarget,
+    is_large_image,
+    sample_truncation,
+)
 from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.dpkernel.binning import number_bins
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator, generator_weights
@@ -41,12 +49,8 @@ from dpsynth.methods.dpkernel.trainer import DPKernelTrainer
 from dpsynth.privacy.functional import SENSITIVITY_CHOICES, functional_sensitivity
 from dpsynth.privacy.randomness import PrivateRandomness
 
-# `recommended_preset`: records with at least this many values get the 28×28 presets, and
-# targets at or below this ε the single-kernel `-eps1` ones.
-_LARGE_IMAGE_VALUES = 400
 # A number's bins in the kernel's space (`number_bins`): beyond this the blocks are mostly empty.
 _MAX_NUMBER_BINS = 256
-_SMALL_EPSILON = 3.0
 
 
 class DPKernelMethod(Method):
@@ -74,9 +78,9 @@ class DPKernelMethod(Method):
         """
         if info.modality == "table":
             return "small"
-        if math.prod(info.shape) < _LARGE_IMAGE_VALUES:
+        if not is_large_image(info):
             return "small-eps1"
-        return "mnist-eps1" if epsilon <= _SMALL_EPSILON else "mnist"
+        return "mnist-eps1" if epsilon <= SMALL_EPSILON else "mnist"
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """Preset plus overrides, validated; `max_grad_norm` is derived from the kernel.

@@ -18,7 +18,6 @@ but it privatizes nothing (the vectors are data-independent noise) and changes n
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +25,14 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget
+from dpsynth.methods.base import (
+    SMALL_EPSILON,
+    Generator,
+    Method,
+    PrivacyPlan,
+    PrivacyTarget,
+    is_large_image,
+)
 from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.pge.build import (
     build_encoder,
@@ -41,11 +47,6 @@ from dpsynth.methods.pge.presets import PRESETS
 from dpsynth.methods.pge.trainer import PGETrainer
 from dpsynth.privacy.frequency import FrequencyModel
 from dpsynth.privacy.randomness import PrivateRandomness
-
-# At or below this ε `--preset auto` takes `small-eps1`.
-SMALL_EPSILON = 3.0
-# Records with at least this many values get the 28×28 presets.
-LARGE_IMAGE_VALUES = 400
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "ssm_variant": ("plain", "vr"),
@@ -74,7 +75,7 @@ class PGEMethod(Method):
         for smaller ones `small`, `small-eps1` at ε ≤ 3 (tuned on 8×8 digits,
         bench/results/tuning-pge.md). Only public facts (shape, ε) choose."""
         small = epsilon <= SMALL_EPSILON
-        if math.prod(info.shape) >= LARGE_IMAGE_VALUES:
+        if is_large_image(info):
             return "mnist-eps1" if small else "mnist"
         return "small-eps1" if small else "small"
 

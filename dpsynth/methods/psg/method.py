@@ -27,7 +27,6 @@ means (`dpsynth.privacy.central`) that S starts from, and the PRV accountant com
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,7 +34,14 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget
+from dpsynth.methods.base import (
+    SMALL_EPSILON,
+    Generator,
+    Method,
+    PrivacyPlan,
+    PrivacyTarget,
+    is_large_image,
+)
 from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
 from dpsynth.methods.psg.model import NORMS
 from dpsynth.methods.psg.presets import PRESETS
@@ -43,11 +49,6 @@ from dpsynth.methods.psg.prior import PRIORS
 from dpsynth.methods.psg.release import PSGGenerator
 from dpsynth.methods.psg.trainer import PSGTrainer
 from dpsynth.privacy.randomness import PrivateRandomness
-
-# `recommended_preset`: records with at least this many values get the 28×28 presets, and
-# targets at or below this ε the `-eps1` ones (more of ε to the class means).
-_LARGE_IMAGE_VALUES = 400
-_SMALL_EPSILON = 3.0
 
 _POSITIVE_INTS = (
     "spc",
@@ -76,8 +77,8 @@ class PSGMethod(Method):
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
         """`small` for small images (8×8 digits), `mnist` for 28×28-sized ones (≥ 400 values a
         record); the `-eps1` variant at ε ≤ 3. Public facts only (shape, ε; tuning-psg.md)."""
-        base = "mnist" if math.prod(info.shape) >= _LARGE_IMAGE_VALUES else "small"
-        return f"{base}-eps1" if epsilon <= _SMALL_EPSILON else base
+        base = "mnist" if is_large_image(info) else "small"
+        return f"{base}-eps1" if epsilon <= SMALL_EPSILON else base
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """Preset plus overrides, validated; `steps` = runs · outer_loop · batches (derived)."""

@@ -22,7 +22,6 @@ distinct σ is its own ledger event, and the trainer reads each step's σ from t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,10 +31,12 @@ from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import (
     MAX_STEPS,
+    SMALL_EPSILON,
     Generator,
     Method,
     PrivacyPlan,
     PrivacyTarget,
+    is_large_image,
     sample_truncation,
 )
 from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
@@ -123,8 +124,8 @@ class RDPGANMethod(Method):
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
         """`mnist` for 28×28-sized images (≥ 400 values a record), `mnist-eps1` at ε ≤ 3;
         `small` otherwise (digits, tables). Public facts only (shape, ε)."""
-        if info.modality == "image" and math.prod(info.shape) >= 400:
-            return "mnist-eps1" if epsilon <= 3.0 else "mnist"
+        if is_large_image(info):
+            return "mnist-eps1" if epsilon <= SMALL_EPSILON else "mnist"
         return "small"
 
     def plan(
