@@ -194,6 +194,32 @@ def test_independent_model_samples_its_one_way_marginals_around_the_labels() -> 
     )
 
 
+def test_sampling_a_large_clique_takes_memory_of_the_clique_not_of_batch_times_cells() -> None:
+    # An AIM model can hold cliques of millions of cells. Drawing a batch must not build a
+    # [batch, cells] array (census's aim model was killed for memory in `sample` so).
+    import tracemalloc
+
+    sizes = (2, 100, 100, 100)  # the clique (1, 2, 3) has 1,000,000 cells
+    rng = np.random.default_rng(2)
+    big = rng.random((100, 100, 100))
+    big[:, :, 50:] = 0.0  # attribute 3 never above 49
+    tree = CliqueTree(sizes, [(0,), (1, 2, 3)], [[300.0, 700.0], big * 1000.0 / big.sum()])
+    sampler = TreeSampler(tree, 0)
+    labels = rng.integers(0, 2, 2000)
+    uniform = rng.random((2000, len(sampler.steps)))
+    tracemalloc.start()
+    drawn = sampler.sample(labels, uniform)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 50 * 2**20  # a [2000, 10^6] float64 comparison alone would be 16 GB
+    assert (drawn[:, 0] == labels).all()
+    assert drawn[:, 3].max() < 50 and drawn[:, 1].min() >= 0 and drawn[:, 1].max() < 100
+    # The draws follow the clique's marginal of attribute 1.
+    expected = big.sum(axis=(1, 2)) / big.sum()
+    empirical = np.bincount(drawn[:, 1], minlength=100) / len(drawn)
+    assert np.abs(empirical - expected).sum() / 2 < 0.12  # TVD of 2,000 draws over 100 cells
+
+
 def _brute_force_joint(tree: CliqueTree) -> np.ndarray:
     """P(all attributes) = Π clique marginals / Π separator marginals, on the full grid."""
     from dpsynth.methods.marginal.cliquetree import spanning_tree

@@ -24,11 +24,15 @@ from dpsynth.methods.marginal.domain import TableDomain, rows_from_codes
 
 @dataclass(frozen=True)
 class _Step:
-    """Sample `new` given `given` (attributes already drawn) from `cdf` [given cells, new]."""
+    """Sample `new` given `given` (attributes already drawn). `offset_cdf` is the conditional
+    CDF [given cells, new cells] with row r shifted by r and flattened: one increasing array,
+    so a batch draws by one binary search per row instead of a [batch, new cells] comparison
+    (a large clique would otherwise need batch × cells memory)."""
 
     given: tuple[int, ...]
     new: tuple[int, ...]
-    cdf: np.ndarray
+    offset_cdf: np.ndarray
+    width: int  # new cells
 
 
 def _conditional(tree: CliqueTree, index: int, given: Sequence[int]) -> _Step:
@@ -42,7 +46,9 @@ def _conditional(tree: CliqueTree, index: int, given: Sequence[int]) -> _Step:
     # A separator value the model gives no mass (never drawn in practice) gets uniform rows.
     probabilities = np.where(totals > 0, table / np.where(totals > 0, totals, 1.0), 1.0)
     cdf = np.cumsum(probabilities, axis=1)
-    return _Step(tuple(given), new, cdf / cdf[:, -1:])
+    cdf /= cdf[:, -1:]
+    cdf += np.arange(rows, dtype=np.float64)[:, None]
+    return _Step(tuple(given), new, cdf.reshape(-1), cdf.shape[1])
 
 
 class TreeSampler:
@@ -91,9 +97,9 @@ class TreeSampler:
                 )
             else:
                 row = np.zeros(b, dtype=np.int64)
-            cdf = step.cdf[row]
-            pick = (cdf < uniform[:, k : k + 1]).sum(1)
-            pick = np.minimum(pick, cdf.shape[1] - 1)
+            # The first cell whose CDF reaches u, found in row `row`'s shifted block.
+            found = np.searchsorted(step.offset_cdf, row + uniform[:, k], side="left")
+            pick = np.clip(found - row * step.width, 0, step.width - 1)
             values = np.unravel_index(pick, [self.sizes[a] for a in step.new])
             for a, column in zip(step.new, values, strict=True):
                 codes[:, a] = column
