@@ -54,15 +54,24 @@ class NumberBins:
         self.number_blocks = torch.tensor(number_target, dtype=torch.int64)[:, None] + torch.arange(
             self.bins
         )
+        self._indices: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The index tensors on `device`, copied once per device (encode runs every step)."""
+        if device not in self._indices:
+            tensors = (self.keep_source, self.keep_target, self.number_source, self.number_blocks)
+            self._indices[device] = tuple(t.to(device) for t in tensors)
+        return self._indices[device]
 
     def encode(self, rows: torch.Tensor) -> torch.Tensor:
         """Encoded rows [b, D] → binned rows [b, D'] (numbers as one-hot bins)."""
         device = rows.device
+        keep_source, keep_target, number_source, blocks = self._on(device)
         out = torch.zeros(rows.shape[0], self.dim, dtype=rows.dtype, device=device)
-        out[:, self.keep_target.to(device)] = rows[:, self.keep_source.to(device)]
-        numbers = rows[:, self.number_source.to(device)]
+        out[:, keep_target] = rows[:, keep_source]
+        numbers = rows[:, number_source]
         index = ((numbers + 1.0) / 2.0 * self.bins).floor().clamp(0, self.bins - 1).long()
-        blocks = self.number_blocks.to(device)  # [numbers, K] → the column of each bin
+        # blocks [numbers, K]: the binned column of each number's bin
         out.scatter_(1, blocks[torch.arange(len(blocks), device=device), index], 1.0)
         return out
 
