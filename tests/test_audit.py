@@ -18,6 +18,7 @@ from dpsynth.audit.functional import canary_block
 from dpsynth.audit.whitebox import mechanism_steps
 from dpsynth.cli import app
 from dpsynth.errors import UsageError
+from dpsynth.methods.recommend import recommend_method
 from dpsynth.methods.registry import get_method, method_names
 from dpsynth.privacy.accounting import poisson_gaussian_event
 from dpsynth.privacy.calibration import plan_poisson_gaussian
@@ -207,3 +208,37 @@ def test_break_is_hidden_and_audit_is_listed():
     help_text = runner.invoke(app, ["audit", "--help"]).output
     assert "--break" not in help_text and "--canaries" in help_text
     assert "audit" in runner.invoke(app, ["--help"]).output
+
+
+def test_auto_audits_what_train_would_pick_for_the_data_and_epsilon():
+    """`--method auto --preset auto` audits the method and preset `train`'s auto rule picks on
+    the built-in's public description (so at ε = 1 and 10 on digits, two different ones)."""
+    info = audit_run.public_info("digits")
+    picks = {eps: audit_run.resolve_auto("auto", "auto", eps, "digits") for eps in (1.0, 10.0)}
+    for eps, (name, preset) in picks.items():
+        assert name == recommend_method(info, eps)
+        assert preset == get_method(name).recommended_preset(info, eps)
+    assert picks[1.0] != picks[10.0]
+    assert audit_run.resolve_auto("auto", "tiny", 10.0, "digits") == (picks[10.0][0], "tiny")
+    assert audit_run.resolve_auto("psg", "auto", 1.0, "digits")[0] == "psg"
+    result = runner.invoke(
+        app,
+        [
+            "audit",
+            "--method",
+            "auto",
+            "--preset",
+            "auto",
+            "--epsilon",
+            "1",
+            "--canaries",
+            "1000",
+            "--seed",
+            "3",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert (out["method"], out["preset"]) == picks[1.0]
+    assert out["lower_bound"] <= out["claimed_epsilon"] <= 1.0

@@ -20,6 +20,7 @@ from dpsynth.data.builtin import BUILTINS
 from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import over_budget
 from dpsynth.errors import UsageError
+from dpsynth.methods.recommend import AUTO, recommend_method
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.calibration import default_delta
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
@@ -103,6 +104,19 @@ def plan_for(method_name: str, preset: str, epsilon: float, data: str) -> Privac
     return method.plan(info, target, config, ())
 
 
+def resolve_auto(method_name: str, preset: str, epsilon: float, data: str) -> tuple[str, str]:
+    """(method, preset) with `auto` replaced by `train`'s choice for the built-in's public shape
+    at ε (the choice reads no records)."""
+    if AUTO not in (method_name, preset):
+        return method_name, preset
+    info = public_info(data)
+    if method_name == AUTO:
+        method_name = recommend_method(info, float(epsilon))
+    if preset == AUTO:
+        preset = get_method(method_name).recommended_preset(info, float(epsilon))
+    return method_name, preset
+
+
 def check_audit_values(canaries: int, confidence: float) -> None:
     """UsageError for a canary count or confidence the audit cannot use, before any work."""
     if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 2:
@@ -141,8 +155,13 @@ def run_audit(
     seed: int | None = None,
     break_mode: str | None = None,
 ) -> AuditResult:
-    """Audit `method_name`'s mechanism as planned for `preset` at ε (one white-box run)."""
+    """Audit `method_name`'s mechanism as planned for `preset` at ε (one white-box run).
+
+    `auto` for either resolves as `train` would on the data set's public description: the
+    recommended method for its shape and ε, then that method's recommended preset.
+    """
     check_audit_values(canaries, confidence)
+    method_name, preset = resolve_auto(method_name, preset, epsilon, data)
     method = get_method(method_name)
     mechanism = getattr(method, "audit_mechanism", "dpsgd")
     if mechanism not in ("dpsgd", "functional"):

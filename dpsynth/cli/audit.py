@@ -14,9 +14,13 @@ from dpsynth.errors import UsageError
 @app.command()
 @handle_errors
 def audit(
-    method: Annotated[str, typer.Option(help="Backend to audit (any registered --method).")],
+    method: Annotated[
+        str, typer.Option(help="Backend to audit (any registered --method, or auto).")
+    ],
     epsilon: Annotated[float, typer.Option(help="Target ε the backend plans for.")],
-    preset: Annotated[str, typer.Option(help="The backend's preset (tiny, small, ...).")] = "tiny",
+    preset: Annotated[
+        str, typer.Option(help="The backend's preset (tiny, small, ..., or auto).")
+    ] = "tiny",
     canaries: Annotated[int, typer.Option(help="Number of canaries m.")] = 5000,
     confidence: Annotated[
         float, typer.Option(help="Confidence of the lower bound (1 − β).")
