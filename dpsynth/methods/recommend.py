@@ -5,8 +5,8 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
 2-core CPU (docs/leaderboard.md, docs/tables.md):
 
 - tables: `aim` for tables of at most `AIM_MAX_COLUMNS` feature columns (german-credit, 20
-  features, 2026-11-27: 2-way TVD 0.140 against `mst`'s 0.156 at ε = 1 and 0.120 against
-  0.123 at ε = 10, the better logistic regression ROC-AUC at ε = 1, in 15 s at ε = 1 and two
+  features, 2026-11-27: 2-way TVD 0.128 against `mst`'s 0.145 at ε = 1 and 0.110 against
+  0.113 at ε = 10, the better logistic regression ROC-AUC at both, in 20 s at ε = 1 and 2–11
   minutes at ε = 10), `mst` for wider ones (census, 40 features: `aim` did not finish in 12
   minutes, `mst` took under a minute and led every tool on the marginals);
 - images of at least `LARGE_IMAGE_VALUES` values (28×28): `rdpgan`, whose 28×28 presets fit
