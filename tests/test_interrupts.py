@@ -206,10 +206,14 @@ def test_the_first_signal_is_a_request_and_the_second_stops_at_once() -> None:
     assert before[0] in (signal.default_int_handler, signal.SIG_IGN)
 
 
-def test_real_signals_at_random_times_then_resume_give_the_straight_run(tmp_path: Path) -> None:
+def test_real_signals_at_random_times_then_resume_give_the_straight_run(
+    tmp_path: Path, one_torch_thread: None
+) -> None:
     """`dpsynth train` as a process, sent SIGINT at random moments of its loop and resumed
     each time: the finished run equals a straight run from the same secret, so no step was
-    ever released twice with fresh noise."""
+    ever released twice with fresh noise. The straight run uses one torch thread like the
+    processes (OMP_NUM_THREADS=1): with another thread count the float round-off differs from
+    the first step on, and 120 steps of training can grow it past the tolerance."""
     run, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
     cli = [sys.executable, "-c", "from dpsynth.cli import main; main()", "train"]
     new = [
@@ -255,5 +259,5 @@ def test_real_signals_at_random_times_then_resume_give_the_straight_run(tmp_path
     )
     assert straight["steps"] == 120
     a, b = _weights(tmp_path / "straight"), _weights(run)
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
+    for name in a:  # bit for bit: the same draws and the same arithmetic on one thread
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
