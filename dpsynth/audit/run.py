@@ -20,7 +20,7 @@ from dpsynth.data.builtin import BUILTINS
 from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import over_budget
 from dpsynth.errors import UsageError
-from dpsynth.methods.recommend import AUTO, recommend_method
+from dpsynth.methods.recommend import AUTO, recommend_method, resolve_preset
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.calibration import default_delta
 from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
@@ -112,9 +112,7 @@ def resolve_auto(method_name: str, preset: str, epsilon: float, data: str) -> tu
     info = public_info(data)
     if method_name == AUTO:
         method_name = recommend_method(info, float(epsilon))
-    if preset == AUTO:
-        preset = get_method(method_name).recommended_preset(info, float(epsilon))
-    return method_name, preset
+    return method_name, resolve_preset(get_method(method_name), preset, info, float(epsilon))
 
 
 def check_audit_values(canaries: int, confidence: float) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import parse_schema
-from dpsynth.methods.base import SMALL_EPSILON, is_large_image
+from dpsynth.methods.base import SMALL_EPSILON, Method, is_large_image
 
 AUTO = "auto"
 AIM_MAX_COLUMNS = 24
@@ -39,3 +39,9 @@ def recommend_method(info: DataInfo, epsilon: float) -> str:
     if is_large_image(info):
         return "rdpgan"
     return "pge" if epsilon <= SMALL_EPSILON else "dpkernel"
+
+
+def resolve_preset(backend: Method, preset: str, info: DataInfo, epsilon: float) -> str:
+    """`preset`, or for `auto` the backend's recommendation for this data's public shape and
+    size at the target ε (no data is read: the choice spends no budget)."""
+    return backend.recommended_preset(info, epsilon) if preset == AUTO else preset

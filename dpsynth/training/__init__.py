@@ -8,10 +8,10 @@ loop needs, the warm-start release), `loop` (the all-or-nothing steps and checkp
 `interrupts` for signals and `progress` for the ε shown), and `summary` (what a run returns).
 """
 
+from dpsynth.methods.recommend import resolve_preset
 from dpsynth.training.progress import ProgressCallback, TrainProgress
 from dpsynth.training.request import TrainRequest, parse_epsilon, resolve_device
 from dpsynth.training.run import train, train_run
-from dpsynth.training.start import resolve_preset
 
 __all__ = [
     "ProgressCallback",

@@ -31,7 +31,7 @@ from dpsynth.errors import UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import run_config_digest
 from dpsynth.methods.base import Method
-from dpsynth.methods.recommend import AUTO, recommend_method
+from dpsynth.methods.recommend import AUTO, recommend_method, resolve_preset
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.calibration import default_delta
 from dpsynth.privacy.dpsgd import PoissonSampler
@@ -211,12 +211,6 @@ def _clear_new_run_dir(path: Path, existed: bool) -> None:
             shutil.rmtree(child, ignore_errors=True)
         else:
             child.unlink(missing_ok=True)
-
-
-def resolve_preset(backend: Method, preset: str, info: DataInfo, epsilon: float) -> str:
-    """`preset`, or for `auto` the backend's recommendation for this data's public shape and
-    size at the target ε (no data is read: the choice spends no budget)."""
-    return backend.recommended_preset(info, epsilon) if preset == "auto" else preset
 
 
 def _load_table(
