@@ -364,3 +364,24 @@ def test_aims_automatic_selection_count_follows_its_noise_target() -> None:
     # at ε = 10 the cap
     assert aim.auto_selections(domain, 800, 1.0, 1e-4, share, 10_000) == math.ceil(d / 4)
     assert aim.auto_selections(domain, 800, 10.0, 1e-4, share, 10_000) == 3 * d
+
+
+def test_mbi_is_compiled_at_the_default_xla_optimisation_unless_the_user_says_otherwise() -> None:
+    # At `--xla_backend_optimization_level=0` (set here before) aim's final estimation on
+    # german-credit at ε = 10 ran 4–20× slower (bench/results/tuning-tables.md): dpsynth must
+    # leave XLA's flags to the user, and a user's own flags must reach XLA unchanged.
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import os; from dpsynth.methods.marginal.model import _mbi; _mbi(); "
+        "print(repr(os.environ.get('XLA_FLAGS')))"
+    )
+    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    for flags in (None, "--xla_cpu_multi_thread_eigen=false"):
+        env = base if flags is None else {**base, "XLA_FLAGS": flags}
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        )
+        assert done.stdout.strip().splitlines()[-1] == repr(flags)

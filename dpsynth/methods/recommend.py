@@ -5,10 +5,10 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
 2-core CPU (docs/leaderboard.md, docs/tables.md):
 
 - tables: `aim` for tables of at most `AIM_MAX_COLUMNS` feature columns (german-credit, 20
-  features, 2026-11-27: 2-way TVD 0.128 against `mst`'s 0.145 at ε = 1 and 0.110 against
-  0.113 at ε = 10, the better logistic regression ROC-AUC at both, in 20 s at ε = 1 and 2–11
-  minutes at ε = 10), `mst` for wider ones (census, 40 features: `aim` did not finish in 12
-  minutes, `mst` took under a minute and led every tool on the marginals);
+  features, 2026-11-27: 2-way TVD 0.125 against `mst`'s 0.140 at ε = 1 and 0.110 against
+  0.111 at ε = 10, in 20 s at ε = 1 and 73–84 s at ε = 10), `mst` for wider ones (census, 40
+  features: `aim` took 9 minutes at ε = 1 for a 2-way TVD of 0.058 and did not finish in 12 at
+  ε = 10, `mst` took under a minute and led every tool on the marginals, 0.034);
 - images of at least `LARGE_IMAGE_VALUES` values (28×28): `rdpgan`, whose 28×28 presets fit
   a generator to the DP frequency model (mnist-5k, 2026-11-26: 0.757 at ε = 1, 0.895 at
   ε = 10, the best at ε = 10; pge's 0.765 at ε = 1 is within the runs' spread, and on unseen

@@ -16,7 +16,6 @@ once per measurement.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,10 +50,10 @@ class Potentials:
 
 def _mbi() -> Any:
     """mbi, imported with JAX in float64 (set before any JAX array exists)."""
-    if "jax" not in __import__("sys").modules:
-        # Cheaper compilation: the programs are small and run briefly, so their build
-        # dominates; the user's own XLA_FLAGS win.
-        os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    # XLA's default optimisation: its compiled mirror descent runs many times faster than at
+    # `--xla_backend_optimization_level=0` (which made the final estimation of aim on
+    # german-credit at ε = 10 take 154–721 s instead of 36 s), for a little more compile time
+    # per round (bench/results/tuning-tables.md).
     import jax
 
     jax.config.update("jax_enable_x64", True)
