@@ -3,9 +3,9 @@
     python bench/leaderboard.py --data digits --epsilon 1 10 --device cpu [--no-fid]
     python bench/leaderboard.py --data mnist-5k --epsilon 1 10 --device cuda
 
-For each method (default: every method in `dpsynth.methods.registry`, so a new backend joins
-by its registry entry) and each ε, through the `dpsynth` CLI with `--json` (one process per
-command, each run in a fresh temporary ledger, so no run spends another's budget):
+For each method (default: every method in `dpsynth.methods.registry` that takes images, so a
+new backend joins by its registry entry) and each ε, through the `dpsynth` CLI with `--json`
+(one process per command, each run in a fresh temporary ledger, so no run spends another's budget):
 1. `dpsynth train` of the preset the method recommends for this data set and ε
    (`Method.recommended_preset`: public facts only, the record count, shape, label set and
    target ε; `small` unless the backend ships presets designed for other data), or of
@@ -86,11 +86,16 @@ def is_table(data: str) -> bool:
     return is_table_spec(data)
 
 
-def table_methods() -> list[str]:
-    """The registered backends that take tables (`Method.modalities`), in registry order."""
+def methods_for(modality: str) -> list[str]:
+    """The registered backends that take `modality` (`Method.modalities`), in registry order."""
     from dpsynth.methods.registry import get_method
 
-    return [name for name in registered_methods() if "table" in get_method(name).modalities]
+    return [name for name in registered_methods() if modality in get_method(name).modalities]
+
+
+def table_methods() -> list[str]:
+    """The registered backends that take tables, in registry order."""
+    return methods_for("table")
 
 
 def preset_for(method: str, info: Any, epsilon: str, wanted: str | None) -> str:
@@ -618,7 +623,8 @@ def main(argv: list[str] | None = None) -> None:
     stem = f"leaderboard-{args.data.replace(':', '-')}"
     json_path = args.json or RESULTS / f"{stem}.json"
     markdown_path = args.markdown or json_path.with_suffix(".md")
-    methods = registered_methods() if args.methods is None else args.methods
+    # By default the backends that take images: a table-only one (aim, mst) has no row here.
+    methods = methods_for("image") if args.methods is None else args.methods
     n = args.n or default_synthetic_n(args.data)
     info = data_info(args.data)
     report: dict[str, Any] = {

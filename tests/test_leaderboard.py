@@ -59,6 +59,11 @@ def test_every_registered_method_is_on_the_board(leaderboard, monkeypatch):
     assert leaderboard.registered_methods() == registry.method_names()
     assert "newmethod" in leaderboard.registered_methods()
     assert leaderboard.parse_args(["--quick"]).methods is None  # None means: the registry's
+    # ... that take the data's modality: a table-only backend has no image row, and back.
+    images, tables = leaderboard.methods_for("image"), leaderboard.table_methods()
+    assert "newmethod" in images and "pge" in images
+    assert "aim" in tables and "mst" in tables and not {"aim", "mst"} & set(images)
+    assert set(images) | set(tables) == set(registry.method_names())
 
 
 def test_default_presets_and_sizes(leaderboard):
