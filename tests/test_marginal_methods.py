@@ -10,6 +10,9 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -370,10 +373,6 @@ def test_mbi_is_compiled_at_the_default_xla_optimisation_unless_the_user_says_ot
     # At `--xla_backend_optimization_level=0` (set here before) aim's final estimation on
     # german-credit at ε = 10 ran 4–20× slower (bench/results/tuning-tables.md): dpsynth must
     # leave XLA's flags to the user, and a user's own flags must reach XLA unchanged.
-    import os
-    import subprocess
-    import sys
-
     script = (
         "import os; from dpsynth.methods.marginal.model import _mbi; _mbi(); "
         "print(repr(os.environ.get('XLA_FLAGS')))"
