@@ -28,11 +28,10 @@ test: $(STAMP)
 # it reaches about 0.88 CNN accuracy (sampled at latent scale 0.5) in under a minute of training,
 # where PGE's `small` needs two to five minutes for about the same (docs/leaderboard.md).
 # Accuracy uses all 2,000 images; FID, slow on a CPU, a subset of 500. Then a table release: the
-# built-in german-credit at ε = 10 with mst (about 20 s; 2-way marginals 0.12 from the held-out
-# rows against 0.11 for the real training rows, LR ROC-AUC about 0.73 against 0.79; `--method
-# auto` would take aim, as close and a few times slower), sampled to a CSV (labels in the
-# model's class proportions) and scored by its marginals, logistic regression and gradient
-# boosting on german-credit:test.
+# built-in german-credit at ε = 10 with mst, what `--method auto` picks there (about 20 s;
+# 2-way marginals 0.11 from the held-out rows against 0.11 for the real training rows, LR
+# ROC-AUC about 0.76 against 0.79), sampled to a CSV (labels in the model's class proportions)
+# and scored by its marginals, logistic regression and gradient boosting on german-credit:test.
 # The demo's commands share one ledger in demo-out/ (only the demo: tests stay hermetic).
 demo: export DPSYNTH_LEDGER := $(CURDIR)/$(DEMO)/ledger.jsonl
 demo: $(STAMP)

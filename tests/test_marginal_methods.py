@@ -335,6 +335,79 @@ def test_plan_is_public_and_declares_its_rounds() -> None:
         assert not inf.private and inf.steps == plan.steps
 
 
+def _trained_mst(overrides: dict, epsilon: float):
+    """An mst `tiny` trainer run through every round on german-credit (no CLI, no ledger)."""
+    data = _german()
+    info = data.info()
+    method = get_method("mst")
+    config = method.config("tiny", overrides, info)
+    plan = method.plan(info, PrivacyTarget(epsilon, 1e-4), config)
+    trainer = method.trainer(info, config, plan, torch.device("cpu"), 0)
+    for step in range(plan.steps):
+        trainer.release_whole_data(step, data.x, data.y)
+    return method, config, plan, trainer
+
+
+def test_mst_label_edges_measure_a_feature_tree_with_the_target(one_torch_thread) -> None:
+    """`label_edges`: a spanning tree of the features whose every edge is measured with the
+    target (tree-augmented naive Bayes): one edge fewer than MST's tree (the target is in
+    every edge, not a node of the tree), so no more noise per measurement than MST's."""
+    method, config, plan, trainer = _trained_mst({"label_edges": "true"}, 2.0)
+    plain = method.plan(
+        _german().info(), PrivacyTarget(2.0, 1e-4), {**config, "label_edges": False}
+    )
+    assert plain.noise_multiplier * 0.98 < plan.noise_multiplier <= plain.noise_multiplier
+    domain = trainer.domain
+    d, target = len(domain.attributes), domain.target
+    cliques = [m.clique for m in trainer.measurements]
+    assert cliques[:d] == [(a,) for a in range(d)]
+    edges = cliques[d:]
+    assert len(edges) == d - 2 and all(len(c) == 3 and c[2] == target for c in edges)
+    components = {a: a for a in range(d)}
+
+    def root(a: int) -> int:
+        while components[a] != a:
+            a = components[a]
+        return a
+
+    for a, b, _ in edges:  # a tree: no edge closes a cycle, and it spans every feature
+        assert root(a) != root(b)
+        components[root(a)] = root(b)
+    assert len({root(a) for a in range(d) if a != target}) == 1
+    # The plan accounts exactly what was done.
+    measure = next(e for e in plan.events if e["type"] == "gaussian")
+    select = next(e for e in plan.events if e["type"] == "pure_dp")
+    assert measure["count"] == len(cliques) and select["count"] == trainer.selections == d - 2
+    # The exact counts the run may compute are the triples: the memory estimate counts them.
+    assert method.memory_mb(domain, config, 800) > method.memory_mb(
+        domain, {**config, "label_edges": False}, 800
+    )
+
+
+def test_mst_label_edges_fit_every_features_joint_with_the_target(one_torch_thread) -> None:
+    """Without noise the label_edges model reproduces the real (feature, target) marginal of
+    every feature, which plain MST's tree (the target joined to a few neighbours) does not:
+    a downstream classifier sees every feature's relation to the target."""
+    data = _german()
+    converged = {"final_iters": "2000"}  # tiny's 200 steps stop short of the exact fit
+    _, _, _, trainer = _trained_mst({"label_edges": "true", **converged}, float("inf"))
+    _, _, _, plain = _trained_mst({"label_edges": "false", **converged}, float("inf"))
+    codes = codes_from_rows(data.x, data.y, trainer.domain)
+    target = trainer.domain.target
+    pairs = [(a, target) for a in range(target)]
+    worst = {}
+    for name, fitted in (("label_edges", trainer), ("plain", plain)):
+        model = fitted.tree.pair_marginals(pairs)
+        errors = []
+        for a, t in pairs:
+            shape = (trainer.sizes[a], trainer.sizes[t])
+            flat = np.ravel_multi_index((codes[:, a], codes[:, t]), shape)
+            real = np.bincount(flat, minlength=shape[0] * shape[1])
+            errors.append(np.abs(model[(a, t)] - real).sum() / len(codes))
+        worst[name] = max(errors)
+    assert worst["label_edges"] < 0.01 < 0.05 < worst["plain"]
+
+
 def test_aims_automatic_selection_count_follows_its_noise_target() -> None:
     """The public rule: as many selections as keep a typical pair's expected L1 noise within
     the target share of N, never below d/4 nor above 3d, non-decreasing in ε and in N."""

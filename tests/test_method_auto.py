@@ -13,6 +13,7 @@ from dpsynth.cli import app
 from dpsynth.data.images import DataInfo
 from dpsynth.data.sources import load_table
 from dpsynth.ledger import Ledger
+from dpsynth.methods.base import SMALL_EPSILON
 from dpsynth.methods.recommend import (
     AIM_MAX_COLUMNS,
     feature_columns,
@@ -38,6 +39,8 @@ def _table(features: int) -> DataInfo:
 def test_the_rule_follows_the_public_shape_and_epsilon() -> None:
     assert feature_columns(_table(7)) == 7  # the target and ignored columns are not features
     assert recommend_method(_table(AIM_MAX_COLUMNS), 1.0) == "aim"
+    assert recommend_method(_table(AIM_MAX_COLUMNS), SMALL_EPSILON) == "aim"
+    assert recommend_method(_table(AIM_MAX_COLUMNS), 10.0) == "mst"
     assert recommend_method(_table(AIM_MAX_COLUMNS + 1), 1.0) == "mst"
     assert recommend_method(_image((1, 28, 28)), 1.0) == "rdpgan"
     assert recommend_method(_image((1, 28, 28)), 10.0) == "rdpgan"
@@ -74,9 +77,9 @@ def test_auto_on_a_table_records_one_backend_for_the_release_and_the_run(
 ) -> None:
     """With a DP class-weights release before training, the release's ledger entry and the
     run name the same backend: the choice is made once, before anything is spent."""
-    wanted = recommend_method(load_table("german-credit").info(), 4.0)
+    wanted = recommend_method(load_table("german-credit").info(), 2.0)
     summary = _train(
-        tmp_path, "--data", "german-credit", "--epsilon", "4", "--out", str(tmp_path / "r"),
+        tmp_path, "--data", "german-credit", "--epsilon", "2", "--out", str(tmp_path / "r"),
         "--class-weights-epsilon", "0.5",
     )  # fmt: skip
     assert summary["method"] == wanted == "aim"

@@ -84,11 +84,17 @@ class MarginalMethod(Method):
         """The memory the run's marginals need, from the public domain: the exact counts of
         every candidate marginal (kept while training), their model estimates, the codes
         and the model itself."""
-        candidates = pairs_within(domain, int(config["max_cells"]))
+        candidates = self.candidate_cliques(domain, config)
         cells = sum(domain.cells(p) for p in candidates) + sum(domain.sizes)
         model = float(config.get("max_model_mb", 0.0))
         codes = n * len(domain.attributes) * 4
         return 3 * cells * 8 / 2**20 + codes / 2**20 + 4 * model
+
+    def candidate_cliques(
+        self, domain: TableDomain, config: Mapping[str, Any]
+    ) -> list[tuple[int, ...]]:
+        """The cliques whose exact counts a run may compute (every pair within the cap)."""
+        return list(pairs_within(domain, int(config["max_cells"])))
 
     @abstractmethod
     def counts(self, domain: TableDomain, info: DataInfo, config: Mapping[str, Any],

@@ -6,12 +6,23 @@ Kruskal's algorithm in which every edge is an exponential-mechanism selection (q
 pair's L1 error under the independent model, sensitivity 1), measure those pairs and fit the
 tree model with mbi. The budget is split in thirds (one-ways, selection, pairs) as in the
 paper, under the fixed PRV schedule of `privacy/marginal_plan.py`.
+
+With `label_edges` (a preset choice: the target is named by the public schema) the tree
+spans the feature columns only and every edge (a, b) is measured together with the target,
+as the marginal (a, b, target): the tree-augmented naive Bayes structure of classifier
+learning (Friedman et al. 1997), in which the target's Markov blanket is every feature, not
+only its neighbours in the tree. An edge's quality is the L1 error of its triple under the
+one-way model (sensitivity 1, as MST's). The tree has one edge fewer than MST's (the target
+is in every edge, not a node), so σ is a little smaller; a feature that no allowed pair
+reaches is measured with the target alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyTarget
@@ -49,6 +60,29 @@ def tree_edges(d: int, pairs: list[tuple[int, int]]) -> int:
     return sum(forest.join(a, b) for a, b in pairs)
 
 
+def label_edge_pool(domain: TableDomain, max_cells: int) -> list[tuple[int, int]]:
+    """The feature pairs (a, b) whose marginal with the target, (a, b, target), has at most
+    `max_cells` cells: the edges a `label_edges` tree may use (public: from the domain)."""
+    target = domain.target
+    return [
+        (a, b)
+        for a, b in pairs_within(domain, max_cells)
+        if target not in (a, b) and domain.cells((a, b, target)) <= max_cells
+    ]
+
+
+def lonely_features(domain: TableDomain, pool: list[tuple[int, int]], max_cells: int) -> list[int]:
+    """The features no pair of the pool reaches whose pair with the target fits the cap: a
+    `label_edges` tree measures (feature, target) for each of them instead."""
+    target = domain.target
+    reached = {a for pair in pool for a in pair}
+    return [
+        a
+        for a in range(len(domain.attributes))
+        if a != target and a not in reached and domain.cells((a, target)) <= max_cells
+    ]
+
+
 class MSTMethod(MarginalMethod):
     """MST on tables: a spanning tree of DP-selected pairs, mbi estimation."""
 
@@ -67,10 +101,26 @@ class MSTMethod(MarginalMethod):
         config: Mapping[str, Any],
         target: PrivacyTarget,
     ) -> tuple[int, int, int]:
-        """d one-way measurements and one per tree edge; one selection per edge; 2 rounds."""
-        d = len(domain.attributes)
-        edges = tree_edges(d, pairs_within(domain, int(config["max_cells"])))
-        return d + edges, edges, 2
+        """d one-way measurements and one per tree edge (and, with `label_edges`, one per
+        feature no edge reaches); one selection per edge; 2 rounds."""
+        d, max_cells = len(domain.attributes), int(config["max_cells"])
+        if not config["label_edges"]:
+            edges = tree_edges(d, pairs_within(domain, max_cells))
+            return d + edges, edges, 2
+        pool = label_edge_pool(domain, max_cells)
+        edges = tree_edges(d, pool)
+        return d + edges + len(lonely_features(domain, pool, max_cells)), edges, 2
+
+    def candidate_cliques(
+        self, domain: TableDomain, config: Mapping[str, Any]
+    ) -> list[tuple[int, ...]]:
+        """The cliques whose exact counts a run may compute: the pairs, or with
+        `label_edges` the feature pairs with the target."""
+        max_cells = int(config["max_cells"])
+        if not config["label_edges"]:
+            return super().candidate_cliques(domain, config)
+        target = domain.target
+        return [(a, b, target) for a, b in label_edge_pool(domain, max_cells)]
 
 
 class MSTTrainer(MarginalTrainer):
@@ -83,21 +133,49 @@ class MSTTrainer(MarginalTrainer):
             self.measure([(a,) for a in range(d)])
             self.fit(int(self.config["iters"]))
             return
-        pool = pairs_within(self.domain, int(self.config["max_cells"]))
-        estimates = self.tree.pair_marginals(pool)
+        max_cells = int(self.config["max_cells"])
+        if self.config["label_edges"]:
+            pool = label_edge_pool(self.domain, max_cells)
+            estimates = self._triples_under_one_ways(pool)
+        else:
+            pool = pairs_within(self.domain, max_cells)
+            estimates = self.tree.pair_marginals(pool)
         edges = tree_edges(d, pool)
         forest = Forest(d)
         chosen: list[tuple[int, int]] = []
         for _ in range(edges):
             candidates = [(a, b) for a, b in pool if forest.root(a) != forest.root(b)]
             index = self.select(
-                candidates, [estimates[p] for p in candidates], [0.0] * len(candidates)
+                [self._edge_clique(p) for p in candidates],
+                [estimates[p] for p in candidates],
+                [0.0] * len(candidates),
             )
             a, b = candidates[index]
             forest.join(a, b)
             chosen.append((a, b))
-        self.measure(chosen)
+        cliques: list[tuple[int, ...]] = [self._edge_clique(p) for p in chosen]
+        if self.config["label_edges"]:
+            target = self.domain.target
+            cliques += [(a, target) for a in lonely_features(self.domain, pool, max_cells)]
+        self.measure(cliques)
         self.fit(int(self.config["final_iters"]))
+
+    def _edge_clique(self, pair: tuple[int, int]) -> tuple[int, ...]:
+        """The marginal an edge is selected and measured on: the pair, or with the target."""
+        return (*pair, self.domain.target) if self.config["label_edges"] else pair
+
+    def _triples_under_one_ways(
+        self, pool: list[tuple[int, int]]
+    ) -> dict[tuple[int, int], np.ndarray]:
+        """Each (a, b, target) marginal of the fitted one-way model (a product of its
+        one-way marginals), flattened in that order."""
+        target = self.domain.target
+        ones = [self.tree.marginal(a) for a in range(len(self.sizes))]
+        scale = max(self.tree.total, 1e-300) ** 2
+        return {
+            (a, b): np.multiply.outer(np.outer(ones[a], ones[b]), ones[target]).reshape(-1) / scale
+            for a, b in pool
+        }
 
 
 MSTMethod.trainer_class = MSTTrainer
