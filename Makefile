@@ -31,8 +31,8 @@ test: $(STAMP)
 # built-in german-credit at ε = 10 with mst, what `--method auto` picks there (about 20 s;
 # 2-way marginals about 0.12 from the held-out rows with 2,000 synthetic rows, against 0.11 for
 # the real training rows; LR ROC-AUC about 0.77 against 0.79), sampled to a CSV (labels in the
-# model's class proportions)
-# and scored by its marginals, logistic regression and gradient boosting on german-credit:test.
+# model's class proportions) and scored by its marginals, logistic regression and gradient
+# boosting on german-credit:test.
 # The demo's commands share one ledger in demo-out/ (only the demo: tests stay hermetic).
 demo: export DPSYNTH_LEDGER := $(CURDIR)/$(DEMO)/ledger.jsonl
 demo: $(STAMP)
