@@ -14,8 +14,8 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
   ROC-AUC 0.92;
 - images of at least `LARGE_IMAGE_VALUES` values (28×28): `rdpgan`, whose 28×28 presets fit
   a generator to the DP frequency model (mnist-5k, 2026-11-26: 0.757 at ε = 1, 0.895 at
-  ε = 10, the best at ε = 10; pge's 0.765 at ε = 1 is within the runs' spread, and on unseen
-  28×28 digits rdpgan led at ε = 1, 0.806 against 0.779);
+  ε = 10, the best at ε = 10; pge's 0.765 and psg's 0.767 at ε = 1 are within the runs'
+  spread, and on unseen 28×28 digits rdpgan led at ε = 1, 0.806 against 0.779);
 - smaller images (8×8 digits): `pge` at ε ≤ `SMALL_EPSILON` (0.796 at ε = 1, the best),
   `dpkernel` above (0.884 at ε = 10, within 0.002 of the best and the fastest to train).
 """
