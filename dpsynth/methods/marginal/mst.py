@@ -116,11 +116,10 @@ class MSTMethod(MarginalMethod):
     ) -> list[tuple[int, ...]]:
         """The cliques whose exact counts a run may compute: the pairs, or with
         `label_edges` the feature pairs with the target."""
-        max_cells = int(config["max_cells"])
         if not config["label_edges"]:
             return super().candidate_cliques(domain, config)
         target = domain.target
-        return [(a, b, target) for a, b in label_edge_pool(domain, max_cells)]
+        return [(a, b, target) for a, b in label_edge_pool(domain, int(config["max_cells"]))]
 
 
 class MSTTrainer(MarginalTrainer):
