@@ -182,7 +182,7 @@ def test_progress_epsilon_counts_the_one_off_release_from_the_first_step():
     assert curve.at(plan.steps) == plan.epsilon_bound
 
 
-def test_mnist_preset_releases_once_and_is_recommended_for_28x28_above_eps_3():
+def test_28x28_gets_the_curriculum_presets_and_mnist_still_releases_once():
     mnist = DataInfo(
         spec="mnist-5k",
         kind="images",
@@ -193,12 +193,23 @@ def test_mnist_preset_releases_once_and_is_recommended_for_28x28_above_eps_3():
         dataset_id="mnist-5k",
     )
     method = DPAFMethod()
-    assert method.recommended_preset(mnist, 10.0) == "mnist"
-    assert method.recommended_preset(mnist, math.inf) == "mnist"
-    assert method.recommended_preset(mnist, 1.0) == "small"  # windows at small ε
+    assert method.recommended_preset(mnist, 10.0) == "mnist-freq"
+    assert method.recommended_preset(mnist, math.inf) == "mnist-freq"
+    assert method.recommended_preset(mnist, 1.0) == "mnist-freq-eps1"  # pooled covariance
     assert method.recommended_preset(INFO, 10.0) == "small"
+    assert method.recommended_preset(INFO, 1.0) == "small"
     config = method.config("mnist", {}, mnist)
     plan = method.plan(mnist, PrivacyTarget(10.0, 1e-5), config)
     assert [e["type"] for e in plan.events] == ["poisson_gaussian", "gaussian"]
     assert plan.events[-1]["loop_steps_without_reads"] == config["windows"]
     assert plan.epsilon_bound <= 10.0
+    # The curriculum: the frequency model's release first, then phase 1 and the one release,
+    # all composed to the target.
+    for preset in ("mnist-freq", "mnist-freq-eps1"):
+        config = method.config(preset, {}, mnist)
+        plan = method.plan(mnist, PrivacyTarget(10.0, 1e-5), config)
+        assert config["phase2_release"] == "once"
+        assert config["frequency_share"] > 0
+        assert [e["type"] for e in plan.events][-2:] == ["poisson_gaussian", "gaussian"]
+        assert len(plan.events) > 2  # the frequency model's own events come first
+        assert plan.epsilon_bound <= 10.0

@@ -83,14 +83,16 @@ class DPAFMethod(Method):
     )
 
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
-        """`mnist` for 28×28-sized images (≥ 400 values a record) above ε = 3, else `small`.
+        """For 28×28-sized images (≥ 400 values a record) the curriculum presets:
+        `mnist-freq` above ε = 3, `mnist-freq-eps1` (pooled covariance) at ε ≤ 3; else `small`.
 
-        Public facts only. At small ε the one release of `mnist` is too noisy for the half of
-        ε it gets (mnist-5k at ε = 1: 0.36–0.61 over runs against 0.57 for `small`'s windows;
-        on digits the windows were ahead at ε = 1 too; tuning-dpaf.md).
+        Public facts only (shape, ε). On mnist-5k DPAF's own phases plateau below 0.84 even
+        without noise (`mnist`), while the DP frequency model's fit, refined by a short match to
+        DPAF's one release, reaches 0.86 at ε = 10 and 0.75 at ε = 1 (tuning-28.md).
         """
-        large = is_large_image(info)
-        return "mnist" if large and epsilon > SMALL_EPSILON else "small"
+        if is_large_image(info):
+            return "mnist-freq-eps1" if epsilon <= SMALL_EPSILON else "mnist-freq"
+        return "small"
 
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """Preset plus overrides, validated; `conv1_init=random` means no phase 1."""

@@ -109,8 +109,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # generator and 2,000 generator steps on the release, which read no data (mnist-5k at
     # ε = 10: windows 0.745, once 0.783, + g_width 64 0.805, + 2,000 steps 0.828; ε = 1:
     # windows 0.566, once 0.614, this preset 0.574 and, with 3 seeds, 0.356: too noisy at
-    # half of ε = 1, so `recommended_preset` takes it above ε = 3 only;
-    # bench/results/tuning-dpaf.md).
+    # half of ε = 1; bench/results/tuning-dpaf.md). DPAF without the curriculum: `auto` takes
+    # `mnist-freq` below instead.
     "mnist": {
         **_SMALL,
         "windows": 2000,
@@ -118,21 +118,25 @@ PRESETS: dict[str, dict[str, Any]] = {
         "latent_dim": 64,
         "g_width": 64,
     },
-    # 28×28 on a CPU with the curriculum (issue 28): G is first fitted to the DP frequency
-    # model (60% of ε: class means and per-class covariances of the 10×10 lowest DCT
-    # frequencies; 600 steps regressing onto its sampling map, latent 100), then `mnist`'s
-    # DPAF phases with the rest and 4× fewer generator steps on the release, so matching the
-    # released features sharpens G's classes rather than replaces what it learnt
-    # (bench/results/tuning-28.md).
+    # 28×28 on a CPU with the curriculum (issue 28; recommended for 28×28-sized images above
+    # ε = 3): G is first fitted to the DP frequency model (90% of ε: class means and per-class
+    # covariances of the 10×10 lowest DCT frequencies; 3,000 steps regressing onto its
+    # sampling map, latent 100), then `mnist`'s DPAF phases with the rest: 100 generator steps
+    # at a 50× lower rate on the one release, so matching the released class features refines
+    # G rather than replaces what the fit taught it. mnist-5k at ε = 10, one CNN seed each:
+    # 500 steps at lr 1e-3 (60% on the model) 0.754 ± 0.018 over 3; 100 at 2e-4 0.635 ± 0.043;
+    # the fit alone (g_width 64) 0.850 in 1,441 s; 100 at 2e-5 0.856 (g_width 64, 1,482 s) and
+    # 0.860 (g_width 32, 714 s); bench/results/tuning-28.md.
     "mnist-freq": {
         **_SMALL,
-        "windows": 500,
+        "windows": 100,
         "phase2_release": "once",
+        "lr": 2e-5,
         "latent_dim": 100,
-        "g_width": 64,
-        "frequency_share": 0.6,
+        "g_width": 32,
+        "frequency_share": 0.9,
         "frequency_covariance": "class",
-        "frequency_fit_steps": 600,
+        "frequency_fit_steps": 3000,
     },
     # The paper's MNIST architecture (C2-C1-×, spec §2.8: 64@14² → 128@7² → 256@4², Δ = 64,
     # FC 4096 → 512 → 1; G [z→128 ‖ y→128]@4² → … → 1@28²), B = 24, μ = 8, n_critic = 3,
@@ -152,10 +156,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "n_critic": 3,
     },
 }
-# 28×28 at small ε: the pooled within-class covariance (K times less noise per entry) at 80%.
+# 28×28 at small ε (recommended at ε ≤ 3): the pooled within-class covariance (K times less
+# noise per entry; mnist-5k at ε = 1, one CNN seed: 0.751 against `small`'s 0.50–0.57).
 PRESETS["mnist-freq-eps1"] = {
     **PRESETS["mnist-freq"],
-    "frequency_share": 0.8,
     "frequency_covariance": "pooled",
 }
 # The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0).
