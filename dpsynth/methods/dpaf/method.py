@@ -87,8 +87,8 @@ class DPAFMethod(Method):
         `mnist-freq` above ε = 3, `mnist-freq-eps1` (pooled covariance) at ε ≤ 3; else `small`.
 
         Public facts only (shape, ε). On mnist-5k DPAF's own phases plateau below 0.84 even
-        without noise (`mnist`), while the DP frequency model's fit, refined by a short match to
-        DPAF's one release, reaches 0.86 at ε = 10 and 0.75 at ε = 1 (tuning-28.md).
+        without noise (`mnist`), while the DP frequency model's fit followed by a short, slow
+        match to DPAF's one release reaches 0.87 at ε = 10 and 0.76 at ε = 1 (tuning-28.md).
         """
         if is_large_image(info):
             return "mnist-freq-eps1" if epsilon <= SMALL_EPSILON else "mnist-freq"
