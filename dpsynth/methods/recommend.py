@@ -13,11 +13,11 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
   and did not finish in 12 at ε = 10, while `mst` takes under a minute for 0.032 and logreg
   ROC-AUC 0.92;
 - images of at least `LARGE_IMAGE_VALUES` values (28×28): `rdpgan`, whose 28×28 presets fit
-  a generator to the DP frequency model (mnist-5k, 2026-11-26: 0.757 at ε = 1, 0.895 at
-  ε = 10, the best at ε = 10; pge's 0.765 and psg's 0.767 at ε = 1 are within the runs'
-  spread, and on unseen 28×28 digits rdpgan led at ε = 1, 0.806 against 0.779);
-- smaller images (8×8 digits): `pge` at ε ≤ `SMALL_EPSILON` (0.796 at ε = 1, the best),
-  `dpkernel` above (0.884 at ε = 10, within 0.002 of the best and the fastest to train).
+  a generator to the DP frequency model (mnist-5k, 2026-11-27: the best at both ε, 0.774 at
+  ε = 1 and 0.885 at ε = 10, pge's 0.883 within the runs' spread; on unseen 28×28 digits
+  rdpgan led at ε = 1, 0.806 against 0.779);
+- smaller images (8×8 digits): `pge` at ε ≤ `SMALL_EPSILON` (0.842 at ε = 1, the best),
+  `dpkernel` above (0.893 at ε = 10, the best, in 24 s of training).
 """
 
 from __future__ import annotations
