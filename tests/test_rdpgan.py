@@ -22,6 +22,7 @@ from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.rdpgan import RDPGANMethod
 from dpsynth.methods.rdpgan import schedule as sched
 from dpsynth.methods.rdpgan.trainer import RDPGANTrainer
+from dpsynth.privacy.accounting import compose_epsilon
 from dpsynth.privacy.plan_check import check_plan_parameters
 from dpsynth.privacy.randomness import PrivateRandomness
 
@@ -426,7 +427,12 @@ def test_auto_picks_the_frequency_model_presets_for_28x28_only():
         config = method.config(preset, {}, mnist)
         method.validate_config(config, mnist)
         plan = method.plan(mnist, PrivacyTarget(1.0, 1e-5), config)
-        release = plan.events[0]
-        assert release["mechanism"] == "frequency_model"
+        (release,) = [e for e in plan.events if e.get("mechanism") == "frequency_model"]
         assert release["covariance"] == covariance
         assert plan.epsilon_bound <= 1.0
+        assert compose_epsilon(plan.events, 1e-5).epsilon <= 1.0
+        # Above ε = 3 a DP teacher relabels the release; its DP-SGD is charged in the plan.
+        teachers = [e for e in plan.events if e.get("mechanism") == "dp_classifier"]
+        assert len(teachers) == (preset == "mnist")
+        if preset == "mnist":
+            assert config["teacher_filter"] == "relabel" and config["teacher_pretrain"] > 0

@@ -154,6 +154,53 @@ def test_the_filter_keeps_for_each_label_the_candidates_the_teacher_rates_highes
     assert set(relabel.base.calls[0].tolist()) == {0, 1, 2}  # candidates of every class
 
 
+class _Uniform(_Fixed):
+    """Candidates of uniformly random brightness, whatever label they were drawn for."""
+
+    def sample(self, labels, batch_size, generator):
+        self.calls.append(labels.clone())
+        values = torch.randint(0, 256, (len(labels),), generator=generator)
+        yield values.view(-1, 1, 1, 1).expand(-1, 1, 8, 8).to(torch.uint8)
+
+
+def test_relabel_gives_each_label_only_images_the_teacher_assigns_to_it_even_in_one_class_batches():
+    # `sample` asks for labels sorted by class, so a batch is often one class: each label
+    # must still get images the teacher calls that class (bright → 0, dark → 1), and a
+    # class the teacher never predicts (2) must not make sampling loop forever.
+    base = _Uniform()
+    config = _config(teacher_share=0.3, teacher_oversample=1.0, teacher_filter="relabel")
+    relabel = TeacherFilter(base, _ByBrightness(), config)
+    labels = torch.tensor([0] * 8 + [1] * 8 + [2] * 4)
+    out = torch.cat(list(relabel.sample(labels, 8, torch.Generator().manual_seed(0))))
+    assert out.shape == (20, 1, 8, 8)
+    values = out[:, 0, 0, 0].long()
+    assert bool((values[:8] > 127).all())  # the teacher's class 0: bright
+    assert bool((values[8:16] < 128).all())  # class 1: dark
+    # candidates are drawn over every class; class 1 was served partly from the pool that
+    # filled while class 0 was drawn; class 2 ended in `rank` on its own label after a
+    # bounded number of rounds
+    assert set(base.calls[0].tolist()) == {0, 1, 2}
+    assert torch.equal(base.calls[-1], torch.tensor([2] * 4))
+    assert len(base.calls) <= 3 * 3 + 1  # RELABEL_ROUNDS_PER_CLASS × 3 classes per batch, + rank
+
+
+def test_relabel_carries_its_pools_across_calls_on_one_stream_and_not_across_streams():
+    # The sampler calls `sample` once per chunk of labels with one stream: what the teacher
+    # assigned to class 1 while class 0 was drawn serves the next call, so relabelling costs
+    # about `teacher_oversample` × the draws, not × the number of classes.
+    base = _Uniform()
+    config = _config(teacher_share=0.3, teacher_oversample=1.0, teacher_filter="relabel")
+    relabel = TeacherFilter(base, _ByBrightness(), config)
+    stream = torch.Generator().manual_seed(0)
+    list(relabel.sample(torch.tensor([0] * 8), 8, stream))
+    drawn = sum(len(c) for c in base.calls)
+    (ones,) = list(relabel.sample(torch.tensor([1] * 4), 8, stream))
+    assert sum(len(c) for c in base.calls) == drawn  # served from the pool: no new draw
+    assert bool((ones[:, 0, 0, 0] < 128).all())
+    list(relabel.sample(torch.tensor([1] * 4), 8, torch.Generator().manual_seed(1)))
+    assert sum(len(c) for c in base.calls) > drawn  # a new stream starts with empty pools
+
+
 def test_a_saved_run_samples_through_its_teacher():
     target = PrivacyTarget(3.0, 1e-5)
     config = _config(teacher_share=0.5)
@@ -262,3 +309,33 @@ def test_the_frequency_model_is_released_once_and_warm_starts_the_backend(
             out=tmp_path / "two", ledger_path=tmp_path / "l.jsonl",
             overrides={**overrides, "warm_start_share": "0.3"},
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("method", "shipped"),
+    [("rdpgan", True), ("pge", True), ("psg", True), ("dpkernel", False), ("dpaf", False)],
+)
+def test_28x28_presets_above_eps_3_relabel_with_a_charged_teacher_and_small_eps_ones_do_not(
+    method, shipped
+):
+    """The teacher is in the `auto` 28×28 preset above ε = 3 of the backends it helped on
+    mnist-5k and digits28, never at ε ≤ 3; its DP-SGD is an event of the plan, composed with
+    the backend's under the target."""
+    from dpsynth.methods.registry import get_method
+
+    backend = get_method(method)
+    mnist = DataInfo("mnist", "images", 4000, (1, 28, 28), tuple("0123456789"), "f" * 64, "m")
+    for epsilon in (10.0, 1.0):
+        preset = backend.recommended_preset(mnist, epsilon)
+        config = backend.config(preset, {}, mnist)
+        backend.validate_config(config, mnist)
+        plan = backend.plan(mnist, PrivacyTarget(epsilon, 1e-5), config)
+        teachers = [e for e in plan.events if e.get("mechanism") == "dp_classifier"]
+        expected = shipped and epsilon > 3
+        assert len(teachers) == int(expected), (method, preset)
+        assert compose_epsilon(plan.events, 1e-5).epsilon <= epsilon
+        if expected:
+            assert config["teacher_filter"] == "relabel" and config["teacher_pretrain"] > 0
+            # the backend's own mechanisms were planned for the rest of ε
+            rest = [e for e in plan.events if e.get("mechanism") != "dp_classifier"]
+            assert compose_epsilon(rest, 1e-5).epsilon < 0.5 * epsilon

@@ -31,18 +31,20 @@ from dpsynth.methods.blocks.stages import (
     plan_with_stages,
 )
 from dpsynth.methods.blocks.teacher import (
+    RELABELLING_TEACHER,
     TEACHER_DEFAULTS,
     TEACHER_FILTERS,
     Teacher,
-    TeacherFilter,
     TeacherNet,
     check_teacher_config,
     teacher_from_state,
     teacher_schedule,
 )
+from dpsynth.methods.blocks.teacher_filter import TeacherFilter
 
 __all__ = [
     "FREQUENCY_DEFAULTS",
+    "RELABELLING_TEACHER",
     "TEACHER_DEFAULTS",
     "TEACHER_FILTERS",
     "FrequencyStart",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, TEACHER_DEFAULTS
+from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, RELABELLING_TEACHER, TEACHER_DEFAULTS
 
 _COMMON: dict[str, Any] = {
     "mode": "sound",
@@ -88,12 +88,17 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 # 28×28 images such as mnist-5k on a CPU (recommended for records of ≥ 400 values above
-# ε = 3; issue 28): nearly all of ε (95%) on the DP frequency model (class means and
-# per-class covariances of the 10×10 lowest DCT frequencies); G (a latent of 100 = the
+# ε = 3; issue 28): nearly all of the backend's ε (95%) on the DP frequency model (class
+# means and per-class covariances of the 10×10 lowest DCT frequencies); G (a latent of 100 = the
 # model's dimension) regresses onto the model's own sampling map for 3,000 steps; the GAN
 # then takes one step with the rest. On mnist-5k at ε = 10 (one CNN seed each) the GAN's
 # 300 DP steps after the fit lowered the CNN score (0.780 ± 0.003 against 0.859 for the same
 # fit without them), and the longer fit raised it (600 → 3,000 steps: 0.859 → 0.886).
+# A DP teacher (`RELABELLING_TEACHER`: the backend plans for 30% of ε and the teacher's σ
+# fills the rest up to ε under PRV), a small CNN trained with DP-SGD on the records and
+# started from a fit to 10,000 of G's samples, labels the release (`relabel`: candidates of
+# every class, each image given the teacher's label, the most confident kept). The images
+# are the frequency model's at the backend's share.
 # Chosen on the public mnist-5k's test split (bench/results/tuning-28.md).
 PRESETS["mnist"] = {
     **PRESETS["small"],
@@ -105,12 +110,17 @@ PRESETS["mnist"] = {
     "frequency_share": 0.95,
     "frequency_covariance": "class",
     "frequency_fit_steps": 3000,
+    **RELABELLING_TEACHER,
 }
 # 28×28 at small ε (recommended at ε ≤ 3): the pooled within-class covariance (K times less
-# noise per entry; probe P7 of tuning-28.md, not compared with per-class ones at ε = 1).
+# noise per entry; probe P7 of tuning-28.md, not compared with per-class ones at ε = 1), and
+# no teacher: with ε ≤ 3 on 1,437 records (digits28) its labels were worse than G's own
+# (0.806 → 0.61 / 0.69 at a 70% / 40% share), though on mnist-5k's 4,000 they helped (0.77 →
+# 0.81).
 PRESETS["mnist-eps1"] = {
     **PRESETS["mnist"],
     "frequency_covariance": "pooled",
+    **{key: TEACHER_DEFAULTS[key] for key in RELABELLING_TEACHER},  # no teacher
 }
 
 # The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0); images
