@@ -78,7 +78,7 @@ class TeacherFilter(Generator):
             if self.mode == "rank":
                 yield self._ranked(wanted, batch_size, generator)
             else:
-                yield self._relabelled(wanted, batch_size, generator, self._pools)
+                yield self._relabelled(wanted, batch_size, generator)
 
     def _count(self, n: int) -> int:
         return max(n, math.ceil(self.oversample * n))
@@ -101,13 +101,9 @@ class TeacherFilter(Generator):
         return out
 
     def _relabelled(
-        self,
-        wanted: torch.Tensor,
-        batch_size: int,
-        generator: torch.Generator,
-        pools: dict[int, tuple[torch.Tensor, torch.Tensor]],
+        self, wanted: torch.Tensor, batch_size: int, generator: torch.Generator
     ) -> torch.Tensor:
-        k = len(self.classes)
+        pools, k = self._pools, len(self.classes)
         need = {c: int((wanted == c).sum()) for c in wanted.unique().tolist()}
         image_bytes = math.prod(self.shape)
         cap = max(self._count(batch_size), RELABEL_POOL_BYTES // (k * image_bytes))
