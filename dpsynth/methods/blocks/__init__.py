@@ -31,6 +31,7 @@ from dpsynth.methods.blocks.stages import (
     plan_with_stages,
 )
 from dpsynth.methods.blocks.teacher import (
+    NO_TEACHER,
     RELABELLING_TEACHER,
     TEACHER_DEFAULTS,
     TEACHER_FILTERS,
@@ -44,6 +45,7 @@ from dpsynth.methods.blocks.teacher_filter import TeacherFilter
 
 __all__ = [
     "FREQUENCY_DEFAULTS",
+    "NO_TEACHER",
     "RELABELLING_TEACHER",
     "TEACHER_DEFAULTS",
     "TEACHER_FILTERS",

@@ -64,6 +64,8 @@ RELABELLING_TEACHER: dict[str, Any] = {
     "teacher_filter": "relabel",
     "teacher_pretrain": 10000,
 }
+# What a preset derived from one with `RELABELLING_TEACHER` sets to have no teacher.
+NO_TEACHER: dict[str, Any] = {key: TEACHER_DEFAULTS[key] for key in RELABELLING_TEACHER}
 
 # The optional DP frequency model (`dpsynth.privacy.frequency`): `frequency_share` of ε (0:
 # off) on per-class means and second moments of the images' lowest DCT frequencies (B×B per

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, RELABELLING_TEACHER, TEACHER_DEFAULTS
+from dpsynth.methods.blocks import (
+    FREQUENCY_DEFAULTS,
+    NO_TEACHER,
+    RELABELLING_TEACHER,
+    TEACHER_DEFAULTS,
+)
 
 _COMMON: dict[str, Any] = {
     "max_grad_norm": 1.0,
@@ -164,7 +169,7 @@ PRESETS["mnist-eps1"] = {
     "frequency_share": 0.85,
     "frequency_covariance": "pooled",
     "steps": 10,
-    **{key: TEACHER_DEFAULTS[key] for key in RELABELLING_TEACHER},  # no teacher at ε ≤ 3
+    **NO_TEACHER,  # no teacher at ε ≤ 3
 }
 
 # The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0).

@@ -22,7 +22,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, RELABELLING_TEACHER, TEACHER_DEFAULTS
+from dpsynth.methods.blocks import (
+    FREQUENCY_DEFAULTS,
+    NO_TEACHER,
+    RELABELLING_TEACHER,
+    TEACHER_DEFAULTS,
+)
 
 _COMMON: dict[str, Any] = {
     "mode": "sound",
@@ -120,7 +125,7 @@ PRESETS["mnist"] = {
 PRESETS["mnist-eps1"] = {
     **PRESETS["mnist"],
     "frequency_covariance": "pooled",
-    **{key: TEACHER_DEFAULTS[key] for key in RELABELLING_TEACHER},  # no teacher
+    **NO_TEACHER,  # no teacher
 }
 
 # The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0); images
