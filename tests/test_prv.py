@@ -17,7 +17,7 @@ from prv_accountant.other_accountants import RDP
 from scipy import integrate
 from scipy.fft import irfft, rfft
 
-from dpsynth.privacy import accounting, prv, rdp
+from dpsynth.privacy import accounting, prv, prv_mesh, rdp
 from dpsynth.privacy.accounting import compose_epsilon, poisson_gaussian_event
 from dpsynth.privacy.calibration import calibrate_noise
 
@@ -37,7 +37,7 @@ def _settings(keys, counts, delta):
     rdp = accounting._rdp_epsilon(keys, counts, delta)
     eps_error = max(1e-3, 0.005 * min(rdp, 50.0))
     delta_error = delta / 1000.0
-    length = max(accounting._safe_domain_length(keys, counts, delta_error), eps_error) + 3.0
+    length = max(prv_mesh.safe_domain_length(keys, counts, delta_error), eps_error) + 3.0
     return eps_error, delta_error, length
 
 
@@ -163,7 +163,7 @@ def test_aligned_mesh_is_the_packages_domain(low, high, dt):
 
 @pytest.mark.parametrize(("keys", "counts", "delta"), CASES)
 def test_rdp_matches_the_packages_rdp(keys, counts, delta):
-    orders = accounting._RDP_ORDERS
+    orders = rdp.INTEGER_ORDERS
     theirs = RDP(prvs=[accounting._prv(k) for k in keys], orders=list(orders))
     _, _, expected = theirs.compute_epsilon(delta=delta, num_self_compositions=list(counts))
     assert rdp.rdp_epsilon(keys, counts, delta, orders) == pytest.approx(expected, rel=1e-12)

@@ -36,6 +36,7 @@ from typing import Any
 
 from dpsynth.errors import UsageError
 from dpsynth.privacy import prv, rdp
+from dpsynth.privacy.prv_mesh import fft_friendly_eps_error, prv_mesh_size, safe_domain_length
 
 PRV_VERSION = version("prv-accountant")
 
@@ -213,14 +214,9 @@ def _prv(key: tuple) -> Any:
     return PoissonSubsampledGaussianMechanism(sampling_probability=q, noise_multiplier=sigma)
 
 
-# Integer orders only: the RDP of the subsampled Gaussian has a closed-form sum there, while
-# fractional orders need a slow series. Any set of orders gives a valid (if looser) bound.
-_RDP_ORDERS = tuple(float(a) for a in [*range(2, 65), 80, 96, 128, 192, 256, 512])
-
-
 def _rdp_epsilon(keys: Sequence[tuple], counts: Sequence[int], delta: float) -> float:
     """The RDP ε bound (`privacy/rdp.py`: the package's formulas, without its import cost)."""
-    return rdp.rdp_epsilon(keys, counts, delta, _RDP_ORDERS)
+    return rdp.rdp_epsilon(keys, counts, delta, rdp.INTEGER_ORDERS)
 
 
 @lru_cache(maxsize=512)
@@ -228,7 +224,7 @@ def _rdp_accountant(keys: tuple[tuple, ...]) -> Any:
     """The package's RDP accountant of a set of mechanisms (for an RDP bound that is reported)."""
     from prv_accountant.other_accountants import RDP
 
-    return RDP(prvs=[_prv(k) for k in keys], orders=list(_RDP_ORDERS))
+    return RDP(prvs=[_prv(k) for k in keys], orders=list(rdp.INTEGER_ORDERS))
 
 
 def _package_rdp_epsilon(keys: Sequence[tuple], counts: Sequence[int], delta: float) -> float:
@@ -236,67 +232,6 @@ def _package_rdp_epsilon(keys: Sequence[tuple], counts: Sequence[int], delta: fl
     accountant = _rdp_accountant(tuple(keys))
     _, _, eps = accountant.compute_epsilon(delta=delta, num_self_compositions=list(counts))
     return max(float(eps), 0.0)
-
-
-def _safe_domain_length(keys: Sequence[tuple], counts: Sequence[int], delta_error: float) -> float:
-    """Half-width of the PRV domain, as prv-accountant's `compute_safe_domain_size`.
-
-    Same rule (Gopi et al. 2021, remark 5.6) with integer RDP orders, which bound the tails just
-    as validly and are much faster to evaluate. The ε error is added by the caller.
-    """
-    length = _rdp_epsilon(keys, counts, delta_error / 4.0)
-    total = sum(counts)
-    for key in keys:
-        length = max(length, _rdp_epsilon([key], [1], delta_error / 8.0 / total))
-    return length
-
-
-def _is_fft_friendly(size: int) -> bool:
-    """True when `size` has no prime factor above 7 (pocketfft is fast on such lengths)."""
-    for prime in (2, 3, 5, 7):
-        while size % prime == 0:
-            size //= prime
-    return size == 1
-
-
-def _fft_friendly_eps_error(
-    length: float, counts: Sequence[int], delta_error: float, eps_error: float
-) -> float:
-    """An ε error ≤ `eps_error` whose PRV mesh has an FFT-friendly number of nodes.
-
-    The accountant's mesh follows from the ε error and the number of compositions; a length
-    with a large prime factor makes its long-double FFT some 20x slower. A slightly smaller ε
-    error (a slightly finer mesh, so a tighter bound) that lands on a smooth length costs nothing
-    in rigour.
-    """
-    spread = math.sqrt(sum(counts) / 2.0 * math.log(12.0 / delta_error))
-    size = prv.aligned_size(-length, length, eps_error / spread)
-    for target in range(size, 2 * size + 16):
-        if target % 2 or not _is_fft_friendly(target):
-            continue
-        candidate = 2.0 * length / (target - 3)
-        for _ in range(4):
-            got = prv.aligned_size(-length, length, candidate)
-            if got == target:
-                error = candidate * spread
-                check = prv.aligned_size(-length, length, error / spread)
-                if check == target and error <= eps_error:
-                    return error
-                break
-            candidate *= (got - 1) / (target - 1)
-    return eps_error
-
-
-def prv_mesh_size(
-    length: float, counts: Sequence[int], delta_error: float, eps_error: float
-) -> float:
-    """The number of nodes of the PRV accountant's mesh over [-length, length].
-
-    The accountant's mesh width is its ε error divided by the spread of the composed privacy
-    loss, √(T/2 · log(12/δ_error)) (as `Domain.create_aligned` is called in prv-accountant).
-    """
-    spread = math.sqrt(sum(counts) / 2.0 * math.log(12.0 / delta_error))
-    return 2.0 * length * spread / eps_error
 
 
 def _prv_epsilon(
@@ -308,14 +243,14 @@ def _prv_epsilon(
     allowance; the package's long-double accountant answers then.
     """
     delta_error = delta / 1000.0
-    length = max(_safe_domain_length(keys, counts, delta_error), eps_error) + 3.0
+    length = max(safe_domain_length(keys, counts, delta_error), eps_error) + 3.0
     # A pure-DP mechanism's PRV has atoms at ±ε, which the domain must hold.
     length = max([length, *(k[1] + 1.0 for k in keys if k[0] == "pure_dp")])
     nodes = prv_mesh_size(length, counts, delta_error, eps_error)
     if nodes > MAX_PRV_MESH:
         # Estimated before anything is allocated: the accountant's arrays scale with this.
         raise PrvMeshTooLarge(f"PRV mesh of {nodes:.3g} nodes exceeds {MAX_PRV_MESH:.3g}")
-    eps_error = _fft_friendly_eps_error(length, counts, delta_error, eps_error)
+    eps_error = fft_friendly_eps_error(length, counts, delta_error, eps_error)
     try:
         estimate, upper = prv.prv_epsilon(keys, counts, delta, eps_error, delta_error, length)
         return estimate, upper, True
