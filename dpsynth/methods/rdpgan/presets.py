@@ -120,8 +120,8 @@ PRESETS["mnist"] = {
 # 28×28 at small ε (recommended at ε ≤ 3): the pooled within-class covariance (K times less
 # noise per entry; probe P7 of tuning-28.md, not compared with per-class ones at ε = 1), and
 # no teacher: with ε ≤ 3 on 1,437 records (digits28) its labels were worse than G's own
-# (0.806 → 0.61 / 0.69 at a 70% / 40% share), though on mnist-5k's 4,000 they helped (0.77 →
-# 0.81).
+# (ε = 1: 0.806 → 0.61 / 0.69 at a 70% / 40% share; ε = 3: 0.875 → 0.833), though on
+# mnist-5k's 4,000 at ε = 1 they helped (0.77 → 0.81).
 PRESETS["mnist-eps1"] = {
     **PRESETS["mnist"],
     "frequency_covariance": "pooled",
