@@ -84,10 +84,16 @@ def test_presets_default_to_no_warm_start() -> None:
     assert all(e.get("mechanism") != "central_images" for e in plan.events)
 
 
-@pytest.mark.parametrize(("preset", "share"), [("mnist", 0.2), ("mnist-eps1", 0.9)])
-def test_28x28_presets_plan_the_release_at_their_share(preset: str, share: float) -> None:
-    """`mnist` and `mnist-eps1` spend their share of ε on the central images (records clipped
-    at √784 = 28, so none is) and the rest on the DP steps, composed within the target."""
+@pytest.mark.parametrize(
+    ("preset", "share", "mechanism"),
+    [("mnist", 0.2, "central_images"), ("mnist-eps1", 0.9, "frequency_model")],
+)
+def test_28x28_presets_plan_the_release_at_their_share(
+    preset: str, share: float, mechanism: str
+) -> None:
+    """`mnist` spends its share of ε on the central images (records clipped at √784 = 28, so
+    none is), `mnist-eps1` on the DP frequency model; the rest goes to the DP steps, composed
+    within the target, and neither preset releases both warm starts."""
     from dpsynth.data.images import DataInfo
     from dpsynth.privacy.accounting import compose_epsilon
 
@@ -96,7 +102,9 @@ def test_28x28_presets_plan_the_release_at_their_share(preset: str, share: float
     config = method.config(preset, {}, info)
     assert config["warm_start_clip"] == pytest.approx(28.0)
     plan = method.plan(info, PrivacyTarget(10.0, 1e-5), config)
-    release = [e for e in plan.events if e.get("mechanism") == "central_images"]
+    release = [e for e in plan.events if e.get("mechanism") == mechanism]
     assert len(release) == 1 and release[0]["type"] == "gaussian"
     assert compose_epsilon(release, 1e-5).epsilon == pytest.approx(share * 10.0, rel=0.02)
+    other = {"central_images", "frequency_model"} - {mechanism}
+    assert all(e.get("mechanism") not in other for e in plan.events)
     assert plan.epsilon_bound <= 10.0 + 1e-9
