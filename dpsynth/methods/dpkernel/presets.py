@@ -159,6 +159,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "frequency_share": 0.9,
         "frequency_covariance": "pooled",
         "warm_start_steps": 1000,
+        # Read only with the central images (`--set warm_start_share=0.9 --set
+        # frequency_share=0` gives the preset as it was before the frequency model).
         "warm_start_jitter": 0.6,
         "sample_truncation": 0.3,
         "batch_size": 1024,
