@@ -29,14 +29,13 @@ import torch
 from machine import describe
 
 from dpsynth.data.sources import load_data
-from dpsynth.methods.blocks.teacher import TeacherNet
+from dpsynth.methods.blocks.teacher import TeacherNet, balanced_samples, fit_to_samples
 from dpsynth.privacy.classifier import (
     ClassifierSchedule,
     plan_classifier,
     train_private_classifier,
 )
 from dpsynth.privacy.randomness import PrivateRandomness
-from dpsynth.runs import RunDir
 from dpsynth.sampling.run import load_generator
 
 KEYS = ("batch", "epochs", "lr", "clip", "augment", "width", "pretrain", "pretrain_epochs")
@@ -75,25 +74,6 @@ def accuracy(net: torch.nn.Module, test: Any) -> float:
         return float((net(test.as_float()).argmax(1) == test.y).float().mean())
 
 
-def saved_teacher(run: Path, info: Any, config: dict[str, Any]) -> TeacherNet:
-    """The teacher stored in the run's checkpoint."""
-    tensors, _ = RunDir(run).load_checkpoint(torch.device("cpu"))
-    prefix = "trainer/teacher."
-    c, h, w = (int(s) for s in info.shape)
-    net = TeacherNet(c, len(info.classes), h, w, int(config["teacher_width"]))
-    net.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
-    return net
-
-
-def pretrain_set(generator: Any, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`size` class-balanced samples of the run's raw generator (public post-processing)."""
-    base = getattr(generator, "base", generator)
-    labels = torch.arange(size) % len(base.classes)
-    rng = torch.Generator().manual_seed(104729)
-    images = torch.cat(list(base.sample(labels, 500, rng))).float() / 127.5 - 1.0
-    return images, labels
-
-
 def train_variant(
     settings: dict[str, Any], seed: int, train: Any, plan: Any, sched: Any, pre: Any
 ) -> torch.nn.Module:
@@ -103,16 +83,7 @@ def train_variant(
     net = TeacherNet(c, len(train.classes), h, w, settings["width"])
     if settings["pretrain"]:
         images, labels = pre
-        optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-        order_rng = torch.Generator().manual_seed(seed)
-        for _ in range(settings["pretrain_epochs"]):
-            order = torch.randperm(len(labels), generator=order_rng)
-            for start in range(0, len(labels), 128):
-                index = order[start : start + 128]
-                optimizer.zero_grad()
-                loss = torch.nn.functional.cross_entropy(net(images[index]), labels[index])
-                loss.backward()
-                optimizer.step()
+        fit_to_samples(net, images, labels, settings["pretrain_epochs"], seed)
     secret = PrivateRandomness.fresh()
     return train_private_classifier(
         net,
@@ -138,12 +109,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    generator, run_config, info = load_generator(args.run, "cpu")
+    generator, run_config, _ = load_generator(args.run, "cpu")
     config, privacy = run_config["config"], run_config["privacy"]
     train, test = load_data(args.data), load_data(args.test or f"{args.data}:test")
     others = [e for e in privacy["events"] if e.get("mechanism") != "dp_classifier"]
     base = run_settings(config)
-    saved = accuracy(saved_teacher(args.run, info, config), test)
+    if not hasattr(generator, "teacher"):
+        raise SystemExit(f"{args.run}: the run has no trained teacher (--set teacher_share=S)")
+    # `load_generator` puts the run's saved teacher in front of its generator.
+    saved = accuracy(generator.teacher, test)
     rows: list[dict[str, Any]] = [{"variant": "saved", "settings": base, "accuracy": [saved]}]
     pre_cache: dict[int, Any] = {}
     for text in args.variant:
@@ -157,7 +131,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         plan = plan_classifier(privacy["target_epsilon"], privacy["delta"], train.n, sched, others)
         if settings["pretrain"] and settings["pretrain"] not in pre_cache:
-            pre_cache[settings["pretrain"]] = pretrain_set(generator, settings["pretrain"])
+            pre_cache[settings["pretrain"]] = balanced_samples(
+                generator.base, settings["pretrain"], 104729
+            )
         start = time.perf_counter()
         pre = pre_cache.get(settings["pretrain"])
         scores = [

@@ -211,24 +211,12 @@ class Teacher:
 
     def _pretrain(self, generator: Generator, device: torch.device) -> None:
         """Fit the network to `pretrain` balanced samples of `generator` (public: they are
-        post-processing of the backend's released updates), Adam 1e-3, batch 128."""
+        post-processing of the backend's released updates)."""
         assert self.net is not None
-        k = len(generator.classes)
-        labels = torch.arange(self.pretrain) % k
-        rng = torch.Generator(device=generator.device).manual_seed(self.seed + 104729)
-        images = torch.cat(list(generator.sample(labels.to(generator.device), 500, rng)))
-        x = images.to(device).float() / 127.5 - 1.0
-        y = labels.to(device)
-        optimizer = torch.optim.Adam(self.net.parameters(), lr=1e-3)
-        order_rng = torch.Generator().manual_seed(self.seed + 15485863)
-        self.net.train()
-        for _ in range(self.pretrain_epochs):
-            order = torch.randperm(len(y), generator=order_rng).to(device)
-            for start in range(0, len(y), 128):
-                index = order[start : start + 128]
-                optimizer.zero_grad(set_to_none=True)
-                nn.functional.cross_entropy(self.net(x[index]), y[index]).backward()
-                optimizer.step()
+        x, y = balanced_samples(generator, self.pretrain, self.seed + 104729)
+        fit_to_samples(
+            self.net, x.to(device), y.to(device), self.pretrain_epochs, self.seed + 15485863
+        )
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """`teacher.*` weights and the trained flag ({} without a teacher)."""
@@ -250,6 +238,34 @@ class Teacher:
         if self.net is None or not self.trained:
             return generator
         return TeacherFilter(generator, self.net.eval(), config)
+
+
+def balanced_samples(
+    generator: Generator, size: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`size` samples of `generator`, labels 0, 1, …, K−1 in turn, as images in [-1, 1] and
+    their labels (on the generator's device); drawn from a public seed."""
+    labels = (torch.arange(size) % len(generator.classes)).to(generator.device)
+    rng = torch.Generator(device=generator.device).manual_seed(seed)
+    images = torch.cat(list(generator.sample(labels, 500, rng)))
+    return images.float() / 127.5 - 1.0, labels
+
+
+def fit_to_samples(
+    net: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, seed: int
+) -> None:
+    """Fit `net` to public labelled images without privacy (Adam 1e-3, batches of 128 in an
+    order drawn from `seed`): the teacher's start before its DP-SGD."""
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    order_rng = torch.Generator().manual_seed(seed)
+    net.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(y), generator=order_rng).to(x.device)
+        for start in range(0, len(y), 128):
+            index = order[start : start + 128]
+            optimizer.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(net(x[index]), y[index]).backward()
+            optimizer.step()
 
 
 def _prefixed(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
