@@ -233,7 +233,7 @@ def make_hostile_files(base: Path) -> None:
 
 def _rehashed(entries: list[dict]) -> str:
     """Ledger lines re-chained with the ledger's own hash, as a forger with the code would."""
-    from dpsynth.ledger.file import GENESIS_HASH, canonical_json, entry_hash
+    from dpsynth.ledger.chain import GENESIS_HASH, canonical_json, entry_hash
 
     out, previous = [], GENESIS_HASH
     for entry in entries:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpsynth.errors import AnchorError, RunConfigEditedError
-from dpsynth.ledger.file import canonical_json, json_safe
+from dpsynth.ledger.chain import canonical_json, json_safe
 from dpsynth.ledger.spends import Ledger
 from dpsynth.privacy.plan_check import not_dp_label
 

@@ -10,7 +10,8 @@ HMAC-SHA256 of the content digest under a secret key kept beside the ledger
 nothing about the records; with it, the same records give the same fingerprint.
 
 The fingerprint names its key by a short key id (`hmac-sha256:<key id>:<mac>`), so a ledger
-whose key was lost or swapped is refused instead of silently failing to link its spends.
+whose key was lost or swapped is refused (`ledger_key`) instead of silently failing to link
+its spends.
 Ledgers written before the key existed hold plain SHA-256 digests ("legacy" fingerprints);
 they keep verifying, and a new spend on the same records links to them (see
 `dpsynth.ledger`).
@@ -24,6 +25,7 @@ import hmac
 import os
 import re
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from dpsynth.errors import DataError, UsageError
@@ -126,3 +128,40 @@ def create_key(path: Path) -> FingerprintKey:
     found = read_key(path)
     assert found is not None
     return found
+
+
+def ledger_key(
+    ledger_path: Path, used_key_ids: Callable[[], set[str]], *, create: bool
+) -> FingerprintKey | None:
+    """The key of the ledger at `ledger_path` (`LEDGER.key` beside it), created on first use
+    when `create` is True (else None while there is none). A UsageError when `used_key_ids()`,
+    the ids of the keys the ledger's spend fingerprints were made with, name a key that is
+    missing or not this one: new spends could no longer be linked to earlier ones by data."""
+    # a ledger path under a file (notes.txt/l.jsonl) is the user's mistake: exit 2, not 4
+    if ledger_path.parent.exists() and not ledger_path.parent.is_dir():
+        raise UsageError(
+            f"ledger {ledger_path}: cannot write to it ({ledger_path.parent} is a file, not a "
+            "folder); give a writable --ledger"
+        )
+    key_path = key_path_for(ledger_path)
+    key = read_key(key_path)
+    # The ledger is read only after its key: an unreadable key is reported first.
+    used = used_key_ids()
+    if key is None and used:
+        raise UsageError(
+            f"the ledger {ledger_path} links its spends by fingerprints made with the key "
+            f"{key_path}, which is missing: restore that file from your backup (it "
+            "belongs with the ledger and must never be published); without it new spends "
+            "cannot be linked to this ledger's earlier spends on the same data"
+        )
+    if key is None:
+        if not create:
+            return None
+        key = create_key(key_path)
+    if used - {key.key_id}:
+        raise UsageError(
+            f"{key_path} is not the key this ledger's fingerprints were made with "
+            f"(key id {key.key_id}, the ledger uses {', '.join(sorted(used))}): restore the "
+            "ledger's own key file"
+        )
+    return key

@@ -1,14 +1,14 @@
 """The privacy ledger: an append-only, hash-chained JSON Lines record of every privacy spend.
 
 This module is the spend API (reserve, complete, abort, releases, budgets, composed totals);
-the file format (the hash chain, reading, locking, appending) is `dpsynth.ledger.file`, what
-the lines mean (the counting and grouping rules) `dpsynth.ledger.state`, the fingerprint key
-`dpsynth.ledger.key`, and `ledger show` / `ledger verify` `dpsynth.ledger.summary` /
-`dpsynth.ledger.verify`.
+the read-only queries it inherits are `dpsynth.ledger.reader`, the hash chain (the line format,
+canonical JSON, hashes) `dpsynth.ledger.chain`, the file (reading, locking, appending)
+`dpsynth.ledger.file`, what the lines mean (the counting and grouping rules)
+`dpsynth.ledger.state`, the fingerprint key `dpsynth.ledger.key`, and `ledger show` /
+`ledger verify` `dpsynth.ledger.summary` / `dpsynth.ledger.verify`.
 
-One file is shared by all commands. Each line is one JSON object with `seq` (0, 1, 2, ...),
-`time` (UTC), `kind`, `prev_hash` (the previous line's `hash`, 64 zeros for the first line) and
-`hash` (SHA-256 of the line's canonical JSON without `hash`). Kinds:
+One file is shared by all commands. Each line is one JSON object in the hash chain (`seq`,
+`time`, `kind`, `prev_hash`, `hash`; see `dpsynth.ledger.chain`). Kinds:
 
 - `spend`: a reservation written (and fsynced) before a command reads private data; it carries
   the mechanism events, δ, this spend's ε, the dataset's composed total after it, and
@@ -50,21 +50,13 @@ from pathlib import Path
 from typing import Any
 
 from dpsynth.errors import BudgetExceededError, UsageError
-from dpsynth.ledger.file import (
-    DEFAULT_LEDGER_NAME,
-    GENESIS_HASH,
-    LedgerFile,
-    as_float,
-    json_safe,
-)
-from dpsynth.ledger.key import FingerprintKey, create_key, key_path_for, read_key
+from dpsynth.ledger.chain import as_float, json_safe
+from dpsynth.ledger.file import DEFAULT_LEDGER_NAME
+from dpsynth.ledger.key import FingerprintKey, key_path_for, ledger_key
+from dpsynth.ledger.reader import LedgerReader
 from dpsynth.ledger.state import LedgerState, compose_at
-from dpsynth.ledger.summary import summarize
-from dpsynth.ledger.verify import verify_ledger
 
 LEDGER_ENV_VAR = "DPSYNTH_LEDGER"
-_TOTAL_RTOL = 1e-6
-_OTHER_ACCOUNTANT_RTOL = 0.05
 
 
 def default_ledger_path() -> Path:
@@ -94,20 +86,15 @@ def _check_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-class Ledger:
-    """The append-only privacy ledger at `path` (a missing file is an empty ledger)."""
+class Ledger(LedgerReader):
+    """The append-only privacy ledger at `path` (a missing file is an empty ledger); the
+    queries (`entries`, `head`, `budget_for`, `events_for`, `spend`, `summary`, `verify`, ...)
+    are `LedgerReader`'s."""
 
     def __init__(self, path: Path | str) -> None:
-        self._file = LedgerFile(path)
-        self.path = self._file.path
-        self.lock_path = self._file.lock_path
+        super().__init__(path)
         self.key_path = key_path_for(self.path)
-        self._state = LedgerState(self.path)
         self._key: FingerprintKey | None = None
-
-    def check_path(self) -> None:
-        """UsageError (exit 2) when the ledger path names a folder rather than a file."""
-        self._file.check_path()
 
     def data_fingerprint(self, content_digest: str, *, create: bool = True) -> str | None:
         """The publishable fingerprint of data with this content digest: an HMAC under the
@@ -122,36 +109,11 @@ class Ledger:
         return fingerprint
 
     def _fingerprint_key(self, create: bool) -> FingerprintKey | None:
-        if self._key is not None:
-            return self._key
-        # a ledger path under a file (notes.txt/l.jsonl) is the user's mistake: exit 2, not 4
-        self._file.check_path()
-        if self.path.parent.exists() and not self.path.parent.is_dir():
-            raise UsageError(
-                f"ledger {self.path}: cannot write to it ({self.path.parent} is a file, not a "
-                "folder); give a writable --ledger"
-            )
-        key = read_key(self.key_path)
-        used = self._read_state().key_ids()
-        if key is None and used:
-            raise UsageError(
-                f"the ledger {self.path} links its spends by fingerprints made with the key "
-                f"{self.key_path}, which is missing: restore that file from your backup (it "
-                "belongs with the ledger and must never be published); without it new spends "
-                "cannot be linked to this ledger's earlier spends on the same data"
-            )
-        if key is None:
-            if not create:
-                return None
-            key = create_key(self.key_path)
-        if used - {key.key_id}:
-            raise UsageError(
-                f"{self.key_path} is not the key this ledger's fingerprints were made with "
-                f"(key id {key.key_id}, the ledger uses {', '.join(sorted(used))}): restore the "
-                "ledger's own key file"
-            )
-        self._key = key
-        return key
+        if self._key is None:
+            # a ledger path that is a folder is the user's mistake: exit 2, not 4
+            self._file.check_path()
+            self._key = ledger_key(self.path, lambda: self._read_state().key_ids(), create=create)
+        return self._key
 
     # ----------------------------------------------------------------- writing
 
@@ -308,80 +270,11 @@ class Ledger:
 
         return self._append(build)
 
-    # ----------------------------------------------------------------- reading
-
-    def entries(self) -> list[dict[str, Any]]:
-        """All lines, in order, as stored (ε values may be the string "inf")."""
-        return copy.deepcopy(self._read_state().entries)
-
-    def head(self) -> dict[str, Any]:
-        """The last line's seq, hash and time (seq None and the genesis hash when empty): the
-        value to keep or publish so that a later rewrite of the ledger can be detected."""
-        state = self._read_state()
-        if not state.entries:
-            return {"seq": None, "hash": GENESIS_HASH, "time": None, "entries": 0}
-        last = state.entries[-1]
-        return {
-            "seq": last["seq"],
-            "hash": last["hash"],
-            "time": last["time"],
-            "entries": len(state.entries),
-        }
-
-    def budget_for(self, dataset_id: str) -> dict[str, Any] | None:
-        """The dataset's latest budget line; without one, the latest budget set on an id linked
-        to it (the grouping rule); None if its group has none."""
-        state = self._read_state()
-        budget = state.budgets.get(dataset_id)
-        if budget is None:
-            linked = state.group_budgets(dataset_id)
-            budget = max(linked, key=lambda line: line["seq"]) if linked else None
-        return copy.deepcopy(budget)
-
-    def events_for(
-        self, dataset_id: str, fingerprint: str | None = None
-    ) -> tuple[dict[str, Any], ...]:
-        """The counting events of every spend linked to this dataset id or fingerprint (the
-        `prior_events` of its next plan; see the grouping rule)."""
-        state = self._read_state()
-        return tuple(copy.deepcopy(state.counting_events(dataset_id, fingerprint=fingerprint)))
+    # ----------------------------------------------------------------- composing
 
     def total_epsilon(self, dataset_id: str, delta: float) -> float:
         """The composed ε upper bound at `delta` of all counting events linked to the dataset."""
         return compose_at(self.events_for(dataset_id), _check_delta(delta))[0]
-
-    def spend(self, seq: int) -> dict[str, Any]:
-        """Spend `seq` with its current status merged in: `status`, the spent `events` and their
-        `epsilon`, plus `reserved_events`, `reserved_epsilon` and `status_seq`."""
-        state = self._read_state()
-        if seq not in state.spends:
-            raise UsageError(f"the ledger {self.path} has no spend with seq {seq}")
-        return state.merged_spend(seq)
-
-    def spends_for_fingerprint(self, fingerprint: str) -> list[dict[str, Any]]:
-        """All spends (merged as in `spend`) on data with this fingerprint, in order."""
-        state = self._read_state()
-        same = {fingerprint, state.legacy_digests.get(fingerprint)}
-        return [
-            state.merged_spend(seq)
-            for seq, spend in state.spends.items()
-            if spend["fingerprint"] in same
-        ]
-
-    def summary(self, delta: float | None = None) -> dict[str, Any]:
-        """Per-dataset totals for `ledger show` (see `dpsynth.ledger.summary.summarize`)."""
-        return summarize(self._read_state(), self.path, delta)
-
-    def verify(
-        self,
-        anchors: Mapping[int, str] | None = None,
-        *,
-        recompute: bool = True,
-        runs: Mapping[str, tuple[int, str]] | None = None,
-        heads: Sequence[str] = (),
-    ) -> dict[str, Any]:
-        """Re-read and check the whole file (see `dpsynth.ledger.verify.verify_ledger`)."""
-        return verify_ledger(self._file, anchors, recompute=recompute, runs=runs, heads=heads)
 
     # ----------------------------------------------------------------- internals
 
@@ -453,11 +346,6 @@ class Ledger:
             }
 
         return self._append(build)
-
-    def _read_state(self) -> LedgerState:
-        """Bring the in-memory state up to date with the file (reads only new bytes)."""
-        self._file.read_chain(self._state)
-        return self._state
 
     def _append(self, build: Callable[[LedgerState], dict[str, Any]]) -> dict[str, Any]:
         """Under the exclusive lock: re-read, build the line, write it in one call, fsync."""

@@ -1,6 +1,6 @@
 """What the ledger's lines mean: spends, their closing status lines, budgets and the groups.
 
-`LedgerState` is the chain of lines read so far (`dpsynth.ledger.file.Chain`) with what they
+`LedgerState` is the chain of lines read so far (`dpsynth.ledger.chain.Chain`) with what they
 say: the spends and the status lines that close them (the counting rule: a spend counts with
 its reserved events until a status line closes it, then with the status line's events), the
 latest budget per dataset id, and the grouping rule (spends sharing a dataset id or a
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpsynth.ledger.file import Chain
+from dpsynth.ledger.chain import Chain
 from dpsynth.ledger.key import key_id_of
 from dpsynth.privacy.accounting import compose_epsilon
 

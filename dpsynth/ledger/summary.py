@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dpsynth.ledger.file import as_float
+from dpsynth.ledger.chain import as_float
 from dpsynth.ledger.state import LedgerState, compose_at
 
 

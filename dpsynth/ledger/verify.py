@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsynth import __version__
-from dpsynth.ledger.file import KINDS, LedgerFile, as_float
+from dpsynth.ledger.chain import KINDS, as_float
+from dpsynth.ledger.file import LedgerFile
 from dpsynth.ledger.key import is_legacy
 from dpsynth.ledger.state import LedgerState, compose_at
 
