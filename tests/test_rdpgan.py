@@ -415,18 +415,22 @@ def test_paper_preset_takes_a_step_at_mnist_size(one_torch_thread):
     )
 
 
-def test_auto_picks_the_frequency_model_presets_for_28x28_only():
-    # Public facts choose (the shape and ε); digits keep `small`, the demo's size.
+def test_auto_picks_the_frequency_model_presets_for_images():
+    # Public facts choose (the modality, the shape and ε): 28×28 images get `mnist` /
+    # `mnist-eps1`, smaller images `small-freq` at every ε.
     mnist = DataInfo(**{**DIGITS_INFO.__dict__, "shape": (1, 28, 28), "n": 4000})
     method = RDPGANMethod()
-    assert method.recommended_preset(DIGITS_INFO, 10.0) == "small"
-    assert method.recommended_preset(DIGITS_INFO, 1.0) == "small"
+    assert method.recommended_preset(DIGITS_INFO, 10.0) == "small-freq"
+    assert method.recommended_preset(DIGITS_INFO, 1.0) == "small-freq"
     assert method.recommended_preset(mnist, 10.0) == "mnist"
     assert method.recommended_preset(mnist, 1.0) == "mnist-eps1"
-    for preset, covariance in (("mnist", "class"), ("mnist-eps1", "pooled")):
-        config = method.config(preset, {}, mnist)
-        method.validate_config(config, mnist)
-        plan = method.plan(mnist, PrivacyTarget(1.0, 1e-5), config)
+    table = DataInfo(**{**DIGITS_INFO.__dict__, "modality": "table"})
+    assert method.recommended_preset(table, 10.0) == "small"  # tables: TABLE_PRESETS
+    cases = (("mnist", "class", mnist), ("mnist-eps1", "pooled", mnist))
+    for preset, covariance, info in (*cases, ("small-freq", "pooled", DIGITS_INFO)):
+        config = method.config(preset, {}, info)
+        method.validate_config(config, info)
+        plan = method.plan(info, PrivacyTarget(1.0, 1e-5), config)
         (release,) = [e for e in plan.events if e.get("mechanism") == "frequency_model"]
         assert release["covariance"] == covariance
         assert plan.epsilon_bound <= 1.0

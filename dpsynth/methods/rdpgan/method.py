@@ -123,10 +123,11 @@ class RDPGANMethod(Method):
 
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
         """`mnist` for 28×28-sized images (≥ 400 values a record), `mnist-eps1` at ε ≤ 3;
-        `small` otherwise (digits, tables). Public facts only (shape, ε)."""
+        `small-freq` for smaller images, `small` for tables. Public facts only (the modality,
+        the shape, ε)."""
         if is_large_image(info):
             return "mnist-eps1" if epsilon <= SMALL_EPSILON else "mnist"
-        return "small"
+        return "small-freq" if info.modality == "image" else "small"
 
     def plan(
         self,
