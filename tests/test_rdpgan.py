@@ -8,6 +8,7 @@ import functools
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from dp_accounting import dp_event
@@ -440,3 +441,36 @@ def test_auto_picks_the_frequency_model_presets_for_images():
         assert len(teachers) == (preset == "mnist")
         if preset == "mnist":
             assert config["teacher_filter"] == "relabel" and config["teacher_pretrain"] > 0
+
+
+def test_cli_auto_on_small_images_releases_the_fitted_frequency_model(tmp_path, one_torch_thread):
+    # `--preset auto` on the 8×8 digits: `small-freq`, whose frequency model covers the whole
+    # image (the 10×10 band clipped to 8×8); its release is charged, and `sample` gives 8×8
+    # images. A short fit keeps the test quick.
+    from dpsynth.ledger import Ledger
+
+    runner = CliRunner()
+    ledger = tmp_path / "ledger.jsonl"
+    train = runner.invoke(
+        app,
+        ["train", "--method", "rdpgan", "--data", "digits", "--epsilon", "1", "--preset", "auto",
+         "--out", str(tmp_path / "run"), "--ledger", str(ledger), "--device", "cpu",
+         "--set", "frequency_fit_steps=5", "--json"],
+    )  # fmt: skip
+    assert train.exit_code == 0, train.output
+    result = json.loads(train.stdout)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["preset"] == "small-freq" and float(result["epsilon"]) <= 1.0
+    spend = Ledger(ledger).spend(result["ledger_seq"])
+    (model,) = [e for e in spend["events"] if e.get("mechanism") == "frequency_model"]
+    assert model["covariance"] == "pooled" and model["band"] == 10
+    assert not [e for e in spend["events"] if e.get("mechanism") == "dp_classifier"]
+    assert compose_epsilon(spend["events"], spend["delta"]).epsilon <= 1.0
+    sample = runner.invoke(
+        app,
+        ["sample", str(tmp_path / "run"), "--n", "20", "--out", str(tmp_path / "synth"),
+         "--ledger", str(ledger), "--device", "cpu", "--format", "npz", "--json"],
+    )  # fmt: skip
+    assert sample.exit_code == 0, sample.output
+    with np.load(tmp_path / "synth" / "samples.npz") as images:
+        assert images["x"].shape == (20, 1, 8, 8) and images["x"].std() > 0
