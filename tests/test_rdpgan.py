@@ -353,32 +353,44 @@ def test_resume_is_bit_identical_across_a_sigma_change(tmp_path, one_torch_threa
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
 
 
-def test_cli_train_sample_ledger_within_epsilon(tmp_path, one_torch_thread):
+def _cli_train_then_sample(
+    tmp_path, epsilon: str, preset: str, sets: list[str], sample_args: list[str]
+) -> tuple[dict, dict, dict]:
+    """`train` rdpgan on digits into tmp_path/run (its own ledger), then `sample` 20 images into
+    tmp_path/synth; the train JSON, the ledger's spend and the sample JSON."""
     from dpsynth.ledger import Ledger
 
     runner = CliRunner()
     ledger = tmp_path / "ledger.jsonl"
+    options = [item for pair in (("--set", s) for s in sets) for item in pair]
     train = runner.invoke(
         app,
-        ["train", "--method", "rdpgan", "--data", "digits", "--epsilon", "2", "--preset", "tiny",
-         "--out", str(tmp_path / "run"), "--ledger", str(ledger), "--device", "cpu",
-         "--set", "schedule=exp", "--set", "decay=0.2", "--json"],
+        ["train", "--method", "rdpgan", "--data", "digits", "--epsilon", epsilon,
+         "--preset", preset, "--out", str(tmp_path / "run"), "--ledger", str(ledger),
+         "--device", "cpu", *options, "--json"],
     )  # fmt: skip
     assert train.exit_code == 0, train.output
     result = json.loads(train.stdout)
-    assert result["private"] and float(result["epsilon"]) <= 2.0
     spend = Ledger(ledger).spend(result["ledger_seq"])
-    assert spend["status"] == "completed" and float(spend["epsilon"]) <= 2.0
-    assert _pld_epsilon(spend["events"], spend["delta"]) <= float(spend["epsilon"])
-    assert len(spend["events"]) == 4  # one event per generator iteration's σ (n_g = 4)
     sample = runner.invoke(
         app,
         ["sample", str(tmp_path / "run"), "--n", "20", "--out", str(tmp_path / "synth"),
-         "--ledger", str(ledger), "--device", "cpu", "--json"],
+         "--ledger", str(ledger), "--device", "cpu", *sample_args, "--json"],
     )  # fmt: skip
     assert sample.exit_code == 0, sample.output
+    return result, spend, json.loads(sample.stdout)
+
+
+def test_cli_train_sample_ledger_within_epsilon(tmp_path, one_torch_thread):
+    result, spend, sample = _cli_train_then_sample(
+        tmp_path, "2", "tiny", ["schedule=exp", "decay=0.2"], []
+    )
+    assert result["private"] and float(result["epsilon"]) <= 2.0
+    assert spend["status"] == "completed" and float(spend["epsilon"]) <= 2.0
+    assert _pld_epsilon(spend["events"], spend["delta"]) <= float(spend["epsilon"])
+    assert len(spend["events"]) == 4  # one event per generator iteration's σ (n_g = 4)
     assert len(list((tmp_path / "synth").glob("**/*.png"))) == 20
-    assert "ε ≤" in json.loads(sample.stdout)["privacy"]
+    assert "ε ≤" in sample["privacy"]
 
 
 def test_cli_refuses_the_paper_mode_without_spending_or_printing_an_epsilon(tmp_path):
@@ -447,30 +459,14 @@ def test_cli_auto_on_small_images_releases_the_fitted_frequency_model(tmp_path, 
     # `--preset auto` on the 8×8 digits: `small-freq`, whose frequency model covers the whole
     # image (the 10×10 band clipped to 8×8); its release is charged, and `sample` gives 8×8
     # images. A short fit keeps the test quick.
-    from dpsynth.ledger import Ledger
-
-    runner = CliRunner()
-    ledger = tmp_path / "ledger.jsonl"
-    train = runner.invoke(
-        app,
-        ["train", "--method", "rdpgan", "--data", "digits", "--epsilon", "1", "--preset", "auto",
-         "--out", str(tmp_path / "run"), "--ledger", str(ledger), "--device", "cpu",
-         "--set", "frequency_fit_steps=5", "--json"],
-    )  # fmt: skip
-    assert train.exit_code == 0, train.output
-    result = json.loads(train.stdout)
+    result, spend, _ = _cli_train_then_sample(
+        tmp_path, "1", "auto", ["frequency_fit_steps=5"], ["--format", "npz"]
+    )
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["preset"] == "small-freq" and float(result["epsilon"]) <= 1.0
-    spend = Ledger(ledger).spend(result["ledger_seq"])
     (model,) = [e for e in spend["events"] if e.get("mechanism") == "frequency_model"]
     assert model["covariance"] == "pooled" and model["band"] == 10
     assert not [e for e in spend["events"] if e.get("mechanism") == "dp_classifier"]
     assert compose_epsilon(spend["events"], spend["delta"]).epsilon <= 1.0
-    sample = runner.invoke(
-        app,
-        ["sample", str(tmp_path / "run"), "--n", "20", "--out", str(tmp_path / "synth"),
-         "--ledger", str(ledger), "--device", "cpu", "--format", "npz", "--json"],
-    )  # fmt: skip
-    assert sample.exit_code == 0, sample.output
     with np.load(tmp_path / "synth" / "samples.npz") as images:
         assert images["x"].shape == (20, 1, 8, 8) and images["x"].std() > 0
