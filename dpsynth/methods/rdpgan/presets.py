@@ -128,10 +128,8 @@ PRESETS["mnist-eps1"] = {
     **NO_TEACHER,  # no teacher
 }
 
-# The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0); images
-# only (the teacher and the frequency model are for images).
 # Small images such as the 8×8 digits (recommended below 400 values a record, at every ε):
-# the 28×28 design at ε ≤ 3 (`mnist-eps1`): 95% of ε on the DP frequency model, whose band
+# `mnist-eps1`'s design: 95% of ε on the DP frequency model, whose band
 # (10×10, clipped to the image) holds the whole 8×8 image, with the pooled covariance (K times
 # less noise per entry, which 1,437 records need at both ε), G fitted to it, no teacher. The
 # plain DP-GAN (`small`) gave 0.22–0.37 at ε = 1 and 0.65–0.76 at ε = 10 over its runs. On
@@ -140,6 +138,8 @@ PRESETS["mnist-eps1"] = {
 # (bench/results/tuning-28.md). Chosen on digits' test split.
 PRESETS["small-freq"] = {**PRESETS["mnist-eps1"]}
 
+# The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0); images
+# only (the teacher and the frequency model are for images).
 for _preset in PRESETS.values():
     for _key, _value in {**FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
         _preset.setdefault(_key, _value)
