@@ -158,6 +158,29 @@ def test_a_missing_key_is_refused_by_train_before_anything_is_spent(tmp_path: Pa
     assert len(Ledger(path).entries()) == entries
 
 
+@pytest.mark.parametrize(
+    ("preset", "epsilon", "refusal"),
+    # a setting refused, then a plan that cannot be made
+    [("bogus", 5, "preset"), ("tiny", 1e-9, "noise multiplier")],
+)
+def test_a_refused_train_leaves_no_ledger_key_behind(
+    tmp_path: Path, preset: str, epsilon: float, refusal: str
+) -> None:
+    path = tmp_path / "ledger.jsonl"
+    kwargs = dict(
+        method="dpkernel", data="digits", preset=preset, ledger_path=path, device="cpu",
+        stop_after_steps=1,
+    )  # fmt: skip
+    with pytest.raises(UsageError, match=refusal):
+        train_run(out=tmp_path / "refused", epsilon=epsilon, **kwargs)
+    assert not key_path_for(path).exists() and not path.exists()
+    # the first command that goes on makes the key, and its spend is fingerprinted with it
+    train_run(out=tmp_path / "run", epsilon=5, **{**kwargs, "preset": "tiny"})
+    assert key_path_for(path).exists()
+    (spend,) = Ledger(path).entries()[:1]
+    assert is_keyed(spend["fingerprint"])
+
+
 def test_a_spend_on_records_a_legacy_ledger_knew_by_plain_digest_links_to_it(
     tmp_path: Path,
 ) -> None:

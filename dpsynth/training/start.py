@@ -86,10 +86,11 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
             channels=channels,
         )
     # The ledger's keyed fingerprint: it links spends on the same records, and unlike their
-    # plain digest it is no membership test for whoever reads the ledger or the run dir.
-    info = public_info(
-        records, keyed_fingerprint(ledger, records.content_digest), request.public_size
-    )
+    # plain digest it is no membership test for whoever reads the ledger or the run dir. A
+    # ledger without a key yet gets one only once nothing can refuse the command (below).
+    digest = records.content_digest
+    existing = ledger.data_fingerprint(digest, create=False)
+    info = public_info(records, existing or "", request.public_size)
     if backend is None:
         backend = get_method(recommend_method(info, target_epsilon))
     warnings: list[str] = list((schema_release or {}).get("warnings", []))
@@ -110,7 +111,9 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
     backend.validate_config(config, info)
     target = PrivacyTarget(target_epsilon, float(delta))
     # Budgets follow the data: spends linked by dataset id or fingerprint are composed in.
-    prior = ledger.events_for(info.dataset_id, info.fingerprint)
+    # Without a key no spend holds a keyed fingerprint; the plain digest (in memory only)
+    # finds the spends a legacy ledger recorded under it.
+    prior = ledger.events_for(info.dataset_id, existing or digest)
     plan = backend.plan(info, target, config, prior)
     try:
         trainer = backend.trainer(info, config, plan, torch_device, seed, randomness)
@@ -124,6 +127,8 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         raise UsageError(
             f"--method {backend.name} cannot start with these settings: {exc}"
         ) from None
+    if existing is None:
+        info = replace(info, fingerprint=keyed_fingerprint(ledger, digest))
     # `classes` (in info) and `channels` let --resume read the data the same way
     data_json = {**info.to_json(), "image_size": image_size, "channels": channels}
     if request.public_size is not None:  # `n` is then N', not the record count
