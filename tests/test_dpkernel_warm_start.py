@@ -49,6 +49,42 @@ def test_warm_start_pulls_each_class_towards_its_released_mean() -> None:
     assert after < 0.15 < 0.3 < before
 
 
+def test_warm_start_on_a_frequency_model_regresses_onto_its_sampling_map() -> None:
+    """With a latent of at least the model's dimension the warm start fits G to the model's own
+    map z ↦ images_at(y, z[:d]): afterwards G's images at fresh latents are the model's images at
+    the same latents up to a small error (a twentieth of the untrained generator's)."""
+    from dpsynth.privacy.frequency import FrequencyPlan, release_frequency_model
+
+    method = get_method("dpkernel")
+    data = load_data("digits")
+    info = data.info()
+    config = method.config("tiny", {"latent_dim": 64, "warm_start_steps": 600, "width": 32}, info)
+    plan = method.plan(info, PrivacyTarget(5.0, 1e-5), config)
+    trainer = method.trainer(info, config, plan, torch.device("cpu"), seed=0)
+    model = release_frequency_model(
+        data.as_float(),
+        data.y,
+        10,
+        FrequencyPlan(0.0, 10, 4.8, 0.5, "class"),
+        torch.Generator().manual_seed(0),
+    )
+    assert model.dim == 64  # the 10×10 band holds the whole 8×8 image
+    release = CentralImages(model.mean_images(), model.counts.float(), model)
+    labels = torch.arange(10).repeat(20)
+    z = torch.randn(len(labels), 64, generator=torch.Generator().manual_seed(1))
+    target = model.images_at(labels, z).flatten(1)
+
+    def error() -> float:
+        with torch.no_grad():
+            onehot = torch.nn.functional.one_hot(labels, 10).float()
+            return float((trainer.net(z, onehot) - target).pow(2).mean())
+
+    before = error()
+    trainer.warm_start(release)
+    # the MMD warm start on latents it does not pair with the model's gets about 0.1·before
+    assert error() < 0.05 * before
+
+
 def test_warm_start_run_charges_the_release_with_the_steps(tmp_path) -> None:
     """Through the loop: the ledger holds the central-images release and the DP steps, and
     dp-accounting's PLD re-accounts them within the target."""
@@ -85,21 +121,26 @@ def test_presets_default_to_no_warm_start() -> None:
 
 
 @pytest.mark.parametrize(
-    ("preset", "share", "mechanism"),
-    [("mnist", 0.2, "central_images"), ("mnist-eps1", 0.9, "frequency_model")],
+    ("preset", "overrides", "share", "mechanism"),
+    [
+        ("mnist", {}, 0.6, "frequency_model"),
+        ("mnist-eps1", {}, 0.9, "frequency_model"),
+        # the central images instead (records clipped at √784 = 28, so none is)
+        ("mnist", {"warm_start_share": 0.2, "frequency_share": 0.0}, 0.2, "central_images"),
+    ],
 )
 def test_28x28_presets_plan_the_release_at_their_share(
-    preset: str, share: float, mechanism: str
+    preset: str, overrides: dict[str, float], share: float, mechanism: str
 ) -> None:
-    """`mnist` spends its share of ε on the central images (records clipped at √784 = 28, so
-    none is), `mnist-eps1` on the DP frequency model; the rest goes to the DP steps, composed
-    within the target, and neither preset releases both warm starts."""
+    """Both 28×28 presets spend their share of ε on the DP frequency model, or with overrides on
+    the central images; the rest goes to the DP steps, composed within the target, and no plan
+    releases both warm starts."""
     from dpsynth.data.images import DataInfo
     from dpsynth.privacy.accounting import compose_epsilon
 
     method = get_method("dpkernel")
     info = DataInfo("mnist-5k", "builtin", 4000, (1, 28, 28), tuple("0123456789"), "f", "m")
-    config = method.config(preset, {}, info)
+    config = method.config(preset, overrides, info)
     assert config["warm_start_clip"] == pytest.approx(28.0)
     plan = method.plan(info, PrivacyTarget(10.0, 1e-5), config)
     release = [e for e in plan.events if e.get("mechanism") == mechanism]

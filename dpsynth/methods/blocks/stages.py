@@ -180,7 +180,8 @@ def fit_generator_to_model(
         with torch.no_grad():
             target = model.images_at(labels, z[:, : model.dim]).to(device)
         out = net_g(z.to(device), onehot_of(labels.to(device), num_classes).float())
-        loss = torch.nn.functional.mse_loss(out, target)
+        # a vector generator (dpkernel) returns flattened images
+        loss = torch.nn.functional.mse_loss(out, target.reshape(out.shape))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

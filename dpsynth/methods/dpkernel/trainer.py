@@ -13,7 +13,7 @@ from torch import nn
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import MechanismFailure, UsageError
 from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
-from dpsynth.methods.blocks import FrequencyStart, Teacher
+from dpsynth.methods.blocks import FrequencyStart, Teacher, fit_generator_to_model
 from dpsynth.methods.dpkernel.binning import number_bins
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator, generator_weights, one_hot_or_none
 from dpsynth.methods.dpkernel.kernel import generated_kernel_mean, private_embedding_gradient
@@ -44,6 +44,7 @@ class DPKernelTrainer(Trainer):
         self.config = dict(config)
         self.plan = plan
         self.device = torch.device(device)
+        self.seed = int(seed)
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
             torch.manual_seed(seed)
             self.net = build_network(info, config).to(self.device)
@@ -157,13 +158,29 @@ class DPKernelTrainer(Trainer):
             ) from None
 
     def warm_start(self, release: CentralImages) -> None:
-        """Pretrain the generator on the DP central images before the first DP step.
+        """Pretrain the generator on a DP release (central images or frequency model) before
+        the first DP step: post-processing of the release, no data read.
 
-        `warm_start_steps` MMD steps (the run's kernel, `generated_points` per step, the same
-        surrogate as `step`) towards "records" released_mean[y] + `warm_start_jitter`·N(0, I)
-        with balanced y: post-processing of the release, no data read. The EMA (if any) is
-        reset to the pretrained weights; the DP steps then refine them.
+        A frequency model of dimension d ≤ `latent_dim`: G regresses onto the model's own
+        sampling map for `warm_start_steps` steps (`fit_generator_to_model`), so it starts as
+        the model. Otherwise `warm_start_steps` MMD steps (the run's kernel, `generated_points`
+        per step, the same surrogate as `step`) towards the model's samples, or towards
+        "records" released_mean[y] + `warm_start_jitter`·N(0, I), with balanced y. The EMA (if
+        any) is reset to the pretrained weights; the DP steps then refine them.
         """
+        model = release.model
+        if model is not None and self.num_classes and self.net.latent_dim >= model.dim:
+            steps = int(self.config["warm_start_steps"])
+            fit_generator_to_model(
+                self.net, self.num_classes, release, steps, self.seed, self.device
+            )
+        else:
+            self._mmd_warm_start(release)
+        if self.ema is not None:
+            self.ema.load_state_dict(self.net.state_dict())
+
+    def _mmd_warm_start(self, release: CentralImages) -> None:
+        """The MMD warm start (see `warm_start`): latents from the run's stream."""
         central = CentralImages(
             release.means.to(self.device, torch.float32), release.counts, release.model
         )
@@ -180,8 +197,6 @@ class DPKernelTrainer(Trainer):
                 records, labels, points, labels, self.bandwidths, float(count)
             )
             self._descend(points, labels, target)
-        if self.ema is not None:
-            self.ema.load_state_dict(self.net.state_dict())
 
     def _descend(
         self, points: torch.Tensor, labels: torch.Tensor | None, gradient: torch.Tensor
