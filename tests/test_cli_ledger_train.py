@@ -141,7 +141,7 @@ def test_train_without_preset_takes_the_methods_recommendation(tmp_path, data, e
         "train", "--method", "dpkernel", "--data", data, "--epsilon", epsilon,
         "--out", str(out), "--ledger", str(tmp_path / "l.jsonl"), "--device", "cpu",
         "--set", "steps=2", "--set", "batch_size=16", "--set", "generated_points=8",
-        "--quiet", "--json",
+        "--set", "warm_start_steps=5", "--quiet", "--json",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())
