@@ -114,7 +114,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Since issue 28's frequency model: the warm start is the DP frequency model (60% of ε,
     # per-class covariances of the 10×10 lowest DCT frequencies) instead of the central images,
     # and the generator starts as that model: a latent of 100 (the model's dimension) lets G
-    # regress onto the model's own sampling map (3,000 steps), where the 10-dimensional latent's
+    # regress onto the model's own sampling map (probes with 3,000 steps), where the 10-dim latent's
     # MMD fit lost about 0.07 to the model's own samples. The 2,000 DP steps then take lr 1e-4:
     # at 1e-3 they pulled the fitted G away (0.818); at 1e-4 they keep it (0.885 against 0.889
     # with 10 DP steps), and latent scale 1 (the model's own spread). mnist-5k at ε = 10, one
@@ -122,15 +122,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     # central-image warm start's 0.820–0.862; on the unseen digits28 0.933 and 0.922 (0.931
     # before). The 60% share was chosen on both sets' test splits; it leaves the DP-MMD steps
     # 40% of ε for data whose detail the low band misses (bench/results/tuning-28.md).
-    # Training takes 12–14 minutes on one core beside another job, two thirds of it the fit.
+    # The fit's length matters little: 1,000 steps gave 0.883 (406 s of training), 1,500 0.875,
+    # 3,000 0.879–0.890 (707–846 s), so the preset takes 1,000.
     "mnist": {
         "warm_start_share": 0.0,
         "frequency_share": 0.6,
         "frequency_covariance": "class",
-        "warm_start_steps": 3000,
+        "warm_start_steps": 1000,
         # Read only with the central images (`--set warm_start_share=0.2 --set
-        # frequency_share=0 --set latent_dim=10 --set lr=1e-3 --set sample_truncation=0.5
-        # --set warm_start_steps=1000` gives the preset as it was before the frequency model).
+        # frequency_share=0 --set latent_dim=10 --set lr=1e-3 --set sample_truncation=0.5`
+        # gives the preset as it was before the frequency model).
         "warm_start_jitter": 0.6,
         "sample_truncation": 1.0,
         "batch_size": 512,
@@ -170,18 +171,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (0.714 and 0.694 against 0.713–0.733 over four runs) and ahead on the unseen digits28
     # (0.681 and 0.781 against 0.618 and 0.556), one release each, 3 CNN seeds, ε = 1
     # (bench/results/tuning-28.md, "dpkernel's ε ≤ 3 warm start").
-    # As in `mnist`, G then starts as the model: latent 100, 3,000 regression steps onto the
-    # model's sampling map, latent scale 1 and lr 1e-4 for the DP steps. One release each,
-    # 3 CNN seeds (2026-11-27): mnist-5k 0.742 against 0.694–0.733 for the MMD fit, the unseen
-    # digits28 0.731 against 0.708 (its leaderboard cell); training 7–8 minutes instead of 2.
+    # As in `mnist`, G then starts as the model: latent 100, 1,000 regression steps onto the
+    # model's sampling map, latent scale 1 and lr 1e-4 for the DP steps. One release each with
+    # 3,000 steps, 3 CNN seeds (2026-11-27): mnist-5k 0.742 against 0.694–0.733 for the MMD
+    # fit, the unseen digits28 0.731 against 0.708 (its leaderboard cell).
     "mnist-eps1": {
         "warm_start_share": 0.0,
         "frequency_share": 0.9,
         "frequency_covariance": "pooled",
-        "warm_start_steps": 3000,
+        "warm_start_steps": 1000,
         # Read only with the central images (`--set warm_start_share=0.9 --set
-        # frequency_share=0 --set latent_dim=10 --set warm_start_steps=1000 --set lr=1e-3
-        # --set sample_truncation=0.3` gives the preset as it was before the frequency model).
+        # frequency_share=0 --set latent_dim=10 --set lr=1e-3 --set sample_truncation=0.3`
+        # gives the preset as it was before the frequency model).
         "warm_start_jitter": 0.6,
         "sample_truncation": 1.0,
         "batch_size": 1024,
