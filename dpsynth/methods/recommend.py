@@ -15,9 +15,9 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
 - images of at least `LARGE_IMAGE_VALUES` values (28×28): `rdpgan`, whose 28×28 presets fit
   a generator to the DP frequency model and, above ε = 3, label its release with a DP teacher
   (mnist-5k, the leaderboard run of 2026-11-27 16:18 UTC: 0.748 at ε = 1 against psg's
-  0.771, dpaf's 0.765 and dpkernel's 0.773 (its re-run at 18:29 UTC), and 0.793 and 0.789 in
+  0.771, dpaf's 0.765 and dpkernel's 0.759 (its re-run at 19:31 UTC), and 0.793 and 0.789 in
   the two runs before; 0.911 at ε = 10 against psg's 0.918; in 64–82 s of training against
-  psg's 371–409, dpaf's 447–469 and dpkernel's 402–748; on 28×28 digits rdpgan led at ε = 1,
+  psg's 371–409, dpaf's 447–469 and dpkernel's 133–393; on 28×28 digits rdpgan led at ε = 1,
   0.806 against psg's 0.784, pge's 0.779 and dpkernel's 0.731, and at ε = 10 it is within the
   spread of pge and psg, 0.915 against 0.928 and 0.922);
 - smaller images (8×8 digits): `pge` at ε ≤ `SMALL_EPSILON` (0.797 at ε = 1, the best),
