@@ -14,14 +14,15 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
   ROC-AUC 0.92;
 - images of at least `LARGE_IMAGE_VALUES` values (28×28): `rdpgan`, whose 28×28 presets fit
   a generator to the DP frequency model and, above ε = 3, label its release with a DP teacher
-  (mnist-5k, the leaderboard run of 2026-11-27 16:18 UTC: 0.748 at ε = 1 against psg's
-  0.771, dpaf's 0.765 and dpkernel's 0.759 (its re-run at 19:31 UTC), and 0.793 and 0.789 in
-  the two runs before; 0.911 at ε = 10 against psg's 0.918; in 64–82 s of training against
-  psg's 371–409, dpaf's 447–469 and dpkernel's 133–393; on 28×28 digits rdpgan led at ε = 1,
-  0.806 against psg's 0.784, pge's 0.779 and dpkernel's 0.731, and at ε = 10 it is within the
-  spread of pge and psg, 0.915 against 0.928 and 0.922);
-- smaller images (8×8 digits): `pge` at ε ≤ `SMALL_EPSILON` (0.797 at ε = 1, the best),
-  `dpkernel` above (0.891 at ε = 10, the best, in 29 s of training).
+  (mnist-5k, the leaderboard run of 2026-11-27 20:01 UTC: 0.756 at ε = 1 against 0.742–0.774
+  for the other four, and 0.748–0.793 over its five runs; 0.915 at ε = 10 against pge's 0.918
+  and psg's 0.911; in 63–81 s of training against pge's 29–64, psg's 342–403, dpaf's 397–402
+  and dpkernel's 142–401; on 28×28 digits, the same commit, 0.728 / 0.919 at ε = 1 / 10
+  against 0.716–0.774 / 0.868–0.938, and 0.806 / 0.915 in an earlier run). pge is level with
+  it at ε = 10 but samples 5× slower and is weaker at ε = 1 over its runs (0.735–0.771);
+- smaller images (8×8 digits): `pge` at ε ≤ `SMALL_EPSILON` (0.838 at ε = 1, the best, and
+  the one release ahead of DP-SGD on the records, 0.778), `dpkernel` above (0.889 at ε = 10,
+  the best, in 15 s of training).
 """
 
 from __future__ import annotations
