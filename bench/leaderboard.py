@@ -20,8 +20,9 @@ at that ε and the CLI's default δ, with a schedule fixed a priori (`DPSGD_SCHE
 on `DATA:test`, mean ± std over `--seeds` training runs (`--no-dpsgd` skips it). Synthetic
 data beats it only if a classifier trained on the release is better than what DP-SGD on the
 records themselves would give at the same ε.
-Writes `bench/results/leaderboard-<data>.json` (rows, date, machine, the command) and
-`leaderboard-<data>.md` (the table), and prints the table.
+Writes `bench/results/leaderboard-<data>.json` (rows, date, the commit of the checkout, with
+`+dirty` when tracked files differ from it, machine, the command) and `leaderboard-<data>.md`
+(the table, under the date and commit), and prints the table.
 
 Tables (a built-in table such as `german-credit`, or `csv:FILE`):
 
@@ -49,8 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -59,6 +58,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from machine import describe
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -117,31 +118,6 @@ def default_synthetic_n(data: str) -> int:
     if is_table(data):
         return 20_000
     return 2000 if data.split(":")[0] == "digits" else 10_000
-
-
-def machine_description(device: str) -> dict[str, Any]:
-    """CPU model and cores, or the GPU's name; torch version; thread count."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    out: dict[str, Any] = {
-        "cpu": cpu,
-        "cpu_cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "device": device,
-        "gpu": None,
-    }
-    if device.startswith("cuda") and torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name(0)
-    return out
 
 
 def run_cli(args: list[str]) -> tuple[dict, float]:
@@ -551,10 +527,12 @@ def write_results(report: dict[str, Any], json_path: Path, markdown_path: Path) 
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     machine = report["machine"]
     where = machine["gpu"] or f"{machine['cpu']}, {machine['cpu_cores']} cores"
+    # The commit the figures were measured at (reports written before it was recorded: none).
+    when = report["date"] + (f" at `{machine['commit']}`" if machine.get("commit") else "")
     if report.get("modality") == "table":
         header = (
             f"# Leaderboard: {report['data']}\n\n"
-            f"{report['date']} · {where} · torch {machine['torch']} · "
+            f"{when} · {where} · torch {machine['torch']} · "
             f"{report['synthetic_n']:,} synthetic rows per run (balanced labels) · "
             f"classifiers {report['seeds']} seeds · {report.get('runs', 1)} training run(s) "
             f"per row (± over {'runs' if report.get('runs', 1) > 1 else 'classifier seeds'}) · "
@@ -566,7 +544,7 @@ def write_results(report: dict[str, Any], json_path: Path, markdown_path: Path) 
         return
     header = (
         f"# Leaderboard: {report['data']}\n\n"
-        f"{report['date']} · {where} · torch {machine['torch']} · "
+        f"{when} · {where} · torch {machine['torch']} · "
         f"{report['synthetic_n']:,} synthetic images per run · CNN {report['seeds']} seeds · "
         f"FID against {report.get('test') or report['data'] + ':test'}"
         f"{'' if report['fid'] else ' not measured (--no-fid)'}\n\n"
@@ -630,7 +608,7 @@ def main(argv: list[str] | None = None) -> None:
     report: dict[str, Any] = {
         "data": args.data,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine_description(args.device),
+        "machine": describe(args.device),
         "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
         "synthetic_n": n,
         "test": test_spec(args),
@@ -683,7 +661,7 @@ def main_tables(args: argparse.Namespace, argv: list[str] | None) -> None:
         "modality": "table",
         "test": test_spec(args),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine_description(args.device),
+        "machine": describe(args.device),
         "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
         "synthetic_n": n,
         "seeds": args.seeds,

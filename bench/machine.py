@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,10 +21,31 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def source_commit() -> str | None:
+    """The commit of the checkout these scripts run from, with "+dirty" when tracked files
+    differ from it; None outside a git checkout (figures are then tied to no commit)."""
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=here, capture_output=True, text=True, check=True, timeout=30
+        )
+        return done.stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
 def describe(device: str = "cpu") -> dict[str, Any]:
-    """Date (UTC), CPU model and cores, load, GPU name if any, Python, torch and thread counts."""
+    """Date (UTC), source commit, CPU model and cores, load, the GPU's name when the run is on
+    CUDA, Python, torch and thread counts."""
     out: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": source_commit(),
         "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
@@ -40,6 +62,8 @@ def describe(device: str = "cpu") -> dict[str, Any]:
         return out
     out["torch"] = torch.__version__
     out["torch_threads"] = torch.get_num_threads()
-    if torch.cuda.is_available():
+    # A GPU the run does not use is not part of its figures (the leaderboard's header names
+    # the GPU when there is one, else the CPU).
+    if device.startswith("cuda") and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(0)
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "leaderboard.py"
 
 @pytest.fixture(scope="module")
 def leaderboard():
-    spec = importlib.util.spec_from_file_location("leaderboard", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling `machine`
+    try:
+        spec = importlib.util.spec_from_file_location("leaderboard", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
 
 
 def _row(method: str, epsilon, cnn: float, fid=None) -> dict:
@@ -136,6 +141,14 @@ def test_write_results_json_and_markdown(leaderboard, tmp_path):
     assert "Test CPU, 2 cores" in page and "not measured (--no-fid)" in page
     assert "`python bench/leaderboard.py --data digits`" in page
     assert "| dpkernel | small | 1 |" in page
+
+
+def test_the_page_names_the_commit_the_figures_were_measured_at(leaderboard, tmp_path):
+    report = _report([_row("dpkernel", 1.0, 0.5)])
+    report["machine"]["commit"] = "0123abc"
+    leaderboard.write_results(report, tmp_path / "lb.json", tmp_path / "lb.md")
+    first_line_after_title = (tmp_path / "lb.md").read_text().splitlines()[2]
+    assert first_line_after_title.startswith("2026-01-01T00:00:00+00:00 at `0123abc` · Test CPU")
 
 
 def test_table_methods_come_from_the_registry_modalities(leaderboard, monkeypatch):
