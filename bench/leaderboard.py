@@ -55,7 +55,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -605,10 +604,11 @@ def main(argv: list[str] | None = None) -> None:
     methods = methods_for("image") if args.methods is None else args.methods
     n = args.n or default_synthetic_n(args.data)
     info = data_info(args.data)
+    machine = describe(args.device)  # its date is the report's
     report: dict[str, Any] = {
         "data": args.data,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": describe(args.device),
+        "date": machine["date"],
+        "machine": machine,
         "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
         "synthetic_n": n,
         "test": test_spec(args),
@@ -656,12 +656,13 @@ def main_tables(args: argparse.Namespace, argv: list[str] | None) -> None:
     markdown_path = args.markdown or json_path.with_suffix(".md")
     methods = args.methods or table_methods()
     n = args.n or default_synthetic_n(args.data)
+    machine = describe(args.device)  # its date is the report's
     report: dict[str, Any] = {
         "data": args.data,
         "modality": "table",
         "test": test_spec(args),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": describe(args.device),
+        "date": machine["date"],
+        "machine": machine,
         "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
         "synthetic_n": n,
         "seeds": args.seeds,
