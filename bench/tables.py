@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dpsynth.data.schema import draft_schema  # noqa: E402
+from dpsynth.data.schema_draft import draft_schema  # noqa: E402
 from dpsynth.data.tabular import read_csv_table  # noqa: E402
 from dpsynth.evaluate.tabular import run_table_evaluation  # noqa: E402
 from dpsynth.sampling import sample_table  # noqa: E402

@@ -1,13 +1,17 @@
 """A table for training: its schema made public (declared or released with DP), then encoded.
 
 A schema entry read off the private data (`"source": "data ..."`, as `dpsynth data schema`
-drafts it) is not public. `train` refuses it (exit 2) unless the user
-- passes `--schema-public`: the entries are declared public (the user's statement, recorded in
-  the run's schema), or
-- passes `--schema-epsilon E`: they are released through `privacy.histograms` (noisy, for
-  category lists thresholded, histograms), recorded in the ledger as a spend of their own
-  before training; the training run's plan then composes it as a prior spend, so that
-  `--epsilon` stays the data set's total.
+drafts it) is not public. `train`
+- by default releases it with DP (`--schema-epsilon`, SCHEMA_SHARE of `--epsilon` unless given:
+  `dpsynth.tables_release`, noisy histograms for category lists, ranges, bin edges, missing
+  flags and precision), recorded in the ledger as a spend of its own before training; the
+  training run's plan then composes it as a prior spend, so that `--epsilon` stays the data
+  set's total;
+- or, with `--schema-public`, takes the entries as declared public (the user's statement,
+  recorded in the run's schema). That path refuses a category list read off the data that is
+  longer than N / 20 (most of its values are held by a few rows each: declaring them public
+  would publish them), naming the column and the ways out.
+With `--epsilon inf` (a non-private baseline) the entries are used as drafted and marked so.
 The target's category list is the label set and is never released this way: it is declared.
 Its class proportions (`weights`) may be declared, or released with `--class-weights-epsilon
 E` through `privacy.histograms.release_class_weights` (a Gaussian noisy histogram over the
@@ -25,8 +29,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dpsynth.data.column_values import RELEASED_PREFIX
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Column, Schema, read_schema
+from dpsynth.data.schema_draft import long_category_lists
 from dpsynth.data.sources import read_table
 from dpsynth.data.tabular import (
     RawTable,
@@ -42,14 +48,15 @@ from dpsynth.privacy.accounting import compose_epsilon
 from dpsynth.privacy.histograms import (
     ClassWeightsPlan,
     plan_class_weights_release,
-    plan_histogram_release,
     release_class_weights,
-    release_schema_statistics,
 )
 from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.tables_release import apply_release, plan_release
 
 PUBLIC_SOURCE = "declared public by the user (--schema-public)"
-OTHER = "(other)"
+NON_PRIVATE_SOURCE = "read off the data (non-private run, --epsilon inf)"
+# The share of --epsilon the default schema release spends when --schema-epsilon is not given.
+SCHEMA_SHARE = 0.25
 
 # Called with a provisional public description and the release's events before anything is
 # spent, so that a training plan that could not fit after the release fails first.
@@ -94,29 +101,46 @@ def check_class_weights(
         )
 
 
-def check_public(schema: Schema, schema_public: bool, schema_epsilon: float | None) -> None:
-    """UsageError (exit 2) for data-derived entries that are neither declared nor released."""
+def check_public(
+    schema: Schema, schema_public: bool, schema_epsilon: float | None, rows: int
+) -> None:
+    """UsageError (exit 2) for flags that do not fit the schema, and for a category list read
+    off the data that `--schema-public` would publish although most of its values are held by
+    a few rows (longer than rows / 20)."""
     if schema_public and schema_epsilon is not None:
         raise UsageError("--schema-public and --schema-epsilon exclude each other")
     derived = schema.data_derived()
     if schema_epsilon is not None:
         if not derived:
             raise UsageError("--schema-epsilon: the schema has no entry read off the data")
-        if schema.target in derived:
+        if derived == [schema.target]:
             raise UsageError(
-                f"the target {schema.target!r}'s category list is the label set: declare it "
-                "public (review it and delete its 'source' mark); --schema-epsilon releases "
-                "the other columns"
+                f"--schema-epsilon: only the target {schema.target!r}'s category list was read "
+                "off the data, and the label set is declared, not released: review it and "
+                "delete its 'source' mark"
             )
         return
-    if derived and not schema_public:
-        shown = ", ".join(derived[:6]) + (" …" if len(derived) > 6 else "")
-        raise UsageError(
-            f"the schema's bounds or categories of {len(derived)} column(s) ({shown}) were read "
-            "off the data and are not private: review and replace them (then delete their "
-            "'source' mark), or pass --schema-public to declare them public, or --schema-epsilon "
-            "E to release them with DP"
-        )
+    if schema_public:
+        for column in long_category_lists(schema, rows):
+            raise UsageError(
+                f"--schema-public: column {column.name!r} lists {len(column.categories):,} "
+                f"categories read off the data for {rows:,} rows (most held by a few rows: "
+                "declaring them public would publish them); set its type to 'id' or 'ignored', "
+                "make it numeric, or release the list with --schema-epsilon"
+            )
+
+
+def default_schema_epsilon(
+    schema: Schema, schema_public: bool, schema_epsilon: float | None, target_epsilon: float
+) -> float | None:
+    """The ε of the schema release: the one given, else SCHEMA_SHARE of a finite --epsilon
+    when entries other than the target's label set were read off the data and not declared
+    public (the safe default); None for nothing to release."""
+    if schema_epsilon is not None or schema_public or not math.isfinite(target_epsilon):
+        return schema_epsilon
+    if not [n for n in schema.data_derived() if n != schema.target]:
+        return None
+    return SCHEMA_SHARE * target_epsilon
 
 
 def prepare_table(
@@ -142,8 +166,15 @@ def prepare_table(
     `target_epsilon`; both releases go into one ledger entry (one event each).
     """
     raw, canonical, kind, schema = resolve_schema(spec, schema_path)
-    check_public(schema, schema_public, schema_epsilon)
+    check_public(schema, schema_public, schema_epsilon, raw.n)
     check_class_weights(schema, schema_public, class_weights_epsilon)
+    given = schema_epsilon
+    schema_epsilon = default_schema_epsilon(schema, schema_public, schema_epsilon, target_epsilon)
+    if not math.isfinite(target_epsilon) and schema_epsilon is None and not schema_public:
+        schema = schema.with_source(schema.data_derived(), NON_PRIVATE_SOURCE)
+    if schema_public or schema_epsilon is not None:
+        # the target's label set is declared whichever way the other entries go
+        schema = schema.with_source([schema.target], PUBLIC_SOURCE)
     if schema_public:
         schema = schema.with_source(schema.data_derived(), PUBLIC_SOURCE)
         if schema.target_column.weights_derived:
@@ -153,11 +184,15 @@ def prepare_table(
     dataset = dataset_id or canonical
     spent = sum(e for e in (schema_epsilon, class_weights_epsilon) if e is not None)
     if not spent:
+        check_values(raw, schema)
         return encode_table(raw, schema, canonical, kind, dataset), None
     flags = " + ".join(
         flag
         for flag, value in (
-            ("--schema-epsilon", schema_epsilon),
+            (
+                "--schema-epsilon" if given is not None else "the default --schema-epsilon",
+                schema_epsilon,
+            ),
             ("--class-weights-epsilon", class_weights_epsilon),
         )
         if value is not None
@@ -190,6 +225,8 @@ def prepare_table(
         raw, schema, schema_epsilon, delta, dataset, fingerprint, ledger, method_name, run_id,
         randomness, lambda events: plan_check(provisional, events), weights_plan,
     )  # fmt: skip
+    if given is None and schema_epsilon is not None:
+        release["default_share"] = SCHEMA_SHARE  # the safe default, not a flag the user gave
     return encode_table(raw, schema, canonical, kind, dataset), release
 
 
@@ -218,19 +255,11 @@ def _release(
     check: Callable[[tuple[dict[str, Any], ...]], None],
     weights_plan: ClassWeightsPlan | None = None,
 ) -> tuple[Schema, dict[str, Any]]:
-    derived = (
-        [schema.columns[[c.name for c in schema.columns].index(n)] for n in schema.data_derived()]
-        if epsilon is not None
-        else []
+    planned = plan_release(schema, raw.n, epsilon, delta) if epsilon is not None else None
+    events = (
+        *(planned[1].events if planned else ()),
+        *(weights_plan.events if weights_plan else ()),
     )
-    categorical = [c for c in derived if c.type == "categorical"]
-    numeric = [c for c in derived if c.is_numeric]
-    plan = (
-        plan_histogram_release(epsilon, delta, len(derived), len(categorical))
-        if epsilon is not None
-        else None
-    )
-    events = (*(plan.events if plan else ()), *(weights_plan.events if weights_plan else ()))
     check(events)  # the training run must still fit after these spends
     entry = ledger.reserve(
         dataset_id=dataset,
@@ -242,15 +271,13 @@ def _release(
         delta=delta,
         max_total_epsilon=None,
     )
+    source = f"{RELEASED_PREFIX} (--schema-epsilon {epsilon or 0:g}, ledger seq {entry['seq']})"
+    warnings: list[str] = []
     try:
-        categories: dict[str, list[str]] = {}
-        bounds: dict[str, tuple[float, float] | None] = {}
-        if plan is not None:
-            categories, bounds = release_schema_statistics(
-                {c.name: raw.column(c.name) for c in categorical},
-                {c.name: raw.column(c.name).astype(float) for c in numeric},
-                plan,
-                randomness.generator("schema/release"),
+        if planned is not None:
+            columns, plan = planned
+            schema, warnings = apply_release(
+                raw, schema, columns, plan, randomness.generator("schema/release"), source
             )
         weights = None
         if weights_plan is not None:
@@ -275,33 +302,10 @@ def _release(
                 ),
             )
         )
-    source = f"released with DP (--schema-epsilon {epsilon or 0:g}, ledger seq {entry['seq']})"
-    warnings = []
-    for column in categorical:
-        kept = categories[column.name]
-        other = OTHER
-        while other in kept:
-            other += "*"
-        schema = schema.replace_column(
-            replace(column, categories=(*kept, other), other=other, source=source)
-        )
-    for column in numeric:
-        found = bounds[column.name]
-        if found is None:
-            warnings.append(
-                f"column {column.name!r}: no histogram bin cleared the noise threshold; its "
-                "bounds are set to [0, 0] (every value becomes 0): declare public bounds instead"
-            )
-            found = (0.0, 0.0)
-        low, high = found
-        if column.type == "integer":
-            low, high = float(math.ceil(low)), float(math.floor(high))
-            high = max(high, low)
-        schema = schema.replace_column(replace(column, min=low, max=high, source=source))
     record: dict[str, Any] = {
         "ledger_seq": entry["seq"],
-        "released_columns": [c.name for c in derived],
-        **(plan.to_json() if plan is not None else {}),
+        "released_columns": planned[0].names if planned else [],
+        **(planned[1].to_json() if planned is not None else {}),
         "warnings": warnings,
     }
     if weights_plan is not None:

@@ -29,6 +29,8 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
@@ -88,6 +90,44 @@ def _first_categorical(schema: dict) -> dict:
     )
 
 
+MESSY_SCHEMA = {
+    "target": "label",
+    "columns": [
+        {"name": "id", "type": "id"},
+        {"name": "when", "type": "datetime", "min": "2020-01-01T00:00:00",
+         "max": "2021-01-01T00:00:00", "format": "%Y-%m-%d %H:%M"},
+        {"name": "n", "type": "numeric", "min": 0, "max": 10, "missing": True},
+        {"name": "flag", "type": "boolean", "true": "yes", "false": "no"},
+        {"name": "label", "type": "categorical", "categories": ["a", "b"]},
+    ],
+}  # fmt: skip
+
+
+def make_messy_files(base: Path) -> None:
+    """A table with the types real tables hold, and one bad cell of each new kind."""
+    rows = [
+        [f"P{i}", f"2020-03-{1 + i % 28:02d} 10:{i % 60:02d}", "" if i % 7 == 0 else f"{i % 10}.5",
+         "yes" if i % 3 else "no", "ab"[i % 2]]
+        for i in range(GERMAN_ROWS)
+    ]  # fmt: skip
+    header = "id,when,n,flag,label"
+
+    def write(name: str, column: int | None = None, value: str = "", every: bool = False) -> None:
+        table = [list(r) for r in rows]
+        for i, row in enumerate(table):
+            if column is not None and (every or i == 3):
+                row[column] = value
+        (base / name).write_text("\n".join([header, *(",".join(r) for r in table)]) + "\n")
+
+    write("m.csv")
+    write("m_baddate.csv", 1, "2020-02-31 10:00")  # no such day
+    write("m_farday.csv", 1, "99999-01-01 10:00")  # beyond any calendar a file holds
+    write("m_mixed.csv", 2, "lots")  # a word among numbers
+    write("m_allmissing.csv", 2, "", every=True)
+    write("m_bool.csv", 3, "maybe")
+    (base / "m.schema.json").write_text(json.dumps(MESSY_SCHEMA))
+
+
 def make_hostile_files(base: Path) -> None:
     """Every hostile file the table below refers to, small enough to build in a second."""
     raw, _, bundled = read_table("german-credit")
@@ -140,6 +180,8 @@ def make_hostile_files(base: Path) -> None:
     (base / "constant.csv").write_text("a,b\n1,x\n2,x\n")
     cut = ["\t".join(line.split(",")[:1] + line.split(",")[2:]) for line in lines]
     (base / "lacks.csv").write_text("\n".join(cut).replace("\t", ",") + "\n")
+    make_hostile_parquet(base, raw)
+    make_messy_files(base)
     # schemas
     variant = _schema_variant
     variant(schema, base / "s_overflow.json", lambda s: _first_numeric(s).update(max=10**400))
@@ -167,6 +209,13 @@ def make_hostile_files(base: Path) -> None:
         schema,
         base / "s_data.json",
         lambda s: _first_numeric(s).update(source="data (not private: review or replace)"),
+    )
+    variant(
+        schema,
+        base / "s_long.json",
+        lambda s: _first_categorical(s).update(
+            categories=[f"K{i}" for i in range(25)], source="data (not private: review or replace)"
+        ),
     )
     variant(schema, base / "s_lacks.json", lambda s: s["columns"].pop(1))
     (base / "s_deep.json").write_text("[" * 100_000 + "]" * 100_000)
@@ -231,6 +280,28 @@ def make_hostile_files(base: Path) -> None:
     (base / "nested.jsonl").write_text("[" * 10_000 + "]" * 10_000 + "\n")
 
 
+def make_hostile_parquet(base: Path, raw) -> None:
+    """Parquet files: german-credit's first rows (as text), then cut short, nested, empty."""
+    columns = {name: [str(v) for v in raw.columns[j][:GERMAN_ROWS]]
+               for j, name in enumerate(raw.header)}  # fmt: skip
+    pq.write_table(pa.table(columns), base / "g.parquet")
+    good = (base / "g.parquet").read_bytes()
+    (base / "trunc.parquet").write_bytes(good[: len(good) // 2])
+    (base / "empty.parquet").write_bytes(b"")
+    first, label = raw.header[0], raw.header[-1]
+    two = {label: columns[label][:2]}
+    pq.write_table(pa.table({first: pa.array([[1], [2, 3]]), **two}), base / "nested.parquet")
+    pq.write_table(
+        pa.table({first: pa.array([{"a": 1}, {"a": 2}]), **two}), base / "struct.parquet"
+    )
+    pq.write_table(pa.table({first: pa.array([b"x", b"y"]), **two}), base / "binary.parquet")
+    pq.write_table(pa.table(columns).slice(0, 0), base / "norows.parquet")
+    names = [*raw.header[:3], raw.header[1], *raw.header[4:]]
+    pq.write_table(
+        pa.Table.from_arrays(pa.table(columns).columns, names=names), base / "dup.parquet"
+    )
+
+
 def _rehashed(entries: list[dict]) -> str:
     """Ledger lines re-chained with the ledger's own hash, as a forger with the code would."""
     from dpsynth.ledger.chain import GENESIS_HASH, canonical_json, entry_hash
@@ -280,6 +351,7 @@ def case(args: str, code: int, phrase: str, *marks: pytest.MarkDecorator):
 
 
 CSV = f"{TRAIN_CSV} --schema g.schema.json --data"
+MESSY = f"{TRAIN_CSV} --schema m.schema.json --data"
 CASES = [
     # --- issue 30, as reported ----------------------------------------------------------
     case(f"{CSV} csv:trunc.csv.gz", 4, "truncated or corrupt after byte"),
@@ -300,7 +372,21 @@ CASES = [
     case("data inspect csv:g.csv --schema s_deep.json", 2, "nested too deeply"),
     case("data inspect csv:g.csv --schema s_deepobj.json", 2, "nested too deeply"),
     case("data schema csv:dup.csv", 4, "appears twice in the header"),
-    case(f"{CSV} csv:g.csv".replace("g.schema.json", "s_data.json"), 2, "read off the data"),
+    case(
+        f"{CSV} csv:g.csv --schema-public".replace("g.schema.json", "s_long.json"),
+        2,
+        "lists 25 categories read off the data",
+    ),
+    case(
+        f"{MESSY} csv:m_baddate.csv", 4, "row 5 holds '2020-02-31 10:00', which is not a datetime"
+    ),
+    case(f"{MESSY} csv:m_farday.csv", 4, "row 5 holds '99999-01-01 10:00'"),
+    case(f"{MESSY} csv:m_mixed.csv", 4, "'n' is numeric but row 5 holds 'lots'"),
+    case(f"{MESSY} csv:m_allmissing.csv", 4, "'n' has no value in any row"),
+    case(
+        f"{MESSY} csv:m_bool.csv", 4, "row 5 holds 'maybe', which is not in the schema's spellings"
+    ),
+    case("data inspect csv:m_baddate.csv --schema m.schema.json", 4, "not a datetime"),
     case("data inspect csv:outside.csv --schema g.schema.json", 4, "not in the schema's category"),
     case("data inspect folder:loop", 4, "a record has one label"),
     case("data inspect folder:cross", 4, "is the same file as"),
@@ -387,6 +473,28 @@ CASES = [
     case(f"{CSV} csv:g.csv".replace("g.schema.json", "s_lacks.json"), 4, "header does not match"),
     case(f"{CSV} csv:g.csv".replace("g.schema.json", "loop"), 2, "is a folder"),
     case(f"{CSV} csv:g.csv".replace("g.schema.json", "nope.json"), 2, "no such file"),
+    # --- Parquet (issue 44) ------------------------------------------------------------------
+    case(f"{CSV} parquet:trunc.parquet", 4, "parquet:trunc.parquet: not a readable Parquet file"),
+    case(f"{CSV} parquet:nested.parquet", 4, "has the nested type list<element: int64>"),
+    case(f"{CSV} parquet:struct.parquet", 4, "has the nested type struct<a: int64>"),
+    case(f"{CSV} parquet:empty.parquet", 4, "the file is empty (0 bytes)"),
+    case(f"{CSV} parquet:dup.parquet", 4, "appears twice"),
+    case(f"{CSV} parquet:norows.parquet", 4, "has no rows"),
+    case(f"{CSV} parquet:loop", 2, "a folder of partitioned Parquet files is not read"),
+    case("data schema parquet:trunc.parquet", 4, "truncated or corrupt"),
+    case("data schema parquet:binary.parquet", 4, "has the type binary"),
+    case("data schema parquet:struct.parquet", 4, "nested type struct"),
+    case("data schema parquet:empty.parquet", 4, "the file is empty"),
+    case("data inspect parquet:nested.parquet --schema g.schema.json", 4, "nested type list"),
+    case(f"{TABLE_EVAL} --real parquet:trunc.parquet --schema g.schema.json", 4, "truncated"),
+    case(
+        f"{TABLE_EVAL.replace('rows.csv', 'trunc.parquet')} --real csv:g.csv --schema "
+        "g.schema.json",
+        4,
+        "--synthetic trunc.parquet: not a readable Parquet file",
+    ),
+    case(f"sample trun --n 10 --out new.csv --format parquet {LEDGER}", 2, "ending in .parquet"),
+    case(f"sample trun --n 10 --out new.parquet --format csv {LEDGER}", 2, "not ending in"),
     # --- sample ------------------------------------------------------------------------------
     case(f"sample run --n 10 --out new --batch-size 100000000 {LEDGER}", 2, "at most 131072"),
     case(f"sample run --n 10 --out new --batch-size 0 {LEDGER}", 2, "at least 1"),

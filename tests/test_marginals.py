@@ -84,9 +84,10 @@ def test_known_overlaps() -> None:
 
 
 def test_numbers_are_binned_on_the_schema_bounds_not_the_data() -> None:
-    values = np.array(["0", "5", "9.99", "10", "55", "100", "100.5", "-1", "n/a", "inf"])
-    assert numeric_codes(values, 0, 100).tolist() == [0, 0, 0, 1, 5, 9, 10, 10, 10, 10]
-    assert numeric_codes(np.array(["3", "3", "4"]), 3, 3).tolist() == [0, 0, 10]
+    values = np.array(["0", "5", "9.99", "10", "55", "100", "100.5", "-1", "n/a", "inf", "x"])
+    # 10 bins, then the missing bucket (10: "n/a"), then `other` (11: outside, not a number)
+    assert numeric_codes(values, 0, 100).tolist() == [0, 0, 0, 1, 5, 9, 11, 11, 10, 11, 11]
+    assert numeric_codes(np.array(["3", "3", "4"]), 3, 3).tolist() == [0, 0, 11]
     # 1..4 and 5..8 span the data's own range very differently, but on the public [0, 100]
     # they share the first bin: TVD 0. A data-range binning would see them apart.
     low = table([(str(v), "a", "", "no") for v in (1, 2, 3, 4)])
@@ -123,8 +124,8 @@ def test_values_outside_the_schema_go_to_an_other_bucket() -> None:
     assert category_codes(np.array(["a", "zzz", "rest"]), declared).tolist() == [0, 1, 1]
     real = table([("5", "a", "", "no"), ("500", "q", "", "maybe")])
     coded = discretise(real, SCHEMA)
-    assert coded.sizes == (11, 4, 3)
-    assert coded.codes.tolist() == [[0, 0, 0], [10, 3, 2]]
+    assert coded.sizes == (12, 4, 3)  # 10 bins, missing, other
+    assert coded.codes.tolist() == [[0, 0, 0], [11, 3, 2]]
     assert coded.other_share == {"x": 0.5, "c": 0.5, "label": 0.5}
     # An out-of-range synthetic value matches no in-range real value.
     found = marginal_fidelity(

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from dpsynth.cli import app
 from dpsynth.data.builtin_tables import TABLES_DIR
-from dpsynth.data.schema import DATA_SOURCE, draft_schema, parse_schema
+from dpsynth.data.schema import DATA_SOURCE, parse_schema
+from dpsynth.data.schema_draft import draft_schema
 from dpsynth.data.sources import load_table, read_table
 from dpsynth.data.tabular import TableCodec, encode_table, read_csv_table
 from dpsynth.errors import DataError, UsageError
@@ -87,9 +88,13 @@ def test_csv_loader_errors_are_data_errors(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="header does not match"):
         encode_table(read_csv_table(bad_header), schema, "s", "csv")
     bad_number = [r[:] for r in ROWS]
-    bad_number[2][3] = "?"
+    bad_number[2][3] = "high"
     with pytest.raises(DataError, match="'score' is numeric but row 3"):
         encode_table(read_csv_table(write_csv(tmp_path / "n.csv", bad_number)), schema, "s", "csv")
+    # a missing-value token in a number column without `missing`: named, with the way out
+    bad_number[2][3] = "?"
+    with pytest.raises(DataError, match=r"'score' row 3 is missing \('\?'\).*\"missing\": true"):
+        encode_table(read_csv_table(write_csv(tmp_path / "m.csv", bad_number)), schema, "s", "csv")
     unlisted = [r[:] for r in ROWS]
     unlisted[1][2] = "Rome"
     raw = read_csv_table(write_csv(tmp_path / "u.csv", unlisted))
@@ -167,16 +172,23 @@ def _german_subset(tmp_path: Path, rows: int = 300) -> tuple[Path, Path]:
     return path, schema
 
 
-def test_train_refuses_unreviewed_schema_and_accepts_schema_public(tmp_path: Path) -> None:
+def test_unreviewed_schema_is_released_with_dp_by_default_or_declared_public(
+    tmp_path: Path,
+) -> None:
     path, schema = _german_subset(tmp_path)
-    refused = _train(tmp_path, "--schema", str(schema), data=f"csv:{path}")
-    assert refused.exit_code == 2
-    assert "read off the data" in refused.output and "--schema-public" in refused.output
-    assert (
-        not (tmp_path / "ledger.jsonl").exists() or not Ledger(tmp_path / "ledger.jsonl").entries()
-    )
     missing = _train(tmp_path, data=f"csv:{path}")
     assert missing.exit_code == 2 and "--schema" in missing.output
+    # the safe default: the drafted entries are released with DP out of --epsilon
+    (tmp_path / "default").mkdir()
+    released = _train(tmp_path / "default", "--schema", str(schema), data=f"csv:{path}")
+    assert released.exit_code == 0, released.output
+    entries = Ledger(tmp_path / "default" / "ledger.jsonl").entries()
+    assert entries[0]["command"] == "schema-release"
+    report = json.loads(released.stdout)
+    assert report["schema_release"]["epsilon"] == pytest.approx(0.25 * 2, rel=0.02)
+    config = json.loads((tmp_path / "default" / "run" / "config.json").read_text())
+    sources = {c["name"]: c.get("source", "") for c in config["data"]["schema"]["columns"]}
+    assert all(s.startswith("released with DP") for n, s in sources.items() if n != "credit_risk")
     accepted = _train(tmp_path, "--schema", str(schema), "--schema-public", data=f"csv:{path}")
     assert accepted.exit_code == 0, accepted.output
     config = json.loads((tmp_path / "run" / "config.json").read_text())

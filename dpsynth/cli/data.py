@@ -17,7 +17,7 @@ from dpsynth.cli.app import (
     handle_errors,
     resolve_ledger_path,
 )
-from dpsynth.cli.render import emit_json, print_kv, print_rows, stdout
+from dpsynth.cli.render import emit_json, print_kv, print_remarks, print_rows, stdout
 
 data_app = typer.Typer(help="List built-in data sets and inspect data specs.")
 app.add_typer(data_app, name="data", no_args_is_help=True)
@@ -65,7 +65,8 @@ def data_list(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
     stdout.print(
         "Your own data: mnist:DIR[:test] (IDX files), folder:DIR (one sub-folder per class), "
         "npz:FILE (x, y arrays; a `classes` array or --classes a,b,...: the label set is public), "
-        "csv:FILE with --schema FILE.json (draft one with `dpsynth data schema csv:FILE`).",
+        "csv:FILE or parquet:FILE with --schema FILE.json (draft one with "
+        "`dpsynth data schema csv:FILE`).",
         markup=False,
     )
 
@@ -119,20 +120,25 @@ def data_inspect(
 @data_app.command("schema")
 @handle_errors
 def data_schema(
-    spec: Annotated[str, typer.Argument(help="A table: csv:FILE (or a built-in table).")],
+    spec: Annotated[
+        str, typer.Argument(help="A table: csv:FILE, parquet:FILE (or a built-in table).")
+    ],
     target: Annotated[
         str | None, typer.Option(help="The target (label) column [default: the last one].")
     ] = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Draft a schema (JSON on stdout) for you to review: every bound and category list it read
-    off the data is marked "source": "data (not private: review or replace)"."""
-    from dpsynth.data.schema import draft_schema
+    """Draft a schema (JSON on stdout) for you to review: every bound, edge, category list and
+    missing flag it read off the data is marked "source": "data (not private: review or
+    replace)". One line on stderr per column typed as an identifier, free text, a shortened
+    category list or an empty column."""
+    from dpsynth.data.schema_draft import draft_table
     from dpsynth.data.sources import read_table
 
     raw, _, _ = read_table(spec)
-    drafted = draft_schema(raw.header, raw.columns, target or raw.header[-1])
+    drafted, remarks = draft_table(raw.header, raw.columns, target or raw.header[-1])
     # The draft is JSON either way (for `> schema.json`); --json is accepted for uniformity.
     del as_json
+    print_remarks(remarks)
     emit_json(drafted.to_json())

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -29,6 +29,9 @@ from rich.progress import (
 )
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:  # the training package imports torch: only its types are needed here
+    from dpsynth.training.progress import StopNotice, TrainProgress
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
@@ -120,6 +123,12 @@ def print_warnings(lines: list[str]) -> None:
         stderr.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False)
 
 
+def print_remarks(lines: list[str]) -> None:
+    """Each line as `note: ...` on stderr (what a command decided that the user should see)."""
+    for line in lines:
+        stderr.print(f"[cyan]note:[/cyan] {escape(line)}", highlight=False)
+
+
 @contextmanager
 def progress_bar(enabled: bool, description: str) -> Iterator[Progress | None]:
     """A rich progress bar on stderr while the block runs, or None when not `enabled`."""
@@ -138,3 +147,39 @@ def progress_bar(enabled: bool, description: str) -> Iterator[Progress | None]:
     )
     with progress:
         yield progress
+
+
+class TrainProgressView:
+    """What `train` shows while its loop runs: the bar's steps, ε (and the private loss when
+    the owner asked for it), and one line on stderr as soon as a first SIGINT or SIGTERM
+    arrives, since the loop stops only after the step in progress (minutes for an AIM round).
+    The line goes to stderr (`--json` keeps stdout to its one document), and not at all with
+    `tell_stops` False (`--quiet`: the interruption is then its one line at the end)."""
+
+    def __init__(self, bar: Progress | None, tell_stops: bool = True) -> None:
+        self.bar = bar
+        self.tell_stops = tell_stops
+        self.task: Any = None
+
+    def __call__(self, report: TrainProgress) -> None:
+        """One progress report of the loop: the bar moves (nothing without a bar)."""
+        if self.bar is None:
+            return
+        if self.task is None:
+            self.task = self.bar.add_task("train", total=report.total_steps, info="")
+        eps = "ε=∞ (not private)" if math.isinf(report.epsilon) else f"ε≤{report.epsilon:.3g}"
+        # The loss is shown only when the owner asked for it (--log-private-loss).
+        loss = "" if report.loss is None else f"loss {report.loss:.4g}  "
+        self.bar.update(self.task, completed=report.step, info=f"{loss}{eps}")
+
+    def on_stop_request(self, notice: StopNotice) -> None:
+        """Called from the signal handler (see `dpsynth.training.progress.stop_callback`)."""
+        if not self.tell_stops:
+            return
+        stderr.print(
+            f"{notice.signal}: stopping after the step in progress ({notice.steps_done} of "
+            f"{notice.total_steps} done), then writing a checkpoint… (a second signal stops "
+            "at once; the spend stays counted)",
+            markup=False,
+            highlight=False,
+        )

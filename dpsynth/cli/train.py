@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -22,6 +21,7 @@ from dpsynth.cli.app import (
     resolve_ledger_path,
 )
 from dpsynth.cli.render import (
+    TrainProgressView,
     emit_json,
     fmt_eps,
     print_kv,
@@ -182,20 +182,9 @@ def train(
     main_rank = is_main_process()
     show = show_progress(quiet, as_json) and main_rank
     with progress_bar(show, "train") as bar:
-        task = None
-
-        def on_progress(p: Any) -> None:
-            nonlocal task
-            if bar is None:
-                return
-            if task is None:
-                task = bar.add_task("train", total=p.total_steps, info="")
-            eps = "ε=∞ (not private)" if math.isinf(p.epsilon) else f"ε≤{p.epsilon:.3g}"
-            # The loss is shown only when the owner asked for it (--log-private-loss).
-            loss = "" if p.loss is None else f"loss {p.loss:.4g}  "
-            bar.update(task, completed=p.step, info=f"{loss}{eps}")
-
-        result = train(request, on_progress)
+        # The bar, and (unless --quiet) a line on stderr as soon as a first signal asks for a
+        # stop: the loop honours it only after the step in progress.
+        result = train(request, TrainProgressView(bar, tell_stops=not quiet and main_rank))
     if not main_rank:
         return
     if as_json:
@@ -231,11 +220,17 @@ def train(
         if release.get("class_weights"):
             shares = ", ".join(f"{w:.3g}" for w in release["class_weights"]["weights"])
             parts.append(f"class weights ({shares})")
+        default = (
+            f"; the default, {release['default_share']:.0%} of --epsilon: --schema-epsilon E "
+            "sets it, --schema-public declares the entries public instead"
+            if release.get("default_share")
+            else ""
+        )
         rows.append(
             (
                 "schema release",
                 f"{' + '.join(parts)}, ε ≤ {release['epsilon']:.4g} "
-                f"(ledger seq {release['ledger_seq']})",
+                f"(ledger seq {release['ledger_seq']}{default})",
             )
         )
     if result.get("preview"):

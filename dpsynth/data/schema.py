@@ -2,51 +2,94 @@
 
 A schema is a JSON file (`--schema FILE.json`):
 
-    {"format": "dpsynth-schema-v1", "target": "credit_risk",
+    {"format": "dpsynth-schema-v1", "target": "outcome",
      "columns": [
-       {"name": "age", "type": "integer", "min": 18, "max": 80},
-       {"name": "amount", "type": "numeric", "min": 0, "max": 20000},
-       {"name": "purpose", "type": "categorical", "categories": ["A40", "A41"]},
-       {"name": "id", "type": "ignored"}]}
+       {"name": "patient_id", "type": "id"},
+       {"name": "admitted", "type": "datetime", "min": "2019-01-01T00:00:00",
+        "max": "2024-12-31T23:59:59", "format": "%Y-%m-%d %H:%M", "missing": false},
+       {"name": "age", "type": "integer", "min": 0, "max": 110, "missing": true},
+       {"name": "bmi", "type": "numeric", "min": 12, "max": 60, "decimals": 1,
+        "edges": [12, 19.8, 22.1, 24.0, 26.3, 29.5, 60], "missing": true},
+       {"name": "smoker", "type": "boolean", "true": "yes", "false": "no", "missing": true},
+       {"name": "ward", "type": "categorical", "categories": ["A", "B", "(other)"],
+        "other": "(other)"},
+       {"name": "notes", "type": "ignored"},
+       {"name": "outcome", "type": "categorical", "categories": ["home", "ward", "died"]}]}
 
-Types: `numeric` (float, public `min` ≤ `max`), `integer` (the same, written as integers),
-`categorical` (public `categories`, strings as they appear in the file after stripping blanks;
-an optional `other`, one of the categories, absorbs values not in the list) and `ignored`
-(not read; its column is written empty). The `target` must be categorical: its categories are
-the public label set (`classes`); it may carry `weights`, public class proportions (e.g. from
-published statistics; normalised to sum 1, never drafted from the data), which a backend may
-use to generate labels in those proportions. Weights marked `"weights_source": "data ..."` are
-not public: `train` refuses them unless declared (`--schema-public`) or replaced by a DP release
-(`--class-weights-epsilon`, which writes `weights` and its own `weights_source`).
+Types:
+- `numeric` (float) and `integer`: public `min` ≤ `max`; optional `missing` (empty cells get a
+  bin of their own, released like any other value), `decimals` (digits written after the
+  point: the source's precision), `edges` (bin edges inside [min, max], ascending, a value
+  repeated twice marks a point mass such as 0; declared or released with DP).
+- `datetime` and `date`: the same on a time axis. `min`/`max` are ISO 8601 in the schema
+  (seconds since 1970-01-01 UTC inside), `format` is the strftime format the file uses (it is
+  written back in it), `timezone` the UTC offset ("+01:00") when the values carry one.
+- `boolean`: two spellings, `true` and `false` (as the file writes them), and `missing`.
+- `categorical`: public `categories`, strings as they appear in the file after stripping
+  blanks; an empty cell is the category "" (list it to keep it); an optional `other`, one of
+  the categories, absorbs values not in the list.
+- `id`: an identifier (one value per row). Never read for training; `sample` writes fresh
+  surrogate keys `<prefix><n>` (`prefix` default "syn-"), never a real value.
+- `ignored`: not read; its column is written empty.
+The `target` must be categorical: its categories are the public label set (`classes`); it may
+carry `weights`, public class proportions (e.g. from published statistics; normalised to sum 1,
+never drafted from the data), which a backend may use to generate labels in those proportions.
+Weights marked `"weights_source": "data ..."` are not public: `train` refuses them unless
+declared (`--schema-public`) or replaced by a DP release (`--class-weights-epsilon`, which
+writes `weights` and its own `weights_source`).
 
-Every bound or category list read off the private data carries `"source":
-"data (not private: review or replace)"` (`draft_schema` writes it). Such a column is not
-public yet: `train` refuses it unless the user declares it public (`--schema-public`) or has it
-released through a charged mechanism (`--schema-epsilon`). This module only reads, checks and
-drafts schemas; it adds no noise.
+Every bound, edge list, category list or missing flag read off the private data carries
+`"source": "data (not private: review or replace)"` (`dpsynth.data.schema_draft` writes it).
+Such a column is not public yet: by default `train` releases it through a charged mechanism
+(`--schema-epsilon`, see `dpsynth.tables`), or the user declares it public
+(`--schema-public`). This module only reads and checks schemas; it adds no noise.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dpsynth.errors import DataError, UsageError
+from dpsynth.errors import UsageError
 
 FORMAT = "dpsynth-schema-v1"
 DATA_SOURCE = "data (not private: review or replace)"
-TYPES = ("numeric", "integer", "categorical", "ignored")
-# Integer columns with at most this many distinct values are drafted as categorical (codes).
-DRAFT_MAX_INTEGER_LEVELS = 10
+TYPES = (
+    "numeric",
+    "integer",
+    "datetime",
+    "date",
+    "boolean",
+    "categorical",
+    "id",
+    "ignored",
+)
+NUMERIC_TYPES = ("numeric", "integer", "datetime", "date")
+TIME_TYPES = ("datetime", "date")
+DEFAULT_ID_PREFIX = "syn-"
+# Cells that mean "no value" in a numeric, time or boolean column (compared after stripping).
+# In a categorical column they are categories like any other (the file's own spelling).
+MISSING_TOKENS = frozenset(
+    ("", "NA", "N/A", "n/a", "NaN", "nan", "NULL", "null", "None", "none", "?", "-", "NaT")
+)
+# The most decimals a numeric column writes (float32 encodes about 7 significant digits).
+MAX_DECIMALS = 6
 
 
 @dataclass(frozen=True)
 class Column:
-    """One column of a schema (see the module docstring)."""
+    """One column of a schema (see the module docstring).
+
+    Numeric and time columns hold their bounds and edges as floats (a time column: seconds
+    since 1970-01-01 UTC, a date column: midnight of its day); the JSON form writes them back
+    as ISO 8601.
+    """
 
     name: str
     type: str
@@ -59,6 +102,12 @@ class Column:
     # `weights_source` says where they came from ("data ..." marks them not public).
     weights: tuple[float, ...] | None = None
     weights_source: str | None = None
+    missing: bool = False
+    decimals: int | None = None
+    edges: tuple[float, ...] | None = None
+    format: str | None = None
+    timezone: str | None = None
+    prefix: str = DEFAULT_ID_PREFIX
 
     @property
     def weights_derived(self) -> bool:
@@ -67,19 +116,63 @@ class Column:
 
     @property
     def data_derived(self) -> bool:
-        """True when its bounds or categories were read off the private data (not public)."""
-        return self.type != "ignored" and (self.source or "").startswith("data")
+        """True when its bounds, edges, categories or missing flag were read off the private
+        data (not public)."""
+        return self.type not in ("ignored", "id") and (self.source or "").startswith("data")
 
     @property
     def is_numeric(self) -> bool:
-        """numeric or integer."""
-        return self.type in ("numeric", "integer")
+        """numeric, integer, datetime or date: encoded as one number (plus a missing flag)."""
+        return self.type in NUMERIC_TYPES
+
+    @property
+    def is_time(self) -> bool:
+        """datetime or date."""
+        return self.type in TIME_TYPES
+
+    @property
+    def is_integral(self) -> bool:
+        """Values are whole numbers: integer columns, and dates (whole days)."""
+        return self.type in ("integer", "date")
+
+    @property
+    def is_categorical(self) -> bool:
+        """categorical or boolean: encoded as one of its `levels`."""
+        return self.type in ("categorical", "boolean")
+
+    @property
+    def is_feature(self) -> bool:
+        """True for columns a generator learns (not ignored, not an identifier)."""
+        return self.type not in ("ignored", "id")
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """A categorical column's categories; a boolean's spellings (false, true) and "" when
+        it has missing cells."""
+        if self.type == "boolean":
+            return (*self.categories, *([""] if self.missing else []))
+        return self.categories
 
     def to_json(self) -> dict[str, Any]:
         """The column as the schema file writes it."""
         out: dict[str, Any] = {"name": self.name, "type": self.type}
         if self.is_numeric:
-            out["min"], out["max"] = _number_json(self.min), _number_json(self.max)
+            out["min"], out["max"] = self._bound_json(self.min), self._bound_json(self.max)
+            if self.edges is not None:
+                out["edges"] = [self._bound_json(e) for e in self.edges]
+            if self.decimals is not None:
+                out["decimals"] = self.decimals
+            if self.is_time:
+                if self.format is not None:
+                    out["format"] = self.format
+                if self.timezone is not None:
+                    out["timezone"] = self.timezone
+        if self.type == "boolean":
+            out["true"], out["false"] = self.categories[1], self.categories[0]
+        if self.is_numeric or self.type == "boolean":
+            out["missing"] = self.missing
+        if self.type == "id":
+            out["prefix"] = self.prefix
         if self.type == "categorical":
             out["categories"] = list(self.categories)
             if self.other is not None:
@@ -91,6 +184,11 @@ class Column:
         if self.source is not None:
             out["source"] = self.source
         return out
+
+    def _bound_json(self, value: float | None) -> float | int | str | None:
+        if value is None or not self.is_time:
+            return _number_json(value)
+        return time_text(value, self.type)
 
 
 @dataclass(frozen=True)
@@ -108,8 +206,9 @@ class Schema:
 
     @property
     def features(self) -> tuple[Column, ...]:
-        """The columns a generator learns, in file order: all but the target and ignored ones."""
-        return tuple(c for c in self.columns if c.type != "ignored" and c.name != self.target)
+        """The columns a generator learns, in file order: all but the target, ignored and
+        identifier columns."""
+        return tuple(c for c in self.columns if c.is_feature and c.name != self.target)
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -173,6 +272,93 @@ def _number(obj: Mapping[str, Any], key: str, where: str) -> float:
     return number
 
 
+def time_text(seconds: float, kind: str) -> str:
+    """A time bound as ISO 8601: `YYYY-MM-DD` for a date, `YYYY-MM-DDTHH:MM:SS` (UTC)."""
+    moment = datetime.fromtimestamp(float(seconds), tz=UTC)
+    if kind == "date":
+        return moment.strftime("%Y-%m-%d")
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    return text + (f".{moment.microsecond:06d}" if moment.microsecond else "")
+
+
+def _time_bound(obj: Mapping[str, Any], key: str, where: str) -> float:
+    """A time column's bound: ISO 8601 text (UTC unless it carries an offset) or seconds."""
+    value = obj.get(key)
+    number = _finite(value)
+    if number is not None:
+        return number
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.strip())
+        except ValueError:
+            pass
+        else:
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            return moment.timestamp()
+    raise UsageError(f"{where}: {key!r} must be an ISO 8601 date or time, got {_shown(value)}")
+
+
+def _flag(obj: Mapping[str, Any], key: str, where: str) -> bool:
+    value = obj.get(key, False)
+    if not isinstance(value, bool):
+        raise UsageError(f"{where}: {key!r} must be true or false, got {_shown(value)}")
+    return value
+
+
+def _optional_text(obj: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = obj.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise UsageError(f"{where}: {key!r} must be a non-empty string")
+    return value
+
+
+def _numeric_column(obj: Mapping[str, Any], name: str, kind: str, source: Any) -> Column:
+    where = f"schema column {name!r}"
+    bound = _time_bound if kind in TIME_TYPES else _number
+    low, high = bound(obj, "min", where), bound(obj, "max", where)
+    if low > high:
+        raise UsageError(f"{where}: min {obj.get('min')} is above max {obj.get('max')}")
+    if not math.isfinite(high - low):
+        # [min, max] is scaled to [-1, 1]: its width must be a finite number too
+        raise UsageError(f"{where}: the range from {low:g} to {high:g} overflows a float")
+    edges = None
+    if obj.get("edges") is not None:
+        raw_edges = obj["edges"]
+        if not isinstance(raw_edges, list) or len(raw_edges) < 2:
+            raise UsageError(f"{where}: 'edges' must be a list of at least two bin edges")
+        edges = tuple(bound({"edge": e}, "edge", where) for e in raw_edges)
+        if any(b < a for a, b in itertools.pairwise(edges)):
+            raise UsageError(f"{where}: 'edges' must be in ascending order")
+        if any(a == b == c for a, b, c in zip(edges, edges[1:], edges[2:], strict=False)):
+            raise UsageError(f"{where}: 'edges' repeats a value more than twice")
+        if edges[0] != low or edges[-1] != high:
+            raise UsageError(f"{where}: 'edges' must start at min and end at max")
+    decimals = obj.get("decimals")
+    if decimals is not None and (
+        isinstance(decimals, bool)
+        or not isinstance(decimals, int)
+        or not 0 <= decimals <= MAX_DECIMALS
+        or kind != "numeric"
+    ):
+        raise UsageError(
+            f"{where}: 'decimals' must be a whole number from 0 to {MAX_DECIMALS}, on a "
+            "numeric column"
+        )
+    return Column(
+        name,
+        kind,
+        low,
+        high,
+        source=source,
+        missing=_flag(obj, "missing", where),
+        decimals=decimals,
+        edges=edges,
+        format=_optional_text(obj, "format", where) if kind in TIME_TYPES else None,
+        timezone=_optional_text(obj, "timezone", where) if kind in TIME_TYPES else None,
+    )
+
+
 def parse_column(obj: Any, index: int) -> Column:
     """One column from its JSON object (UsageError naming the column for a bad entry)."""
     if not isinstance(obj, Mapping):
@@ -187,14 +373,21 @@ def parse_column(obj: Any, index: int) -> Column:
     source = obj.get("source")
     if source is not None and not isinstance(source, str):
         raise UsageError(f"{where}: 'source' must be a string")
-    if kind in ("numeric", "integer"):
-        low, high = _number(obj, "min", where), _number(obj, "max", where)
-        if low > high:
-            raise UsageError(f"{where}: min {low:g} is above max {high:g}")
-        if not math.isfinite(high - low):
-            # [min, max] is scaled to [-1, 1]: its width must be a finite number too
-            raise UsageError(f"{where}: the range from {low:g} to {high:g} overflows a float")
-        return Column(name, kind, low, high, source=source)
+    if kind in NUMERIC_TYPES:
+        return _numeric_column(obj, name, kind, source)
+    if kind == "boolean":
+        true, false = obj.get("true", "true"), obj.get("false", "false")
+        if not (isinstance(true, str) and isinstance(false, str) and true and false):
+            raise UsageError(f"{where}: 'true' and 'false' must be non-empty strings")
+        if true == false:
+            raise UsageError(f"{where}: 'true' and 'false' must differ")
+        missing = _flag(obj, "missing", where)
+        return Column(name, kind, categories=(false, true), source=source, missing=missing)
+    if kind == "id":
+        prefix = obj.get("prefix", DEFAULT_ID_PREFIX)
+        if not isinstance(prefix, str) or not prefix:
+            raise UsageError(f"{where}: 'prefix' must be a non-empty string")
+        return Column(name, kind, source=source, prefix=prefix)
     if kind == "categorical":
         categories = obj.get("categories")
         if (
@@ -291,64 +484,3 @@ def read_schema(path: Path | str) -> Schema:
         reason = " ".join(str(exc).split())[:160]
         raise UsageError(f"--schema {path}: not a readable JSON file ({reason})") from None
     return parse_schema(obj, f"--schema {path}")
-
-
-def _parse_numbers(values: Sequence[str]) -> list[float] | None:
-    out = []
-    for value in values:
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-        if not math.isfinite(number):
-            return None
-        out.append(number)
-    return out
-
-
-def draft_column(name: str, values: Sequence[str]) -> Column:
-    """A column drafted from its (stripped) values, every entry marked as read off the data.
-
-    Non-numbers → categorical; integers with at most DRAFT_MAX_INTEGER_LEVELS distinct values
-    → categorical (codes); other integers → integer; other numbers → numeric.
-    """
-    distinct = sorted({str(v) for v in values})
-    numbers = _parse_numbers(distinct)
-    if numbers is None or (
-        all(n.is_integer() for n in numbers) and len(distinct) <= DRAFT_MAX_INTEGER_LEVELS
-    ):
-        ordered = sorted(distinct, key=lambda v: (float(v), v)) if numbers else distinct
-        return Column(name, "categorical", categories=tuple(ordered), source=DATA_SOURCE)
-    kind = "integer" if all(n.is_integer() for n in numbers) else "numeric"
-    return Column(name, kind, min(numbers), max(numbers), source=DATA_SOURCE)
-
-
-def draft_schema(header: Sequence[str], columns: Sequence[Sequence[str]], target: str) -> Schema:
-    """A schema drafted from a table's columns (strings), for the user to review.
-
-    Every bound and category list comes from the private data and is marked so: the draft is
-    a starting point, not a public declaration.
-    """
-    if target not in header:
-        raise UsageError(f"--target {target!r} is not a column (columns: {', '.join(header)})")
-    drafted = []
-    for name, values in zip(header, columns, strict=True):
-        column = draft_column(name, values)
-        if name == target and column.type != "categorical":
-            column = Column(
-                name,
-                "categorical",
-                categories=tuple(sorted({str(v) for v in values})),
-                source=DATA_SOURCE,
-            )
-        drafted.append(column)
-    notes = (
-        "Drafted by `dpsynth data schema` from the private data: every entry marked "
-        f"'source: {DATA_SOURCE}' is not private. Replace bounds and category lists with public "
-        "knowledge (then delete the mark), set unused columns to type 'ignored', or train with "
-        "--schema-public (declaring them public) or --schema-epsilon E (releasing them with DP).",
-    )
-    schema = Schema(tuple(drafted), target, notes)
-    if len(schema.classes) < 2:
-        raise DataError(f"the target {target!r} has fewer than two distinct values")
-    return schema

@@ -1,33 +1,25 @@
-"""Tables: reading a CSV, encoding its rows under a public schema, and decoding back to a CSV.
+"""Tables: encoding rows under a public schema for the generators, and decoding them back.
 
 Encoding (what generators train on, `TableData.x`, float32 [N, D]): the schema's feature
-columns (all but the target and ignored ones) in file order; a categorical column becomes a
-one-hot block of its category count (0/1), a numeric or integer column one value scaled from
-its public [min, max] to [-1, 1] (values outside are clipped: a public, per-row rule). The
-target becomes the label `y` (its index in the public class list).
+columns (all but the target, ignored and identifier columns) in file order; a categorical or
+boolean column becomes a one-hot block of its levels (0/1), a numeric, integer, date or time
+column one value scaled from its public [min, max] to [-1, 1] (values outside are clipped: a
+public, per-row rule) and, when it has `missing` cells, a second block of two (present,
+missing) in which a missing cell is (0, 1) and its value 0. The target becomes the label `y`
+(its index in the public class list). How cells are parsed is `dpsynth.data.column_values`.
 
-Values are stripped of surrounding blanks (Census-Income writes `, value`), so the category
-strings are the stripped ones. Missing values: a categorical column treats a missing-value
-token (`?`, or an empty field) as a category like any other, which the schema lists (the
-draft lists what it saw); a numeric column must hold a number in every row (exit 4 otherwise;
-declare the column categorical or ignored, or clean the file). A categorical value outside the
-public list goes to the column's `other` category when it declares one, else it is an error.
-
-Decoding (`TableCodec.decode`) turns generated rows back into the original header and column
-order: categories by sampling each one-hot block as a distribution (post-processing with the
-public sampling seed), numbers unscaled (integers rounded), the target from the labels, and
-ignored columns left empty.
-
-The content digest is the SHA-256 of the canonical parsed table: the header, each used
-column's type and its values (stripped strings, or float64 numbers), independent of bounds and
-category lists, so releasing a schema does not change which data a ledger entry names. It is
-private (a membership test for anyone who knows the other rows) and only ever written keyed
-(`DataInfo.fingerprint`, see `dpsynth.ledger.key`).
+Decoding (`TableCodec.decode`) turns generated rows back into a typed frame in the original
+header and column order: categories by sampling each one-hot block as a distribution
+(post-processing with the public sampling seed), numbers unscaled (integers rounded, decimals
+to the column's precision), missing cells where the missing block says so, dates and times as
+pandas datetimes in the column's zone, identifiers as fresh surrogate keys `<prefix><n>`
+(numbered across the whole release, never a real value), the target from the labels, ignored
+columns empty. `csv_text` writes that frame in the file's own spelling (formats, decimals,
+boolean words, empty cells).
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,140 +28,70 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpsynth.data.csvtable import MAX_SHOWN, RawTable, read_csv_table
+from dpsynth.data.column_values import (
+    check_header,
+    check_values,
+    column_numbers,
+    level_codes,
+    table_content_digest,
+)
+from dpsynth.data.csvtable import RawTable, read_csv_table
 from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import over_budget
 from dpsynth.data.schema import Column, Schema
+from dpsynth.data.timecols import format_time_series, time_series
 from dpsynth.errors import DataError
 
-__all__ = ["RawTable", "TableCodec", "TableData", "encode_table", "read_csv_table"]
-
-
-def check_header(raw: RawTable, schema: Schema) -> None:
-    """DataError unless the CSV's header is the schema's columns in the same order."""
-    expected = tuple(c.name for c in schema.columns)
-    if raw.header == expected:
-        return
-    missing = [c for c in expected if c not in raw.header]
-    extra = [c for c in raw.header if c not in expected]
-    detail = []
-    if missing:
-        detail.append(f"missing {', '.join(missing[:5])}")
-    if extra:
-        detail.append(f"not in the schema: {', '.join(extra[:5])}")
-    if not detail:
-        detail.append("the columns are in another order")
-    raise DataError(
-        f"{raw.source}: the header does not match the schema ({'; '.join(detail)}); the schema "
-        "lists every column of the file in order (type 'ignored' for unused ones)"
-    )
-
-
-def _numbers(raw: RawTable, column: Column) -> np.ndarray:
-    values = raw.column(column.name)
-    # parsed once per distinct value (a column repeats most of its values)
-    codes, uniques = pd.factorize(values, use_na_sentinel=False)
-    try:
-        numbers = np.asarray(uniques, dtype=object).astype(np.float64)[codes]
-    except ValueError:
-        bad = next(i for i, v in enumerate(values) if not _is_number(v))
-        raise DataError(
-            f"{raw.source}: column {column.name!r} is {column.type} but row {bad + 2} holds "
-            f"{values[bad][:MAX_SHOWN]!r}; declare it categorical (missing values are "
-            "categories there) or ignored"
-        ) from None
-    if not np.isfinite(numbers).all():
-        bad = int(np.flatnonzero(~np.isfinite(numbers))[0])
-        raise DataError(f"{raw.source}: column {column.name!r} row {bad + 2} is not finite")
-    return numbers
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _codes(raw: RawTable, column: Column) -> np.ndarray:
-    values = raw.column(column.name)
-    lookup = {c: i for i, c in enumerate(column.categories)}
-    fallback = lookup.get(column.other, -1) if column.other is not None else -1
-    inverse, uniques = pd.factorize(values, use_na_sentinel=False)
-    mapped = np.array([lookup.get(u, fallback) for u in uniques.tolist()], dtype=np.int64)
-    codes = mapped[inverse]
-    if (codes < 0).any():
-        bad = int(np.flatnonzero(codes < 0)[0])
-        raise DataError(
-            f"{raw.source}: column {column.name!r} row {bad + 2} holds "
-            f"{values[bad][:MAX_SHOWN]!r}, which is not in the schema's category list (add it, "
-            "or declare an 'other' category that absorbs unlisted values)"
-        )
-    return codes
-
-
-def check_values(raw: RawTable, schema: Schema, released: Sequence[str] = ()) -> None:
-    """DataError (exit 4) for the first value the schema cannot encode: every used column's
-    values are parsed (numbers must be finite), and categories checked against their list,
-    except for the `released` columns, whose list a DP release is about to replace (a value
-    outside it then falls in the released '(other)'). Spends nothing: run before any release
-    so that a bad row fails before the ledger is touched."""
-    check_header(raw, schema)
-    skip = set(released)
-    for column in schema.columns:
-        if column.type == "ignored":
-            continue
-        if column.is_numeric:
-            _numbers(raw, column)
-        elif column.name not in skip:
-            _codes(raw, column)
-
-
-def table_content_digest(raw: RawTable, schema: Schema) -> str:
-    """SHA-256 of the canonical parsed table (header, each used column's type and values);
-    private, see the module docstring."""
-    digest = hashlib.sha256()
-    digest.update(("dpsynth-table-v1|" + "\x1f".join(raw.header) + "|").encode())
-    digest.update(str(raw.n).encode() + b"|")
-    for column in schema.columns:
-        if column.type == "ignored":
-            continue
-        digest.update(f"{column.name}\x1f{column.type}|".encode())
-        if column.is_numeric:
-            digest.update(np.ascontiguousarray(_numbers(raw, column), dtype="<f8").tobytes())
-        else:
-            text = "\x1e".join(raw.column(column.name).tolist())
-            digest.update(hashlib.sha256(text.encode()).digest())
-    return digest.hexdigest()
+__all__ = [
+    "RawTable",
+    "TableCodec",
+    "TableData",
+    "check_header",
+    "check_values",
+    "encode_table",
+    "read_csv_table",
+    "table_content_digest",
+]
 
 
 @dataclass(frozen=True)
 class Block:
-    """One feature column's slice of the encoded row: `softmax` (k one-hot) or `tanh` (1)."""
+    """One slice of the encoded row: `softmax` (k one-hot) or `tanh` (1). A column with
+    missing cells has two: its value (`tanh`) and its `missing` flag (`softmax` of 2)."""
 
     name: str
     kind: str
     start: int
     size: int
+    role: str = "value"  # "value" or "missing"
 
 
 class TableCodec:
-    """Encodes parsed rows under a schema and decodes generated rows back to the CSV's form."""
+    """Encodes parsed rows under a schema and decodes generated rows back to the file's form."""
 
     def __init__(self, schema: Schema) -> None:
         self.schema = schema
-        blocks, start = [], 0
+        blocks: list[Block] = []
+        self._blocks_of: dict[str, tuple[Block, Block | None]] = {}
+        start = 0
         for column in schema.features:
-            size = len(column.categories) if column.type == "categorical" else 1
-            blocks.append(
-                Block(
-                    column.name, "softmax" if column.type == "categorical" else "tanh", start, size
-                )
-            )
-            start += size
+            if column.is_categorical:
+                value = Block(column.name, "softmax", start, len(column.levels))
+            else:
+                value = Block(column.name, "tanh", start, 1)
+            start += value.size
+            flag = None
+            if column.is_numeric and column.missing:
+                flag = Block(column.name, "softmax", start, 2, "missing")
+                start += 2
+            blocks.extend(b for b in (value, flag) if b is not None)
+            self._blocks_of[column.name] = (value, flag)
         self.blocks: tuple[Block, ...] = tuple(blocks)
         self.dim = start
+
+    def column_blocks(self, column: Column) -> tuple[Block, Block | None]:
+        """A feature column's value block and its missing-flag block (None without one)."""
+        return self._blocks_of[column.name]
 
     def encode(self, raw: RawTable) -> tuple[torch.Tensor, torch.Tensor]:
         """Features float32 [N, D] and labels int64 [N] (DataError for unreadable values)."""
@@ -180,48 +102,95 @@ class TableCodec:
                 f"{raw.source}: its {raw.n:,} rows encoded as {self.dim} values each {problem}"
             )
         out = np.zeros((raw.n, self.dim), dtype=np.float32)
-        for column, block in zip(self.schema.features, self.blocks, strict=True):
-            if column.type == "categorical":
-                out[np.arange(raw.n), block.start + _codes(raw, column)] = 1.0
-            else:
-                out[:, block.start] = _scale(_numbers(raw, column), column)
-        labels = _codes(raw, self.schema.target_column)
+        rows = np.arange(raw.n)
+        for column in self.schema.features:
+            value, flag = self.column_blocks(column)
+            if column.is_categorical:
+                out[rows, value.start + level_codes(raw, column)] = 1.0
+                continue
+            numbers = column_numbers(raw, column)
+            absent = np.isnan(numbers)
+            out[:, value.start] = np.where(absent, 0.0, _scale(np.nan_to_num(numbers), column))
+            if flag is not None:
+                out[rows, flag.start + absent.astype(np.int64)] = 1.0
+        labels = level_codes(raw, self.schema.target_column)
         return torch.from_numpy(out), torch.from_numpy(labels)
 
     def decode(
-        self, rows: np.ndarray, labels: np.ndarray, rng: np.random.Generator
+        self, rows: np.ndarray, labels: np.ndarray, rng: np.random.Generator, start: int = 0
     ) -> pd.DataFrame:
-        """Generated rows [b, D] with their labels [b] → a frame in the CSV's header and order.
+        """Generated rows [b, D] with their labels [b] → a typed frame in the file's header and
+        order (`start`: the release's row number of the first row, for surrogate keys).
 
-        Each categorical block is read as a distribution (negative parts clipped, an all-zero
-        block uniform) and sampled with `rng`; numbers are unscaled into [min, max].
+        Each one-hot block is read as a distribution (negative parts clipped, an all-zero block
+        uniform) and sampled with `rng`; numbers are unscaled into [min, max].
         """
         rows = np.asarray(rows, dtype=np.float64)
+        b = len(rows)
         data: dict[str, object] = {}
-        decoded = {}
-        for column, block in zip(self.schema.features, self.blocks, strict=True):
-            part = rows[:, block.start : block.start + block.size]
-            if column.type == "categorical":
-                decoded[column.name] = np.asarray(column.categories, dtype=object)[
-                    _sample_blocks(part, rng)
-                ]
-            else:
-                decoded[column.name] = _unscale(part[:, 0], column)
-        classes = np.asarray(self.schema.classes, dtype=object)
         for column in self.schema.columns:
             if column.name == self.schema.target:
+                classes = np.asarray(self.schema.classes, dtype=object)
                 data[column.name] = classes[np.asarray(labels, dtype=np.int64)]
             elif column.type == "ignored":
-                data[column.name] = np.full(len(rows), "", dtype=object)
+                data[column.name] = np.full(b, "", dtype=object)
+            elif column.type == "id":
+                numbers = np.arange(start + 1, start + b + 1)
+                data[column.name] = np.asarray([f"{column.prefix}{i}" for i in numbers], object)
             else:
-                data[column.name] = decoded[column.name]
+                data[column.name] = self._decode_column(column, rows, rng)
         return pd.DataFrame(data, columns=[c.name for c in self.schema.columns])
 
+    def _decode_column(self, column: Column, rows: np.ndarray, rng: np.random.Generator) -> object:
+        value, flag = self.column_blocks(column)
+        part = rows[:, value.start : value.start + value.size]
+        if column.is_categorical:
+            levels = np.asarray(column.levels, dtype=object)[_sample_blocks(part, rng)]
+            if column.type != "boolean":
+                return levels
+            truth = pd.array(levels == column.categories[1], dtype="boolean")
+            truth[levels == ""] = pd.NA
+            return truth
+        numbers = _unscale(part[:, 0], column)
+        if flag is not None:
+            absent = _sample_blocks(rows[:, flag.start : flag.start + 2], rng) == 1
+            numbers = np.where(absent, np.nan, numbers)
+        if column.is_time:
+            return time_series(numbers, column)
+        if column.type == "integer":
+            # NaN becomes <NA> in the nullable float, which then casts to nullable integers
+            return pd.array(numbers, dtype="Float64").astype("Int64")
+        if column.decimals is not None:
+            numbers = np.round(numbers, column.decimals)
+        return numbers
+
+    def text_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """A decoded frame as the file's text: formats, decimals, boolean words, "" missing."""
+        out = {}
+        for column in self.schema.columns:
+            values = frame[column.name]
+            if column.is_time:
+                out[column.name] = format_time_series(values, column)
+            elif column.type == "boolean":
+                words = np.where(values.fillna(False).to_numpy(bool), *column.categories[::-1])
+                out[column.name] = np.where(values.isna().to_numpy(), "", words)
+            elif column.type == "integer":
+                out[column.name] = values.astype("string").fillna("").to_numpy(object)
+            elif column.type == "numeric":
+                fmt = f"%.{column.decimals}f" if column.decimals is not None else "%.7g"
+                numbers = values.to_numpy(np.float64)
+                texts = np.char.mod(fmt, np.nan_to_num(numbers)).astype(object)
+                out[column.name] = np.where(np.isnan(numbers), "", texts)
+            else:
+                out[column.name] = values.to_numpy(object)
+        return pd.DataFrame(out, columns=[c.name for c in self.schema.columns])
+
     def csv_text(self, frame: pd.DataFrame, header: bool) -> str:
-        """The frame as CSV text (header on request); floats to 7 significant digits (the
-        float32 precision of the encoding: more digits would be noise)."""
+        """The decoded frame as CSV text (header on request), in the file's own spelling;
+        floats without declared decimals to 7 significant digits (the float32 precision of the
+        encoding: more digits would be noise)."""
         buffer = io.StringIO()
-        frame.to_csv(buffer, index=False, header=header, lineterminator="\n", float_format="%.7g")
+        self.text_frame(frame).to_csv(buffer, index=False, header=header, lineterminator="\n")
         return buffer.getvalue()
 
 
@@ -237,7 +206,9 @@ def _unscale(values: np.ndarray, column: Column) -> np.ndarray:
     low, high = float(column.min), float(column.max)  # type: ignore[arg-type]
     out = low + (np.clip(values, -1.0, 1.0) + 1.0) / 2.0 * (high - low)
     if column.type == "integer":
-        return np.clip(np.rint(out), np.ceil(low), np.floor(high)).astype(np.int64)
+        return np.clip(np.rint(out), np.ceil(low), np.floor(high))
+    if column.type == "date":
+        return np.clip(np.rint(out / 86400.0) * 86400.0, low, high)
     return out
 
 

@@ -1,13 +1,15 @@
 """Marginal fidelity of a synthetic table: total variation distance (TVD) between the 1-, 2-
 and 3-way marginals of synthetic rows and of real held-out rows (`--metrics marginals`).
 
-Every used column of the schema (the features and the target; ignored columns are skipped) is
+Every used column of the schema (the features and the target; ignored and identifier columns
+are skipped) is
 discretised by a public rule that reads nothing off either table:
 
-- a numeric or integer column into `bins` (default 10) equal-width bins over the schema's
-  public [min, max] (a value equal to max falls in the last bin); a value outside the bounds,
-  or a field that is not a number, goes to an explicit `other` bucket;
-- a categorical column into its schema categories; a value not listed goes to the column's
+- a numeric, integer, date or time column into `bins` (default 10) equal-width bins over the
+  schema's public [min, max] (a value equal to max falls in the last bin), a bucket for
+  missing cells, and an explicit `other` bucket for a value outside the bounds or a field that
+  is not a number (or a time in the column's format);
+- a categorical or boolean column into its schema levels; a value not listed goes to the column's
   declared `other` category when the schema names one (the rule the codec trains with), else
   to an explicit `other` bucket.
 
@@ -37,8 +39,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpsynth.data.column_values import column_numbers, level_codes, missing_mask
 from dpsynth.data.schema import Column, Schema
 from dpsynth.data.tabular import RawTable
+from dpsynth.errors import DataError
 
 BINS = 10
 TRIPLES = 100
@@ -46,6 +50,7 @@ TRIPLES_SEED = 0
 # Joint domains up to this many cells are counted densely (two float64 vectors of this size).
 _DENSE_CELLS = 1 << 22
 _WORST = 5
+_EPOCH = pd.Timestamp(0, tz="UTC")
 
 
 @dataclass(frozen=True)
@@ -64,38 +69,60 @@ class Discretised:
 
 
 def marginal_columns(schema: Schema) -> tuple[Column, ...]:
-    """The columns the marginals cover: every non-ignored column (target included), in order."""
-    return tuple(c for c in schema.columns if c.type != "ignored")
+    """The columns the marginals cover: every feature and the target, in order."""
+    return tuple(c for c in schema.columns if c.is_feature)
 
 
 def bucket_count(column: Column, bins: int = BINS) -> int:
-    """Buckets of a column: its bins or categories, plus the explicit `other` bucket."""
-    return (bins if column.is_numeric else len(column.categories)) + 1
+    """Buckets of a column: its bins (and a missing bucket) or levels, plus `other`."""
+    return (bins + 1 if column.is_numeric else len(column.levels)) + 1
 
 
-def numeric_codes(values: np.ndarray, low: float, high: float, bins: int = BINS) -> np.ndarray:
-    """Equal-width bin of each value (strings or numbers) over the public [low, high]; `bins`
-    (the `other` bucket) for a value outside the bounds or not a number. A zero-width range
-    has one bin."""
+def _lenient_numbers(values: np.ndarray, column: Column) -> tuple[np.ndarray, np.ndarray]:
+    """Numbers (NaN where a cell is missing or unreadable) and the missing cells."""
+    missing = missing_mask(values)
+    if column.is_time:
+        probe = RawTable((column.name,), (values,), "evaluate")
+        try:
+            return column_numbers(probe, column, lenient=True), missing
+        except DataError:
+            stamps = pd.to_datetime(pd.Series(values), errors="coerce", utc=True)
+            return ((stamps - _EPOCH) / pd.Timedelta(seconds=1)).to_numpy(np.float64), missing
     numbers = pd.to_numeric(pd.Series(values, copy=False), errors="coerce").to_numpy(np.float64)
+    return numbers, missing
+
+
+def numeric_codes(
+    values: np.ndarray, low: float, high: float, bins: int = BINS, column: Column | None = None
+) -> np.ndarray:
+    """Equal-width bin of each value (strings or numbers) over the public [low, high]; `bins`
+    for a missing cell, `bins + 1` (the `other` bucket) for a value outside the bounds or not a
+    number. A zero-width range has one bin."""
+    if column is not None:
+        numbers, missing = _lenient_numbers(values, column)
+    else:
+        numbers = pd.to_numeric(pd.Series(values, copy=False), errors="coerce").to_numpy(np.float64)
+        missing = missing_mask(values)
     inside = (numbers >= low) & (numbers <= high)  # False for NaN
     if high > low:
         scaled = np.floor((numbers - low) / ((high - low) / bins))
         codes = np.clip(np.nan_to_num(scaled, nan=0.0), 0, bins - 1).astype(np.int32)
     else:
         codes = np.zeros(len(numbers), dtype=np.int32)
-    codes[~inside] = bins
+    codes[~inside] = bins + 1
+    codes[missing] = bins
     return codes
 
 
 def category_codes(values: np.ndarray, column: Column) -> np.ndarray:
-    """Index of each value in the schema's category list; unlisted values go to the declared
-    `other` category when there is one, else to the explicit bucket len(categories)."""
-    codes = pd.Index(column.categories).get_indexer(values).astype(np.int32)  # −1: unlisted
-    if column.other is not None:
-        fallback = column.categories.index(column.other)
+    """Index of each value in the schema's levels; unlisted values go to the declared `other`
+    category when there is one, else to the explicit bucket len(levels)."""
+    if column.type == "boolean":
+        probe = RawTable((column.name,), (values,), "evaluate")
+        codes = level_codes(probe, column, strict=False).astype(np.int32)
     else:
-        fallback = len(column.categories)
+        codes = pd.Index(column.levels).get_indexer(values).astype(np.int32)  # −1: unlisted
+    fallback = column.levels.index(column.other) if column.other is not None else len(column.levels)
     codes[codes < 0] = fallback
     return codes
 
@@ -112,11 +139,11 @@ def discretise(raw: RawTable, schema: Schema, bins: int = BINS) -> Discretised:
         values = raw.column(column.name)
         if column.is_numeric:
             assert column.min is not None and column.max is not None
-            codes[:, j] = numeric_codes(values, column.min, column.max, bins)
-            extra = bins
+            codes[:, j] = numeric_codes(values, column.min, column.max, bins, column)
+            extra = bins + 1
         else:
             codes[:, j] = category_codes(values, column)
-            extra = len(column.categories)
+            extra = len(column.levels)
         share = float(np.count_nonzero(codes[:, j] == extra)) / max(raw.n, 1)
         if share > 0:
             other[column.name] = share

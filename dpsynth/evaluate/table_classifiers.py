@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpsynth.data.column_values import column_numbers, level_codes
 from dpsynth.data.schema import Schema
 from dpsynth.data.tabular import RawTable
-from dpsynth.errors import DataError
 
 CLASSIFIERS = ("logreg", "gbm")
 
@@ -24,16 +24,15 @@ def table_frame(raw: RawTable, schema: Schema) -> tuple[pd.DataFrame, np.ndarray
     the target is not one of the classes)."""
     data = {}
     for column in schema.features:
-        values = raw.column(column.name)
         if column.is_numeric:
-            try:
-                data[column.name] = values.astype(np.float64)
-            except ValueError:
-                raise DataError(
-                    f"{raw.source}: column {column.name!r} holds a value that is not a number"
-                ) from None
+            # NaN for missing cells (imputed by the models); a cell that is not a number or a
+            # time of the column's format is a DataError naming it
+            data[column.name] = column_numbers(raw, column, lenient=True)
+        elif column.type == "boolean":
+            codes = level_codes(raw, column, strict=False)
+            data[column.name] = np.asarray((*column.levels, "?"), dtype=object)[codes]
         else:
-            data[column.name] = values.astype(object)
+            data[column.name] = raw.column(column.name).astype(object)
     lookup = {c: i for i, c in enumerate(schema.classes)}
     labels = np.array([lookup.get(v, -1) for v in raw.column(schema.target).tolist()])
     return pd.DataFrame(data), labels
@@ -42,6 +41,7 @@ def table_frame(raw: RawTable, schema: Schema) -> tuple[pd.DataFrame, np.ndarray
 def _model(kind: str, schema: Schema, seed: int) -> Any:
     from sklearn.compose import ColumnTransformer
     from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.impute import SimpleImputer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
@@ -52,7 +52,13 @@ def _model(kind: str, schema: Schema, seed: int) -> Any:
         encode = ColumnTransformer(
             [
                 ("cat", OneHotEncoder(handle_unknown="ignore"), categorical),
-                ("num", StandardScaler(), numeric),
+                (
+                    "num",
+                    make_pipeline(
+                        SimpleImputer(strategy="median", add_indicator=True), StandardScaler()
+                    ),
+                    numeric,
+                ),
             ]
         )
         return make_pipeline(encode, LogisticRegression(max_iter=2000, random_state=seed))
@@ -70,7 +76,7 @@ def _model(kind: str, schema: Schema, seed: int) -> Any:
             ("num", "passthrough", numeric),
         ]
     )
-    wide = [len(c.categories) > 250 for c in schema.features if not c.is_numeric]
+    wide = [len(c.levels) > 250 for c in schema.features if not c.is_numeric]
     mask = [not w for w in wide] + [False] * len(numeric)
     return make_pipeline(
         encode,

@@ -89,22 +89,24 @@ class HistogramReleasePlan:
 
 
 def plan_histogram_release(
-    epsilon: float, delta: float, columns: int, categorical_columns: int
+    epsilon: float, delta: float, columns: int, categorical_columns: int, rounds: int = 1
 ) -> HistogramReleasePlan:
     """Calibrate the release of `columns` histograms (`categorical_columns` of them thresholded)
-    so that it alone is (ε, δ)-DP; its events compose with everything else in the ledger."""
+    so that it alone is (ε, δ)-DP; its events compose with everything else in the ledger.
+    `rounds` > 1: as many rounds of histograms at the same noise multiplier (one `gaussian`
+    event of that count; `dpsynth.privacy.schema_release` uses the second)."""
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise UsageError(f"--schema-epsilon must be a positive number, got {epsilon}")
     if columns < 1:
         raise UsageError("--schema-epsilon: no schema entry to release")
     share = THRESHOLD_DELTA_SHARE * delta if categorical_columns else 0.0
     prior = ({"type": "threshold_delta", "delta": share},) if categorical_columns else ()
-    calibration = calibrate_noise(epsilon, delta, 1.0, 1, prior_events=prior)
+    calibration = calibrate_noise(epsilon, delta, 1.0, rounds, prior_events=prior)
     sigma = calibration.noise_multiplier
     noise_std = sigma * math.sqrt(columns)
     per_column = share / categorical_columns if categorical_columns else delta
     threshold = 1.0 + noise_std * float(norm.isf(per_column))
-    events = (*prior, {"type": "gaussian", "noise_multiplier": sigma, "count": 1})
+    events = (*prior, {"type": "gaussian", "noise_multiplier": sigma, "count": rounds})
     return HistogramReleasePlan(
         noise_multiplier=sigma,
         noise_std=noise_std,

@@ -2,19 +2,23 @@
 
 Every used column (the features in file order, then the target) becomes an attribute with a
 finite public domain, from the schema and the preset only, never from the data:
-- a categorical column: its schema categories (the one-hot block's argmax);
-- a numeric or integer column: bins over its public [min, max]. An integer column with at
-  most `bins` values gets one bin per value (exact). Otherwise, with `bound_bins`, the bounds
-  themselves are bins of their own (a point mass at min or max, common in real tables: zero
-  incomes, top codes) and `bins − 2` equal-width bins cover the open interval between them;
-  without it, `bins` equal-width bins cover [min, max].
+- a categorical or boolean column: its levels (the one-hot block's argmax);
+- a numeric, integer, date or time column with `edges` (declared, or released with DP by
+  `dpsynth.tables`): one bin per pair of consecutive edges, left-closed (the last one closed);
+  an edge repeated twice is a point mass (a bin holding that value alone, e.g. 0);
+- one without `edges`: bins over its public [min, max]. An integer column with at most `bins`
+  values gets one bin per value (exact). Otherwise, with `bound_bins`, the bounds themselves
+  are bins of their own (a point mass at min or max, common in real tables: zero incomes, top
+  codes) and `bins − 2` equal-width bins cover the open interval between them; without it,
+  `bins` equal-width bins cover [min, max];
+- a column with `missing` cells gets one more value, the last: missing;
 - the target: its classes.
 
 `codes_from_rows` maps the encoded rows the training loop hands a trainer (one-hot blocks,
-numbers scaled to [-1, 1]; `dpsynth.data.tabular`) to integer codes [N, d], a per-record
-deterministic map; `rows_from_codes` maps sampled codes back to encoded rows, drawing a number
-uniformly inside its bin (integers among the bin's integers) with the sampler's public
-generator, so that `TableCodec.decode` writes the original columns.
+numbers scaled to [-1, 1], missing flags; `dpsynth.data.tabular`) to integer codes [N, d], a
+per-record deterministic map; `rows_from_codes` maps sampled codes back to encoded rows,
+drawing a number uniformly inside its bin (integers among the bin's integers) with the
+sampler's public generator, so that `TableCodec.decode` writes the original columns.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 import torch
 
 from dpsynth.data.images import DataInfo
+from dpsynth.data.schema import Column
 from dpsynth.data.tabular import codec_for
 
 # Encoded rows converted per chunk (bounds the temporary memory on a million rows).
@@ -42,13 +47,25 @@ class Attribute:
     """One attribute of the discrete domain."""
 
     name: str
-    kind: str  # "categorical", "exact" (one bin per integer), "bins", or "target"
-    size: int
+    kind: str  # "categorical", "exact" (one bin per integer), "bins", "edges" or "target"
+    size: int  # values, the missing one included
     start: int = 0  # the first column of its block in the encoded row (-1: the target)
     low: float = 0.0
     high: float = 0.0
     integer: bool = False
     bound_bins: bool = False
+    edges: tuple[float, ...] = ()
+    flag_start: int = -1  # the missing flag's block in the encoded row (-1: none)
+
+    @property
+    def missing(self) -> bool:
+        """True when the last value is "missing"."""
+        return self.flag_start >= 0
+
+    @property
+    def present_size(self) -> int:
+        """The values other than missing."""
+        return self.size - int(self.missing)
 
 
 @dataclass(frozen=True)
@@ -73,37 +90,66 @@ class TableDomain:
         return int(math.prod(self.attributes[j].size for j in clique))
 
 
+def _number_attribute(
+    column: Column, start: int, flag_start: int, bins: int, bound_bins: bool
+) -> Attribute:
+    low, high = float(column.min), float(column.max)  # type: ignore[arg-type]
+    integer = column.type == "integer"
+    extra = int(flag_start >= 0)
+    common = {"low": low, "high": high, "integer": integer, "flag_start": flag_start}
+    if column.edges is not None and len(column.edges) >= 2 and high > low:
+        size = len(column.edges) - 1 + extra
+        return Attribute(column.name, "edges", size, start, edges=column.edges, **common)
+    values = math.floor(high) - math.ceil(low) + 1 if integer else math.inf
+    if high == low:
+        return Attribute(column.name, "bins", 1 + extra, start, **common)
+    if integer and values <= bins:
+        return Attribute(column.name, "exact", int(values) + extra, start, **common)
+    use_bounds = bound_bins and bins >= 3
+    return Attribute(column.name, "bins", bins + extra, start, bound_bins=use_bounds, **common)
+
+
 def table_domain(info: DataInfo, config: Mapping[str, Any]) -> TableDomain:
     """The discrete domain of a table's public schema under the preset's binning."""
     codec = codec_for(info)
     bins = int(config["bins"])
     bound_bins = bool(config["bound_bins"])
     attributes = []
-    for column, block in zip(codec.schema.features, codec.blocks, strict=True):
-        if column.type == "categorical":
-            attributes.append(Attribute(column.name, "categorical", block.size, block.start))
+    for column in codec.schema.features:
+        value, flag = codec.column_blocks(column)
+        if column.is_categorical:
+            attributes.append(Attribute(column.name, "categorical", value.size, value.start))
             continue
-        low, high = float(column.min), float(column.max)  # type: ignore[arg-type]
-        integer = column.type == "integer"
-        values = math.floor(high) - math.ceil(low) + 1 if integer else math.inf
-        if high == low:
-            attributes.append(Attribute(column.name, "bins", 1, block.start, low, high, integer))
-        elif integer and values <= bins:
-            attributes.append(
-                Attribute(column.name, "exact", int(values), block.start, low, high, True)
-            )
-        else:
-            use_bounds = bound_bins and bins >= 3
-            attributes.append(
-                Attribute(column.name, "bins", bins, block.start, low, high, integer, use_bounds)
-            )
+        flag_start = flag.start if flag is not None else -1
+        attributes.append(_number_attribute(column, value.start, flag_start, bins, bound_bins))
     attributes.append(Attribute(codec.schema.target, "target", len(info.classes), -1))
     return TableDomain(tuple(attributes), codec.dim)
 
 
+def _scaled_edges(attribute: Attribute) -> np.ndarray:
+    """The edges on the encoding's scale, in float32 as the encoder rounds a value: a value
+    equal to an edge encodes to exactly that edge's position."""
+    edges = np.asarray(attribute.edges, dtype=np.float64)
+    span = attribute.high - attribute.low
+    return ((edges - attribute.low) / span * 2.0 - 1.0).astype(np.float32)
+
+
+def _edge_codes(scaled: np.ndarray, attribute: Attribute) -> np.ndarray:
+    """Bin codes of scaled values under an attribute's edges (point masses first)."""
+    edges = _scaled_edges(attribute)
+    values = scaled.astype(np.float32)
+    bins = len(edges) - 1
+    codes = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, bins - 1)
+    for i in np.flatnonzero(edges[:-1] == edges[1:]):
+        codes = np.where(values == edges[i], i, codes)
+    return codes.astype(np.int64)
+
+
 def _number_codes(scaled: np.ndarray, attribute: Attribute) -> np.ndarray:
     """Bin codes of numbers scaled to [-1, 1] from [low, high]."""
-    size = attribute.size
+    if attribute.kind == "edges":
+        return _edge_codes(scaled, attribute)
+    size = attribute.present_size
     if size == 1:
         return np.zeros(len(scaled), dtype=np.int64)
     unit = (np.clip(scaled.astype(np.float64), -1.0, 1.0) + 1.0) / 2.0
@@ -131,16 +177,20 @@ def codes_from_rows(rows: torch.Tensor, labels: torch.Tensor, domain: TableDomai
                 block = part[:, attribute.start : attribute.start + attribute.size]
                 out[begin : begin + len(part), j] = block.argmax(1)
             else:
-                out[begin : begin + len(part), j] = _number_codes(
-                    part[:, attribute.start], attribute
-                )
+                codes = _number_codes(part[:, attribute.start], attribute)
+                if attribute.missing:
+                    flags = part[:, attribute.flag_start : attribute.flag_start + 2]
+                    codes = np.where(flags.argmax(1) == 1, attribute.size - 1, codes)
+                out[begin : begin + len(part), j] = codes
     return out
 
 
 def _bin_values(codes: np.ndarray, attribute: Attribute, uniform: np.ndarray) -> np.ndarray:
     """Numbers in [low, high] for bin codes: uniform inside the bin (integers: among its
-    integers), the bounds themselves for bound bins."""
-    low, high, size = attribute.low, attribute.high, attribute.size
+    integers), the bounds themselves for bound bins, the value itself for a point mass."""
+    if attribute.kind == "edges":
+        return _edge_values(codes, attribute, uniform)
+    low, high, size = attribute.low, attribute.high, attribute.present_size
     if size == 1:
         return np.full(len(codes), low)
     if attribute.kind == "exact":
@@ -174,6 +224,31 @@ def _bin_values(codes: np.ndarray, attribute: Attribute, uniform: np.ndarray) ->
     return np.clip(values, low, high)
 
 
+def _edge_values(codes: np.ndarray, attribute: Attribute, uniform: np.ndarray) -> np.ndarray:
+    """Numbers for bin codes under edges: a point mass's own value; otherwise uniform in
+    [left, right) (the last bin closed), integers among the bin's integers, an interval that
+    follows a point mass at its left edge open there."""
+    edges = np.asarray(attribute.edges, dtype=np.float64)
+    bins = len(edges) - 1
+    codes = np.clip(codes, 0, bins - 1)
+    left, right = edges[codes], edges[codes + 1]
+    atom = left == right
+    after_atom = np.zeros(bins, dtype=bool)
+    after_atom[1:] = edges[:-2] == edges[1:-1]
+    if attribute.integer:
+        first = np.ceil(left) + np.where(after_atom[codes] & (np.ceil(left) == left), 1, 0)
+        last_bin = codes == bins - 1
+        last = np.where(last_bin, np.floor(right), np.ceil(right) - 1)
+        last = np.maximum(last, first)
+        values = np.minimum(first + np.floor(uniform * (last - first + 1)), last)
+    else:
+        width = right - left
+        # clear of both edges by the coding tolerance: the value codes back to its bin
+        values = left + 2 * _EDGE * width + uniform * (1 - 4 * _EDGE) * width
+    values = np.where(atom, left, values)
+    return np.clip(values, attribute.low, attribute.high)
+
+
 def rows_from_codes(
     codes: np.ndarray, domain: TableDomain, uniform: np.ndarray
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,9 +265,12 @@ def rows_from_codes(
         if attribute.kind == "categorical":
             rows[np.arange(b), attribute.start + column] = 1.0
             continue
-        values = _bin_values(column, attribute, uniform[:, j])
+        absent = column >= attribute.present_size if attribute.missing else np.zeros(b, bool)
+        values = _bin_values(np.where(absent, 0, column), attribute, uniform[:, j])
         span = attribute.high - attribute.low
         scaled = np.zeros(b) if span == 0 else 2.0 * (values - attribute.low) / span - 1.0
-        rows[:, attribute.start] = scaled.astype(np.float32)
+        rows[:, attribute.start] = np.where(absent, 0.0, scaled).astype(np.float32)
+        if attribute.missing:
+            rows[np.arange(b), attribute.flag_start + absent.astype(np.int64)] = 1.0
     labels = torch.from_numpy(codes[:, domain.target].astype(np.int64))
     return torch.from_numpy(rows), labels

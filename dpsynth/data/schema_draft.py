@@ -1,0 +1,284 @@
+"""Drafting a schema from a table for the user to review (`dpsynth data schema`).
+
+Every entry read off the data is marked `"source": "data (not private: review or replace)"`:
+the draft is a starting point, not a public declaration. Per column, in this order:
+- no value at all → `ignored`;
+- numbers: integers with at most DRAFT_MAX_INTEGER_LEVELS values → categorical codes; a
+  column of distinct, densely packed integers or one named like an identifier (`id`, `key`,
+  `uuid`, ...) with one value per row → `id`; other integers → `integer`; other numbers →
+  `numeric` with the precision (`decimals`) the file writes. Empty cells (and the usual
+  missing-value tokens, `schema.MISSING_TOKENS`) give `missing: true`, never a categorical;
+- yes/no, true/false, t/f, y/n in any case → `boolean`;
+- dates and times of one format (ISO 8601 and what pandas recognises) → `date` or `datetime`,
+  with their `format` and UTC offset;
+- text: long or mostly unique free text → `ignored`; one value (or nearly) per row → `id`;
+  a category list longer than N / 20 → the values held by at least RARE_ROWS rows (at most
+  N / 20 of them) and an `other` category for the rest; otherwise `categorical`.
+The draft never lists a value held by a single row as a category unless the column has few
+values. `draft_table` also returns one remark per column it typed as an identifier, free
+text, a shortened category list or an empty column, for the CLI to print.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from dpsynth.data.schema import (
+    DATA_SOURCE,
+    MAX_DECIMALS,
+    MISSING_TOKENS,
+    Column,
+    Schema,
+)
+from dpsynth.data.timecols import guess_time_format, time_seconds
+from dpsynth.errors import DataError, UsageError
+
+# Integer columns with at most this many distinct values are drafted as categorical (codes).
+DRAFT_MAX_INTEGER_LEVELS = 10
+# A category list may hold at most max(N / LONG_LIST_DIVISOR, SHORT_LIST) values before the
+# draft shortens it (and `train --schema-public` refuses a longer one read off the data).
+LONG_LIST_DIVISOR = 20
+SHORT_LIST = 20
+# A shortened list keeps the values held by at least this many rows.
+RARE_ROWS = 10
+# Text this long on average, or with spaces and mostly unique, is free text.
+FREE_TEXT_CHARS = 40
+_ID_NAME = re.compile(
+    r"(^|[_\s.-])(id|key|uuid|guid|code|number|no|nr)$|^id[_\s.-]|identifier", re.I
+)
+_BOOLEANS = (("true", "false"), ("yes", "no"), ("t", "f"), ("y", "n"))
+OTHER = "(other)"
+
+
+def long_list_cap(rows: int) -> int:
+    """The longest category list read off the data that the draft writes and `--schema-public`
+    accepts: N / 20, and never below SHORT_LIST (a short list is what categories are)."""
+    return max(rows // LONG_LIST_DIVISOR, SHORT_LIST)
+
+
+@dataclass(frozen=True)
+class DraftedColumn:
+    """A drafted column and, for the columns a user must look at, one remark."""
+
+    column: Column
+    remark: str | None = None
+
+
+def _decimals(texts: Sequence[str]) -> int:
+    """The most digits after the point among number texts (at most MAX_DECIMALS)."""
+    most = 0
+    for text in texts:
+        mantissa = text.lower().split("e")[0]
+        if "." in mantissa:
+            most = max(most, len(mantissa.split(".")[1]))
+    return min(most, MAX_DECIMALS)
+
+
+def _numbers(texts: Sequence[str]) -> np.ndarray | None:
+    try:
+        numbers = np.asarray(texts, dtype=object).astype(np.float64)
+    except (ValueError, OverflowError):
+        return None
+    return numbers if np.isfinite(numbers).all() else None
+
+
+def _spell(word: str, seen: dict[str, str], upper: bool, title: bool) -> str:
+    """A boolean word as the file spells it (or in its case style when it never appears)."""
+    if word in seen:
+        return seen[word]
+    return word.upper() if upper else word.title() if title else word
+
+
+def _boolean(name: str, distinct: Sequence[str], missing: bool) -> Column | None:
+    lowered = {v.lower() for v in distinct}
+    for true, false in _BOOLEANS:
+        if lowered and lowered <= {true, false}:
+            seen = {v.lower(): v for v in distinct}
+            upper = all(v.isupper() for v in distinct)
+            title = all(v[:1].isupper() and v[1:].islower() for v in distinct)
+            return Column(
+                name,
+                "boolean",
+                categories=(_spell(false, seen, upper, title), _spell(true, seen, upper, title)),
+                missing=missing,
+                source=DATA_SOURCE,
+            )
+    return None
+
+
+def _is_identifier(name: str, numbers: np.ndarray, n_present: int) -> bool:
+    """Integers with one value per row, densely packed (a counter) or named like a key."""
+    if n_present < 20 or len(np.unique(numbers)) < n_present:
+        return False
+    if not np.all(numbers == np.round(numbers)):
+        return False
+    # a counter: densely packed, over enough rows that it is no small table's own range
+    dense = n_present >= 100 and numbers.max() - numbers.min() + 1 <= 2 * n_present
+    return bool(dense or _ID_NAME.search(name))
+
+
+def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
+    """One column drafted from its stripped values (see the module docstring)."""
+    strings = np.asarray(values, dtype=object)
+    missing_mask = np.isin(strings, list(MISSING_TOKENS))
+    present = strings[~missing_mask]
+    missing = bool(missing_mask.any())
+    if len(present) == 0:
+        return DraftedColumn(
+            Column(name, "ignored"), f"{name}: every cell is empty → ignored (written empty)"
+        )
+    counts = pd.Series(present).value_counts()
+    distinct = [str(v) for v in counts.index]
+    numbers = _numbers(distinct)
+    if numbers is not None:
+        integral = bool(np.all(numbers == np.round(numbers)))
+        if integral and len(distinct) <= DRAFT_MAX_INTEGER_LEVELS:
+            # codes: the missing tokens stay categories, as the file spells them
+            ordered = sorted(distinct, key=lambda v: (float(v), v))
+            ordered = sorted({str(v) for v in strings[missing_mask]}) + ordered
+            return DraftedColumn(
+                Column(name, "categorical", categories=tuple(ordered), source=DATA_SOURCE)
+            )
+        if not missing and _is_identifier(name, _numbers(list(present)), len(present)):
+            return DraftedColumn(
+                Column(name, "id"),
+                f"{name}: one value per row → id (sample writes fresh keys "
+                f"'syn-1', 'syn-2', …, never a real one)",
+            )
+        kind = "integer" if integral else "numeric"
+        return DraftedColumn(
+            Column(
+                name,
+                kind,
+                float(numbers.min()),
+                float(numbers.max()),
+                source=DATA_SOURCE,
+                missing=missing,
+                decimals=None if integral else _decimals(distinct),
+            )
+        )
+    boolean = _boolean(name, distinct, missing)
+    if boolean is not None:
+        return DraftedColumn(boolean)
+    guessed = guess_time_format(distinct)
+    if guessed is not None:
+        fmt, zone = guessed
+        kind = "date" if all(t not in fmt for t in ("%H", "%I", "%M", "%S")) else "datetime"
+        probe = Column(name, kind, format=fmt, timezone=zone)
+        seconds = time_seconds(np.asarray(distinct, dtype=object), probe, name)
+        column = Column(
+            name,
+            kind,
+            float(seconds.min()),
+            float(seconds.max()),
+            source=DATA_SOURCE,
+            missing=missing,
+            format=fmt,
+            timezone=zone,
+        )
+        return DraftedColumn(column)
+    mean_length = float(np.mean([len(v) for v in present]))
+    unique_share = len(distinct) / len(present)
+    spaced = np.mean([" " in v for v in distinct]) > 0.5
+    if mean_length > FREE_TEXT_CHARS or (spaced and unique_share > 0.5 and len(distinct) > 20):
+        return DraftedColumn(
+            Column(name, "ignored"), f"{name}: free text → ignored (written empty)"
+        )
+    if len(present) >= 20 and unique_share >= 0.9:
+        return DraftedColumn(
+            Column(name, "id"),
+            f"{name}: one value per row → id (sample writes fresh keys 'syn-1', 'syn-2', …, "
+            "never a real one)",
+        )
+    # a categorical keeps its missing tokens as categories, as the file spells them
+    tokens = sorted({str(v) for v in strings[missing_mask]})
+    cap = long_list_cap(rows)
+    if len(distinct) + len(tokens) > cap:
+        kept = [str(v) for v, c in counts.items() if c >= RARE_ROWS][: max(cap - 1, 1)]
+        if len(kept) < 2:
+            return DraftedColumn(
+                Column(name, "ignored"),
+                f"{name}: {len(distinct):,} values, hardly any held by {RARE_ROWS} rows or more "
+                "→ ignored (too rare to release at this size; group the values, e.g. codes by "
+                "their prefix, to keep the column)",
+            )
+        other = OTHER
+        while other in kept:
+            other += "*"
+        categories = (*sorted(kept), *tokens, other)
+        remark = (
+            f"{name}: {len(distinct):,} values, most held by few rows → categorical of the "
+            f"{len(kept)} held by ≥ {RARE_ROWS} rows, the rest → {other!r}"
+        )
+        return DraftedColumn(
+            Column(name, "categorical", categories=categories, other=other, source=DATA_SOURCE),
+            remark,
+        )
+    ordered = sorted([*distinct, *tokens])
+    return DraftedColumn(Column(name, "categorical", categories=tuple(ordered), source=DATA_SOURCE))
+
+
+NOTES = (
+    "Drafted by `dpsynth data schema` from the private data: every entry marked "
+    f"'source: {DATA_SOURCE}' is not private. By default `train` releases those entries "
+    "with DP (--schema-epsilon, a share of --epsilon); or replace them with public knowledge "
+    "(then delete the mark), or train with --schema-public to declare them public. Columns "
+    "of type 'id' are never read: sample writes fresh surrogate keys.",
+)
+
+
+def draft_table(
+    header: Sequence[str], columns: Sequence[np.ndarray], target: str
+) -> tuple[Schema, list[str]]:
+    """A schema drafted from a table's columns (strings) and the remarks to show the user."""
+    if target not in header:
+        raise UsageError(f"--target {target!r} is not a column (columns: {', '.join(header)})")
+    rows = len(columns[0]) if columns else 0
+    drafted: list[Column] = []
+    remarks: list[str] = []
+    for name, values in zip(header, columns, strict=True):
+        if name == target:
+            labels = sorted({str(v) for v in values})
+            drafted.append(
+                Column(name, "categorical", categories=tuple(labels), source=DATA_SOURCE)
+            )
+            continue
+        result = draft_column(name, values, rows)
+        drafted.append(result.column)
+        if result.remark:
+            remarks.append(result.remark)
+    schema = Schema(tuple(drafted), target, NOTES)
+    if len(schema.classes) < 2:
+        raise DataError(f"the target {target!r} has fewer than two distinct values")
+    if len(schema.classes) > long_list_cap(rows) and len(schema.classes) > 100:
+        raise UsageError(
+            f"--target {target!r} has {len(schema.classes):,} distinct values in {rows:,} "
+            "rows: a label set is a short list of classes (pick another column)"
+        )
+    if not schema.features:
+        raise UsageError(f"no column besides the target {target!r} can be used")
+    return schema, remarks
+
+
+def draft_schema(header: Sequence[str], columns: Sequence[np.ndarray], target: str) -> Schema:
+    """A schema drafted from a table's columns, for the user to review (see `draft_table`)."""
+    return draft_table(header, columns, target)[0]
+
+
+def long_category_lists(schema: Schema, rows: int) -> list[Column]:
+    """Categorical columns read off the data whose list is longer than rows / 20: most of
+    their values are held by a few rows each, so declaring them public publishes them."""
+    cap = long_list_cap(rows)
+    return [
+        c
+        for c in schema.columns
+        if c.type == "categorical"
+        and c.data_derived
+        and c.name != schema.target
+        and len(c.categories) > cap
+    ]
