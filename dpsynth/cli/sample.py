@@ -17,11 +17,19 @@ def sample(
     run: Annotated[Path, typer.Argument(help="A run directory written by `train`.")],
     n: Annotated[int, typer.Option("--n", help="Number of records to generate.")],
     out: Annotated[
-        Path, typer.Option("--out", help="Output folder (images) or CSV file (a table's run).")
+        Path,
+        typer.Option(
+            "--out",
+            help="Output folder (images), or a table's file: CSV, or Parquet when it ends in "
+            ".parquet.",
+        ),
     ],
     fmt: Annotated[
         str | None,
-        typer.Option("--format", help="png or npz for images [png]; csv for tables [csv]."),
+        typer.Option(
+            "--format",
+            help="png or npz for images [png]; csv or parquet for tables [by the --out name].",
+        ),
     ] = None,
     labels: Annotated[
         str,
@@ -42,14 +50,22 @@ def sample(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --out.")] = False,
+    partial: Annotated[
+        bool,
+        typer.Option(
+            "--partial",
+            help="Release the checkpoint of a run whose training did not finish (refused "
+            "otherwise); the manifest and its privacy statement say it is a partial release.",
+        ),
+    ] = False,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Write synthetic images (or table rows as CSV) from a trained run (post-processing: no
-    privacy cost)."""
+    """Write synthetic images (or table rows as CSV or Parquet) from a trained run
+    (post-processing: no privacy cost)."""
     from dpsynth.sampling import sample_run
 
     show = show_progress(quiet, as_json)
@@ -73,6 +89,7 @@ def sample(
             ledger_path=ledger,
             progress=on_progress,
             truncation=truncation,
+            partial=partial,
         )
     if as_json:
         emit_json(result)

@@ -101,6 +101,7 @@ def run_evaluation(
     if n is not None and n < 1:
         raise UsageError("--n must be at least 1")
     privacy = _run_privacy(synthetic, ledger_path)
+    warnings.extend(_unfinished_warnings(synthetic, privacy))
     synth = folders.load_synthetic(
         synthetic,
         tuple(real_data.classes),
@@ -190,12 +191,34 @@ def run_evaluation(
 
 def _run_privacy(synthetic: str, ledger_path: str | os.PathLike[str] | None) -> dict | None:
     """For a run dir, its privacy statement from the ledger spend it is anchored to (checked;
-    refused with exit 2 when the run does not match the ledger); None for a sample folder."""
+    refused with exit 2 when the run does not match the ledger; a run whose training did not
+    finish is evaluated, and its statement says so); None for a sample folder."""
     if not folders.is_run_dir(Path(synthetic)):
         return None
     from dpsynth.sampling import run_privacy
 
-    return run_privacy(synthetic, ledger_path)
+    return run_privacy(synthetic, ledger_path, partial=True)
+
+
+def _unfinished_warnings(synthetic: str, privacy: dict | None) -> list[str]:
+    """A warning when the synthetic images come from a run whose training did not finish: the
+    run dir's checkpoint, or a sample folder whose manifest records a partial release."""
+    from dpsynth.sampling.run import TrainingState, partial_note, released_training_state
+
+    state: TrainingState | None = None
+    if privacy is not None:
+        training = privacy.get("training")
+        if training is not None:
+            state = TrainingState(training["steps"], training["total_steps"])
+    else:
+        try:
+            manifest = json.loads((Path(synthetic) / "manifest.json").read_text())
+        except (OSError, ValueError, RecursionError):
+            manifest = None
+        state = released_training_state(manifest) if isinstance(manifest, dict) else None
+    if state is None or state.finished:
+        return []
+    return [f"{synthetic}: the images come from an unfinished run: {partial_note(state)}"]
 
 
 def _parse_metrics(metrics: Sequence[str]) -> set[str]:

@@ -77,6 +77,7 @@ def sample_run(
     ledger_path: Path | str | None = None,
     progress: SampleProgress | None = None,
     truncation: float | None = None,
+    partial: bool = False,
 ) -> dict[str, Any]:
     """Write N synthetic images to `out_dir` and record the release in the ledger.
 
@@ -85,20 +86,23 @@ def sample_run(
     a staging folder beside OUT and renamed into place at the end, in batches so that memory
     stays flat in N. `force` replaces only an earlier output of `sample` (see
     `dpsynth.outdir.check_target`); staging folders of killed runs are removed first.
-    A table's run writes one CSV file instead (`fmt` csv, the default there): see
-    `sample_table`. `truncation` overrides the run's latent scale (see `set_truncation`).
+    A table's run writes one CSV file instead (`fmt` csv, the default there), or Parquet for
+    an `out` ending in `.parquet`: see `sample_table`. `truncation` overrides the run's latent
+    scale (see `set_truncation`).
+    A run whose training did not finish is refused (exit 2) unless `partial`, and then the
+    manifest says it is a partial release (`training`, and the privacy statement).
     """
     if n < 1:
         raise UsageError(f"--n must be at least 1, got {n}")
     if n > MAX_SAMPLES:
         raise UsageError(f"--n must be at most {MAX_SAMPLES:.0e}, got {n}")
     if run_modality(run_dir) == "table":
-        if fmt not in (None, "csv"):
-            raise UsageError(f"--format {fmt}: a table's run writes csv")
+        if fmt not in (None, "csv", "parquet"):
+            raise UsageError(f"--format {fmt}: a table's run writes csv or parquet")
         return sample_table(
             run_dir, n, out_dir, labels=labels, batch_size=batch_size, seed=seed,
             device=device, force=force, ledger_path=ledger_path, progress=progress,
-            truncation=truncation,
+            truncation=truncation, partial=partial, fmt=fmt,
         )  # fmt: skip
     fmt = fmt or "png"
     if fmt not in ("png", "npz"):
@@ -107,7 +111,7 @@ def sample_run(
     out = Path(out_dir)
     run = RunDir(run_dir)
     # The statement comes from the ledger, checked before anything is generated or written.
-    privacy = run_privacy(run_dir, ledger_path)
+    privacy = run_privacy(run_dir, ledger_path, partial=partial)
     check_target(
         out,
         flag="--out",
@@ -142,6 +146,7 @@ def sample_run(
                 key: privacy[key]
                 for key in ("ledger", "ledger_seq", "ledger_hash", "status", "epsilon", "delta")
             },
+            "training": privacy["training"],
             "n": n,
             "format": fmt,
             "classes": list(info.classes),

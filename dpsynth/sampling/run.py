@@ -1,8 +1,13 @@
 """A trained run for sampling: its generator from the last checkpoint, the sampler's latent
-scale, and its privacy statement from the ledger spend it is anchored to (checked)."""
+scale, and its privacy statement from the ledger spend it is anchored to (checked), which
+says when training did not finish (a partial release, allowed only on request)."""
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +17,112 @@ from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import SpendAnchor, privacy_statement, verified_spend
 from dpsynth.methods.base import Generator, check_truncation
 from dpsynth.methods.registry import get_method
-from dpsynth.runs import RunDir
+from dpsynth.runs import WEIGHTS_FILE, RunDir
 from dpsynth.training import resolve_device
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """How far a run's training got: the step of its last checkpoint, of the plan's total."""
+
+    steps: int
+    total_steps: int
+
+    @property
+    def finished(self) -> bool:
+        """True once the checkpoint holds the plan's last step."""
+        return self.steps >= self.total_steps
+
+    def to_json(self) -> dict[str, Any]:
+        """What a manifest records: steps done, the plan's total, and whether it is partial."""
+        return {"steps": self.steps, "total_steps": self.total_steps, "partial": not self.finished}
+
+
+def training_state(run_dir: Path | str) -> TrainingState | None:
+    """The step of the run's last checkpoint (read from the weights file's own metadata, which
+    is what `load_generator` loads; 0 without one) and the plan's total (`config.json`); None
+    when the config records no total (not a config `train` wrote: nothing can be said)."""
+    run = RunDir(run_dir)
+    privacy = run.read_config().get("privacy")
+    total = privacy.get("steps") if isinstance(privacy, dict) else None
+    if total is None:
+        return None
+    path = run.path / WEIGHTS_FILE
+    steps = 0
+    if path.is_file():
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as handle:
+                steps = json.loads((handle.metadata() or {})["state"])["step"]
+        except Exception as exc:
+            raise DataError(f"{path}: unreadable checkpoint ({_one_line(exc)})") from None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (steps, total)):
+        raise DataError(f"{run.path}: the checkpoint's step or the plan's steps is not a count")
+    return TrainingState(steps, total)
+
+
+def partial_note(state: TrainingState) -> str:
+    """What a statement adds for a release from an unfinished run: where training stopped, and
+    that the ε stated is the run's whole reservation (a reserved spend counts in full)."""
+    return (
+        f"partial release: training stopped at step {state.steps} of {state.total_steps} "
+        "(the ε is the run's whole reserved spend, which counts in full)"
+    )
+
+
+_PARTIAL = re.compile(r"partial release: training stopped at step (\d+) of (\d+)")
+
+
+def released_training_state(manifest: Mapping[str, Any]) -> TrainingState | None:
+    """Where training stood when a sample was drawn, as its manifest says (`training`, else
+    the partial note in its statement); None when the manifest says nothing about it. Only
+    used to weaken what an evaluation states, never to strengthen it."""
+    recorded = manifest.get("training")
+    if isinstance(recorded, Mapping):
+        steps, total = recorded.get("steps"), recorded.get("total_steps")
+        if isinstance(steps, int) and isinstance(total, int):
+            return TrainingState(steps, total)
+    found = _PARTIAL.search(str(manifest.get("privacy") or ""))
+    return TrainingState(int(found[1]), int(found[2])) if found else None
+
+
+def unfinished_note(manifest: Mapping[str, Any], spend_status: str | None) -> str | None:
+    """What an evaluation's statement adds when the sample it reads came from an unfinished
+    run: the manifest's record of a partial release, else a run whose ledger spend is not
+    completed (a sample drawn before training finished, by a dpsynth that did not record it).
+    None for a finished run."""
+    state = released_training_state(manifest)
+    if state is not None and not state.finished:
+        return partial_note(state)
+    if spend_status in ("reserved", "aborted"):
+        return (
+            f"from an unfinished run: its ledger spend is {spend_status}, not completed "
+            "(the ε is the run's whole reserved spend, which counts in full)"
+        )
+    return None
+
+
+def check_finished(state: TrainingState, run_name: str, status: str | None) -> None:
+    """UsageError (exit 2, one line) for a run whose training did not finish: `sample`
+    releases such a checkpoint only with `--partial`."""
+    if state.finished:
+        return
+    if state.steps == 0:
+        raise UsageError(
+            f"{run_name}: training stopped before its first checkpoint (step 0 of "
+            f"{state.total_steps}); `dpsynth train --resume --out {run_name}` finishes it"
+        )
+    where = f"{run_name}: training stopped at step {state.steps} of {state.total_steps}"
+    if status == "aborted":
+        raise UsageError(
+            f"{where} and its spend was aborted (it cannot be resumed); pass --partial to "
+            "release this checkpoint"
+        )
+    raise UsageError(
+        f"{where}; `dpsynth train --resume --out {run_name}` finishes it, or pass --partial "
+        "to release this checkpoint"
+    )
 
 
 def load_generator(run_dir: Path | str, device: str = "auto") -> tuple[Generator, dict, DataInfo]:
@@ -69,8 +178,14 @@ def _one_line(exc: BaseException, limit: int = 160) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def run_privacy(run_dir: Path | str, ledger_path: Path | str | None = None) -> dict[str, Any]:
+def run_privacy(
+    run_dir: Path | str, ledger_path: Path | str | None = None, partial: bool = False
+) -> dict[str, Any]:
     """The privacy statement of a run's outputs, taken from the ledger spend it is anchored to.
+
+    A run whose training did not finish (its checkpoint is short of the plan's steps) is
+    refused with one line (UsageError, exit 2) unless `partial`; with it, the statement says
+    that this is a partial release and where training stopped (`training` holds the steps).
 
     `ledger_path` defaults to the ledger the run recorded. The anchor (seq and hash in
     config.json) is checked as for `--resume` (same hash, run id, data and events); a run that
@@ -102,11 +217,17 @@ def run_privacy(run_dir: Path | str, ledger_path: Path | str | None = None) -> d
         run_name=name,
         run_config=run_config,
     )
+    state = training_state(run.path)
+    if state is not None and not partial:
+        check_finished(state, name, spend.get("status"))
     statement = privacy_statement(spend)
     release = run_config.get("schema_release")
     if isinstance(release, dict) and statement["private"]:
         statement = _with_schema_release(statement, Ledger(path), release, run_id, name)
-    return {**statement, "ledger": str(path.resolve())}
+    if state is not None and not state.finished:
+        statement = {**statement, "statement": f"{statement['statement']}; {partial_note(state)}"}
+    training = state.to_json() if state is not None else None
+    return {**statement, "training": training, "ledger": str(path.resolve())}
 
 
 def _with_schema_release(

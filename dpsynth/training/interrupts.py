@@ -10,14 +10,17 @@ the loop honours it at the next step boundary (checkpoint, then `TrainingInterru
 and the loop writes no checkpoint for a step it did not finish: `--resume` continues from
 the last boundary checkpoint and replays the lost steps from the same saved streams, so
 they draw the same batches and noise and release nothing new.
+
+A step may take minutes (an AIM round), so whoever runs the loop can be told at once that
+a request arrived (`on_request`): the CLI says it will stop after the step in progress.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from types import FrameType
 
@@ -41,9 +44,15 @@ class InterruptRequest:
 
 
 @contextmanager
-def deferred_interrupts() -> Iterator[InterruptRequest]:
+def deferred_interrupts(
+    on_request: Callable[[int], None] | None = None,
+) -> Iterator[InterruptRequest]:
     """While active, SIGINT and SIGTERM set a flag the loop checks between steps; a second
     one raises `KeyboardInterrupt` at once. The previous handlers come back on exit.
+
+    `on_request(signum)` is called once, from the handler, when the first signal arrives (to
+    say that the stop waits for the step boundary); anything it raises is dropped, so that
+    telling the user can never break the step in progress.
 
     Python runs signal handlers only in the main thread, so elsewhere (a test calling the
     loop from a worker thread) nothing is installed and the request never fires.
@@ -60,6 +69,11 @@ def deferred_interrupts() -> Iterator[InterruptRequest]:
                 "the spend stays counted and --resume continues from the last checkpoint"
             )
         request.signum = signum
+        if on_request is not None:
+            # The handler runs between two bytecodes of whatever the main thread was doing:
+            # an error here (a write re-entering a stream) must not escape into the step.
+            with suppress(Exception):
+                on_request(signum)
 
     previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
     for sig in _SIGNALS:

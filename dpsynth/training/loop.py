@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import signal
 import time
 import warnings as python_warnings
 from collections.abc import Iterator
@@ -27,7 +28,13 @@ from dpsynth.methods.base import Trainer
 from dpsynth.privacy.dpsgd import PoissonSampler
 from dpsynth.privacy.ghost_check import GhostFallbackWarning
 from dpsynth.training.interrupts import InterruptRequest, TrainingInterrupted, deferred_interrupts
-from dpsynth.training.progress import EpsilonCurve, ProgressCallback, TrainProgress
+from dpsynth.training.progress import (
+    EpsilonCurve,
+    ProgressCallback,
+    StopNotice,
+    TrainProgress,
+    stop_callback,
+)
 from dpsynth.training.session import Session, warm_start
 from dpsynth.training.summary import json_eps, json_stat, run_summary, write_preview
 
@@ -77,11 +84,17 @@ def run_loop(
             private_state={"generators": randomness.state()},
         )
 
+    notify = stop_callback(progress)
+
+    def on_request(signum: int) -> None:
+        if notify is not None:  # `step`: the steps finished when the signal came
+            notify(StopNotice(_signal_name(signum), step, plan.steps))
+
     # A step is all or nothing: signals only ask for a stop, honoured at the next boundary,
     # and nothing that raises inside a step (a second signal included) writes a checkpoint,
     # so the checkpoint on disk is always a finished step's (see dpsynth.training.interrupts).
     with (
-        deferred_interrupts() as interrupts,
+        deferred_interrupts(on_request) as interrupts,
         collected_warnings(GhostFallbackWarning, warnings),
         aborted_on_failure(session, seq),
     ):
@@ -136,6 +149,13 @@ def run_loop(
     if run_config.get("schema_release"):
         summary["schema_release"] = run_config["schema_release"]
     return summary
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _loop_batch(

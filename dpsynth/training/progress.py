@@ -1,4 +1,5 @@
-"""Progress reports of the loop, and the ε upper bound it shows after t steps."""
+"""Progress reports of the loop, the notice of a stop request, and the ε upper bound it
+shows after t steps."""
 
 from __future__ import annotations
 
@@ -29,6 +30,27 @@ class TrainProgress:
 
 
 ProgressCallback = Callable[[TrainProgress], None]
+
+
+@dataclass(frozen=True)
+class StopNotice:
+    """A first SIGINT or SIGTERM arrived: the loop stops at the next step boundary, after
+    the step in progress, with a checkpoint (a second signal stops at once, without one)."""
+
+    signal: str  # "SIGINT" or "SIGTERM"
+    steps_done: int
+    total_steps: int
+
+
+StopCallback = Callable[[StopNotice], None]
+
+
+def stop_callback(progress: ProgressCallback | None) -> StopCallback | None:
+    """The progress callback's `on_stop_request` method, when it has one: how the renderer
+    hears of a stop request as soon as it arrives (a step may take minutes), without another
+    argument through `train`. Called from the signal handler, so it must be quick."""
+    hook = getattr(progress, "on_stop_request", None)
+    return hook if callable(hook) else None
 
 
 class EpsilonCurve:
