@@ -4,8 +4,10 @@
 #   bench/gpu_smoke.sh OUT_DIR
 #
 # Environment: DEVICE (default cuda; DEVICE=cpu runs the same steps on the CPU, slowly),
-# PYTHON (default python3), DATA (default digits), INCEPTION_WEIGHTS (a TorchScript TF-Inception
-# file: adds FID to the evaluation), N (samples per method, default 200).
+# PYTHON (default python3), DATA (default digits), TABLE (default german-credit: the data of
+# the table-only methods, aim and mst, evaluated with ml), INCEPTION_WEIGHTS (a TorchScript
+# TF-Inception file: adds FID to the evaluation), N (samples per method, default 200),
+# METHODS (a space-separated subset; default every registered method).
 # Methods come from dpsynth.methods.registry, so a new backend joins without editing this file.
 # Each method gets its own ledger under OUT_DIR (independent experiments on the same data).
 # Any failing step fails the whole script (exit 1) after naming the method and the step; on
@@ -24,10 +26,15 @@ mkdir -p "$out" || exit 1
 if [ "$device" = cuda ]; then
   "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "gpu_smoke: CUDA is not available (DEVICE=cpu runs on the CPU)")' || exit 1
 fi
-methods=$("$py" -c 'from dpsynth.methods.registry import method_names; print(" ".join(method_names()))') || {
+methods=${METHODS:-$("$py" -c 'from dpsynth.methods.registry import method_names; print(" ".join(method_names()))')} || {
   echo "gpu_smoke: cannot list the methods from dpsynth.methods.registry" >&2
   exit 1
 }
+table=${TABLE:-german-credit}
+# the methods that take no images train on the table
+table_only=$("$py" -c 'from dpsynth.methods.registry import get_method, method_names
+print(" ".join(m for m in method_names() if "image" not in get_method(m).modalities))') || exit 1
+data_for() { case " $table_only " in *" $1 "*) echo "$table" ;; *) echo "$data" ;; esac; }
 metrics=accuracy
 weights=()
 if [ -n "${INCEPTION_WEIGHTS:-}" ]; then
@@ -59,13 +66,16 @@ for method in $methods; do
   dir="$out/$method"
   rm -rf "$dir" && mkdir -p "$dir" || exit 1
   ledger="$dir/ledger.jsonl"
-  if step "$method" train dpsynth train --method "$method" --data "$data" --epsilon 10 \
+  mdata=$(data_for "$method")
+  if [ "$mdata" = "$data" ]; then mmetrics=$metrics; mweights=("${weights[@]}"); mout="$dir/samples"
+  else mmetrics=ml; mweights=(); mout="$dir/samples.csv"; fi
+  if step "$method" train dpsynth train --method "$method" --data "$mdata" --epsilon 10 \
         --preset tiny --out "$dir/run" --device "$device" --ledger "$ledger" --quiet --json \
     && "$py" - "$dir/run/config.json" "$device" <<'PY' \
-    && step "$method" sample dpsynth sample "$dir/run" --n "$n" --out "$dir/samples" \
+    && step "$method" sample dpsynth sample "$dir/run" --n "$n" --out "$mout" \
         --device "$device" --ledger "$ledger" --quiet --json \
-    && step "$method" evaluate dpsynth evaluate --synthetic "$dir/samples" --real "$data:test" \
-        --metrics "$metrics" --classifier cnn --seeds 1 --device "$device" "${weights[@]}" \
+    && step "$method" evaluate dpsynth evaluate --synthetic "$mout" --real "$mdata:test" \
+        --metrics "$mmetrics" --classifier cnn --seeds 1 --device "$device" "${mweights[@]}" \
         --report "$dir/report" --ledger "$ledger" --quiet --json \
     && step "$method" ledger-verify dpsynth ledger verify --ledger "$ledger" --json
 import json, sys
@@ -77,10 +87,14 @@ PY
     "$py" - "$dir/evaluate.json" <<'PY'
 import json, sys
 result = json.load(open(sys.argv[1]))
-parts = [f"{k} {v['value']:.2f}" for k, v in result["metrics"].items() if "value" in v]
-acc = result["metrics"].get("accuracy")
+metrics = result.get("metrics", {})
+parts = [f"{k} {v['value']:.2f}" for k, v in metrics.items() if isinstance(v, dict) and "value" in v]
+acc = metrics.get("accuracy")
 if acc:
     parts.append(f"accuracy {acc['mean']:.3f}")
+for name, scores in (metrics.get("classifiers") or {}).items():  # a table's classifiers
+    if isinstance(scores, dict) and isinstance(scores.get("roc_auc"), dict):
+        parts.append(f"{name} ROC-AUC {scores['roc_auc']['mean']:.3f}")
 print("  result: " + ", ".join(parts))
 PY
   else
@@ -95,7 +109,7 @@ if [ "$nproc" -gt 0 ]; then
     dir="$out/torchrun-$method"
     rm -rf "$dir" && mkdir -p "$dir" || exit 1
     if step "torchrun-$method" train "$py" -m torch.distributed.run --nproc-per-node "$nproc" \
-          --no-python "$py" -m dpsynth.cli train --method "$method" --data "$data" \
+          --no-python "$py" -m dpsynth.cli train --method "$method" --data "$(data_for "$method")" \
           --epsilon 10 --preset tiny --out "$dir/run" --device "$device" \
           --ledger "$dir/ledger.jsonl" --quiet --json \
       && "$py" - "$dir/run/config.json" "$device" "$nproc" "$dir/train.json" <<'PY' \

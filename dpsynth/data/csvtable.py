@@ -51,7 +51,7 @@ def read_csv_table(path: Path | str, source: str | None = None) -> RawTable:
     The text is streamed through its checks (`dpsynth.data.csvfile.CheckedText`:
     decompression, UTF-8, the line cap) into the parser `_ROWS_PER_CHUNK` rows at a time;
     each column keeps one shared string object per distinct value and a pointer per row, so a
-    table costs about `_BYTES_PER_FIELD` bytes a field whatever its text's width, and the rows
+    table costs about `BYTES_PER_FIELD` bytes a field whatever its text's width, and the rows
     read so far are checked against the memory budget after every chunk. The header is read
     as written, so a name that appears twice is an error rather than silently renamed; a field
     longer than the cap is refused.
@@ -59,7 +59,7 @@ def read_csv_table(path: Path | str, source: str | None = None) -> RawTable:
     path = Path(path)
     name = source or str(path)
     header: tuple[str, ...] | None = None
-    columns: list[_ColumnBuilder] = []
+    columns: list[ColumnBuilder] = []
     rows = 0
     try:
         with CheckedText(path, name) as text:
@@ -79,13 +79,13 @@ def read_csv_table(path: Path | str, source: str | None = None) -> RawTable:
                         f"{name}: {frame.shape[1]} columns, more than the cap of {MAX_CSV_COLUMNS}"
                     )
                 if header is None:
-                    header = _header(frame.iloc[0].tolist(), name)
-                    columns = [_ColumnBuilder() for _ in header]
+                    header = header_names(frame.iloc[0].tolist(), name)
+                    columns = [ColumnBuilder() for _ in header]
                     frame = frame.iloc[1:]
                 for i, (builder, column_name) in enumerate(zip(columns, header, strict=True)):
                     builder.add(frame.iloc[:, i].to_numpy(dtype=object), column_name, rows, name)
                 rows += len(frame)
-                needed = rows * len(header) * _BYTES_PER_FIELD + sum(b.text_bytes for b in columns)
+                needed = rows * len(header) * BYTES_PER_FIELD + sum(b.text_bytes for b in columns)
                 problem = over_budget(needed)
                 if problem:
                     raise DataError(f"{name}: the table's first {rows:,} rows {problem}")
@@ -104,10 +104,12 @@ def read_csv_table(path: Path | str, source: str | None = None) -> RawTable:
 _ROWS_PER_CHUNK = 100_000
 # A parsed field's cost once read: an 8-byte pointer to its column's shared string, twice while
 # the chunks are joined.
-_BYTES_PER_FIELD = 16
+BYTES_PER_FIELD = 16
 
 
-def _header(cells: list[object], name: str) -> tuple[str, ...]:
+def header_names(cells: list[object], name: str) -> tuple[str, ...]:
+    """A table's column names, stripped ("Unnamed: i" for a blank one); DataError naming the
+    file when a name appears twice (a schema names each column once)."""
     header = tuple(str(c).strip() or f"Unnamed: {i}" for i, c in enumerate(cells))
     seen: set[str] = set()
     for column_name in header:
@@ -120,7 +122,7 @@ def _header(cells: list[object], name: str) -> tuple[str, ...]:
     return header
 
 
-class _ColumnBuilder:
+class ColumnBuilder:
     """One column read chunk by chunk: each distinct stripped value is one shared `str`."""
 
     def __init__(self) -> None:

@@ -1,4 +1,5 @@
-"""Data specs: turn `digits`, `mnist-5k:test`, `mnist:DIR`, `folder:DIR`, `npz:FILE` into images.
+"""Data specs: turn `digits`, `mnist-5k:test`, `mnist:DIR`, `folder:DIR`, `npz:FILE` into images,
+and `csv:FILE`, `parquet:FILE` and the built-in tables into tables.
 
 Built-in data sets are named as they are (`NAME` is the train split, `NAME:test` the held-out
 split); the user's own data is `KIND:PATH`, and `mnist:DIR:test` reads the `t10k-*` files.
@@ -48,9 +49,11 @@ __all__ = [
     "parse_classes",
     "parse_spec",
     "read_table",
+    "read_table_file",
 ]
 
-KINDS: tuple[str, ...] = ("mnist", "folder", "npz", "csv")
+KINDS: tuple[str, ...] = ("mnist", "folder", "npz", "csv", "parquet")
+TABLE_KINDS = frozenset({"csv", "parquet"})
 SPLIT_KINDS = frozenset({"builtin", "mnist"})
 
 
@@ -69,8 +72,9 @@ class DataSpec:
 
     @property
     def is_table(self) -> bool:
-        """True for `csv:FILE` and the built-in tables."""
-        return self.kind == "csv" or (self.kind == "builtin" and self.target in TABLE_BUILTINS)
+        """True for `csv:FILE`, `parquet:FILE` and the built-in tables."""
+        builtin = self.kind == "builtin" and self.target in TABLE_BUILTINS
+        return self.kind in TABLE_KINDS or builtin
 
     @property
     def canonical(self) -> str:
@@ -109,7 +113,9 @@ def parse_spec(spec: str) -> DataSpec:
         if Path(text).expanduser().is_dir():
             hint = f"; did you mean folder:{text} or mnist:{text}?"
         elif Path(text).expanduser().is_file():
-            hint = f"; did you mean npz:{text}?"
+            suffix = Path(text).suffix.lower()
+            kind = {".parquet": "parquet", ".csv": "csv"}.get(suffix, "npz")
+            hint = f"; did you mean {kind}:{text}?"
         raise UsageError(f"unknown data set {text!r}{hint} ({_usage_hint()})")
     if kind not in KINDS:
         raise UsageError(f"unknown data kind {kind!r} in {text!r} ({_usage_hint()})")
@@ -128,8 +134,11 @@ def _check_path(parsed: DataSpec) -> Path:
         if split == "test" and Path(base).expanduser().exists():
             hint = " (:test applies to built-in data and mnist:DIR; give the test data's own path)"
         raise UsageError(f"no such file or folder: {parsed.given}{hint}")
-    if parsed.kind in ("npz", "csv") and not path.is_file():
-        raise UsageError(f"{parsed.kind}:{parsed.given}: not a file")
+    if parsed.kind in ("npz", "csv", "parquet") and not path.is_file():
+        folder = " (a folder of partitioned Parquet files is not read)" * (
+            parsed.kind == "parquet" and path.is_dir()
+        )
+        raise UsageError(f"{parsed.kind}:{parsed.given}: not a file{folder}")
     if parsed.kind in ("mnist", "folder") and not path.is_dir():
         raise UsageError(f"{parsed.kind}:{parsed.given}: not a folder")
     return path
@@ -278,26 +287,44 @@ def inspect_data(
 
 
 def is_table_spec(spec: str) -> bool:
-    """True when a data spec names a table (`csv:FILE`, a built-in table)."""
+    """True when a data spec names a table (`csv:FILE`, `parquet:FILE`, a built-in table)."""
     return parse_spec(spec).is_table
 
 
-def read_table(spec: str) -> tuple[RawTable, DataSpec, Schema | None]:
+def read_table(spec: str, schema: Schema | None = None) -> tuple[RawTable, DataSpec, Schema | None]:
     """A table spec's rows as read (strings), its parsed spec and its bundled schema (None for
-    a user's `csv:`, whose schema the user gives)."""
+    a user's `csv:` or `parquet:`, whose schema the user gives). `schema`, when known before
+    the read, gives a Parquet file's date and time columns their formats."""
     from dpsynth.data.builtin_tables import load_builtin_table
-    from dpsynth.data.tabular import read_csv_table
 
     parsed = parse_spec(spec)
     if not parsed.is_table:
         raise UsageError(
-            f"{spec!r} is image data; a table is csv:FILE or {', '.join(TABLE_BUILTINS)}"
+            f"{spec!r} is image data; a table is csv:FILE, parquet:FILE or "
+            f"{', '.join(TABLE_BUILTINS)}"
         )
     if parsed.kind == "builtin":
         raw = load_builtin_table(parsed.target, parsed.split)
         return raw, parsed, TABLE_BUILTINS[parsed.target].schema()
     path = _check_path(parsed)
-    return read_csv_table(path, source=f"csv:{parsed.given}"), parsed, None
+    raw = read_table_file(path, f"{parsed.kind}:{parsed.given}", parsed.kind, schema)
+    return raw, parsed, None
+
+
+def read_table_file(
+    path: Path | str, source: str, kind: str | None = None, schema: Schema | None = None
+) -> RawTable:
+    """A table file's rows as strings: Parquet for `kind` "parquet" (or, without a kind, a name
+    ending in `.parquet`; its time columns in `schema`'s formats when given, see
+    `dpsynth.data.parquetfile`), else CSV (plain or compressed). `source` names it in errors."""
+    from dpsynth.data.parquetfile import read_parquet_table
+    from dpsynth.data.tabular import read_csv_table
+
+    if kind is None:
+        kind = "parquet" if Path(path).suffix.lower() == ".parquet" else "csv"
+    if kind == "parquet":
+        return read_parquet_table(path, source=source, schema=schema)
+    return read_csv_table(path, source=source)
 
 
 def load_table(spec: str, schema: Schema | None = None, dataset_id: str | None = None) -> TableData:
@@ -310,7 +337,7 @@ def load_table(spec: str, schema: Schema | None = None, dataset_id: str | None =
     schema = schema or bundled
     if schema is None:
         raise UsageError(
-            f"{spec}: a csv: table needs --schema FILE.json (draft one with "
+            f"{spec}: a {parsed.kind}: table needs --schema FILE.json (draft one with "
             f"`dpsynth data schema {spec} > schema.json`)"
         )
     return encode_table(raw, schema, parsed.canonical, parsed.kind, dataset_id)

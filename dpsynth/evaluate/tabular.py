@@ -2,7 +2,8 @@
 
 Logistic regression (one-hot categories, standardised numbers) and gradient boosting
 (scikit-learn's HistGradientBoostingClassifier, categories as native categorical features) are
-fitted on the synthetic CSV only and tested on the real held-out table: accuracy and ROC-AUC
+fitted on the synthetic rows only (a CSV, or Parquet when its name ends in `.parquet`) and
+tested on the real held-out table: accuracy and ROC-AUC
 (binary: of the second class's score; more classes: one-vs-rest macro average), mean ± std over
 `seeds` (the classifiers' random state; logistic regression is deterministic, so its std is 0).
 The final model is reported, nothing is selected on the test rows. `--real-train SPEC` adds the
@@ -34,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from dpsynth.data.schema import Schema, parse_schema, read_schema
-from dpsynth.data.sources import read_table
-from dpsynth.data.tabular import RawTable, read_csv_table, table_content_digest
+from dpsynth.data.sources import read_table, read_table_file
+from dpsynth.data.tabular import RawTable, table_content_digest
 from dpsynth.errors import DataError, DpsynthError, UsageError
 from dpsynth.evaluate.release import (
     check_report_dir,
@@ -95,7 +96,8 @@ def _checked_manifest_privacy(
 ) -> str | None:
     """The privacy statement of a sampled CSV, re-derived from the ledger spend its manifest
     names (`--ledger`, else the ledger the manifest records), or None with a warning when that
-    ledger does not hold the spend: a manifest's own words are never repeated unchecked."""
+    ledger does not hold the spend: a manifest's own words are never repeated unchecked. A
+    sample of an unfinished run (a partial release, or a spend not completed) says so."""
     if not manifest.get("privacy"):
         return None
     source = manifest.get("privacy_source")
@@ -121,7 +123,11 @@ def _checked_manifest_privacy(
             "the statement is not reported (pass --ledger with the run's own ledger)"
         )
         return None
-    return str(privacy_statement(spend)["statement"])
+    from dpsynth.sampling.run import unfinished_note
+
+    statement = str(privacy_statement(spend)["statement"])
+    note = unfinished_note(manifest, spend.get("status"))
+    return f"{statement}; {note}" if note else statement
 
 
 def _manifest(path: Path) -> dict[str, Any]:
@@ -134,7 +140,7 @@ def _manifest(path: Path) -> dict[str, Any]:
 
 
 def _real_table(spec: str, schema: Schema | None) -> tuple[RawTable, Schema, str, str]:
-    raw, parsed, bundled = read_table(spec)
+    raw, parsed, bundled = read_table(spec, schema)
     chosen = schema or bundled
     if chosen is None:
         raise UsageError(f"--real {spec}: pass --schema FILE.json (the table's public schema)")
@@ -163,7 +169,8 @@ def run_table_evaluation(
     synth_path = Path(synthetic)
     if synth_path.is_dir():
         raise UsageError(
-            f"--synthetic {synthetic}: for a table give the CSV written by `sample --out FILE.csv`"
+            f"--synthetic {synthetic}: for a table give the file written by `sample --out "
+            "FILE.csv` (or FILE.parquet)"
         )
     manifest = _manifest(synth_path)
     schema = None
@@ -173,7 +180,7 @@ def run_table_evaluation(
         schema = parse_schema(manifest["schema"], f"{synthetic} manifest schema")
     raw_real, schema, real_spec, real_kind = _real_table(real, schema)
     check_columns(raw_real, schema)
-    synth_raw = read_csv_table(synth_path, source=f"--synthetic {synthetic}")
+    synth_raw = read_table_file(synth_path, source=f"--synthetic {synthetic}", schema=schema)
     check_columns(synth_raw, schema)
     real_digest = table_content_digest(raw_real, schema)
     warnings_list: list[str] = []

@@ -1,8 +1,7 @@
-"""Sampling a table's run: N rows decoded into a CSV file with its manifest beside it."""
+"""Sampling a table's run: N rows decoded into a CSV or Parquet file with its manifest beside it."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from dpsynth.sampling.labels import (
     weighted_counts,
 )
 from dpsynth.sampling.outputs import SampleProgress, record_release, table_manifest_path
+from dpsynth.sampling.rows_out import RowsFile, table_format
 from dpsynth.sampling.run import load_generator, run_privacy, set_truncation
 
 
@@ -34,6 +34,8 @@ def sample_table(
     ledger_path: Path | str | None = None,
     progress: SampleProgress | None = None,
     truncation: float | None = None,
+    partial: bool = False,
+    fmt: str | None = None,
 ) -> dict[str, Any]:
     """Write N synthetic rows of a table's run to the CSV file `out` and record the release.
 
@@ -41,7 +43,9 @@ def sample_table(
     `dpsynth.data.tabular`); it is streamed batch by batch into a temporary name beside
     `out` and renamed into place, with `OUT.manifest.json` (provenance, privacy statement,
     SHA-256 of the CSV). `force` replaces only an earlier CSV of `sample` (one with its
-    manifest). Categorical blocks are sampled with the public `seed`.
+    manifest). Categorical blocks are sampled with the public `seed`. An `out` ending in
+    `.parquet` (or `fmt` "parquet") is written as Parquet instead, typed by the schema (see
+    `dpsynth.sampling.parquet_out`), with the same staging, manifest and SHA-256 (of the file).
     """
     import math
     import os
@@ -50,14 +54,15 @@ def sample_table(
 
     check_batch_size("--batch-size", batch_size, 1)
     out = Path(out)
+    fmt = table_format(out, fmt)
     run = RunDir(run_dir)
-    privacy = run_privacy(run_dir, ledger_path)
+    privacy = run_privacy(run_dir, ledger_path, partial=partial)
     manifest_path = table_manifest_path(out)
     resolved = out.resolve()
     if resolved == Path(privacy["ledger"]).resolve() or run.path.resolve() in resolved.parents:
         raise UsageError(f"--out {out}: would overwrite the ledger or the run directory")
     if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; a table is written to a CSV file")
+        raise UsageError(f"--out {out} is a folder; a table is written to a .csv or .parquet file")
     if out.exists():
         if not force:
             raise UsageError(f"--out {out} exists; pass --force to replace it")
@@ -80,23 +85,18 @@ def sample_table(
     remove_stale_staging(out.parent)  # CSVs that killed `sample` runs were writing
     replaced = out.exists()
     temporary = staging_file(out)
-    digest = hashlib.sha256()
     rng = np.random.default_rng(seed)
     done = 0
     try:
-        with temporary.open("w", encoding="utf-8", newline="") as handle:
+        with RowsFile(temporary, codec, fmt) as written:
             for rows, chunk in labelled_batches(generator, counts, batch_size, seed):
-                frame = codec.decode(rows.cpu().numpy(), chunk.numpy(), rng)
-                text = codec.csv_text(frame, header=done == 0)
-                handle.write(text)
-                digest.update(text.encode("utf-8"))
+                frame = codec.decode(rows.cpu().numpy(), chunk.numpy(), rng, start=done)
+                written.write(frame)
                 done += len(frame)
                 if progress is not None:
                     progress(done, n)
-            handle.flush()
-            os.fsync(handle.fileno())
-        output_sha = digest.hexdigest()
-        release = record_release(run_config, info, privacy["ledger"], output_sha, n, "csv", out)
+        output_sha = written.sha256
+        release = record_release(run_config, info, privacy["ledger"], output_sha, n, fmt, out)
         manifest = {
             "run_id": run_config["run_id"],
             "run": str(Path(run_dir).resolve()),
@@ -108,7 +108,7 @@ def sample_table(
                 for key in ("ledger", "ledger_seq", "ledger_hash", "status", "epsilon", "delta")
             },
             "n": n,
-            "format": "csv",
+            "format": fmt,
             "modality": "table",
             "classes": list(info.classes),
             "label_counts": counts,

@@ -1,0 +1,156 @@
+"""Synthetic rows as Parquet: a decoded frame → an Arrow table typed by the public schema.
+
+The Arrow schema is built from the dpsynth schema's column types alone, never from a batch's
+values, so every batch of a release has the same one (and an empty batch would too):
+
+| schema type   | Arrow type                                   | missing cell |
+|---------------|----------------------------------------------|--------------|
+| `numeric`     | float64                                      | null (NaN)   |
+| `integer`     | int64                                        | null         |
+| `datetime`    | timestamp[us], in the column's `timezone`    | null (NaT)   |
+|               | (whole seconds when its `format` has no %f)  |              |
+| `date`        | date32                                       | null (NaT)   |
+| `boolean`     | bool                                         | null         |
+| `categorical` | string (the category as the file spells it)  | null for ""  |
+| `id`          | string                                       |              |
+| `ignored`     | string, every cell null                      | null         |
+
+A type this table does not know is written as strings. `ParquetRows` streams the batches into
+one file (`pyarrow.parquet.ParquetWriter`), buffering them into row groups of
+`ROWS_PER_GROUP` rows; `sampling.rows_out` opens it for `sample --out FILE.parquet`.
+"""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dpsynth.data.schema import Column, Schema
+
+# Rows per Parquet row group: sampling batches (500 rows by default) are gathered this far.
+ROWS_PER_GROUP = 65_536
+_STRING_TYPES = ("categorical", "id", "ignored")
+
+
+def arrow_type(column: Column) -> pa.DataType:
+    """The Arrow type of a schema column (see the module docstring)."""
+    kind = str(column.type)
+    if kind == "numeric":
+        return pa.float64()
+    if kind == "integer":
+        return pa.int64()
+    if kind == "datetime":
+        return pa.timestamp("us", tz=getattr(column, "timezone", None) or None)
+    if kind == "date":
+        return pa.date32()
+    if kind == "boolean":
+        return pa.bool_()
+    return pa.string()
+
+
+def arrow_schema(schema: Schema) -> pa.Schema:
+    """The Arrow schema of a release: the columns in file order, typed by `arrow_type`."""
+    return pa.schema([pa.field(c.name, arrow_type(c), nullable=True) for c in schema.columns])
+
+
+def frame_to_arrow(frame: pd.DataFrame, schema: Schema) -> pa.Table:
+    """A decoded frame (`TableCodec.decode`) as an Arrow table of `arrow_schema(schema)`."""
+    target = arrow_schema(schema)
+    arrays = [
+        _column_array(frame[column.name], column, target.field(column.name).type)
+        for column in schema.columns
+    ]
+    return pa.Table.from_arrays(arrays, schema=target)
+
+
+def _column_array(values: pd.Series, column: Column, kind: pa.DataType) -> pa.Array:
+    name = str(column.type)
+    n = len(values)
+    if name == "ignored":
+        return pa.nulls(n, pa.string())
+    if name == "numeric":
+        numbers = pd.to_numeric(values, errors="coerce").to_numpy(np.float64, na_value=np.nan)
+        return pa.array(numbers, type=kind, from_pandas=True)
+    if name == "integer":
+        whole = pd.array(pd.to_numeric(values, errors="coerce"), dtype="Float64").astype("Int64")
+        return pa.array(whole, type=kind, from_pandas=True)
+    if name == "boolean":
+        return pa.array(_truth(values, column), type=kind, from_pandas=True)
+    if name in ("datetime", "date"):
+        stamps = pd.Series(values)
+        if not isinstance(stamps.dtype, pd.DatetimeTZDtype) and stamps.dtype.kind != "M":
+            stamps = pd.to_datetime(stamps, errors="coerce")
+        if name == "date":
+            if isinstance(stamps.dtype, pd.DatetimeTZDtype):
+                stamps = stamps.dt.tz_localize(None)  # the wall date of the column's zone
+            stamps = stamps.dt.normalize()
+        elif "%f" not in (getattr(column, "format", None) or ""):
+            stamps = stamps.dt.floor("s")  # the precision the column's format writes
+        return pa.array(stamps, from_pandas=True).cast(kind, safe=False)
+    texts = np.asarray(values, dtype=object)
+    if name == "categorical":
+        return pa.array(_strings(texts, empty_is_null=True), type=kind)
+    return pa.array(_strings(texts, empty_is_null=name not in _STRING_TYPES), type=kind)
+
+
+def _strings(values: np.ndarray, empty_is_null: bool) -> list[Any]:
+    """Cells as str; None for a missing one (NaN, None, and "" when `empty_is_null`)."""
+    out: list[Any] = []
+    for value in values.tolist():
+        if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA:
+            out.append(None)
+        else:
+            text = str(value)
+            out.append(None if empty_is_null and text == "" else text)
+    return out
+
+
+def _truth(values: pd.Series, column: Column) -> pd.arrays.BooleanArray:
+    """A boolean column as pandas booleans: as decoded, or from the file's two spellings."""
+    if pd.api.types.is_bool_dtype(values.dtype):
+        return pd.array(values, dtype="boolean")
+    texts = pd.Series(values, dtype=object)
+    spellings = tuple(getattr(column, "categories", ()) or ("false", "true"))
+    truth = pd.array(texts == spellings[-1], dtype="boolean")
+    truth[~texts.isin(spellings[-2:]).to_numpy()] = pd.NA
+    return truth
+
+
+class ParquetRows:
+    """Decoded frames streamed into one Parquet file through an open binary handle (which
+    stays open): a context manager that always closes its writer."""
+
+    def __init__(self, handle: IO[bytes], schema: Schema) -> None:
+        self.schema = schema
+        self.arrow = arrow_schema(schema)
+        self._writer = pq.ParquetWriter(handle, self.arrow)
+        self._pending: list[pa.Table] = []
+        self._rows = 0
+
+    def write(self, frame: pd.DataFrame) -> None:
+        """Append a decoded batch; a row group is written once ROWS_PER_GROUP rows wait."""
+        self._pending.append(frame_to_arrow(frame, self.schema))
+        self._rows += len(frame)
+        if self._rows >= ROWS_PER_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._writer.write_table(pa.concat_tables(self._pending), ROWS_PER_GROUP)
+        self._pending, self._rows = [], 0
+
+    def __enter__(self) -> ParquetRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Closed on an error too: an unclosed writer would write its footer when collected,
+        # to a handle closed by then ("Exception ignored" on stderr).
+        try:
+            if exc[0] is None:
+                self._flush()
+        finally:
+            self._writer.close()
