@@ -72,7 +72,7 @@ def resolve_schema(spec: str, schema_path: Path | str | None) -> tuple[RawTable,
         schema = bundled
     else:
         raise UsageError(
-            f"{spec}: a csv: table needs --schema FILE.json "
+            f"{spec}: a {parsed.kind}: table needs --schema FILE.json "
             f"(draft one with `dpsynth data schema {spec} > schema.json` and review it)"
         )
     check_header(raw, schema)

@@ -121,7 +121,8 @@ def train(
         typer.Option(
             "--schema-epsilon",
             help="Tables: release the schema's entries read off the data with DP, spending this "
-            "ε (part of --epsilon, recorded in the ledger before training).",
+            "ε (part of --epsilon, recorded in the ledger before training) [default: 25% of "
+            "--epsilon when there are such entries].",
         ),
     ] = None,
     class_weights_epsilon: Annotated[
