@@ -6,7 +6,7 @@ edges, a missing flag and maybe a precision; a boolean's missing flag) and calib
 returns the schema with the released entries, each marked with its source. What becomes of a
 column whose release found too little:
 - a category list with no value above the threshold: only the `(other)` category;
-- a number with no range: [0, 0] (every value 0) and a warning to declare bounds;
+- a number with no range: ignored (written empty), and a warning to declare bounds;
 - a missing flag not released although the file has empty cells: those cells are encoded at the
   middle of the range (a public rule, `dpsynth.data.column_values`).
 """
@@ -126,12 +126,10 @@ def apply_release(
     for column in columns.numbers:
         if column.name not in found:
             warnings.append(
-                f"column {column.name!r}: no range cleared the noise; its bounds are set to "
-                "[0, 0] (every value becomes 0): declare public bounds instead"
+                f"column {column.name!r}: no range cleared the noise at this ε and size, so it "
+                "is written empty: declare public bounds (min, max) to keep it"
             )
-            schema = schema.replace_column(
-                replace(column, min=0.0, max=0.0, edges=None, missing=False, source=source)
-            )
+            schema = schema.replace_column(Column(column.name, "ignored", source=source))
             continue
         shape = shapes[column.name]
         low, high = found[column.name]
