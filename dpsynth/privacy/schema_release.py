@@ -198,8 +198,17 @@ def fine_bins(rows: int, noise_std: float) -> int:
     return int(min(FINE_BINS, max(8, rows // max(FINE_BIN_DEVIATIONS * noise_std, 1.0))))
 
 
+def _skewed(low: float, high: float) -> bool:
+    """A positive range over orders of magnitude (incomes, amounts): binned geometrically."""
+    return low >= 0 and high > 0 and high / max(low, high * 1e-6) > 100
+
+
 def fine_grid(low: float, high: float, kind: str, bins: int = FINE_BINS) -> np.ndarray:
     """The public edges of the shape histogram inside [low, high] (see the module docstring)."""
+    if kind == "integer" and _skewed(low, high) and high - low + 1 > bins:
+        first, last = math.ceil(low), math.floor(high)
+        geometric = np.round(np.geomspace(max(first, 1), last + 1, bins))
+        return np.unique(np.concatenate([[first], geometric])).astype(np.float64)
     if kind == "integer" or kind == "date":
         unit = 86400.0 if kind == "date" else 1.0
         first, last = math.ceil(low / unit), math.floor(high / unit)
@@ -208,7 +217,7 @@ def fine_grid(low: float, high: float, kind: str, bins: int = FINE_BINS) -> np.n
         return np.arange(first, last + step + 1, step, dtype=np.float64) * unit
     if high <= low:
         return np.array([low, low + 1.0])
-    if low >= 0 and high > 0 and high / max(low, high * 1e-6) > 100:
+    if _skewed(low, high):
         floor = max(low, high * 1e-4)
         geometric = np.geomspace(floor, high, bins)
         return np.unique(np.concatenate([[low], geometric]))
@@ -281,7 +290,7 @@ def release_shapes(
         grid = fine_grid(low, high, spec.kind, resolution)
         missing = ~np.isfinite(values)
         present = np.clip(values[~missing], grid[0], grid[-1])
-        zero_bin = spec.kind == "numeric" and grid[0] <= 0.0 <= grid[-1]
+        zero_bin = spec.kind in ("numeric", "integer") and grid[0] <= 0.0 <= grid[-1]
         is_zero = present == 0.0 if zero_bin else np.zeros(len(present), dtype=bool)
         index = np.searchsorted(grid, present[~is_zero], side="right") - 1
         index = np.clip(index, 0, len(grid) - 2)
