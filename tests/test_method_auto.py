@@ -16,6 +16,7 @@ from dpsynth.ledger import Ledger
 from dpsynth.methods.base import SMALL_EPSILON
 from dpsynth.methods.recommend import (
     AIM_MAX_COLUMNS,
+    AIM_MAX_ROW_CELLS,
     feature_columns,
     recommend_method,
 )
@@ -28,12 +29,12 @@ def _image(shape: tuple[int, int, int]) -> DataInfo:
     return DataInfo("x", "npz", 1000, shape, tuple("0123456789"), "", "x")
 
 
-def _table(features: int) -> DataInfo:
+def _table(features: int, rows: int = 1000) -> DataInfo:
     columns = [{"name": f"c{i}", "type": "numeric", "min": 0, "max": 1} for i in range(features)]
     columns += [{"name": "skip", "type": "ignored"}]
     columns += [{"name": "t", "type": "categorical", "categories": ["a", "b"]}]
     schema = {"format": "dpsynth-schema-v1", "target": "t", "columns": columns}
-    return DataInfo("csv:x", "csv", 1000, (features,), ("a", "b"), "", "x", "table", schema)
+    return DataInfo("csv:x", "csv", rows, (features,), ("a", "b"), "", "x", "table", schema)
 
 
 def test_the_rule_follows_the_public_shape_and_epsilon() -> None:
@@ -42,6 +43,9 @@ def test_the_rule_follows_the_public_shape_and_epsilon() -> None:
     assert recommend_method(_table(AIM_MAX_COLUMNS), SMALL_EPSILON) == "aim"
     assert recommend_method(_table(AIM_MAX_COLUMNS), 10.0) == "mst"
     assert recommend_method(_table(AIM_MAX_COLUMNS + 1), 1.0) == "mst"
+    # aim's rounds count every row: a long table goes to mst whatever its width
+    assert recommend_method(_table(18, rows=100_000), 1.0) == "mst"
+    assert recommend_method(_table(18, rows=AIM_MAX_ROW_CELLS // 18), 1.0) == "aim"
     assert recommend_method(_image((1, 28, 28)), 1.0) == "rdpgan"
     assert recommend_method(_image((1, 28, 28)), 10.0) == "rdpgan"
     assert recommend_method(_image((1, 8, 8)), 1.0) == "pge"

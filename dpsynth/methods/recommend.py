@@ -11,7 +11,10 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
   means ahead of both SmartNoise tools, in 16–18 CPU s against aim's 75–82 and SmartNoise
   MST's 32–38; on census (40 features) `aim` took 9 minutes at ε = 1 for a 2-way TVD of 0.058
   and did not finish in 12 at ε = 10, while `mst` takes under a minute for 0.032 and logreg
-  ROC-AUC 0.92;
+  ROC-AUC 0.92. And only while rows × feature columns is at most `AIM_MAX_ROW_CELLS`: aim
+  counts every candidate marginal over every row in each of its rounds, and a 100,000-row,
+  18-feature table (1.8M) took aim 30 minutes on this CPU at ε = 1 (2026-11-28), where mst
+  takes a few;
 - images of at least `LARGE_IMAGE_VALUES` values (28×28): `rdpgan`, whose 28×28 presets fit
   a generator to the DP frequency model and, above ε = 3, label its release with a DP teacher
   (mnist-5k, the leaderboard run of 2026-11-27 20:01 UTC: 0.756 at ε = 1 against 0.742–0.774
@@ -33,6 +36,8 @@ from dpsynth.methods.base import SMALL_EPSILON, Method, is_large_image
 
 AUTO = "auto"
 AIM_MAX_COLUMNS = 24
+# rows × feature columns above which aim's rounds take too long on a CPU (see the docstring)
+AIM_MAX_ROW_CELLS = 500_000
 
 
 def feature_columns(info: DataInfo) -> int:
@@ -43,8 +48,9 @@ def feature_columns(info: DataInfo) -> int:
 def recommend_method(info: DataInfo, epsilon: float) -> str:
     """The recommended backend's name for this public description at the target ε."""
     if info.modality == "table":
-        narrow = feature_columns(info) <= AIM_MAX_COLUMNS
-        return "aim" if narrow and epsilon <= SMALL_EPSILON else "mst"
+        columns = feature_columns(info)
+        small = columns <= AIM_MAX_COLUMNS and info.n * columns <= AIM_MAX_ROW_CELLS
+        return "aim" if small and epsilon <= SMALL_EPSILON else "mst"
     if is_large_image(info):
         return "rdpgan"
     return "pge" if epsilon <= SMALL_EPSILON else "dpkernel"
