@@ -69,9 +69,11 @@ def run_measured(
     cpu_limit_s: float,
     env: dict[str, str] | None = None,
     wall_limit_s: float | None = None,
+    cwd: Path | None = None,
 ) -> Finished:
     """Run `command` in its own process group; kill the group when its CPU time passes
-    `cpu_limit_s` or the wall clock passes `wall_limit_s` (default 3 × `cpu_limit_s`)."""
+    `cpu_limit_s` or the wall clock passes `wall_limit_s` (default 3 × `cpu_limit_s`), in the
+    folder `cwd` (default: this process's)."""
     wall_limit_s = wall_limit_s if wall_limit_s is not None else 3 * cpu_limit_s
     wrapped = TIME.is_file()
     done = threading.Event()
@@ -83,7 +85,9 @@ def run_measured(
     ):
         full = [str(TIME), "-f", "%M", "-o", rss.name, *command] if wrapped else command
         start = time.perf_counter()
-        child = subprocess.Popen(full, stdout=out, stderr=err, env=env, start_new_session=True)
+        child = subprocess.Popen(
+            full, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True
+        )
 
         def watch() -> None:
             while not done.wait(POLL_S):

