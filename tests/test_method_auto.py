@@ -16,7 +16,7 @@ from dpsynth.ledger import Ledger
 from dpsynth.methods.base import SMALL_EPSILON
 from dpsynth.methods.recommend import (
     AIM_MAX_COLUMNS,
-    AIM_MAX_ROW_CELLS,
+    AIM_TIME_BUDGET_S,
     feature_columns,
     recommend_method,
 )
@@ -29,8 +29,18 @@ def _image(shape: tuple[int, int, int]) -> DataInfo:
     return DataInfo("x", "npz", 1000, shape, tuple("0123456789"), "", "x")
 
 
-def _table(features: int, rows: int = 1000) -> DataInfo:
-    columns = [{"name": f"c{i}", "type": "numeric", "min": 0, "max": 1} for i in range(features)]
+def _table(features: int, rows: int = 1000, categories: int = 0) -> DataInfo:
+    """A public table description: numeric features (12 bins each under the presets), or
+    categorical ones of `categories` values each."""
+    if categories:
+        values = [f"v{k}" for k in range(categories)]
+        columns = [
+            {"name": f"c{i}", "type": "categorical", "categories": values} for i in range(features)
+        ]
+    else:
+        columns = [
+            {"name": f"c{i}", "type": "numeric", "min": 0, "max": 1} for i in range(features)
+        ]
     columns += [{"name": "skip", "type": "ignored"}]
     columns += [{"name": "t", "type": "categorical", "categories": ["a", "b"]}]
     schema = {"format": "dpsynth-schema-v1", "target": "t", "columns": columns}
@@ -43,9 +53,10 @@ def test_the_rule_follows_the_public_shape_and_epsilon() -> None:
     assert recommend_method(_table(AIM_MAX_COLUMNS), SMALL_EPSILON) == "aim"
     assert recommend_method(_table(AIM_MAX_COLUMNS), 10.0) == "mst"
     assert recommend_method(_table(AIM_MAX_COLUMNS + 1), 1.0) == "mst"
-    # aim's rounds count every row: a long table goes to mst whatever its width
-    assert recommend_method(_table(18, rows=100_000), 1.0) == "mst"
-    assert recommend_method(_table(18, rows=AIM_MAX_ROW_CELLS // 18), 1.0) == "aim"
+    # aim's time grows with the rows: a table too long for its budget goes to mst (a
+    # 100,000 × 18 table took the aim before 2026-11-28 30 minutes; now about 2)
+    assert recommend_method(_table(18, rows=100_000), 1.0) == "aim"
+    assert recommend_method(_table(18, rows=10**7), 1.0) == "mst"
     assert recommend_method(_image((1, 28, 28)), 1.0) == "rdpgan"
     assert recommend_method(_image((1, 28, 28)), 10.0) == "rdpgan"
     assert recommend_method(_image((1, 8, 8)), 1.0) == "pge"
@@ -56,6 +67,33 @@ def test_the_rule_follows_the_public_shape_and_epsilon() -> None:
             name = recommend_method(info, epsilon)
             assert name in method_names()
             assert info.modality in get_method(name).modalities
+
+
+def test_auto_falls_back_to_mst_where_aims_estimated_time_is_over_the_budget() -> None:
+    """The time rule: aim's cost estimated from the public schema (domain sizes under the
+    preset's bins, the columns), N and ε; above `AIM_TIME_BUDGET_S` auto picks mst, even for
+    a table narrow enough and an ε small enough for aim."""
+    aim = get_method("aim")
+    small = _table(20)  # german-credit's shape: an upper bound of about 2 minutes
+    assert aim.estimated_train_seconds(small, 1.0) < AIM_TIME_BUDGET_S / 2
+    assert recommend_method(small, 1.0) == "aim"
+    # The estimate grows with N and with the columns' domain sizes (more candidate pairs to
+    # count and score), and the model's own cap bounds the rest.
+    seconds = [aim.estimated_train_seconds(_table(20, n), 1.0) for n in (10**3, 10**5, 10**7)]
+    assert seconds == sorted(seconds) and seconds[-1] > AIM_TIME_BUDGET_S
+    larger = [aim.estimated_train_seconds(_table(24, 10**6, k), 1.0) for k in (5, 20, 60)]
+    assert larger == sorted(larger) and larger[0] < larger[-1]
+    # Narrow and at ε = 1, but large: 24 columns of 60 categories (300 candidate pairs of
+    # up to 3,600 cells each) over 8 million rows; or 20 numeric columns over 10 million.
+    large_domain = _table(AIM_MAX_COLUMNS, 8_000_000, 60)
+    assert aim.estimated_train_seconds(large_domain, 1.0) > AIM_TIME_BUDGET_S
+    assert recommend_method(large_domain, 1.0) == "mst"
+    assert recommend_method(_table(20, 10**7), 1.0) == "mst"
+    # census (41 attributes, 199,523 rows): about 2 minutes, trained in 92–109 s (2026-11-28)
+    census_like = _table(40, 199_523, 12)
+    assert 60 < aim.estimated_train_seconds(census_like, 10.0) < AIM_TIME_BUDGET_S
+    # No estimate for images: the rule is for tables only.
+    assert aim.estimated_train_seconds(_image((1, 8, 8)), 1.0) is None
 
 
 def _train(tmp_path: Path, *args: str) -> dict:

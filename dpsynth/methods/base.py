@@ -225,6 +225,12 @@ class Method(ABC):
         """
         return "small"
 
+    def estimated_train_seconds(self, info: DataInfo, epsilon: float) -> float | None:
+        """`train`'s running time with the recommended preset on the project's 2-core CPU,
+        estimated from public facts only (the shape, the schema, N and ε), for `--method
+        auto`; None where the backend has no model of it."""
+        return None
+
     def validate_config(self, config: Mapping[str, Any], info: DataInfo) -> None:
         """Raise UsageError for a value the run could not use (exit 2).
 

@@ -5,16 +5,23 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
 2-core CPU (docs/leaderboard.md, docs/tables.md):
 
 - tables: `aim` for tables of at most `AIM_MAX_COLUMNS` feature columns at ε ≤
-  `SMALL_EPSILON` (german-credit, 20 features, ε = 1, 2026-11-27: 2-way TVD 0.124 against
-  `mst`'s 0.157, in 20 CPU s), else `mst` with the target in every tree edge: at ε = 10 on
-  german-credit its marginals are within 0.005 of aim's (0.114 against 0.109) and its ROC-AUC
-  means ahead of both SmartNoise tools, in 16–18 CPU s against aim's 75–82 and SmartNoise
-  MST's 32–38; on census (40 features) `aim` took 9 minutes at ε = 1 for a 2-way TVD of 0.058
-  and did not finish in 12 at ε = 10, while `mst` takes under a minute for 0.032 and logreg
-  ROC-AUC 0.92. And only while rows × feature columns is at most `AIM_MAX_ROW_CELLS`: aim
-  counts every candidate marginal over every row in each of its rounds, and a 100,000-row,
-  18-feature table (1.8M) took aim 30 minutes on this CPU at ε = 1 (2026-11-28), where mst
-  takes a few;
+  `SMALL_EPSILON` whose estimated training time is at most `AIM_TIME_BUDGET_S` (german-credit,
+  20 features, ε = 1, 2026-11-27: 2-way TVD 0.124 against `mst`'s 0.157, in 20 CPU s), else
+  `mst` with the target in every tree edge: at ε = 10 on german-credit its marginals are
+  within 0.005 of aim's (0.114 against 0.109) and its ROC-AUC means ahead of both SmartNoise
+  tools, in 16–18 CPU s against aim's 75–82 and SmartNoise MST's 32–38; on census (40
+  features) `mst` trains in 39–48 s for a 2-way TVD of 0.030 and logreg ROC-AUC 0.93, `aim`
+  in 103–109 s for 0.020–0.021 and 0.81–0.85 (ε = 10 and 1,
+  bench/results/tables-speed-2026-11-28.json);
+- the time rule: AIM's time grows with N (reading the table, counting every candidate pair)
+  and with the columns (about d² candidate pairs scored each round), and its estimation with
+  the size of its model, which the preset caps. `AIMMethod.estimated_train_seconds`
+  (`methods/marginal/cost.py`) adds these up from the public schema (the attributes' domain
+  sizes under the preset's bins), N and ε, with constants measured on census on the 2-core
+  CPU (129 s estimated for its 199,523 rows, 92–109 s measured); above the budget (10
+  minutes) `auto` takes `mst`, which fits one tree of pairs in one round. A 24-column numeric
+  table reaches it at about 7 million rows (before the estimator of 2026-11-28, aim took 30
+  minutes on 100,000 rows × 18 columns; it now takes about 2);
 - images of at least `LARGE_IMAGE_VALUES` values (28×28): `rdpgan`, whose 28×28 presets fit
   a generator to the DP frequency model and, above ε = 3, label its release with a DP teacher
   (mnist-5k, the leaderboard run of 2026-11-27 20:01 UTC: 0.756 at ε = 1 against 0.742–0.774
@@ -33,11 +40,12 @@ from __future__ import annotations
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import parse_schema
 from dpsynth.methods.base import SMALL_EPSILON, Method, is_large_image
+from dpsynth.methods.registry import get_method
 
 AUTO = "auto"
 AIM_MAX_COLUMNS = 24
-# rows × feature columns above which aim's rounds take too long on a CPU (see the docstring)
-AIM_MAX_ROW_CELLS = 500_000
+# The most training seconds `auto` lets aim take (estimated; the 2-core CPU of docs/tables.md).
+AIM_TIME_BUDGET_S = 600.0
 
 
 def feature_columns(info: DataInfo) -> int:
@@ -45,12 +53,19 @@ def feature_columns(info: DataInfo) -> int:
     return len(parse_schema(info.schema).features) if info.schema else 0
 
 
+def aim_fits_the_budget(info: DataInfo, epsilon: float) -> bool:
+    """Whether aim's public time estimate is within `AIM_TIME_BUDGET_S` (see above)."""
+    seconds = get_method("aim").estimated_train_seconds(info, epsilon)
+    return seconds is None or seconds <= AIM_TIME_BUDGET_S
+
+
 def recommend_method(info: DataInfo, epsilon: float) -> str:
     """The recommended backend's name for this public description at the target ε."""
     if info.modality == "table":
-        columns = feature_columns(info)
-        small = columns <= AIM_MAX_COLUMNS and info.n * columns <= AIM_MAX_ROW_CELLS
-        return "aim" if small and epsilon <= SMALL_EPSILON else "mst"
+        narrow = feature_columns(info) <= AIM_MAX_COLUMNS
+        if narrow and epsilon <= SMALL_EPSILON and aim_fits_the_budget(info, epsilon):
+            return "aim"
+        return "mst"
     if is_large_image(info):
         return "rdpgan"
     return "pge" if epsilon <= SMALL_EPSILON else "dpkernel"

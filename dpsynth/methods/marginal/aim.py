@@ -3,17 +3,19 @@
 After the one-way marginals, each round asks the current model for every candidate pair's
 marginal, picks the pairs it gets most wrong with the exponential mechanism (quality: L1
 error less the error measurement noise alone would leave, so that large marginals are not
-favoured for their noise), measures them with Gaussian noise and re-fits the model with mbi.
-The model may only grow within a size cap that rises with the rounds (a bound on the
-junction tree's cells, computed from public structure).
+favoured for their noise), measures them with Gaussian noise and re-fits the model
+(Private-PGM's estimator, `model.py`). The model may only grow within a size cap that rises
+with the rounds: the trainer grows the junction tree the model is fitted on one chosen pair at
+a time (`junction.py`), so every candidate's cells are known exactly before each selection
+(public structure only), and the estimation, whose every step passes messages over every
+cell, stays within the cap (`cost.py` estimates the whole run's time for `--method auto`).
 
 Differences from the paper, for sound PRV accounting and a bounded running time:
 - a fixed, data-independent schedule: `selections` measurements at one σ and one ε_s, not
   the paper's budget annealing (a data-dependent noise scale, which needs a zCDP privacy
   filter; see `privacy/marginal_plan.py`);
 - the selections are spread over `rounds` estimation rounds (several per round, without
-  replacement, from the same model), since each new set of cliques costs one compilation of
-  mbi's JAX program.
+  replacement, from the same model), since each round re-fits the whole model.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from typing import Any
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
-from dpsynth.methods.marginal.cliquetree import added_cells, tree_cells
-from dpsynth.methods.marginal.domain import TableDomain
+from dpsynth.methods.marginal.cost import aim_seconds
+from dpsynth.methods.marginal.domain import TableDomain, table_domain
+from dpsynth.methods.marginal.junction import JunctionTree
 from dpsynth.methods.marginal.method import MarginalMethod, MarginalTrainer, pairs_within
 from dpsynth.methods.marginal.presets import AIM_PRESETS
+from dpsynth.privacy.calibration import default_delta
 from dpsynth.privacy.marginal_plan import gdp_mu
 
 # The automatic number of selections: as many as keep a typical pair's measurement noise (its
@@ -61,14 +65,15 @@ def auto_selections(
 
 
 class AIMMethod(MarginalMethod):
-    """AIM on tables: adaptive marginal selection, mbi estimation, fixed PRV schedule."""
+    """AIM on tables: adaptive marginal selection, Private-PGM estimation, fixed PRV
+    schedule."""
 
     name = "aim"
     presets = AIM_PRESETS
     table_presets = AIM_PRESETS
     description = (
         "AIM (adaptive iterative mechanism): rounds of exponential-mechanism selection of "
-        "badly fitted marginals, Gaussian measurement and mbi estimation; tables only"
+        "badly fitted marginals, Gaussian measurement and graphical-model estimation; tables only"
     )
 
     def validate_config(self, config: Mapping[str, Any], info: DataInfo) -> None:
@@ -92,10 +97,30 @@ class AIMMethod(MarginalMethod):
         rounds = min(round_count(d, config), selections) if selections else 0
         return d + selections, selections, 1 + rounds
 
+    def estimated_train_seconds(self, info: DataInfo, epsilon: float) -> float | None:
+        """The public estimate of `cost.py` for the recommended preset (tables only)."""
+        if info.modality != "table":
+            return None
+        config = self.config(self.recommended_preset(info, epsilon), {}, info)
+        domain = table_domain(info, config)
+        # δ only moves the selection count: the default δ stands in for the run's.
+        target = PrivacyTarget(epsilon, default_delta(info.n))
+        _, selections, steps = self.counts(domain, info, config, target)
+        return aim_seconds(
+            domain.sizes,
+            info.n,
+            len(pairs_within(domain, int(config["max_cells"]))),
+            selections,
+            steps - 1,
+            float(config["max_model_mb"]) * 2**20 / 8,
+            int(config["iters"]),
+            int(config["final_iters"]),
+        )
+
 
 def round_count(d: int, config: Mapping[str, Any]) -> int:
-    """The preset's `rounds`, or for 0 a public rule: each round compiles mbi's program for
-    a model on d attributes (seconds to a minute of CPU), so wide tables get fewer rounds."""
+    """The preset's `rounds`, or for 0 a public rule: each round re-fits the whole model and
+    scores every candidate pair (about d² of them) against it, so wide tables get fewer."""
     chosen = int(config["rounds"])
     if chosen:
         return chosen
@@ -145,14 +170,15 @@ class AIMTrainer(MarginalTrainer):
         measured = {m.clique for m in self.measurements}
         pool = [p for p in self.pairs if p not in measured]
         estimates = self.tree.pair_marginals(pool)
-        base = tree_cells(self.tree)
-        extra = {p: added_cells(self.tree, *p) for p in pool}
+        # The tree the model will be fitted on, grown as the pairs are chosen: its size with
+        # each candidate is exact (public structure only).
+        structure = JunctionTree.of(self.sizes, [m.clique for m in self.measurements])
         chosen: list[tuple[int, int]] = []
-        grown = 0
         for _ in range(self.per_round[step - 1]):
-            candidates = [
-                p for p in pool if p not in chosen and base + grown + extra[p] <= limit_cells
-            ]
+            open_pairs = [p for p in pool if p not in chosen]
+            growth = structure.growths(open_pairs)
+            base = structure.cells()
+            candidates = [p for p in open_pairs if base + growth[p] <= limit_cells]
             if not candidates:
                 break  # nothing fits: the unspent selections and measurements cost nothing
             index = self.select(
@@ -161,10 +187,14 @@ class AIMTrainer(MarginalTrainer):
                 [self.noise_offset(p) for p in candidates],
             )
             chosen.append(candidates[index])
-            grown += extra[candidates[index]]
+            structure.add(candidates[index])
         if chosen:
             self.measure(chosen)
         self.fit(final if step == rounds else iters)
+
+    def junction(self) -> JunctionTree:
+        """The tree the size cap was kept on: the measured cliques added in their order."""
+        return JunctionTree.of(self.sizes, [m.clique for m in self.measurements])
 
 
 AIMMethod.trainer_class = AIMTrainer

@@ -1,11 +1,11 @@
 """A fitted model's junction tree as plain arrays: marginal queries and streamed sampling.
 
-`mbi` estimates the graphical model; what this module keeps of it is the calibrated marginal
-of every maximal clique of its junction tree (public: a function of the noisy measurements
-only). From those tables alone, with numpy and no JAX compilation, it answers
+`model.py` estimates the graphical model; what this module keeps of it is the calibrated
+marginal of every maximal clique of its junction tree (public: a function of the noisy
+measurements only). From those tables alone, with numpy, it answers
 - the marginal of any pair of attributes (the exponential mechanism's estimates in AIM's
-  selection rounds; mbi's own out-of-model queries compile one program per query), by passing
-  the joint of one attribute with each clique's separator along the tree;
+  selection rounds), by passing the joint of one attribute with each clique's separator along
+  the tree;
 - batches of synthetic records by forward sampling: the clique holding the target first
   (conditioned on the labels asked for), then every other clique given its separator with
   its parent, each batch independent of the others (flat memory for any number of rows).
@@ -180,53 +180,3 @@ def _expand(table: np.ndarray, attrs: Sequence[int], target: Sequence[int], size
     )
     shape = [sizes[a] if a in attrs else 1 for a in target]
     return moved.reshape(shape)
-
-
-def added_cells(tree: CliqueTree, a: int, b: int) -> int:
-    """An upper bound on the cells the junction tree gains when the pair (a, b) joins it.
-
-    Zero when a clique already holds both. Otherwise adding `a` to every clique on the tree
-    path from a's clique to b's (or `b` to every clique on the way back) keeps the running
-    intersection property, so the cheaper of the two is a valid junction tree for the new
-    model; attributes in different components only add the pair's own table.
-    """
-    if any(a in c and b in c for c in tree.cliques):
-        return 0
-    path = _path(tree, tree.home[a], tree.home[b])
-    if path is None:
-        return tree.sizes[a] * tree.sizes[b]
-    best = None
-    for attribute in (a, b):
-        extra = 0
-        for i in path:
-            clique = tree.cliques[i]
-            if attribute not in clique:
-                cells = int(np.prod([tree.sizes[x] for x in clique]))
-                extra += cells * (tree.sizes[attribute] - 1)
-        best = extra if best is None else min(best, extra)
-    return int(best or 0)
-
-
-def tree_cells(tree: CliqueTree) -> int:
-    """The number of cells of all the tree's clique tables."""
-    return int(sum(f.values.size for f in tree.factors))
-
-
-def _path(tree: CliqueTree, start: int, end: int) -> list[int] | None:
-    """The cliques on the tree path from `start` to `end` (None if not connected)."""
-    parent = {start: start}
-    queue = [start]
-    while queue:
-        i = queue.pop(0)
-        if i == end:
-            break
-        for j in tree.neighbours[i]:
-            if j not in parent:
-                parent[j] = i
-                queue.append(j)
-    if end not in parent:
-        return None
-    path = [end]
-    while path[-1] != start:
-        path.append(parent[path[-1]])
-    return path[::-1]

@@ -25,6 +25,7 @@ from dpsynth.errors import DpsynthError, UsageError
 from dpsynth.methods.base import Method, PrivacyPlan, PrivacyTarget, Trainer
 from dpsynth.methods.marginal.cliquetree import CliqueTree
 from dpsynth.methods.marginal.domain import TableDomain, codes_from_rows, table_domain
+from dpsynth.methods.marginal.junction import JunctionTree
 from dpsynth.methods.marginal.model import Measurement, Potentials, estimate
 from dpsynth.methods.marginal.sampler import MarginalGenerator
 from dpsynth.methods.marginal.state import pack_cliques, unpack_cliques
@@ -297,8 +298,12 @@ class MarginalTrainer(Trainer):
     def fit(self, iters: int) -> None:
         """Re-fit the model to every measurement so far (warm start from the last fit)."""
         self.tree, self.potentials = estimate(
-            self.sizes, self.measurements, self.n, iters, self.potentials
+            self.sizes, self.measurements, self.n, iters, self.potentials, self.junction()
         )
+
+    def junction(self) -> JunctionTree | None:
+        """The junction tree to fit on; None: the triangulation of the measured cliques."""
+        return None
 
     def noise_offset(self, clique: tuple[int, ...]) -> float:
         """The L1 error that measurement noise alone would leave: √(2/π)·σ·cells."""

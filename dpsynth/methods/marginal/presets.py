@@ -6,7 +6,8 @@ Shared keys:
 - `selection_share`: the share of the budget (in Gaussian-DP terms, see
   `privacy/marginal_plan.py`) given to the exponential mechanism's selections.
 - `max_cells`: the largest marginal (cells) a selection may pick.
-- `iters`, `final_iters`: mirror-descent steps of mbi's estimation per round and at the end.
+- `iters`, `final_iters`: the most steps of the model's estimation (`mirror.py`) per round
+  and at the end (fewer when the loss stops improving).
 - `max_memory_mb`: the refusal cap of the memory estimate (before anything is spent).
 MST only:
 - `label_edges`: the tree spans the features and every edge is measured with the target.
@@ -14,9 +15,10 @@ AIM only:
 - `selections`: the number of marginals selected and measured after the one-way ones (0: a
   public rule from the columns, N and ε, `aim.auto_selections`);
 - `rounds`: estimation rounds they are spread over (each round selects its share from the
-  model of the previous one, then measures them and re-estimates: one compilation of mbi's
-  program per round, so this bounds the time; 0: about 120 / d, within [2, 8]);
-- `max_model_mb`: the cap on the junction tree's size, reached gradually over the rounds.
+  model of the previous one, then measures them and re-estimates; 0: about 120 / d, within
+  [2, 8]);
+- `max_model_mb`: the cap on the junction tree's size (float64 cells), reached gradually over
+  the rounds: every estimation step passes messages over every cell of it.
 """
 
 from __future__ import annotations
@@ -57,9 +59,13 @@ AIM_PRESETS: dict[str, dict[str, Any]] = {
         "selections": 0,
         "rounds": 0,
         "selection_share": 0.1,
-        "max_model_mb": 32.0,
-        "iters": 500,
-        "final_iters": 3000,
+        # census at ε = 10 (41 columns, 199,523 rows; bench/results/tuning-tables.md,
+        # 2026-11-28): 16 MB (2.1M cells) and 150 / 400 steps train in about 100 s for a
+        # 2-way TVD of 0.019 (LR ROC-AUC 0.86); 32 MB 0.025 in 150 s, 8 MB 0.021 (LR 0.83) in
+        # 63 s; 1,000 final steps instead of 400 gave the same marginals (0.019) in 180 s.
+        "max_model_mb": 16.0,
+        "iters": 150,
+        "final_iters": 400,
     },
 }
 
