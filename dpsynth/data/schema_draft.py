@@ -35,7 +35,7 @@ from dpsynth.data.schema import (
     Column,
     Schema,
 )
-from dpsynth.data.timecols import guess_time_format, time_seconds
+from dpsynth.data.timecols import guess_time_format, is_date_format, time_seconds
 from dpsynth.errors import DataError, UsageError
 
 # Integer columns with at most this many distinct values are drafted as categorical (codes).
@@ -122,6 +122,14 @@ def _is_identifier(name: str, numbers: np.ndarray, n_present: int) -> bool:
     return bool(dense or _ID_NAME.search(name))
 
 
+def _identifier(name: str) -> DraftedColumn:
+    return DraftedColumn(
+        Column(name, "id"),
+        f"{name}: one value per row → id (sample writes fresh keys 'syn-1', 'syn-2', …, "
+        "never a real one)",
+    )
+
+
 def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
     """One column drafted from its stripped values (see the module docstring)."""
     strings = np.asarray(values, dtype=object)
@@ -145,11 +153,7 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
                 Column(name, "categorical", categories=tuple(ordered), source=DATA_SOURCE)
             )
         if not missing and _is_identifier(name, _numbers(list(present)), len(present)):
-            return DraftedColumn(
-                Column(name, "id"),
-                f"{name}: one value per row → id (sample writes fresh keys "
-                f"'syn-1', 'syn-2', …, never a real one)",
-            )
+            return _identifier(name)
         kind = "integer" if integral else "numeric"
         return DraftedColumn(
             Column(
@@ -168,7 +172,7 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
     guessed = guess_time_format(distinct)
     if guessed is not None:
         fmt, zone = guessed
-        kind = "date" if all(t not in fmt for t in ("%H", "%I", "%M", "%S")) else "datetime"
+        kind = "date" if is_date_format(fmt) else "datetime"
         probe = Column(name, kind, format=fmt, timezone=zone)
         seconds = time_seconds(np.asarray(distinct, dtype=object), probe, name)
         column = Column(
@@ -190,11 +194,7 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
             Column(name, "ignored"), f"{name}: free text → ignored (written empty)"
         )
     if len(present) >= 20 and unique_share >= 0.9:
-        return DraftedColumn(
-            Column(name, "id"),
-            f"{name}: one value per row → id (sample writes fresh keys 'syn-1', 'syn-2', …, "
-            "never a real one)",
-        )
+        return _identifier(name)
     # a categorical keeps its missing tokens as categories, as the file spells them
     tokens = sorted({str(v) for v in strings[missing_mask]})
     cap = long_list_cap(rows)
