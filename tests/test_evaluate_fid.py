@@ -160,3 +160,14 @@ def test_fid_with_real_network_is_zero_on_itself_grows_with_noise_and_caches_rea
     little, lots = run(noisy(20.0)), run(noisy(80.0))
     assert little["real_features_cached"] and lots["real_features_cached"]
     assert 1.0 < little["value"] < lots["value"]
+
+
+def test_fid_subset_is_a_fixed_public_draw_of_distinct_images() -> None:
+    from dpsynth.evaluate.report import fid_subset
+
+    images = torch.arange(50, dtype=torch.uint8).reshape(50, 1, 1, 1)
+    first, second = fid_subset(images, 20), fid_subset(images, 20)
+    assert torch.equal(first, second)  # the same images for every evaluation
+    assert len(first) == 20 and len(set(first.flatten().tolist())) == 20
+    assert not torch.equal(first, images[:20])  # a draw, not the first images in order
+    assert fid_subset(images, None) is images and fid_subset(images, 80) is images

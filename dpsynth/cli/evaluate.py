@@ -48,6 +48,14 @@ def evaluate(
     n: Annotated[
         int | None, typer.Option("--n", help="Synthetic images to use (or to draw from a run).")
     ] = None,
+    fid_n: Annotated[
+        int | None,
+        typer.Option(
+            "--fid-n",
+            help="FID, precision and recall on this many of the synthetic images (a "
+            "public-seeded draw; default: all). Compare FIDs only at the same n.",
+        ),
+    ] = None,
     report: Annotated[
         Path | None, typer.Option(help="Write report.json/.md and PNGs here.")
     ] = None,
@@ -94,6 +102,7 @@ def evaluate(
             classifier=classifier,
             seeds=seeds,
             n=n,
+            fid_n=fid_n,
             report_dir=report,
             inception_weights=inception_weights,
             device=device,

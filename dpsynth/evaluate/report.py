@@ -45,6 +45,19 @@ SMALL_FID_N = 2048
 Progress = Callable[[str, int, int], None]
 
 
+# The public seed of the `--fid-n` draw: the same images for every evaluation of a folder.
+FID_SUBSET_SEED = 20_251_128
+
+
+def fid_subset(images: torch.Tensor, count: int | None) -> torch.Tensor:
+    """`count` of the images drawn without replacement with a fixed public seed (all of them,
+    in order, when `count` is None or not smaller): a fixed-n FID of a larger release."""
+    if count is None or count >= len(images):
+        return images
+    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(FID_SUBSET_SEED))
+    return images[order[:count]]
+
+
 def run_evaluation(
     *,
     synthetic: str,
@@ -53,6 +66,7 @@ def run_evaluation(
     classifier: str = "cnn",
     seeds: int = 3,
     n: int | None = None,
+    fid_n: int | None = None,
     report_dir: str | os.PathLike[str] | None = None,
     inception_weights: str | os.PathLike[str] | None = None,
     device: str = "auto",
@@ -68,8 +82,9 @@ def run_evaluation(
     """Evaluate synthetic images (a sample folder or a run dir) against a real data spec.
 
     `metrics` is a subset of fid, accuracy, precision, recall. For a run dir, `n` images are
-    sampled (default: as many as the real reference set). When `ledger_path` is given, the real
-    data's fingerprint is checked against the ledger's spends (warning when it was trained on)
+    sampled (default: as many as the real reference set). FID, precision and recall use
+    `fid_n` of the synthetic images (a draw with a fixed public seed; default: all). When
+    `ledger_path` is given, the real data's fingerprint is checked against the ledger's spends (warning when it was trained on)
     and a zero-cost release event with the SHA-256 of report.json (or of the result JSON) is
     appended when the synthetic data's source data set is known. `real_classes` and
     `real_channels` declare the real data's label set and channels (`--classes`,
@@ -100,6 +115,8 @@ def run_evaluation(
     non_private = bool(warnings)
     if n is not None and n < 1:
         raise UsageError("--n must be at least 1")
+    if fid_n is not None and fid_n < 2:
+        raise UsageError("--fid-n must be at least 2")
     privacy = _run_privacy(synthetic, ledger_path)
     warnings.extend(_unfinished_warnings(synthetic, privacy))
     synth = folders.load_synthetic(
@@ -117,7 +134,7 @@ def run_evaluation(
     result_metrics: dict = {}
     if wanted & {"fid", "precision", "recall"}:
         fid_result = fid.compute_fid(
-            synth.x,
+            fid_subset(synth.x, fid_n),
             real_data.x,
             real_digest=real_data.content_digest,
             weights=inception_weights,
