@@ -84,9 +84,9 @@ def run_evaluation(
     `metrics` is a subset of fid, accuracy, precision, recall. For a run dir, `n` images are
     sampled (default: as many as the real reference set). FID, precision and recall use
     `fid_n` of the synthetic images (a draw with a fixed public seed; default: all). When
-    `ledger_path` is given, the real data's fingerprint is checked against the ledger's spends (warning when it was trained on)
-    and a zero-cost release event with the SHA-256 of report.json (or of the result JSON) is
-    appended when the synthetic data's source data set is known. `real_classes` and
+    `ledger_path` is given, the real data's fingerprint is checked against the ledger's
+    spends (warning when it was trained on) and a zero-cost release event with the SHA-256 of
+    report.json (or of the result JSON) is appended when the synthetic data's source data set is known. `real_classes` and
     `real_channels` declare the real data's label set and channels (`--classes`,
     `--channels`) for `--real` and `--real-train`. Returns a JSON-ready dict.
     A table (`--real csv:FILE` or a built-in table) is evaluated by
