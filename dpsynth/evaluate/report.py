@@ -87,8 +87,9 @@ def run_evaluation(
     `ledger_path` is given, the real data's fingerprint is checked against the ledger's
     spends (warning when it was trained on) and a zero-cost release event with the SHA-256 of
     report.json (or of the result JSON) is appended when the synthetic data's source data set
-    is known. `real_classes` and `real_channels` declare the real data's label set and channels (`--classes`,
-    `--channels`) for `--real` and `--real-train`. Returns a JSON-ready dict.
+    is known. `real_classes` and `real_channels` declare the real data's label set and
+    channels (`--classes`, `--channels`) for `--real` and `--real-train`. Returns a JSON-ready
+    dict.
     A table (`--real csv:FILE` or a built-in table) is evaluated by
     `dpsynth.evaluate.tabular` (logistic regression and gradient boosting; `schema` reads it).
     """
