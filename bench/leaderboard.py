@@ -135,10 +135,11 @@ def run_cli(args: list[str]) -> tuple[dict, float]:
 def _evaluate(
     folder: Path, args: argparse.Namespace, ledger: Path, seeds: int
 ) -> tuple[dict, float]:
-    metrics = "accuracy" if args.no_fid else "accuracy,fid"
+    metrics = "accuracy" if args.no_fid else "accuracy,fid,precision,recall"
     command = [
         "evaluate", "--synthetic", str(folder), "--real", test_spec(args),
         "--metrics", metrics, "--classifier", "cnn", "--seeds", str(seeds),
+        "--fid-n", str(args.fid_n),
         "--device", args.device, "--ledger", str(ledger), "--quiet",
     ]  # fmt: skip
     if args.inception_weights:
@@ -157,6 +158,8 @@ def _scores(evaluation: dict) -> dict[str, Any]:
         "fid": fid["value"] if fid else None,
         "fid_n_synthetic": fid.get("n_synthetic") if fid else None,
         "fid_n_real": fid.get("n_real") if fid else None,
+        "precision": found["precision"]["value"] if "precision" in found else None,
+        "recall": found["recall"]["value"] if "recall" in found else None,
         "warnings": evaluation.get("warnings", []),
     }
 
@@ -288,11 +291,63 @@ def _run_row(
     }
 
 
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """`NAME:key=value,key=value` (or `NAME:` for no change) → (NAME, ["key=value", …])."""
+    name, _, settings = text.partition(":")
+    if not name:
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: NAME:key=value,… expected")
+    return name, [item.strip() for item in settings.split(",") if item.strip()]
+
+
+def settings_for(method: str, info: Any, preset: str, wanted: list[str]) -> list[str]:
+    """The `key=value` settings of `wanted` that the method's preset has (a variant's stage
+    settings are skipped by a backend without that stage, e.g. a teacher key)."""
+    from dpsynth.methods.registry import get_method
+
+    known = get_method(method).presets_for(info)[preset]
+    return [item for item in wanted if item.split("=", 1)[0] in known]
+
+
+def save_sample_grid(folder: Path, path: Path, per_class: int = 10) -> None:
+    """The first `per_class` images of each class folder of a sample, one class per row."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from dpsynth.visuals import save_grid
+
+    images = []
+    for class_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
+        files = sorted(class_dir.glob("*.png"), key=lambda f: (len(f.name), f.name))[:per_class]
+        for file in files:
+            array = np.asarray(Image.open(file))
+            array = array[None] if array.ndim == 2 else np.transpose(array, (2, 0, 1))
+            images.append(torch.from_numpy(array.copy()))
+    if images:
+        save_grid(torch.stack(images), path, nrow=per_class)
+
+
+def grid_path(args: argparse.Namespace, method: str, preset: str, epsilon: str,
+              variant: str | None) -> Path:  # fmt: skip
+    """Where a row's sample grid is kept: `GRIDS/<data>/<method>-<preset>-e<ε>[-variant].png`."""
+    tail = f"-{variant}" if variant else ""
+    name = f"{method}-{preset}-e{epsilon}{tail}.png".replace("/", "_")
+    return args.grids / args.data.replace(":", "-") / name
+
+
 def method_row(
-    method: str, epsilon: str, args: argparse.Namespace, seeds: int, n: int, info: Any
+    method: str,
+    epsilon: str,
+    args: argparse.Namespace,
+    seeds: int,
+    n: int,
+    info: Any,
+    variant: tuple[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """Train, sample and evaluate one (method, ε) in a fresh temporary ledger."""
+    """Train, sample and evaluate one (method, ε[, variant]) in a fresh temporary ledger; the
+    sample's grid (10 images a class) is kept under `args.grids`."""
     preset = preset_for(method, info, epsilon, args.preset)
+    extra = settings_for(method, info, preset, variant[1]) if variant else []
     with tempfile.TemporaryDirectory(prefix=f"leaderboard-{method}-") as tmp:
         root = Path(tmp)
         ledger = root / "ledger.jsonl"
@@ -301,16 +356,28 @@ def method_row(
             "--preset", preset, "--out", str(root / "run"), "--device", args.device,
             "--ledger", str(ledger), "--quiet",
         ]  # fmt: skip
-        for item in args.set or []:
+        for item in [*(args.set or []), *extra]:
             command += ["--set", item]
         trained, train_s = run_cli(command)
         sampled, sample_s = run_cli(
             ["sample", str(root / "run"), "--n", str(n), "--out", str(root / "synth"),
              "--device", args.device, "--ledger", str(ledger), "--quiet"]
         )  # fmt: skip
+        grid = grid_path(args, method, preset, epsilon, variant[0] if variant else None)
+        save_sample_grid(root / "synth", grid)
         evaluation, _ = _evaluate(root / "synth", args, ledger, seeds)
     row = _run_row(method, preset, epsilon, args, (trained, train_s), (sampled, sample_s))
+    row["overrides"] = [*(args.set or []), *extra]
+    row |= {"variant": variant[0] if variant else None, "grid": _relative(grid)}
+    row["stages"] = trained.get("stages")
     return row | {"sample_images_per_s": round(sampled["n"] / sample_s, 1)} | _scores(evaluation)
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 # --------------------------------------------------------------------------- tables
@@ -492,7 +559,8 @@ def markdown_table(report: dict[str, Any]) -> str:
     real_mean = real["cnn_mean"] if real else None
     head = (
         "| method | preset | ε | steps | train time (s) | CNN accuracy | % of real | FID "
-        "| sampling images/s |\n|---|---|---|---|---|---|---|---|---|\n"
+        "| precision | recall | sampling images/s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     rows = ([real] if real else []) + list(report.get("dpsgd", [])) + list(report["rows"])
@@ -500,7 +568,7 @@ def markdown_table(report: dict[str, Any]) -> str:
         if "error" in row:
             lines.append(
                 f"| {row['method']} | {row.get('preset') or '–'} | {_fmt_eps(row.get('epsilon'))} "
-                f"| failed: {row['error'][:80]} | | | | | |"
+                f"| failed: {row['error'][:80]} | | | | | | | |"
             )
             continue
         share = (
@@ -511,11 +579,13 @@ def markdown_table(report: dict[str, Any]) -> str:
         steps = f"{row['steps']:,}" if row.get("steps") is not None else "–"
         # The target ε names the row; the accountant's bound (≤ target) is in the JSON.
         epsilon = _fmt_eps(row.get("epsilon_target", row.get("epsilon")))
+        preset = (row.get("preset") or "–") + (f" ({row['variant']})" if row.get("variant") else "")
         lines.append(
-            f"| {row['method']} | {row.get('preset') or '–'} | {epsilon} "
+            f"| {row['method']} | {preset} | {epsilon} "
             f"| {steps} | {_fmt(row.get('train_seconds'), '.0f')} "
             f"| {row['cnn_mean']:.3f} ± {row['cnn_std']:.3f} | {share} "
-            f"| {_fmt(row.get('fid'), '.1f')} | {_fmt(row.get('sample_images_per_s'), '.0f')} |"
+            f"| {_fmt(row.get('fid'), '.1f')} | {_fmt(row.get('precision'), '.2f')} "
+            f"| {_fmt(row.get('recall'), '.2f')} | {_fmt(row.get('sample_images_per_s'), '.0f')} |"
         )
     return head + "\n".join(lines) + "\n"
 
@@ -545,8 +615,9 @@ def write_results(report: dict[str, Any], json_path: Path, markdown_path: Path) 
         f"# Leaderboard: {report['data']}\n\n"
         f"{when} · {where} · torch {machine['torch']} · "
         f"{report['synthetic_n']:,} synthetic images per run · CNN {report['seeds']} seeds · "
-        f"FID against {report.get('test') or report['data'] + ':test'}"
-        f"{'' if report['fid'] else ' not measured (--no-fid)'}\n\n"
+        f"FID, precision and recall (k = 3) of {report.get('fid_n', 'all')} synthetic images "
+        f"against {report.get('test') or report['data'] + ':test'}"
+        f"{'' if report['fid'] else ': not measured (--no-fid), NOT a run of record'}\n\n"
         f"`{report['command']}`\n\n"
     )
     markdown_path.parent.mkdir(parents=True, exist_ok=True)
@@ -568,7 +639,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--set", action="append", help="key=value override for every method")
     parser.add_argument("--n", type=int, default=None, help="synthetic images per run")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--no-fid", action="store_true")
+    parser.add_argument("--no-fid", action="store_true", help="quick checks only, never of record")
+    parser.add_argument(
+        "--fid-n", type=int, default=1000, help="synthetic images in FID, precision, recall"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        type=parse_variant,
+        default=None,
+        help="NAME:key=value,… a row per method and ε with these settings (those the preset "
+        "has); repeat for ablations",
+    )
+    parser.add_argument(
+        "--grids", type=Path, default=RESULTS / "grids", help="where sample grids are kept"
+    )
     parser.add_argument("--no-real", action="store_true", help="skip the real-trained row")
     parser.add_argument(
         "--no-dpsgd", action="store_true", help="skip the DP-SGD-on-the-real-records rows"
@@ -614,6 +699,8 @@ def main(argv: list[str] | None = None) -> None:
         "test": test_spec(args),
         "seeds": args.seeds,
         "fid": not args.no_fid,
+        "fid_n": args.fid_n,
+        "variants": {name: items for name, items in args.variant or []},
         "real": None,
         "dpsgd": [],
         "rows": [],
@@ -629,15 +716,18 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 print(json.dumps(report["dpsgd"][-1]), file=sys.stderr, flush=True)
                 write_results(report, json_path, markdown_path)
+    variants: list[tuple[str, list[str]] | None] = list(args.variant or [None])
     for method in methods:
         for epsilon in args.epsilon:
-            try:
-                row = method_row(method, epsilon, args, args.seeds, n, info)
-            except RuntimeError as exc:  # one failing method must not lose the others' rows
-                row = {"method": method, "epsilon": epsilon, "error": str(exc)}
-            report["rows"].append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
-            write_results(report, json_path, markdown_path)
+            for variant in variants:
+                try:
+                    row = method_row(method, epsilon, args, args.seeds, n, info, variant)
+                except RuntimeError as exc:  # one failing method must not lose the others
+                    row = {"method": method, "epsilon": epsilon, "error": str(exc)}
+                    row["variant"] = variant[0] if variant else None
+                report["rows"].append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                write_results(report, json_path, markdown_path)
     write_results(report, json_path, markdown_path)
     print(markdown_table(report))
     print(f"wrote {json_path} and {markdown_path}")

@@ -32,6 +32,21 @@ from dpsynth.cli.render import (
 )
 from dpsynth.errors import UsageError
 
+_STAGE_NAMES = {
+    "own": "the method's own mechanism",
+    "frequency_model": "the shared frequency model",
+    "central_images": "the central images",
+    "dp_teacher": "the DP teacher",
+}
+
+
+def _stage_rows(stages: dict[str, float] | None) -> list[tuple[str, str]]:
+    """One 'ε split' line when shared stages take part of the budget (none otherwise)."""
+    if not stages or set(stages) == {"own"}:
+        return []
+    parts = [f"{_STAGE_NAMES.get(name, name)} {share:.0%}" for name, share in stages.items()]
+    return [("ε split", ", ".join(parts))]
+
 
 def _parse_sets(items: list[str] | None) -> dict[str, str]:
     out: dict[str, str] = {}
@@ -212,6 +227,7 @@ def train(
         ("sampling rate q", f"{result['sampling_rate']:.4g}"),
         ("dataset total ε", fmt_eps(result["dataset_total_epsilon"])),
         ("accountant", result["accountant"]),
+        *_stage_rows(result.get("stages")),
         ("ledger entry", f"seq {result['ledger_seq']} ({result['ledger_status']})"),
     ]
     if result.get("schema_release"):

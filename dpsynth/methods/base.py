@@ -149,6 +149,24 @@ class Trainer(ABC):
         """
         raise DpsynthError(f"{type(self).__name__} has no warm start from central images")
 
+    def public_uses(self, labelled: bool) -> tuple[str, ...]:
+        """What of this trainer would pretrain on declared-public images (`train --public`),
+        labelled with the data's classes or not: names for config.json and the ledger (e.g.
+        "score network", "DP teacher"). From the config only (public facts); `train` refuses
+        `--public` before reserving when this is empty. Default: nothing uses it."""
+        return ()
+
+    def pretrain_public(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
+        """Pretrain, without privacy, on declared-public images before the first private step.
+
+        x: float [n, C, H, W] in [-1, 1], in the data's shape; y: int64 [n] in the data's
+        classes, or None (unlabelled: a part that needs labels skips it). The training loop
+        calls it once, for a new run started with `--public`, before any warm start or step
+        0; it reads no record, and its randomness comes from the public seed, never from
+        `PrivateRandomness`. Only parts named by `public_uses(y is not None)` may change.
+        """
+        raise DpsynthError(f"{type(self).__name__} does not use --public")
+
     def reads_batch(self, step: int) -> bool:
         """Whether loop step `step` (from 0) reads a Poisson batch; a step that does not gets
         an empty batch and the sampler does not advance (default: every step reads)."""

@@ -13,6 +13,7 @@ _BACKENDS: dict[str, str] = {
     "psg": "dpsynth.methods.psg.method:PSGMethod",
     "dpaf": "dpsynth.methods.dpaf.method:DPAFMethod",
     "rdpgan": "dpsynth.methods.rdpgan.method:RDPGANMethod",
+    "freq": "dpsynth.methods.freq.method:FreqMethod",
     "aim": "dpsynth.methods.marginal.aim:AIMMethod",
     "mst": "dpsynth.methods.marginal.mst:MSTMethod",
 }

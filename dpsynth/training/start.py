@@ -31,6 +31,7 @@ from dpsynth.errors import UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import run_config_digest
 from dpsynth.methods.base import Method
+from dpsynth.methods.blocks import stage_shares
 from dpsynth.methods.recommend import AUTO, recommend_method, resolve_preset
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.calibration import default_delta
@@ -161,6 +162,8 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
             "spend_seq": entry["seq"],
             "spend_hash": entry["hash"],
         },
+        # The budget's split between the shared stages and the method's own mechanism.
+        "stages": stage_shares(config) if info.modality == "image" else None,
         "seed": seed,
         "seed_scope": (
             "public randomness only (initialisation, preview); the DP mechanisms draw from a "

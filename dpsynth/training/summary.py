@@ -66,6 +66,7 @@ def run_summary(
         "epsilon": json_eps(plan.epsilon_bound),
         "dataset_total_epsilon": spend.get("total_epsilon"),
         "accountant": plan.accountant,
+        "stages": run_config.get("stages"),
         # A run that added noise under a claimed ε that is not a proven bound says so.
         "privacy_label": not_dp_label(plan.events),
         "ledger_seq": seq,

@@ -29,6 +29,7 @@ from dpsynth.methods.blocks.stages import (
     frequency_plan,
     mmd_fit,
     plan_with_stages,
+    stage_shares,
 )
 from dpsynth.methods.blocks.teacher import (
     NO_TEACHER,
@@ -59,6 +60,7 @@ __all__ = [
     "frequency_plan",
     "mmd_fit",
     "plan_with_stages",
+    "stage_shares",
     "teacher_from_state",
     "teacher_schedule",
 ]

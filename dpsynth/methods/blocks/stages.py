@@ -31,7 +31,33 @@ FREQUENCY_DEFAULTS: dict[str, Any] = {
     "frequency_clip": 0.0,
     "frequency_covariance": "pooled",
     "frequency_count_weight": 0.5,
+    # With `train --public` (declared-public images): the backend's own non-private
+    # pretraining steps on them before loop step 0 (pge's score network, dpkernel's generator;
+    # `Trainer.pretrain_public`). Kept with the shared stages so that every preset has it.
+    "public_pretrain_steps": 300,
 }
+
+
+def stage_shares(config: Mapping[str, Any]) -> dict[str, float]:
+    """The nominal split of a run's ε between the shared stages and the method's own
+    mechanism, from its settings: the teacher takes `teacher_share` of ε; of the rest, the
+    frequency model takes `frequency_share` or the central images `warm_start_share`; the
+    method's own mechanism gets what remains. (Each stage is calibrated on its share of the ε
+    left and PRV composes them, so the figures are the budget's split, not ε's that add up.)
+    Only stages in use are listed; `own` always is."""
+    teacher = float(config.get("teacher_share", 0.0))
+    frequency = float(config.get("frequency_share", 0.0))
+    central = float(config.get("warm_start_share", 0.0))
+    rest = 1.0 - teacher
+    shares: dict[str, float] = {}
+    if teacher > 0:
+        shares["dp_teacher"] = teacher
+    if frequency > 0:
+        shares["frequency_model"] = rest * frequency
+    if central > 0:
+        shares["central_images"] = rest * central
+    shares["own"] = rest * (1.0 - frequency) * (1.0 - central)
+    return shares
 
 
 def frequency_plan(info: Any, config: Mapping[str, Any]) -> FrequencyPlan | None:

@@ -49,6 +49,9 @@ TEACHER_DEFAULTS: dict[str, Any] = {
     # backend's own generator as it is then, for `teacher_pretrain_epochs` epochs.
     "teacher_pretrain": 0,
     "teacher_pretrain_epochs": 3,
+    # With `train --public` (declared-public images with the data's labels): Adam steps of the
+    # teacher's classifier on them before loop step 0, without privacy (no data read).
+    "public_teacher_steps": 300,
 }
 TEACHER_FILTERS = ("rank", "relabel")
 
@@ -75,6 +78,9 @@ NO_TEACHER: dict[str, Any] = {key: TEACHER_DEFAULTS[key] for key in RELABELLING_
 
 def check_teacher_config(config: Mapping[str, Any]) -> None:
     """UsageError for a teacher setting no run could use (before any budget is spent)."""
+    for key in ("public_teacher_steps", "public_pretrain_steps"):
+        if int(config.get(key, 0)) < 0:
+            raise UsageError(f"--set {key}: must be ≥ 0, got {config[key]}")
     share = float(config.get("teacher_share", 0.0))
     if share == 0:
         return
@@ -159,6 +165,7 @@ class Teacher:
         self.schedule = teacher_schedule(config)
         self.pretrain = int(config["teacher_pretrain"])
         self.pretrain_epochs = int(config["teacher_pretrain_epochs"])
+        self.public_steps = int(config.get("public_teacher_steps", 0))
         self.loop_steps = int(plan.steps)
         self.seed = int(seed)
         with torch.random.fork_rng(devices=[]):
@@ -208,6 +215,19 @@ class Teacher:
             augment_generator=self.streams["augment"],
         )
         self.trained = True
+
+    def uses_public(self, labelled: bool) -> bool:
+        """Whether `pretrain_public` would train on a declared-public set (labelled or not)."""
+        return self.net is not None and labelled and self.public_steps > 0
+
+    def pretrain_public(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
+        """Fit the classifier to declared-public labelled images (x in [-1, 1], y in the
+        data's classes) for `public_teacher_steps` Adam steps, before any private step:
+        not private, no data read; batches drawn from the public seed. Nothing without a
+        teacher or without labels."""
+        if self.net is None or y is None or self.public_steps <= 0:
+            return
+        fit_steps(self.net, x, y, self.public_steps, self.seed + 27644437)
 
     def _pretrain(self, generator: Generator, device: torch.device) -> None:
         """Fit the network to `pretrain` balanced samples of `generator` (public: they are
@@ -266,6 +286,21 @@ def fit_to_samples(
             optimizer.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(net(x[index]), y[index]).backward()
             optimizer.step()
+
+
+def fit_steps(
+    net: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, seed: int, batch: int = 128
+) -> None:
+    """`steps` Adam steps (1e-3) of cross-entropy on public labelled images, each on `batch`
+    of them drawn with replacement from `seed` (no privacy: public data only)."""
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    rng = torch.Generator().manual_seed(seed)
+    net.train()
+    for _ in range(steps):
+        index = torch.randint(0, len(y), (min(batch, len(y)),), generator=rng).to(x.device)
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(x[index]), y[index]).backward()
+        optimizer.step()
 
 
 def _prefixed(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

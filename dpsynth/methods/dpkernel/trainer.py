@@ -179,6 +179,46 @@ class DPKernelTrainer(Trainer):
         if self.ema is not None:
             self.ema.load_state_dict(self.net.state_dict())
 
+    def public_uses(self, labelled: bool) -> tuple[str, ...]:
+        """The generator (images only) when `public_pretrain_steps` > 0, and the DP teacher
+        when it can use the labels."""
+        steps = int(self.config.get("public_pretrain_steps", 0))
+        uses = ("generator",) if steps > 0 and self.info.modality == "image" else ()
+        return uses + (("DP teacher",) if self.teacher.uses_public(labelled) else ())
+
+    def pretrain_public(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
+        """Fit the generator to declared-public images before any private step: the DP step
+        without its noise, `public_pretrain_steps` times, on `generated_points` public images
+        a step (drawn with replacement) against as many generated points with balanced labels
+        (the class-conditional kernel when labelled, else the unconditional one), with its
+        own optimiser; latents and batches from the public seed. The EMA (if any) restarts
+        from the result; the DP teacher, if any, pretrains on labelled images."""
+        steps = int(self.config.get("public_pretrain_steps", 0))
+        count = self.num_generated
+        rng = torch.Generator().manual_seed(self.seed + 1_000_003)
+        optimizer = _make_optimizer(self.net, self.config)
+        self.net.train()
+        for step in range(steps if self.info.modality == "image" else 0):
+            index = torch.randint(0, len(x), (count,), generator=rng)
+            records = x[index.to(x.device)].flatten(1)
+            labels = balanced_labels(count, self.num_classes, step).to(self.device)
+            z = torch.randn(count, self.net.latent_dim, generator=rng)
+            points = self.net(z.to(self.device), one_hot_or_none(labels, self.num_classes))
+            if y is None:  # unlabelled: the unconditional kernel
+                target = private_embedding_gradient(
+                    records, None, points, None, self.bandwidths, float(count)
+                )
+                self._descend(points, None, target, optimizer)
+            else:
+                record_labels = y[index.to(y.device)]
+                target = private_embedding_gradient(
+                    records, record_labels, points, labels, self.bandwidths, float(count)
+                )
+                self._descend(points, labels, target, optimizer)
+        if steps > 0 and self.ema is not None:
+            self.ema.load_state_dict(self.net.state_dict())
+        self.teacher.pretrain_public(x, y)
+
     def _mmd_warm_start(self, release: CentralImages) -> None:
         """The MMD warm start (see `warm_start`): latents from the run's stream."""
         central = CentralImages(
@@ -199,18 +239,24 @@ class DPKernelTrainer(Trainer):
             self._descend(points, labels, target)
 
     def _descend(
-        self, points: torch.Tensor, labels: torch.Tensor | None, gradient: torch.Tensor
+        self,
+        points: torch.Tensor,
+        labels: torch.Tensor | None,
+        gradient: torch.Tensor,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimiser step on the MMD surrogate E k(y, y') − (2/M) Σ_j ⟨gradient_j, y_j⟩,
         whose gradient w.r.t. the generated points is the MMD's with the data's mean embedding
         gradient replaced by `gradient` (the released one, or the warm start's target).
-        Returns the surrogate and its E k(y, y') term, detached."""
+        Returns the surrogate and its E k(y, y') term, detached. `optimizer`: the run's own
+        by default."""
+        optimizer = optimizer if optimizer is not None else self.optimizer
         gradient = gradient.to(points.dtype).detach()
         yy_term = generated_kernel_mean(points, labels, self.bandwidths)
         surrogate = yy_term - (2.0 / self.num_generated) * (gradient * points).sum()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         surrogate.backward()
-        self.optimizer.step()
+        optimizer.step()
         return surrogate.detach(), yy_term.detach()
 
     @torch.no_grad()

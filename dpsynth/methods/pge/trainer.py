@@ -4,7 +4,7 @@ the DP central images, and the checkpointed state."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ class PGETrainer(Trainer):
         self.config = dict(config)
         self.plan = plan
         self.device = device
+        self.seed = int(seed)
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
             torch.manual_seed(seed)
             self.model = build_score_net(config, info).to(device)
@@ -79,13 +80,17 @@ class PGETrainer(Trainer):
         self.teacher = Teacher(info, config, plan, device, seed, randomness)
         self.frequency = FrequencyStart(info, plan, randomness)
 
-    def record_randomness(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def record_randomness(
+        self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, ...]:
         """Draw every per-record random input of the loss for a working-size batch x.
 
         Returns (y_in, sigma, noise, v, r, z) with a leading batch dim; y_in has dropped labels
         replaced by the "no label" token. Only z depends on x (the masked encoder features).
+        The draws come from `generator` (default: the run's secret per-record stream).
         """
-        cfg, g, dev = self.config, self.rng, self.device
+        cfg, dev = self.config, self.device
+        g = generator if generator is not None else self.rng
         b, k = x.shape[0], int(cfg["projections"])
         shape = (b, k, *x.shape[1:])
         levels = torch.randint(0, len(self.sigmas), (b, k), generator=g, device=dev)
@@ -218,6 +223,57 @@ class PGETrainer(Trainer):
         steps, batch = int(cfg["warm_start_steps"]), int(cfg["warm_start_batch"])
         if steps == 0:
             return
+        jitter, g = float(cfg["warm_start_jitter"]), self.rng
+
+        def draw() -> tuple[torch.Tensor, torch.Tensor]:
+            y = torch.randint(0, len(self.info.classes), (batch,), generator=g, device=self.device)
+            if central.model is not None:  # a frequency release: the model's samples
+                x = to_working(central.records(y, jitter, g), cfg, self.info.shape)
+            else:
+                x = means[y] + jitter * torch.randn(means[y].shape, generator=g, device=self.device)
+            return x, y
+
+        self._fit(steps, float(cfg["warm_start_lr"]), draw, g)
+
+    def public_uses(self, labelled: bool) -> tuple[str, ...]:
+        """The score network (labelled: conditionally, else with the "no label" token) when
+        `public_pretrain_steps` > 0, and the DP teacher when it can use the labels."""
+        uses = ("score network",) if int(self.config.get("public_pretrain_steps", 0)) > 0 else ()
+        return uses + (("DP teacher",) if self.teacher.uses_public(labelled) else ())
+
+    def pretrain_public(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
+        """`public_pretrain_steps` Adam steps (lr `warm_start_lr`, batch `warm_start_batch`) of
+        the SSM loss on declared-public images, as the warm start on central images, before
+        any private step; batches and per-record draws from the public seed. Unlabelled
+        images train the "no label" token (what guidance and label dropout use). The DP
+        teacher, if any, pretrains on labelled ones."""
+        cfg = self.config
+        steps, batch = int(cfg.get("public_pretrain_steps", 0)), int(cfg["warm_start_batch"])
+        g = torch.Generator(device=self.device).manual_seed(self.seed + 1_000_003)
+        x = x.to(self.device, torch.float32)
+        labels = y.to(self.device) if y is not None else None
+        no_label = len(self.info.classes)
+
+        def draw() -> tuple[torch.Tensor, torch.Tensor]:
+            index = torch.randint(0, len(x), (batch,), generator=g, device=self.device)
+            chosen = labels[index] if labels is not None else torch.full_like(index, no_label)
+            return to_working(x[index], cfg, self.info.shape), chosen
+
+        if steps > 0:
+            self._fit(steps, float(cfg["warm_start_lr"]), draw, g)
+        self.teacher.pretrain_public(x, labels)
+
+    def _fit(
+        self,
+        steps: int,
+        lr: float,
+        draw: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+        g: torch.Generator,
+    ) -> None:
+        """`steps` non-private Adam steps of the SSM loss on batches `draw()` gives (working
+        size), per-record draws from `g`; the EMA then starts from the result, and DP-SGD
+        later fine-tunes with its own fresh Adam."""
+        cfg = self.config
         params = {k: p.detach() for k, p in self.model.named_parameters()}
         buffers = dict(self.model.named_buffers())
         loss_fn = make_record_loss(self.model, str(cfg["ssm_variant"]), str(cfg["divergence"]))
@@ -228,15 +284,10 @@ class PGETrainer(Trainer):
 
         grad_fn = grad(mean_loss)
         # Detached views share the model's storage: Adam updates the model in place.
-        optimizer = torch.optim.Adam(list(params.values()), lr=float(cfg["warm_start_lr"]))
-        jitter, g = float(cfg["warm_start_jitter"]), self.rng
+        optimizer = torch.optim.Adam(list(params.values()), lr=lr)
         for _ in range(steps):
-            y = torch.randint(0, len(self.info.classes), (batch,), generator=g, device=self.device)
-            if central.model is not None:  # a frequency release: the model's samples
-                x = to_working(central.records(y, jitter, g), cfg, self.info.shape)
-            else:
-                x = means[y] + jitter * torch.randn(means[y].shape, generator=g, device=self.device)
-            grads = grad_fn(params, x.clamp(-1.0, 1.0), *self.record_randomness(x, y))
+            x, y = draw()
+            grads = grad_fn(params, x.clamp(-1.0, 1.0), *self.record_randomness(x, y, g))
             for name, leaf in params.items():
                 leaf.grad = grads[name]
             optimizer.step()

@@ -1,0 +1,1 @@
+"""freq: the shared DP frequency model (`dpsynth.privacy.frequency`) alone, as a backend."""
