@@ -1,3 +1,3 @@
 """dpsynth: differentially private synthetic data release with a privacy ledger."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

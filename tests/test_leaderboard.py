@@ -29,7 +29,7 @@ def leaderboard():
         sys.path.remove(str(SCRIPT.parent))
 
 
-def _row(method: str, epsilon, cnn: float, fid=None) -> dict:
+def _row(method: str, epsilon, cnn: float, fid=None, precision=None, recall=None) -> dict:
     return {
         "method": method,
         "preset": "small",
@@ -39,6 +39,8 @@ def _row(method: str, epsilon, cnn: float, fid=None) -> dict:
         "cnn_mean": cnn,
         "cnn_std": 0.01,
         "fid": fid,
+        "precision": precision,
+        "recall": recall,
         "sample_images_per_s": 512.3,
     }
 
@@ -95,12 +97,17 @@ def test_default_presets_and_sizes(leaderboard):
 
 
 def test_table_has_the_real_row_first_and_percent_of_real(leaderboard):
-    report = _report([_row("dpkernel", 9.9922, 0.855, fid=31.25), _row("pge", "inf", 0.475)])
+    report = _report(
+        [_row("dpkernel", 9.9922, 0.855, 31.25, 0.612, 0.334), _row("pge", "inf", 0.475)]
+    )
     report["rows"][0]["epsilon_target"] = "10"  # the target names the row, not the bound
     table = leaderboard.markdown_table(report).splitlines()
     assert table[0].startswith("| method | preset | ε | steps | train time")
     assert table[2].startswith("| real train data |")
-    assert "| dpkernel | small | 10 | 1,200 | 42 | 0.855 ± 0.010 | 90% | 31.2 | 512 |" in table
+    assert (
+        "| dpkernel | small | 10 | 1,200 | 42 | 0.855 ± 0.010 | 90% | 31.2 | 0.61 | 0.33 | 512 |"
+        in table
+    )
     assert "| pge | small | ∞ (not private) |" in table[4] and "| 50% | – |" in table[4]
 
 
@@ -121,7 +128,7 @@ def test_the_dpsgd_reference_rows_follow_the_real_row(leaderboard):
     assert table[2].startswith("| real train data |")
     assert table[3] == (
         "| DP-SGD classifier on the real records | B 256, 15 epochs, Adam 5e-3, C 1 | 1 | 234 "
-        "| 31 | 0.886 ± 0.004 | 93% | – | – |"
+        "| 31 | 0.886 ± 0.004 | 93% | – | – | – | – |"
     )
     assert table[4].startswith("| dpkernel |")
     assert leaderboard.parse_args(["--no-dpsgd"]).no_dpsgd

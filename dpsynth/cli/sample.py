@@ -45,8 +45,8 @@ def sample(
     truncation: Annotated[
         float | None,
         typer.Option(
-            help="Scale of the generator's latent z (dpkernel, dpaf, rdpgan): below 1 fewer odd "
-            "samples, less diversity. Default: the run's `sample_truncation`."
+            help="Scale of the generator's latent z (dpkernel, dpaf, rdpgan, freq): below 1 "
+            "fewer odd samples, less diversity. Default: the run's `sample_truncation`."
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --out.")] = False,

@@ -12,7 +12,7 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
   tools, in 16–18 CPU s against aim's 75–82 and SmartNoise MST's 32–38; on census (40
   features) `mst` trains in 39–48 s for a 2-way TVD of 0.030 and logreg ROC-AUC 0.93, `aim`
   in 103–109 s for 0.020–0.021 and 0.81–0.85 (ε = 10 and 1,
-  bench/results/tables-speed-2026-11-28.json);
+  bench/results/2026-11-28-tables-speed/tables-speed-2026-11-28.json);
 - the time rule: AIM's time grows with N (reading the table, counting every candidate pair)
   and with the columns (about d² candidate pairs scored each round), and its estimation with
   the size of its model, which the preset caps. `AIMMethod.estimated_train_seconds`

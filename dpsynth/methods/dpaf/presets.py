@@ -101,16 +101,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # digits on 2 CPU cores in under a minute: C1-C1-× (8×8 → 32@4×4 → 64@4×4, d = 1,024).
     # The generator matches per-class mean features to the released aggregates (`g_loss=match`,
-    # bench/results/tuning-dpaf.md); conv2* stays at C's DP-trained conv2, so each loop step
-    # of phase 2 is one DPAGG release (window 1).
+    # bench/results/2026-11-23-tuning-logs/tuning-dpaf.md); conv2* stays at C's DP-trained conv2, so
+    # each loop step of phase 2 is one DPAGG release (window 1).
     "small": _SMALL,
     # 28×28 images such as mnist-5k on a CPU: `small` with phase 2 released once (one Gaussian
     # release of every class's feature sums at half of the ε left after phase 1), a 2× wider
     # generator and 2,000 generator steps on the release, which read no data (mnist-5k at
     # ε = 10: windows 0.745, once 0.783, + g_width 64 0.805, + 2,000 steps 0.828; ε = 1:
     # windows 0.566, once 0.614, this preset 0.574 and, with 3 seeds, 0.356: too noisy at
-    # half of ε = 1; bench/results/tuning-dpaf.md). DPAF without the curriculum: `auto` takes
-    # `mnist-freq` below instead.
+    # half of ε = 1; bench/results/2026-11-23-tuning-logs/tuning-dpaf.md). DPAF without the
+    # curriculum: `auto` takes `mnist-freq` below instead.
     "mnist": {
         **_SMALL,
         "windows": 2000,
@@ -127,7 +127,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # model) 0.754 ± 0.018; 100 at 2e-4 0.635 ± 0.043; 100 at 2e-5 0.856 (g_width 64, 1,482 s)
     # and 0.860 (g_width 32, 714 s; 0.867 ± 0.006 on the leaderboard). The fit alone (one
     # generator step, `windows=1`) scored 0.850 with g_width 64 and 0.887 ± 0.008 with 32: the
-    # match costs up to a few hundredths (bench/results/tuning-28.md).
+    # match costs up to a few hundredths (bench/results/2026-11-23-tuning-logs/tuning-28.md).
     "mnist-freq": {
         **_SMALL,
         "windows": 100,

@@ -2,12 +2,12 @@
 
 In the table encoding (`dpsynth.data.tabular`) a number is one value in [-1, 1]. Under the MMD
 with a Gaussian kernel as wide as that whole range, the repulsion between the few generated
-points drives generated numbers to the bounds (bench/results/tuning-tables.md: half of them
-at their min or max without any noise, against 1% of real values). With `number_bins` = K,
-the kernel sees each number as the one-hot of K equal-width bins of [-1, 1] instead (the
-public [min, max] cut into K equal bins), like a categorical column: all bins are equally far
-apart. The generator then outputs a softmax block per number, and sampling draws a bin from
-that block and a value uniformly inside it.
+points drives generated numbers to the bounds: half of them at their min or max without any
+noise, against 1% of real values (bench/results/2026-11-23-tuning-logs/tuning-tables.md). With
+`number_bins` = K, the kernel sees each number as the one-hot of K equal-width bins of [-1, 1]
+instead (the public [min, max] cut into K equal bins), like a categorical column: all bins are
+equally far apart. The generator then outputs a softmax block per number, and sampling draws a
+bin from that block and a value uniformly inside it.
 
 Privacy: the re-encoding is a fixed public function applied to each record on its own, so the
 kernel of any two records is still at most 1 and the mechanism's sensitivity is unchanged;

@@ -38,8 +38,8 @@ from dpsynth.privacy.marginal_plan import gdp_mu
 # The automatic number of selections: as many as keep a typical pair's measurement noise (its
 # expected L1 error) at about this share of N (a TVD of half of it), within [d/4, 3d]. On the
 # public german-credit at ε = 1 (800 rows, 21 columns; 2-way TVD against its held-out rows,
-# bench/results/tuning-tables.md): 63 selections (share 0.5) 0.152–0.154, 22 (0.35)
-# 0.138–0.157 over 5 runs (mean 0.147), 10 0.138–0.141, 4 0.134–0.142 over 6 runs (mean
+# bench/results/2026-11-23-tuning-logs/tuning-tables.md): 63 selections (share 0.5) 0.152–0.154, 22
+# (0.35) 0.138–0.157 over 5 runs (mean 0.147), 10 0.138–0.141, 4 0.134–0.142 over 6 runs (mean
 # 0.138), all with 16 bins; 0.25 gives the floor d/4 = 6 there (also with the 12 bins of
 # today: 0.123–0.133). At ε = 10 there, and on larger tables, the cap 3d still binds.
 _TARGET_NOISE_SHARE = 0.25

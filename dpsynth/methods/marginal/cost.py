@@ -8,11 +8,12 @@ model's size is capped by the preset (`max_model_mb`, reached linearly over the 
 estimation is bounded by steps × cap whatever the columns; the rest grows with N and d².
 
 The constants were measured on census at ε = 10 (199,523 rows, 41 attributes, 820 candidate
-pairs, the `small` preset; 2026-11-28, bench/results/tuning-tables.md), rounded up: it
-trained in 92–103 s at a load of 1–2 (bench/results/tables-speed-2026-11-28.json and earlier
-runs) and this rule gives it 129 s. The estimate is
-an upper bound on the estimation (the cap is rarely reached on small tables: german-credit
-at ε = 1 trains in seconds where this says about 2 minutes), never a measurement.
+pairs, the `small` preset; 2026-11-28, bench/results/2026-11-23-tuning-logs/tuning-tables.md),
+rounded up: it trained in 92–103 s at a load of 1–2 (earlier runs and
+bench/results/2026-11-28-tables-speed/tables-speed-2026-11-28.json) and this rule gives it
+129 s. The estimate is an upper bound on the estimation (the cap is rarely reached on small
+tables: german-credit at ε = 1 trains in seconds where this says about 2 minutes), never a
+measurement.
 """
 
 from __future__ import annotations

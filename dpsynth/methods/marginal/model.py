@@ -13,7 +13,8 @@ reaches it.
 Until 2026-11-28 this called `mbi.estimation.MirrorDescent` (JAX): every fit compiled XLA
 programs (121 of them for census's 41 one-way marginals alone, 5–70 s per fit on the shared
 2-core CPU, most of a round), and plain mirror descent needed thousands of steps where the
-scaled steps of `mirror.py` need a few hundred (bench/results/tuning-tables.md).
+scaled steps of `mirror.py` need a few hundred
+(bench/results/2026-11-23-tuning-logs/tuning-tables.md).
 """
 
 from __future__ import annotations

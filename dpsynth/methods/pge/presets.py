@@ -66,8 +66,8 @@ _COMMON: dict[str, Any] = {
 }
 
 # Digits (8x8) on the CPU, tuned at ε = 10 on the public digits set
-# (bench/results/tuning-pge.md): a DP warm start from central images (30% of ε), 300
-# pretraining steps on them, then 100 DP-SGD steps; the sampler starts at the class's
+# (bench/results/2026-11-23-tuning-logs/tuning-pge.md): a DP warm start from central images (30% of
+# ε), 300 pretraining steps on them, then 100 DP-SGD steps; the sampler starts at the class's
 # central image with the noise of level 2 of 8. Noise multiplicity (4 particles per record,
 # averaged before clipping) and a narrow net as before. CNN 0.381 -> 0.880 at ε = 10.
 _SMALL: dict[str, Any] = {
@@ -134,7 +134,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # A DP teacher labels the release (`RELABELLING_TEACHER`: the backend plans for 30% of ε,
     # the teacher's DP-SGD fills the rest): one release each, mnist-5k 0.883 → 0.907 / 0.917,
     # unseen digits28 0.892 → 0.903.
-    # Designed from probes on the public mnist-5k (bench/results/tuning-28.md).
+    # Designed from probes on the public mnist-5k
+    # (bench/results/2026-11-23-tuning-logs/tuning-28.md).
     "mnist": {
         **_SMALL,
         "image_size": 16,

@@ -86,7 +86,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Chosen on digits: a narrow network (fewer coordinates share the noise), a 10× larger
     # step on S than the paper's 0.1, which has 100× more releases to move S with, and S
     # started from the DP class means at 0.2 of ε (CNN 0.69 → 0.87 at ε = 10,
-    # bench/results/tuning-psg.md).
+    # bench/results/2026-11-23-tuning-logs/tuning-psg.md).
     "small": _SMALL,
     # digits at small ε (recommended at ε ≤ 3): half of ε for the class means (σ_c 7.1 instead
     # of 16 at ε = 1) and 4× fewer releases, so the matching noise does not wash them out.

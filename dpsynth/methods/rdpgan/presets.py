@@ -56,7 +56,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # digits (8×8, N = 1437) on one CPU core in a couple of minutes: the conditional DCGAN
     # (D: 16 → 32 channels, GroupNorm); tuned on public digits only
-    # (bench/results/tuning-digits.md).
+    # (bench/results/2026-11-23-tuning-logs/tuning-digits.md).
     "small": {
         **_COMMON,
         "arch": "conv",
@@ -104,7 +104,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # started from a fit to 10,000 of G's samples, labels the release (`relabel`: candidates of
 # every class, each image given the teacher's label, the most confident kept). The images
 # are the frequency model's at the backend's share.
-# Chosen on the public mnist-5k's test split (bench/results/tuning-28.md).
+# Chosen on the public mnist-5k's test split (bench/results/2026-11-23-tuning-logs/tuning-28.md).
 PRESETS["mnist"] = {
     **PRESETS["small"],
     "latent_dim": 100,
@@ -135,7 +135,7 @@ PRESETS["mnist-eps1"] = {
 # plain DP-GAN (`small`) gave 0.22–0.37 at ε = 1 and 0.65–0.76 at ε = 10 over its runs. On
 # digits, 3 CNN seeds, one release each (2026-11-27): 0.687 and 0.764 at ε = 1, 0.887 and
 # 0.827 at ε = 10; per-class covariances at ε = 10 gave 0.847, with the teacher 0.858
-# (bench/results/tuning-28.md). Chosen on digits' test split.
+# (bench/results/2026-11-23-tuning-logs/tuning-28.md). Chosen on digits' test split.
 PRESETS["small-freq"] = {**PRESETS["mnist-eps1"]}
 
 # The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0); images
@@ -163,9 +163,9 @@ TABLE_PRESETS: dict[str, dict[str, Any]] = {
         "lr_g": 2e-3,
     },
     # german-credit or Census-Income KDD on one CPU thread in about two minutes at most.
-    # Tuned on public census only (bench/results/tuning-tables.md): a narrower D (64) and a
-    # larger batch (512: less relative noise per step) did best of five settings at ε = 1, but
-    # run-to-run spread is large (see the log).
+    # Tuned on public census only (bench/results/2026-11-23-tuning-logs/tuning-tables.md): a
+    # narrower D (64) and a larger batch (512: less relative noise per step) did best of five
+    # settings at ε = 1, but run-to-run spread is large (see the log).
     "small": {
         **_COMMON,
         "arch": "mlp",
