@@ -242,3 +242,29 @@ def test_auto_audits_what_train_would_pick_for_the_data_and_epsilon():
     out = json.loads(result.stdout)
     assert (out["method"], out["preset"]) == picks[1.0]
     assert out["lower_bound"] <= out["claimed_epsilon"] <= 1.0
+
+
+def test_the_audit_noise_comes_from_the_audit_seed():
+    """Each step's noise is drawn from the audit's own stream: two seeds give different
+    releases, one seed the same (a fresh `torch.Generator()` per step gave every step and every
+    --seed the same first noise vector)."""
+    from dpsynth.audit.whitebox import MechanismStep, canary_scores
+
+    steps = [MechanismStep(1.0, 1.0, 1), MechanismStep(1.0, 1.0, 1)]
+    included = torch.zeros(64, dtype=torch.bool)  # no canary in: the scores are noise only
+
+    def scores(seed: int) -> torch.Tensor:
+        return canary_scores(steps, 1.0, included, torch.Generator().manual_seed(seed))["llr"]
+
+    assert torch.equal(scores(1), scores(1))
+    assert not torch.allclose(scores(1), scores(2))
+
+
+def test_full_batch_events_score_without_a_math_domain_error():
+    """q = 1 (the frequency model's full-batch release) is the unmixed ratio, not log1p(−1)."""
+    from dpsynth.audit.whitebox import mixture_log_ratio
+
+    ratio = torch.tensor([-1.0, 0.0, 2.5], dtype=torch.float64)
+    assert torch.equal(mixture_log_ratio(ratio, 1.0), ratio)
+    half = mixture_log_ratio(ratio, 0.5)
+    assert torch.allclose(half, torch.log(0.5 + 0.5 * torch.exp(ratio)))

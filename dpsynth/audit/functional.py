@@ -31,6 +31,7 @@ from dpsynth.audit.whitebox import (
     best_guesses,
     draw_canaries,
     mechanism_steps,
+    mixture_log_ratio,
 )
 from dpsynth.errors import UsageError
 from dpsynth.privacy.dpsgd import PoissonSampler
@@ -124,10 +125,7 @@ def field_canary_scores(
             projection = evidence @ whitened
             peak = torch.maximum(peak, projection / math.sqrt(scale * strength))
             log_ratio = projection / scale - shift
-            scores += torch.logaddexp(
-                torch.full_like(log_ratio, math.log1p(-step.sampling_rate)),
-                log_ratio + math.log(step.sampling_rate),
-            )
+            scores += mixture_log_ratio(log_ratio, step.sampling_rate)
     return {"llr": scores, "max": peak}
 
 

@@ -185,19 +185,25 @@ def _private_gradient(
         noise_multiplier=sigma,
         max_grad_norm=clip,
         expected_batch_size=1.0,
-        generator=torch.Generator(),
+        # The audit's own stream: a fresh `torch.Generator()` here had the same default seed
+        # for every step and every `--seed`, so the audits were not independent (issue 48).
+        generator=generator,
     )
 
 
 def _log_likelihood_ratio(released: Tensor, clip: float, noise_std: float, q: float) -> Tensor:
     """log[(1 − q)·N(x; 0, s²) + q·N(x; C, s²)] − log N(x; 0, s²), per coordinate x."""
     shift = (clip * released - 0.5 * clip * clip) / (noise_std * noise_std)
-    return torch.logaddexp(
-        torch.full_like(released, math.log1p(-q))
-        if q < 1
-        else torch.full_like(released, -math.inf),
-        shift + math.log(q),
-    )
+    return mixture_log_ratio(shift, q)
+
+
+def mixture_log_ratio(log_ratio: Tensor, q: float) -> Tensor:
+    """log[(1 − q) + q·exp(log_ratio)]: a Poisson-sampled record's log-likelihood ratio from
+    the ratio it would have if always included. q = 1 (a full-batch release, such as the
+    frequency model's) is the ratio itself: log1p(−1) is −∞, not a number math can give."""
+    if q >= 1:
+        return log_ratio.clone()
+    return torch.logaddexp(torch.full_like(log_ratio, math.log1p(-q)), log_ratio + math.log(q))
 
 
 def best_guesses(
