@@ -212,7 +212,7 @@ def test_pge_presets_use_it_and_auto_picks_by_epsilon() -> None:
         shares[preset] = None if release is None else _pld_epsilon([plan.events[0]], 1e-5)
     assert shares["tiny"] is None
     assert shares["small"] == pytest.approx(0.3, rel=0.02)
-    assert shares["small-eps1"] == pytest.approx(0.85, rel=0.02)
+    assert shares["small-eps1"] == pytest.approx(0.5, rel=0.02)
 
 
 @pytest.mark.parametrize("method_name", ["pge", "psg", "dpkernel"])

@@ -123,8 +123,8 @@ def test_presets_default_to_no_warm_start() -> None:
 @pytest.mark.parametrize(
     ("preset", "overrides", "share", "mechanism"),
     [
-        ("mnist", {}, 0.6, "frequency_model"),
-        ("mnist-eps1", {}, 0.9, "frequency_model"),
+        ("mnist", {}, 0.5, "frequency_model"),
+        ("mnist-eps1", {}, 0.5, "frequency_model"),
         # the central images instead (records clipped at √784 = 28, so none is)
         ("mnist", {"warm_start_share": 0.2, "frequency_share": 0.0}, 0.2, "central_images"),
     ],

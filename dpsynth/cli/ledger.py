@@ -100,6 +100,15 @@ def ledger_show(
                 f"seq {entry.get('seq')} (run {entry.get('run_id')}): NOT PRIVATE, {label}",
                 markup=False,
             )
+        public = entry.get("public") if entry.get("kind") == "spend" else None
+        if isinstance(public, dict):  # declared-public images the run pretrained on
+            used = ", ".join(map(str, public.get("used_by") or []))
+            stdout.print(
+                f"seq {entry.get('seq')} (run {entry.get('run_id')}): public input "
+                f"{public.get('spec')} ({public.get('n')} images, sha256 "
+                f"{str(public.get('content_digest'))[:12]}…; no ε), pretrained: {used}",
+                markup=False,
+            )
 
 
 @ledger_app.command("verify")

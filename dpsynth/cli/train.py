@@ -25,6 +25,7 @@ from dpsynth.cli.render import (
     emit_json,
     fmt_eps,
     print_kv,
+    print_remarks,
     print_warnings,
     progress_bar,
     show_progress,
@@ -65,9 +66,9 @@ def train(
     method: Annotated[
         str | None,
         typer.Option(
-            help="Backend: pge, dpkernel, psg, dpaf or rdpgan for images; mst, aim, dpkernel "
-            "or rdpgan for tables; or auto: the recommendation for the data's public shape "
-            "and ε (see docs/methods/)."
+            help="Backend: pge, dpkernel, psg, dpaf or rdpgan for images (freq: the shared "
+            "frequency model alone, a baseline); mst, aim, dpkernel or rdpgan for tables; or "
+            "auto: the recommendation for the data's public shape and ε (see docs/methods/)."
         ),
     ] = None,
     data: Annotated[str | None, typer.Option(help="Data spec (see `dpsynth data list`).")] = None,
@@ -148,6 +149,16 @@ def train(
             "spending this ε (part of --epsilon, recorded in the ledger before training).",
         ),
     ] = None,
+    public: Annotated[
+        str | None,
+        typer.Option(
+            "--public",
+            help="Images you declare public and non-sensitive (a data spec, as --data), "
+            "brought to the data's channels and size and pretrained on before any private "
+            "step, at no privacy cost (pge, dpkernel, the DP teacher). Recorded in config.json "
+            "and the ledger; refused when it is the private data.",
+        ),
+    ] = None,
     checkpoint_every: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 120.0,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
@@ -193,6 +204,7 @@ def train(
         schema_public=schema_public,
         schema_epsilon=schema_epsilon,
         class_weights_epsilon=class_weights_epsilon,
+        public=public,
     )
     # Under torchrun only rank 0 shows progress and the result; the other ranks are quiet.
     main_rank = is_main_process()
@@ -207,6 +219,7 @@ def train(
         emit_json(result)
         return
     print_warnings(list(result.get("warnings", [])))
+    print_remarks(list((result.get("public") or {}).get("notes", [])))
     if result.get("already_finished"):
         stdout.print(
             f"{out}: this run already finished ({result['steps']} steps); nothing to do",
@@ -248,6 +261,16 @@ def train(
                 "schema release",
                 f"{' + '.join(parts)}, ε ≤ {release['epsilon']:.4g} "
                 f"(ledger seq {release['ledger_seq']}{default})",
+            )
+        )
+    if result.get("public"):
+        used = result["public"]
+        labels = "labelled" if used["labelled"] else "unlabelled"
+        rows.append(
+            (
+                "public input (no ε)",
+                f"{used['spec']}: {used['n']} images, {labels}, {used['transform']}; "
+                f"pretrained: {', '.join(used['used_by'])}",
             )
         )
     if result.get("preview"):

@@ -118,9 +118,7 @@ def _read(spec: str, shape: tuple[int, int, int]) -> tuple[ImageData, tuple[int,
     return used, source
 
 
-def load_public(
-    spec: str, shape: tuple[int, int, int], classes: tuple[str, ...]
-) -> PublicImages:
+def load_public(spec: str, shape: tuple[int, int, int], classes: tuple[str, ...]) -> PublicImages:
     """Read the image set `spec` (any `--data` image spec) in the private data's public
     `shape` (C, H, W) with its labels mapped onto `classes` when its class names are the same
     set (else unlabelled). UsageError for a table or a bad spec, DataError for bad files."""

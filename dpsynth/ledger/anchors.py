@@ -24,12 +24,17 @@ from dpsynth.privacy.plan_check import not_dp_label
 
 # The parts of a run's config.json that its spend binds: what is trained, on what, and how.
 BOUND_CONFIG_KEYS = ("method", "config", "data", "privacy")
+# Bound too when present (`public`: the declared-public inputs); runs written without them keep
+# the digest they were reserved with.
+OPTIONAL_BOUND_KEYS = ("public",)
 
 
 def run_config_digest(run_config: Mapping[str, Any]) -> str:
     """SHA-256 of the canonical JSON of the run's method, hyper-parameters, data description
-    and privacy plan (`BOUND_CONFIG_KEYS`), as recorded in the spend at reservation."""
+    and privacy plan (`BOUND_CONFIG_KEYS`), and its public inputs when it has any, as recorded
+    in the spend at reservation."""
     bound = {key: run_config.get(key) for key in BOUND_CONFIG_KEYS}
+    bound |= {key: run_config[key] for key in OPTIONAL_BOUND_KEYS if key in run_config}
     return hashlib.sha256(canonical_json(json_safe(bound)).encode("ascii")).hexdigest()
 
 

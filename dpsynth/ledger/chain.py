@@ -105,6 +105,8 @@ def _field_problem(name: str, value: Any) -> str | None:
     well_formed = isinstance(value, list) and all(isinstance(e, dict) for e in value)
     if name == "events" and value is not None and not well_formed:
         return "must be a list of objects"
+    if name == "public" and not isinstance(value, dict):
+        return "must be an object"
     return None
 
 

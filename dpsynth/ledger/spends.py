@@ -130,11 +130,14 @@ class Ledger(LedgerReader):
         private: bool = True,
         max_total_epsilon: float | None = None,
         config_sha256: str | None = None,
+        public: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Record a spend before any private data is read; return the written line.
 
         `config_sha256` (optional) binds the spend to the run's configuration (see
         `dpsynth.ledger.anchors.run_config_digest`), so that a later edit is detected.
+        `public` (optional) describes the declared-public inputs the run pretrains on (spec,
+        n, content digest, what uses them): recorded as the line's `public`, at no cost.
 
         Raises BudgetExceededError (and writes nothing) if a budget set on any dataset id linked
         to this spend (by id or fingerprint, see the grouping rule) would be exceeded by the
@@ -187,6 +190,8 @@ class Ledger(LedgerReader):
             }
             if config_sha256 is not None:
                 line["config_sha256"] = config_sha256
+            if public is not None:
+                line["public"] = json_safe(dict(public))
             links = state.legacy_links(fingerprint)
             if links:
                 line["links"] = links

@@ -35,6 +35,7 @@ from dpsynth.training.progress import (
     TrainProgress,
     stop_callback,
 )
+from dpsynth.training.public import pretrain_public
 from dpsynth.training.session import Session, warm_start
 from dpsynth.training.summary import json_eps, json_stat, run_summary, write_preview
 
@@ -99,6 +100,7 @@ def run_loop(
         aborted_on_failure(session, seq),
     ):
         if start_step == 0 and not run.has_checkpoint():
+            pretrain_public(session, device)  # declared-public images first: no data read
             warm_start(session, pixels, labels)
         while step < plan.steps:
             if stop_requested(interrupts, launch, device):
@@ -186,6 +188,7 @@ def _follower_loop(
     labels = session.records.y.to(device)
     step = start = session.start_step
     with deferred_interrupts() as interrupts:
+        pretrain_public(session, device)
         warm_start(session, pixels, labels)
         while step < session.plan.steps:
             if stop_requested(interrupts, launch, device):

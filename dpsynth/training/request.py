@@ -85,6 +85,9 @@ class TrainRequest:
     schema_epsilon: float | None = None
     # Tables: release the target's class proportions with DP (this ε, part of the total).
     class_weights_epsilon: float | None = None
+    # Images the data owner declares public (a data spec), pretrained on at no privacy cost;
+    # with `resume`, it must be the set the run recorded (which is used when this is None).
+    public: str | None = None
 
     @staticmethod
     def check_complete(
@@ -117,6 +120,11 @@ class TrainRequest:
             if self.ledger_path is None:
                 raise UsageError("a new run needs a ledger path")
             parse_epsilon(self.epsilon if self.epsilon is not None else "inf")
+            if self.public is not None and self.data is not None:
+                from dpsynth.data.sources import is_table_spec
+
+                if is_table_spec(self.data):
+                    raise UsageError("--public takes images to pretrain on; --data is a table")
             table_flags = self.schema is not None or self.schema_public
             released = self.schema_epsilon is not None or self.class_weights_epsilon is not None
             if (table_flags or released) and self.data is not None:

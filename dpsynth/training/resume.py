@@ -28,6 +28,7 @@ from dpsynth.training.data import (
     recorded_fingerprint,
     recorded_public_size,
 )
+from dpsynth.training.public import check_resume_spec, needs_reload, reload_public
 from dpsynth.training.session import Session, central_generator
 from dpsynth.training.summary import run_summary
 
@@ -41,8 +42,15 @@ def recorded_ledger(run: RunDir) -> Path:
 
 
 def resume_run(
-    run: RunDir, ledger: Ledger, device: torch.device, log_private_loss: bool
+    run: RunDir,
+    ledger: Ledger,
+    device: torch.device,
+    log_private_loss: bool,
+    public_spec: str | None = None,
 ) -> Session | dict[str, Any]:
+    """Check a run's anchor and load its state (its summary if it had finished); a run
+    started with `--public` reads its public set again when it restarts from scratch
+    (`public_spec`, if given, must name that set)."""
     run_config = run.read_config()
     name = str(run.path)
     try:
@@ -58,6 +66,7 @@ def resume_run(
         raise DataError(f"{name}: config.json is not valid for resuming ({exc})") from None
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DataError(f"{name}: config.json is not valid for resuming ({exc!r})") from None
+    check_resume_spec(public_spec, run_config.get("public"), name)
     # The spend this run may close is the one its anchor points at, checked before any data
     # is read: same hash, this run id and data, and events equal to the plan the loop will use.
     check_plan_parameters(
@@ -113,6 +122,9 @@ def resume_run(
         start = int(state["step"])
         randomness.load_state(run.load_private_state(start)["generators"])
     run.truncate_log(start)
+    public = None
+    if needs_reload(run_config, start, restored):
+        public = reload_public(run_config["public"], info, name)
     return Session(
         run=run,
         ledger=ledger,
@@ -129,6 +141,7 @@ def resume_run(
         start_step=start,
         warnings=run_config.get("warnings", []),
         restored=restored,
+        public=public,
     )
 
 
@@ -156,6 +169,9 @@ def join_run(start: Mapping[str, Any], device: torch.device) -> Session:
     if start["tensors"] is not None:
         trainer.load_state_tensors(start["tensors"])
     randomness.load_state(start["generators"])
+    public = None
+    if needs_reload(run_config, int(start["start_step"]), start["tensors"]):
+        public = reload_public(run_config["public"], info, "rank 0's run")
     return Session(
         run=None,
         ledger=None,
@@ -172,4 +188,5 @@ def join_run(start: Mapping[str, Any], device: torch.device) -> Session:
         start_step=int(start["start_step"]),
         warnings=list(start["warnings"]),
         restored=start["tensors"],
+        public=public,
     )

@@ -53,6 +53,7 @@ def train_run(
     schema_public: bool = False,
     schema_epsilon: float | None = None,
     class_weights_epsilon: float | None = None,
+    public: str | None = None,
 ) -> dict[str, Any]:
     """`train` with the request's fields as keyword arguments (see `TrainRequest`)."""
     request = TrainRequest(
@@ -80,6 +81,7 @@ def train_run(
         schema_public=schema_public,
         schema_epsilon=schema_epsilon,
         class_weights_epsilon=class_weights_epsilon,
+        public=public,
     )
     return train(request, progress)
 
@@ -155,7 +157,7 @@ def _open(
     run = RunDir(request.out)
     # Without a ledger given, the run's own (recorded) ledger; the anchor is checked anyway.
     ledger = Ledger(request.ledger_path or recorded_ledger(run))
-    return resume_run(run, ledger, device, request.log_private_loss)
+    return resume_run(run, ledger, device, request.log_private_loss, request.public)
 
 
 def _tell_quietly(message: dict[str, Any], device: torch.device) -> None:

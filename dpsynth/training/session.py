@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from dpsynth.data.images import DataInfo, ImageData
+from dpsynth.data.public import PublicImages
 from dpsynth.ledger import Ledger
 from dpsynth.methods.base import Method, Trainer
 from dpsynth.privacy.central import central_plan_in, release_central_images
@@ -42,6 +43,9 @@ class Session:
     restored: dict[str, torch.Tensor] | None = None
     # The secret stream of the plan's central-images release (None when it has none).
     central_rng: torch.Generator | None = None
+    # Declared-public images to pretrain on before step 0 (`--public`; None when there are
+    # none, or when the run resumes from a checkpoint that already holds the pretraining).
+    public: PublicImages | None = None
 
     def start_message(self) -> dict[str, Any]:
         """What the other ranks need to join: settings, the secret, the streams' states."""

@@ -44,6 +44,7 @@ from dpsynth.training.data import (
     keyed_fingerprint,
     public_info,
 )
+from dpsynth.training.public import ledger_record, open_public
 from dpsynth.training.request import TrainRequest, parse_epsilon
 from dpsynth.training.session import Session, central_generator
 
@@ -128,6 +129,12 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         raise UsageError(
             f"--method {backend.name} cannot start with these settings: {exc}"
         ) from None
+    # Declared-public images (no ε, never through the privacy layer): refused here, before
+    # the reservation, when they are the private data or the trainer would not use them.
+    public, public_record = None, None
+    if request.public is not None:
+        assert not isinstance(records, TableData)
+        public, public_record = open_public(request.public, records, info, trainer, backend.name)
     if existing is None:
         info = replace(info, fingerprint=keyed_fingerprint(ledger, digest))
     # `classes` (in info) and `channels` let --resume read the data the same way
@@ -136,6 +143,8 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         data_json["public_size"] = True
     # The spend binds what config.json will say about method, settings, data and plan.
     bound = {"method": backend.name, "config": config, "data": data_json, "privacy": plan.to_json()}
+    if public_record is not None:
+        bound["public"] = public_record
     entry = ledger.reserve(
         dataset_id=info.dataset_id,
         fingerprint=info.fingerprint,
@@ -148,6 +157,7 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         # Another process may have spent on this dataset since the plan was made.
         max_total_epsilon=plan.target_epsilon if plan.private else None,
         config_sha256=run_config_digest(bound),
+        public=ledger_record(public_record) if public_record is not None else None,
     )
     run_config = {
         "run_id": run_id,
@@ -177,6 +187,8 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
     }
     if schema_release is not None:
         run_config["schema_release"] = schema_release
+    if public_record is not None:
+        run_config["public"] = public_record
     if launch is not None:  # informational: the mechanism is the same for any world size
         run_config["launch"] = {"world_size": launch.world_size}
     existed = run.path.exists()  # empty if so (check_new)
@@ -205,6 +217,7 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         run_config=run_config,
         start_step=0,
         warnings=warnings,
+        public=public,
     )
 
 

@@ -67,6 +67,8 @@ def run_summary(
         "dataset_total_epsilon": spend.get("total_epsilon"),
         "accountant": plan.accountant,
         "stages": run_config.get("stages"),
+        # Declared-public images it pretrained on (`--public`; no ε), or None.
+        "public": run_config.get("public"),
         # A run that added noise under a claimed ε that is not a proven bound says so.
         "privacy_label": not_dp_label(plan.events),
         "ledger_seq": seq,

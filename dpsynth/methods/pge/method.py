@@ -73,7 +73,7 @@ class PGEMethod(Method):
         """For 28×28-sized images (≥ 400 values a record) `mnist`, `mnist-eps1` at ε ≤ 3
         (the DP frequency model first, then a short DP-SGD fine-tune and a short sampler);
         for smaller ones `small`, `small-eps1` at ε ≤ 3 (tuned on 8×8 digits,
-        bench/results/tuning-pge.md). Only public facts (shape, ε) choose."""
+        bench/results/2026-11-23-tuning-logs/tuning-pge.md). Only public facts (shape, ε) choose."""
         small = epsilon <= SMALL_EPSILON
         if is_large_image(info):
             return "mnist-eps1" if small else "mnist"
