@@ -134,13 +134,9 @@ PRESETS["mnist-teacher"] = {
 }
 
 # Small images such as the 8×8 digits (recommended below 400 values a record, at every ε):
-# `mnist-eps1`'s design: 95% of ε on the DP frequency model, whose band
-# (10×10, clipped to the image) holds the whole 8×8 image, with the pooled covariance (K times
-# less noise per entry, which 1,437 records need at both ε), G fitted to it, no teacher. The
-# plain DP-GAN (`small`) gave 0.22–0.37 at ε = 1 and 0.65–0.76 at ε = 10 over its runs. On
-# digits, 3 CNN seeds, one release each (2026-11-27): 0.687 and 0.764 at ε = 1, 0.887 and
-# 0.827 at ε = 10; per-class covariances at ε = 10 gave 0.847, with the teacher 0.858
-# (bench/results/2026-11-23-tuning-logs/tuning-28.md). Chosen on digits' test split.
+# `mnist-eps1`'s design, whose frequency band (10×10, clipped to the image) holds the whole
+# 8×8 image: half of ε on the DP frequency model (pooled covariance), G fitted to it, then the
+# DP GAN with the other half. (Before issue 45 the GAN took one step with 5% of ε.)
 PRESETS["small-freq"] = {**PRESETS["mnist-eps1"]}
 
 # The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0); images
