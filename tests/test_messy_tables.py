@@ -303,3 +303,54 @@ def test_draft_table_keeps_missing_tokens_of_categories_as_spelled() -> None:
     values = np.array(["a", "?", "b", "a", ""] * 10, dtype=object)
     schema, remarks = draft_table(["c", "y"], [values, np.array(["0", "1"] * 25, object)], "y")
     assert schema.columns[0].categories == ("", "?", "a", "b") and remarks == []
+
+
+def test_shape_round_trims_a_coarse_range_to_where_the_rows_are() -> None:
+    """Round 1's √2 grid releases months as 1–17; the shape round's edges stop at 12."""
+    import torch
+
+    from dpsynth.privacy.schema_release import release_shapes
+
+    rows = 60_000
+    months = np.random.default_rng(3).integers(1, 13, rows).astype(np.float64)
+    spec = NumberSpec("integer")
+    plan = plan_schema_release(0.25, 1e-6, rows, 0, {"month": spec}, booleans=0)
+    generator = torch.Generator().manual_seed(0)
+    texts = months.astype(int).astype(str)
+    shape = release_shapes({"month": (months, texts, spec, (1.0, 17.0))}, {}, plan, generator)
+    edges = shape["month"].edges
+    assert edges is not None
+    assert edges[0] == 1.0
+    assert edges[-1] == 12.0  # whole numbers: the last bin is closed, the max is 12
+    # a range the rows fill is kept whole
+    wide = np.random.default_rng(4).integers(1, 18, rows).astype(np.float64)
+    texts = wide.astype(int).astype(str)
+    shape = release_shapes({"month": (wide, texts, spec, (1.0, 17.0))}, {}, plan, generator)
+    assert shape["month"].edges[-1] == 17.0
+
+
+def test_classifiers_score_real_rows_through_the_released_category_list() -> None:
+    """A real table scored against a released schema: its thousands of unlisted codes are
+    the column's `other`, as in training (gradient boosting used to crash on them)."""
+    from dpsynth.evaluate.table_classifiers import classifier_scores, table_frame
+
+    rng = np.random.default_rng(0)
+    rows = 600
+    tail = np.array([f"N{i:04d}" for i in rng.integers(0, 3000, rows)], dtype=object)
+    tail[:200] = "N0001"
+    label = np.where(tail == "N0001", "a", rng.choice(["a", "b"], rows)).astype(object)
+    raw = RawTable(("tailnum", "y"), (tail, label), "real")
+    schema = parse_schema(
+        {
+            "target": "y",
+            "columns": [
+                {"name": "tailnum", "type": "categorical",
+                 "categories": ["N0001", "(other)"], "other": "(other)"},
+                {"name": "y", "type": "categorical", "categories": ["a", "b"]},
+            ],
+        }
+    )  # fmt: skip
+    frame, labels = table_frame(raw, schema)
+    assert set(frame["tailnum"]) == {"N0001", "(other)"}
+    scores = classifier_scores((frame, labels), (frame, labels), schema, ["accuracy"], 1)
+    assert scores["gbm"]["accuracy"]["mean"] > 0.6

@@ -28,11 +28,12 @@ def table_frame(raw: RawTable, schema: Schema) -> tuple[pd.DataFrame, np.ndarray
             # NaN for missing cells (imputed by the models); a cell that is not a number or a
             # time of the column's format is a DataError naming it
             data[column.name] = column_numbers(raw, column, lenient=True)
-        elif column.type == "boolean":
+        else:
+            # the schema's categories: an unlisted value is its `other` category, as in
+            # training, or "?" (unknown) without one; never a raw value the schema hides
+            # (a real table scored against a released schema has thousands of those)
             codes = level_codes(raw, column, strict=False)
             data[column.name] = np.asarray((*column.levels, "?"), dtype=object)[codes]
-        else:
-            data[column.name] = raw.column(column.name).astype(object)
     lookup = {c: i for i, c in enumerate(schema.classes)}
     labels = np.array([lookup.get(v, -1) for v in raw.column(schema.target).tolist()])
     return pd.DataFrame(data), labels
@@ -76,7 +77,7 @@ def _model(kind: str, schema: Schema, seed: int) -> Any:
             ("num", "passthrough", numeric),
         ]
     )
-    wide = [len(c.levels) > 250 for c in schema.features if not c.is_numeric]
+    wide = [len(c.levels) >= 250 for c in schema.features if not c.is_numeric]
     mask = [not w for w in wide] + [False] * len(numeric)
     return make_pipeline(
         encode,

@@ -15,10 +15,11 @@ a round of k histograms has L2 sensitivity √k and every bin gets N(0, (σ√k)
    and days for dates), and for a float column a second over its decimals (0…6 digits after the
    point). For a boolean one histogram over [false | true | missing]. From the noisy counts,
    post-processing only:
-   - `edges`: the released range's ends and the quantiles 1/K, …, (K−1)/K of the noisy fine
-     histogram (`quantile_bins` K; values beyond the range are drawn across the end bins, not
-     piled on a bound); an exact zero holding at least 1/K of the rows becomes a point mass
-     (the edge 0 twice);
+   - `edges`: the ends of the fine bins that clear the noise (the rough range trimmed to
+     where the rows are: months 1–12, not the grid's 1–17) and the quantiles 1/K, …,
+     (K−1)/K of the noisy fine histogram (`quantile_bins` K; values beyond the range are
+     drawn across the end bins, not piled on a bound); an exact zero holding at least 1/K of
+     the rows becomes a point mass (the edge 0 twice);
    - `missing`: the missing bin's noisy count clears `MISSING_SIGNIFICANCE` deviations;
    - `decimals`: the most digits whose noisy count clears it.
 
@@ -246,10 +247,30 @@ class ReleasedShape:
     decimals: int | None
 
 
+def trimmed_span(counts: np.ndarray, noise_std: float) -> tuple[int, int] | None:
+    """The first and last fine bins whose noisy count clears a false-alarm cut (post-processing).
+
+    Round 1's range is coarse (its public grid steps by √2), so it often runs past the data:
+    months released as 1–17, minutes as 0–65. Inside it the fine histogram tells where the
+    rows really end; a bin of noise alone clears this cut about 5% of the time per histogram.
+    None when no bin clears it (the whole range is kept).
+    """
+    cut = noise_std * float(norm.isf(0.05 / max(len(counts), 1)))
+    above = np.flatnonzero(counts > cut)
+    if len(above) == 0:
+        return None
+    return int(above[0]), int(above[-1])
+
+
 def _edges_from_counts(
-    counts: np.ndarray, grid: np.ndarray, bins: int, kind: str
+    counts: np.ndarray, grid: np.ndarray, bins: int, kind: str, noise_std: float = 0.0
 ) -> tuple[float, ...] | None:
-    """The quantile edges of a noisy histogram over `grid` (post-processing)."""
+    """The quantile edges of a noisy histogram over `grid` (post-processing), inside the span
+    of bins that clear the noise (`trimmed_span`)."""
+    span = trimmed_span(counts, noise_std) if noise_std > 0 else None
+    if span is not None:
+        first, last = span
+        counts, grid = counts[first : last + 1], grid[first : last + 2]
     mass = np.clip(counts, 0.0, None)
     total = mass.sum()
     if total <= 0:
@@ -265,7 +286,24 @@ def _edges_from_counts(
     edges = np.unique(edges)
     if len(edges) < 2:
         edges = np.array([edges[0], edges[0] + (86400.0 if kind == "date" else 1.0)])
+    if kind in ("integer", "date"):
+        edges = _closed_last_bin(edges, 86400.0 if kind == "date" else 1.0)
     return tuple(float(e) for e in edges)
+
+
+def _closed_last_bin(edges: np.ndarray, unit: float) -> np.ndarray:
+    """Whole-number edges whose last bin is closed, as the schema reads them.
+
+    The fine grid's bins are [a, a + step) and its last edge lies one unit past the last
+    value; a schema's last bin is closed ([a, b], `max` = b). So the last edge moves back one
+    unit; a last bin of one value becomes a point mass (the edge twice).
+    """
+    last = edges[-1] - unit
+    if len(edges) < 3 or last > edges[-2]:
+        return np.concatenate([edges[:-1], [max(last, edges[0])]])
+    if edges[-3] == edges[-2]:  # already a point mass there
+        return edges[:-1]
+    return np.concatenate([edges[:-1], [edges[-2]]])
 
 
 def _with_atom(edges: tuple[float, ...], atom: float) -> tuple[float, ...]:
@@ -300,7 +338,7 @@ def release_shapes(
         fine = np.bincount(index, minlength=len(grid) - 1).astype(np.float64)
         counts = np.concatenate([[missing.sum(), is_zero.sum()], fine])
         released = noisy(counts, std, generator)
-        edges = _edges_from_counts(released[2:], grid, bins, spec.kind)
+        edges = _edges_from_counts(released[2:], grid, bins, spec.kind, std)
         zero_share = released[1] / max(np.clip(released, 0.0, None).sum(), 1.0)
         if edges is not None and zero_bin and released[1] > cut and zero_share >= 1.0 / bins:
             edges = _with_atom(edges, 0.0)
