@@ -14,9 +14,9 @@ from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.psg import PSGMethod
+from dpsynth.methods.psg.generator import PSGGenerator
 from dpsynth.methods.psg.matching import layer_distance, match_loss
 from dpsynth.methods.psg.model import ConvNet
-from dpsynth.methods.psg.release import PSGGenerator
 from dpsynth.privacy.dpsgd import PoissonSampler, per_sample_grads
 from dpsynth.privacy.randomness import PrivateRandomness
 

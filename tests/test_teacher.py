@@ -277,8 +277,9 @@ def test_the_frequency_model_is_released_once_and_warm_starts_the_backend(
             INFO, registry.get_method(method).config("tiny", {}, INFO), _rest(), "cpu", 0
         )
     )
-    # the backends with a warm start of their own use it; the GANs fit G to the model (MMD)
-    hook = "warm_start" if "warm_start" in vars(trainer_class) else "_fit_to_frequency_model"
+    # every backend takes the release in its `warm_start` (the GANs fit G to it by MMD)
+    hook = "warm_start"
+    assert hook in vars(trainer_class)
     original = getattr(trainer_class, hook)
 
     def spy(self, release):

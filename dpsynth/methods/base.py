@@ -73,6 +73,18 @@ class Generator(ABC):
         Each batch has at most `batch_size` records.
         """
 
+    @classmethod
+    def from_state(
+        cls,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+    ) -> Generator:
+        """This generator rebuilt from a run's saved tensors (as its trainer's
+        `state_tensors` wrote them); the template's `generator_from_state` calls it."""
+        raise DpsynthError(f"{cls.__name__} cannot be rebuilt from saved tensors")
+
     def release_details(self, counts: Sequence[int]) -> dict[str, Any]:
         """Method-specific facts about serving `counts[c]` records of each class c, for the
         sample manifest ({} if none)."""

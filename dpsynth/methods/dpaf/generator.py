@@ -9,7 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo, to_uint8
-from dpsynth.methods.base import Generator, draw_latent
+from dpsynth.methods.base import Generator, draw_latent, sample_truncation
 from dpsynth.methods.dpaf.model import CondGenerator, Features
 
 
@@ -52,6 +52,19 @@ class DPAFGenerator(Generator):
         self.classes = tuple(classes)
         self.shape = tuple(net.shape)  # type: ignore[assignment]
         self.device = device
+
+    @classmethod
+    def from_state(
+        cls,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+    ) -> DPAFGenerator:
+        """The sampler from the saved `generator.*` tensors."""
+        net = build_generator(info, config)
+        net.load_state_dict(with_prefix(tensors, "generator."))
+        return cls(net, info.classes, device, sample_truncation(config))
 
     @torch.no_grad()
     def sample(

@@ -51,32 +51,23 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import (
-    SMALL_EPSILON,
-    Generator,
-    Method,
-    PrivacyPlan,
-    PrivacyTarget,
-    is_large_image,
-    sample_truncation,
-)
-from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
-from dpsynth.methods.dpaf.generator import DPAFGenerator, build_generator, with_prefix
+from dpsynth.methods.base import SMALL_EPSILON, PrivacyPlan, PrivacyTarget, is_large_image
+from dpsynth.methods.dpaf.generator import DPAFGenerator
 from dpsynth.methods.dpaf.plan import plan_dpaf
 from dpsynth.methods.dpaf.presets import CHOICES, PRESETS
 from dpsynth.methods.dpaf.trainer import DPAFTrainer
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.methods.template import StagedMethod
 
 
-class DPAFMethod(Method):
+class DPAFMethod(StagedMethod):
     """`--method dpaf`: DP aggregation in the forward phase, sound (`strict`) mode."""
 
     name = "dpaf"
     presets = PRESETS
+    trainer_class = DPAFTrainer
+    generator_class = DPAFGenerator
     description = (
         "DPAF (noisy aggregation of SIN features in the discriminator's forward pass), strict "
         "mode: Poisson sampling, DP-SGD phase 1, conv2* at the released aggregates"
@@ -169,7 +160,7 @@ class DPAFMethod(Method):
         if min(info.shape[1], info.shape[2]) < 2:
             raise UsageError("dpaf needs images of at least 2×2 pixels")
 
-    def plan(
+    def plan_own(
         self,
         info: DataInfo,
         target: PrivacyTarget,
@@ -177,36 +168,4 @@ class DPAFMethod(Method):
         prior_events: tuple[dict[str, Any], ...] = (),
     ) -> PrivacyPlan:
         """σ_w for c_steps + windows loop steps at q_w, or the once or paper plan (`plan.py`)."""
-        return plan_with_stages(
-            info,
-            target,
-            config,
-            prior_events,
-            lambda goal, prior: plan_dpaf(info, goal, config, prior),
-        )
-
-    def trainer(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> DPAFTrainer:
-        """A fresh trainer; weights from `seed`, never from the data; draws from `randomness`."""
-        return DPAFTrainer(info, config, plan, device, seed, randomness)
-
-    def generator_from_state(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> Generator:
-        """Rebuild the sampler from saved `generator.*` tensors (behind the run's DP teacher,
-        if it has one)."""
-        net = build_generator(info, config)
-        net.load_state_dict(with_prefix(tensors, "generator."))
-        sampler = DPAFGenerator(net, info.classes, torch.device(device), sample_truncation(config))
-        return teacher_from_state(sampler, info, config, tensors)
+        return plan_dpaf(info, target, config, prior_events)

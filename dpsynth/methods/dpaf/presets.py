@@ -84,7 +84,7 @@ _SMALL: dict[str, Any] = {
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Seconds on CPU (tests): digits 8×8, C1-C1-×, d = 8.
+    # The tests and quick checks: seconds on the CPU on digits (C1-C1-×, d = 8).
     "tiny": {
         **_COMMON,
         "batch_size": 16,
@@ -99,18 +99,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "g_width": 8,
         "lr": 1e-3,
     },
-    # digits on 2 CPU cores in under a minute: C1-C1-× (8×8 → 32@4×4 → 64@4×4, d = 1,024).
-    # The generator matches per-class mean features to the released aggregates (`g_loss=match`,
-    # bench/results/2026-11-23-tuning-logs/tuning-dpaf.md); conv2* stays at C's DP-trained conv2, so
-    # each loop step of phase 2 is one DPAGG release (window 1).
+    # 8×8 images (digits) at any ε, under a minute on the CPU: C1-C1-× (d = 1,024), conv2*
+    # kept at C's DP-trained conv2, one DPAGG release per phase-2 step, and the generator
+    # matching per-class mean features to the released aggregates (`g_loss=match`).
     "small": _SMALL,
-    # 28×28 images such as mnist-5k on a CPU: `small` with phase 2 released once (one Gaussian
-    # release of every class's feature sums at half of the ε left after phase 1), a 2× wider
-    # generator and 2,000 generator steps on the release, which read no data (mnist-5k at
-    # ε = 10: windows 0.745, once 0.783, + g_width 64 0.805, + 2,000 steps 0.828; ε = 1:
-    # windows 0.566, once 0.614, this preset 0.574 and, with 3 seeds, 0.356: too noisy at
-    # half of ε = 1; bench/results/2026-11-23-tuning-logs/tuning-dpaf.md). DPAF without the
-    # curriculum: `auto` takes `mnist-freq` below instead.
+    # 28×28 images (mnist-5k) with DPAF's own phases only, no frequency model: `small` with
+    # phase 2 released once (one Gaussian release of the per-class feature sums) and 2,000
+    # generator steps on it. Too noisy below ε ≈ 3; `auto` takes `mnist-freq` instead.
     "mnist": {
         **_SMALL,
         "windows": 2000,
@@ -118,18 +113,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "latent_dim": 64,
         "g_width": 64,
     },
-    # 28×28 on a CPU with the curriculum (issue 28; recommended for 28×28-sized images above
-    # ε = 3): G is first fitted to the DP frequency model (90% of ε: class means and per-class
-    # covariances of the 10×10 lowest DCT frequencies; 3,000 steps regressing onto its
-    # sampling map, latent 100), then `mnist`'s DPAF phases with the rest: 100 generator steps
-    # at a 50× lower rate on the one release, slow enough that matching the released class
-    # features no longer undoes the fit. mnist-5k at ε = 10: 500 steps at lr 1e-3 (60% on the
-    # model) 0.754 ± 0.018; 100 at 2e-4 0.635 ± 0.043; 100 at 2e-5 0.856 (g_width 64, 1,482 s)
-    # and 0.860 (g_width 32, 714 s; 0.867 ± 0.006 on the leaderboard). The fit alone (one
-    # generator step, `windows=1`) scored 0.850 with g_width 64 and 0.887 ± 0.008 with 32: the
-    # match costs up to a few hundredths (bench/results/2026-11-23-tuning-logs/tuning-28.md).
-    # Issue 45: DPAF's forward aggregation keeps half of ε, and its match runs 500 generator
-    # steps at lr 1e-4 (enough to change G, not a token step).
+    # 28×28 images above ε = 3 (the recommended one): half of ε on the DP frequency model
+    # (per-class covariances), which G first learns to reproduce (3,000 regression steps,
+    # latent 100); the other half on `mnist`'s phases, whose 500 generator steps at lr 1e-4
+    # refine that fit without undoing it. Minutes on the CPU (8 on digits28's 1,437 images).
     "mnist-freq": {
         **_SMALL,
         "windows": 500,
@@ -141,9 +128,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "frequency_covariance": "class",
         "frequency_fit_steps": 3000,
     },
-    # The paper's MNIST architecture (C2-C1-×, spec §2.8: 64@14² → 128@7² → 256@4², Δ = 64,
-    # FC 4096 → 512 → 1; G [z→128 ‖ y→128]@4² → … → 1@28²), B = 24, μ = 8, n_critic = 3,
-    # on one GPU. The number of windows is ours (the paper gives no iteration count).
+    # The paper's MNIST architecture (C2-C1-×, spec §2.8), B = 24, μ = 8, n_critic = 3, for
+    # reproduction on one GPU; the number of windows is ours (the paper gives none).
     "paper": {
         **_COMMON,
         "batch_size": 24,
@@ -159,8 +145,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "n_critic": 3,
     },
 }
-# 28×28 at small ε (recommended at ε ≤ 3): the pooled within-class covariance (K times less
-# noise per entry; mnist-5k at ε = 1, one CNN seed: 0.751 against `small`'s 0.50–0.57).
+# 28×28 images at ε ≤ 3 (the recommended one there): `mnist-freq` with the pooled
+# within-class covariance (K times less noise per entry).
 PRESETS["mnist-freq-eps1"] = {
     **PRESETS["mnist-freq"],
     "frequency_covariance": "pooled",

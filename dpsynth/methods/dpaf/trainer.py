@@ -11,19 +11,24 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
-from dpsynth.methods.blocks import FrequencyStart, Teacher, fit_generator_to_model
+from dpsynth.methods.base import PrivacyPlan, sample_truncation
+from dpsynth.methods.blocks import fit_generator_to_model
 from dpsynth.methods.dpaf.generator import (
     DPAFGenerator,
     build_features,
     build_generator,
     one_hot_labels,
-    with_prefix,
 )
 from dpsynth.methods.dpaf.model import AggregateRows, Classifier, Head, init_weights
 from dpsynth.methods.dpaf.phase1 import Phase1Steps
 from dpsynth.methods.dpaf.phase2 import WindowSteps
 from dpsynth.methods.dpaf.plan import ONCE_PHASE, noise_ratio
+from dpsynth.methods.template import (
+    StagedTrainer,
+    load_module_tensors,
+    module_tensors,
+    seeded,
+)
 from dpsynth.privacy.aggregation import noisy_group_sums, split_window_noise
 from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.distributed import is_data_parallel
@@ -36,7 +41,7 @@ _ADAM_BETAS = (0.5, 0.999)
 _FEATURE_CHUNK = 512
 
 
-class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
+class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
     """One run: C (phase 1), the split discriminator, the generator and their optimisers."""
 
     # Functions of the released noisy aggregates, of public weights and of generated samples.
@@ -51,10 +56,7 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
         seed: int,
         randomness: PrivateRandomness | None = None,
     ) -> None:
-        self.info = info
-        self.config = dict(config)
-        self.plan = plan
-        self.device = torch.device(device)
+        randomness = self.start(info, config, plan, device, seed, randomness)
         self.num_classes = len(info.classes)
         self.batch_size = int(config["batch_size"])
         self.window = int(config["window"])
@@ -90,8 +92,7 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
         else:
             self.c_sigma = self.agg_sigma = self.conv2_sigma = 0.0
             self.clip_conv2 = math.inf
-        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
-            torch.manual_seed(seed)
+        with seeded(seed):
             self.features = build_features(info, config).to(self.device)
             self.rows = AggregateRows(
                 self.features.dim,
@@ -119,7 +120,6 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
         self.opt_conv2 = torch.optim.Adam(self.conv2_params.values(), lr=lr, betas=_ADAM_BETAS)
         self.opt_g = torch.optim.Adam(self.net_g.parameters(), lr=lr, betas=_ADAM_BETAS)
         # Every stream is asked for now, so that a resumed run restores the same set.
-        randomness = randomness if randomness is not None else PrivateRandomness.fresh()
         self.rng_patterns = randomness.generator("dpaf/patterns", self.device)
         self.rng_agg = randomness.generator("dpaf/aggregate-noise", self.device)
         self.rng_conv2 = randomness.generator("dpaf/conv2-noise", self.device)
@@ -148,10 +148,7 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
         # The running (decayed) sum of the released real aggregates: public, the matching
         # loss's target (`g_loss=match`).
         self.released_sum = torch.zeros(self.rows.dim, device=self.device)
-        # The run's DP teacher, if its plan has one (post-processing of the samples).
-        self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
-        self.frequency = FrequencyStart(info, plan, randomness)
-        self.seed = int(seed)
+        self.start_stages(randomness)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """A phase-1 step of C for the first `c_steps` loop steps, then one window each."""
@@ -183,10 +180,7 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
         which draws the same noise: the release the plan accounted for, made once. The DP
         teacher, if the plan has one, is trained at the step its plan says.
         """
-        release = self.frequency.release(step, x, y)
-        if release is not None:  # the frequency model: G is fitted to it before step 0
-            self._fit_to_frequency_model(release)
-        self.teacher.release_whole_data(step, x, y, self._own_generator)
+        super().release_whole_data(step, x, y)  # the frequency model (`warm_start`), the teacher
         if not self.once or step != self.c_steps:
             return
         pieces = []
@@ -207,8 +201,8 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
             )
             self.released_sum.copy_(sums.flatten())
 
-    def _fit_to_frequency_model(self, release: CentralImages) -> None:
-        """Before the first DP step: fit G to the DP frequency model's samples by MMD
+    def warm_start(self, release: CentralImages) -> None:
+        """Before the first DP step: fit G to a DP release, the frequency model's samples
         (`frequency_fit_steps`; post-processing of the release, public latents)."""
         steps = int(self.config["frequency_fit_steps"])
         fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
@@ -225,49 +219,25 @@ class DPAFTrainer(Phase1Steps, WindowSteps, Trainer):
             out["opt_c"] = self.opt_c
         return out
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
+    def own_state_tensors(self) -> dict[str, torch.Tensor]:
         """Weights, optimiser states and counters (public); never a secret stream's state."""
-        out: dict[str, torch.Tensor] = {}
-        for prefix, module in self._modules().items():
-            for key, value in module.state_dict().items():
-                out[f"{prefix}.{key}"] = value.detach().cpu().clone()
-        for prefix, optimizer in self._optimizers().items():
-            for index, state in optimizer.state_dict()["state"].items():
-                for key, value in state.items():
-                    tensor = value if torch.is_tensor(value) else torch.tensor(value)
-                    out[f"{prefix}.{index}.{key}"] = tensor.detach().cpu().clone()
-        out |= self.teacher.state_tensors()
+        out = module_tensors(self._modules(), self._optimizers())
         out["trainer.steps_done"] = torch.tensor(self.steps_done, dtype=torch.int64)
         out["trainer.d_steps"] = torch.tensor(self.d_steps, dtype=torch.int64)
         out["trainer.released_sum"] = self.released_sum.detach().cpu().clone()
         return out
 
-    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Restore what `state_tensors` returned, so a resumed run continues exactly."""
+    def load_own_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `own_state_tensors` returned, so a resumed run continues exactly."""
         self.steps_done = int(tensors["trainer.steps_done"])
-        self.teacher.load_state_tensors(tensors)
         self.d_steps = int(tensors["trainer.d_steps"])
         self.released_sum = tensors["trainer.released_sum"].to(self.device).clone()
         if self.steps_done >= self.c_steps and self.classifier is not None:
             self.classifier = self.opt_c = self.private_c = None  # phase 1 was over
-        for prefix, module in self._modules().items():
-            module.load_state_dict(with_prefix(tensors, prefix + "."))
-        for prefix, optimizer in self._optimizers().items():
-            state: dict[int, dict[str, torch.Tensor]] = {}
-            for name, value in with_prefix(tensors, prefix + ".").items():
-                index, key = name.split(".", 1)
-                state.setdefault(int(index), {})[key] = value.to(
-                    self.device if key != "step" else "cpu"
-                )
-            groups = optimizer.state_dict()["param_groups"]
-            optimizer.load_state_dict({"state": state, "param_groups": groups})
+        load_module_tensors(tensors, self._modules(), self._optimizers(), self.device)
 
-    def generator(self) -> Generator:
-        """A sampler over a copy of the current generator weights (behind the DP teacher
-        once it is trained)."""
-        return self.teacher.wrap(self._own_generator(), self.config)
-
-    def _own_generator(self) -> DPAFGenerator:
+    def own_generator(self) -> DPAFGenerator:
+        """A sampler over a copy of the current generator weights."""
         net = build_generator(self.info, self.config)
         net.load_state_dict(self.net_g.state_dict())
         return DPAFGenerator(net, self.info.classes, self.device, sample_truncation(self.config))

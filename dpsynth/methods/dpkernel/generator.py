@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from dpsynth.data.images import to_uint8
-from dpsynth.methods.base import Generator, draw_latent
-from dpsynth.methods.dpkernel.binning import NumberBins
-from dpsynth.methods.dpkernel.nets import VectorGenerator
+from dpsynth.data.images import DataInfo, to_uint8
+from dpsynth.methods.base import Generator, draw_latent, sample_truncation
+from dpsynth.methods.dpkernel.binning import NumberBins, number_bins
+from dpsynth.methods.dpkernel.nets import VectorGenerator, build_network
 
 
 def one_hot_or_none(labels: torch.Tensor, num_classes: int) -> torch.Tensor | None:
@@ -42,6 +43,28 @@ class DPKernelGenerator(Generator):
         self.classes = tuple(classes)
         self.shape = tuple(net.shape)  # type: ignore[assignment]
         self.device = device
+
+    @classmethod
+    def from_state(
+        cls,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+    ) -> DPKernelGenerator:
+        """The sampler from saved `ema.*` tensors (if the run kept an EMA), else
+        `generator.*`."""
+        net = build_network(info, config)
+        prefix = "ema." if any(k.startswith("ema.") for k in tensors) else "generator."
+        net.load_state_dict(generator_weights(tensors, prefix))
+        return cls(
+            net,
+            info.classes,
+            device,
+            info.modality,
+            sample_truncation(config),
+            number_bins(info, config),
+        )
 
     @torch.no_grad()
     def sample(

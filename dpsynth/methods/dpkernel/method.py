@@ -26,38 +26,27 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import (
-    SMALL_EPSILON,
-    Generator,
-    Method,
-    PrivacyPlan,
-    PrivacyTarget,
-    is_large_image,
-    sample_truncation,
-)
-from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
-from dpsynth.methods.dpkernel.binning import number_bins
-from dpsynth.methods.dpkernel.generator import DPKernelGenerator, generator_weights
+from dpsynth.methods.base import SMALL_EPSILON, PrivacyPlan, PrivacyTarget, is_large_image
+from dpsynth.methods.dpkernel.generator import DPKernelGenerator
 from dpsynth.methods.dpkernel.labels import target_weights
-from dpsynth.methods.dpkernel.nets import build_network
 from dpsynth.methods.dpkernel.presets import PRESETS, TABLE_PRESETS
 from dpsynth.methods.dpkernel.trainer import DPKernelTrainer
+from dpsynth.methods.template import StagedMethod
 from dpsynth.privacy.functional import SENSITIVITY_CHOICES, functional_sensitivity
-from dpsynth.privacy.randomness import PrivateRandomness
 
 # A number's bins in the kernel's space (`number_bins`): beyond this the blocks are mostly empty.
 _MAX_NUMBER_BINS = 256
 
 
-class DPKernelMethod(Method):
+class DPKernelMethod(StagedMethod):
     """`--method dpkernel`: DP-MMD generator on derivative-GP-privatised embedding gradients."""
 
     name = "dpkernel"
     presets = PRESETS
+    trainer_class = DPKernelTrainer
+    generator_class = DPKernelGenerator
     table_presets = TABLE_PRESETS
     modalities = ("image", "table")
     # `dpsynth audit` runs the functional mechanism (privacy/functional.py), not DP-SGD.
@@ -145,7 +134,7 @@ class DPKernelMethod(Method):
             if key in config and config[key] not in allowed:
                 raise UsageError(f"--set {key}={config[key]!r}: choose from {', '.join(allowed)}")
 
-    def plan(
+    def plan_own(
         self,
         info: DataInfo,
         target: PrivacyTarget,
@@ -156,44 +145,4 @@ class DPKernelMethod(Method):
         expected = functional_sensitivity(len(config["bandwidths"]), config["sensitivity"])
         if not math.isclose(float(config["max_grad_norm"]), expected):
             raise UsageError("max_grad_norm does not match the kernel's sensitivity")
-        return plan_with_stages(
-            info,
-            target,
-            config,
-            prior_events,
-            lambda goal, prior: super(DPKernelMethod, self).plan(info, goal, config, prior),
-        )
-
-    def trainer(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> DPKernelTrainer:
-        """A fresh trainer; weights from `seed`, never from the data; draws from `randomness`."""
-        return DPKernelTrainer(info, config, plan, device, seed, randomness)
-
-    def generator_from_state(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> Generator:
-        """The sampler from saved `ema.*` tensors (if the run kept an EMA), else `generator.*`,
-        behind the run's DP teacher when it has one."""
-        net = build_network(info, config)
-        prefix = "ema." if any(k.startswith("ema.") for k in tensors) else "generator."
-        net.load_state_dict(generator_weights(tensors, prefix))
-        sampler = DPKernelGenerator(
-            net,
-            info.classes,
-            torch.device(device),
-            info.modality,
-            sample_truncation(config),
-            number_bins(info, config),
-        )
-        return teacher_from_state(sampler, info, config, tensors)
+        return super().plan_own(info, target, config, prior_events)

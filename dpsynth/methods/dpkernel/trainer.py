@@ -12,20 +12,26 @@ from torch import nn
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import MechanismFailure, UsageError
-from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
-from dpsynth.methods.blocks import FrequencyStart, Teacher, fit_generator_to_model
+from dpsynth.methods.base import PrivacyPlan, sample_truncation
+from dpsynth.methods.blocks import fit_generator_to_model
 from dpsynth.methods.dpkernel.binning import number_bins
-from dpsynth.methods.dpkernel.generator import DPKernelGenerator, generator_weights, one_hot_or_none
+from dpsynth.methods.dpkernel.generator import DPKernelGenerator, one_hot_or_none
 from dpsynth.methods.dpkernel.kernel import generated_kernel_mean, private_embedding_gradient
 from dpsynth.methods.dpkernel.labels import balanced_labels, target_weights, weighted_labels
 from dpsynth.methods.dpkernel.nets import build_network
+from dpsynth.methods.template import (
+    StagedTrainer,
+    load_module_tensors,
+    module_tensors,
+    seeded,
+)
 from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.distributed import all_reduce_sum, shard
 from dpsynth.privacy.functional import privatize_embedding_gradient, sample_derivative_noise
 from dpsynth.privacy.randomness import PrivateRandomness
 
 
-class DPKernelTrainer(Trainer):
+class DPKernelTrainer(StagedTrainer):
     """One run's state: generator, optimiser, step count and the secret RNG for all draws."""
 
     # Functions of the released gradient and of generated points only (see `step`).
@@ -40,16 +46,10 @@ class DPKernelTrainer(Trainer):
         seed: int,
         randomness: PrivateRandomness | None = None,
     ) -> None:
-        self.info = info
-        self.config = dict(config)
-        self.plan = plan
-        self.device = torch.device(device)
-        self.seed = int(seed)
-        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
-            torch.manual_seed(seed)
+        randomness = self.start(info, config, plan, device, seed, randomness)
+        with seeded(seed):
             self.net = build_network(info, config).to(self.device)
         # Latents and the derivative-GP noise: the run's secret stream, never the public seed.
-        randomness = randomness if randomness is not None else PrivateRandomness.fresh()
         self.rng = randomness.generator("dpkernel/training")
         self.bandwidths = tuple(float(b) for b in config["bandwidths"])
         self.num_generated = int(config["generated_points"])
@@ -64,9 +64,7 @@ class DPKernelTrainer(Trainer):
         # gradients) averages the functional noise over steps; the sampler uses it.
         self.ema_decay = float(config.get("ema", 0.0))
         self.ema = copy.deepcopy(self.net).requires_grad_(False) if self.ema_decay else None
-        # The run's DP teacher, if its plan has one (post-processing of the samples).
-        self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
-        self.frequency = FrequencyStart(info, plan, randomness)
+        self.start_stages(randomness)
         self.bins = number_bins(info, config)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
@@ -270,51 +268,24 @@ class DPKernelTrainer(Trainer):
         for average, current in zip(self.ema.buffers(), self.net.buffers(), strict=True):
             average.copy_(current)
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
+    def _modules(self) -> dict[str, nn.Module]:
+        """The saved networks: the generator and, when the config keeps one, its EMA."""
+        return {"generator": self.net} | ({"ema": self.ema} if self.ema is not None else {})
+
+    def own_state_tensors(self) -> dict[str, torch.Tensor]:
         """Generator weights and buffers (and their EMA), optimiser state, step count (no
         secret RNG state)."""
-        out = {f"generator.{k}": v.detach().cpu().clone() for k, v in self.net.state_dict().items()}
-        if self.ema is not None:
-            for key, value in self.ema.state_dict().items():
-                out[f"ema.{key}"] = value.detach().cpu().clone()
-        for index, state in self.optimizer.state_dict()["state"].items():
-            for key, value in state.items():
-                tensor = value if torch.is_tensor(value) else torch.tensor(value)
-                out[f"optimizer.{index}.{key}"] = tensor.detach().cpu().clone()
+        out = module_tensors(self._modules(), {"optimizer": self.optimizer})
         out["trainer.steps_done"] = torch.tensor(self.steps_done, dtype=torch.int64)
-        return out | self.teacher.state_tensors()
+        return out
 
-    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Restore what `state_tensors` returned, so a resumed run continues exactly."""
-        self.net.load_state_dict(generator_weights(tensors))
-        if self.ema is not None:
-            self.ema.load_state_dict(generator_weights(tensors, "ema."))
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for name, value in tensors.items():
-            if name.startswith("optimizer."):
-                _, index, key = name.split(".", 2)
-                state.setdefault(int(index), {})[key] = value.to(
-                    self.device if key != "step" else "cpu"
-                )
-        groups = self.optimizer.state_dict()["param_groups"]
-        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+    def load_own_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `own_state_tensors` returned, so a resumed run continues exactly."""
+        load_module_tensors(tensors, self._modules(), {"optimizer": self.optimizer}, self.device)
         self.steps_done = int(tensors["trainer.steps_done"])
-        self.teacher.load_state_tensors(tensors)
 
-    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """The plan's shared stages: the frequency model's release and warm start before
-        step 0, the DP teacher's training at the step its plan says (none without them)."""
-        release = self.frequency.release(step, x, y)
-        if release is not None:
-            self.warm_start(release)
-        self.teacher.release_whole_data(step, x, y, self._own_generator)
-
-    def generator(self) -> Generator:
-        """A sampler over a copy of the current weights (their EMA when the config has one),
-        behind the DP teacher once it is trained."""
-        return self.teacher.wrap(self._own_generator(), self.config)
-
-    def _own_generator(self) -> DPKernelGenerator:
+    def own_generator(self) -> DPKernelGenerator:
+        """A sampler over a copy of the current weights (their EMA when the config has one)."""
         net = build_network(self.info, self.config)
         net.load_state_dict((self.ema if self.ema is not None else self.net).state_dict())
         return DPKernelGenerator(

@@ -1,1 +1,5 @@
 """freq: the shared DP frequency model (`dpsynth.privacy.frequency`) alone, as a backend."""
+
+from dpsynth.methods.freq.method import FreqMethod
+
+__all__ = ["FreqMethod"]

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 
-from dpsynth.data.images import to_uint8
-from dpsynth.methods.base import Generator, draw_latent
+from dpsynth.data.images import DataInfo, to_uint8
+from dpsynth.errors import UsageError
+from dpsynth.methods.base import Generator, draw_latent, sample_truncation
 from dpsynth.privacy.frequency import FrequencyModel, band_images
 
 
@@ -38,6 +40,23 @@ class FreqGenerator(Generator):
         self.truncation = float(truncation)
         self.means = model.means.to(self.device, torch.float64)
         self.roots = psd_roots(model.covariances.to(torch.float64)).to(self.device)
+
+    @classmethod
+    def from_state(
+        cls,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+    ) -> FreqGenerator:
+        """The sampler of the saved model (`frequency.*`; UsageError before its release)."""
+        model = FrequencyModel.from_tensors(tensors)
+        if model is None:
+            raise UsageError(
+                "the run has not released its frequency model yet (stopped before its one "
+                "step): resume it with `dpsynth train --resume`"
+            )
+        return cls(model, info.classes, device, sample_truncation(config))
 
     def images_at(self, labels: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Images [n, C, H, W] in [-1, 1] (float32) of labels [n] and coordinates z [n, d]."""

@@ -21,34 +21,19 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import over_budget
 from dpsynth.errors import DpsynthError, UsageError
-from dpsynth.methods.base import (
-    SMALL_EPSILON,
-    Generator,
-    Method,
-    PrivacyPlan,
-    PrivacyTarget,
-    is_large_image,
-    sample_truncation,
-)
-from dpsynth.methods.blocks import (
-    check_teacher_config,
-    frequency_plan,
-    plan_with_stages,
-    teacher_from_state,
-)
+from dpsynth.methods.base import SMALL_EPSILON, PrivacyPlan, PrivacyTarget, is_large_image
+from dpsynth.methods.blocks import check_teacher_config, frequency_plan
 from dpsynth.methods.freq.generator import FreqGenerator
 from dpsynth.methods.freq.presets import NOT_OFFERED, PRESETS
 from dpsynth.methods.freq.trainer import FreqTrainer
+from dpsynth.methods.template import StagedMethod
 from dpsynth.privacy.accounting import compose_epsilon
 from dpsynth.privacy.calibration import calibrate_noise
-from dpsynth.privacy.frequency import COVARIANCES, FrequencyModel, FrequencyPlan
+from dpsynth.privacy.frequency import COVARIANCES, FrequencyPlan
 from dpsynth.privacy.plan_check import IDLE_STEPS_KEY
-from dpsynth.privacy.randomness import PrivateRandomness
 
 # The run's loop: one step, which reads no Poisson batch (the release comes before it).
 LOOP_STEPS = 1
@@ -135,11 +120,13 @@ def plan_frequency_release(
     )
 
 
-class FreqMethod(Method):
+class FreqMethod(StagedMethod):
     """`--method freq`: the shared DP frequency model alone (a baseline)."""
 
     name = "freq"
     presets = PRESETS
+    trainer_class = FreqTrainer
+    generator_class = FreqGenerator
     modalities = ("image",)
     # Its one release is a Gaussian mechanism on the whole data, not DP-SGD: the white-box
     # audit does not run it (it says so).
@@ -195,51 +182,14 @@ class FreqMethod(Method):
                 "; use a smaller band or frequency_covariance=pooled"
             )
 
-    def plan(
+    def plan_own(
         self,
         info: DataInfo,
         target: PrivacyTarget,
         config: Mapping[str, Any],
         prior_events: tuple[dict[str, Any], ...] = (),
     ) -> PrivacyPlan:
-        """The release at the whole ε (`plan_frequency_release`), with the DP teacher beside
-        it when `teacher_share` > 0 (`plan_with_stages`: the release then gets 1 − share of
-        the ε left and the teacher's σ fills the rest, all composed by PRV)."""
-        return plan_with_stages(
-            info,
-            target,
-            config,
-            prior_events,
-            lambda goal, prior: plan_frequency_release(info, goal, config, prior),
-        )
-
-    def trainer(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> FreqTrainer:
-        """A fresh trainer; the release draws from `randomness` (never from `seed`)."""
-        return FreqTrainer(info, config, plan, device, seed, randomness)
-
-    def generator_from_state(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> Generator:
-        """The sampler of the saved model (behind the run's DP teacher, if it has one)."""
-        model = FrequencyModel.from_tensors(tensors)
-        if model is None:
-            raise UsageError(
-                "the run has not released its frequency model yet (stopped before its one "
-                "step): resume it with `dpsynth train --resume`"
-            )
-        sampler = FreqGenerator(
-            model, info.classes, torch.device(device), sample_truncation(config)
-        )
-        return teacher_from_state(sampler, info, config, tensors)
+        """The release at the whole ε (`plan_frequency_release`); the template puts the DP
+        teacher beside it when `teacher_share` > 0 (the release then gets 1 − share of the ε
+        left and the teacher's σ fills the rest, all composed by PRV)."""
+        return plan_frequency_release(info, target, config, prior_events)

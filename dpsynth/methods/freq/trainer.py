@@ -10,16 +10,16 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import DpsynthError
-from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
-from dpsynth.methods.blocks import FrequencyStart, Teacher
+from dpsynth.methods.base import PrivacyPlan, sample_truncation
 from dpsynth.methods.freq.generator import FreqGenerator
+from dpsynth.methods.template import StagedTrainer
 from dpsynth.privacy.frequency import FrequencyModel
 from dpsynth.privacy.randomness import PrivateRandomness
 
 RELEASED = "trainer.released"
 
 
-class FreqTrainer(Trainer):
+class FreqTrainer(StagedTrainer):
     """The released frequency model (public once released) and the optional DP teacher."""
 
     def __init__(
@@ -31,15 +31,11 @@ class FreqTrainer(Trainer):
         seed: int,
         randomness: PrivateRandomness | None = None,
     ) -> None:
-        self.info = info
-        self.config = dict(config)
-        self.device = torch.device(device)
-        randomness = randomness if randomness is not None else PrivateRandomness.fresh()
+        randomness = self.start(info, config, plan, device, seed, randomness)
         # The release's secret stream ("frequency/noise") and its plan, read from the events.
-        self.frequency = FrequencyStart(info, plan, randomness)
+        self.start_stages(randomness)
         if self.frequency.plan is None:
             raise DpsynthError("the plan has no frequency-model release")
-        self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
         self.model: FrequencyModel | None = None
 
     def reads_batch(self, step: int) -> bool:
@@ -53,7 +49,7 @@ class FreqTrainer(Trainer):
             release = self.frequency.release(step, x, y)
             if release is not None:
                 self.model = release.model
-        self.teacher.release_whole_data(step, x, y, self._own_generator)
+        self.teacher.release_whole_data(step, x, y, self.own_generator)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """Nothing to update: the release before the step is the whole mechanism."""
@@ -61,23 +57,19 @@ class FreqTrainer(Trainer):
             raise DpsynthError("freq's step came before its frequency-model release")
         return {}
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        """The released model (`frequency.*`, public), the teacher, and whether it was made."""
+    def own_state_tensors(self) -> dict[str, torch.Tensor]:
+        """The released model (`frequency.*`, public) and whether it was made."""
         out: dict[str, torch.Tensor] = {RELEASED: torch.tensor(int(self.model is not None))}
         if self.model is not None:
             out |= {k: v.detach().cpu().clone() for k, v in self.model.tensors().items()}
-        return out | self.teacher.state_tensors()
+        return out
 
-    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Restore what `state_tensors` returned."""
+    def load_own_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `own_state_tensors` returned."""
         self.model = FrequencyModel.from_tensors(tensors) if int(tensors[RELEASED]) else None
-        self.teacher.load_state_tensors(tensors)
 
-    def generator(self) -> Generator:
-        """The model's sampler (behind the DP teacher once it is trained)."""
-        return self.teacher.wrap(self._own_generator(), self.config)
-
-    def _own_generator(self) -> FreqGenerator:
+    def own_generator(self) -> FreqGenerator:
+        """The released model's sampler."""
         if self.model is None:
             raise DpsynthError("freq has no generator before its frequency-model release")
         return FreqGenerator(

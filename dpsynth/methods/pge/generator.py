@@ -9,7 +9,15 @@ import torch
 
 from dpsynth.data.images import DataInfo, to_uint8
 from dpsynth.methods.base import Generator
-from dpsynth.methods.pge.build import from_working, noise_levels, to_working, working_shape
+from dpsynth.methods.pge.build import (
+    build_encoder,
+    build_score_net,
+    from_working,
+    noise_levels,
+    subdict,
+    to_working,
+    working_shape,
+)
 from dpsynth.methods.pge.hmc import annealed_hmc, step_schedule
 from dpsynth.methods.pge.nets import RandomConvEncoder, ScoreUNet
 from dpsynth.privacy.frequency import FrequencyModel
@@ -39,6 +47,25 @@ class PGEGenerator(Generator):
         self.shape = tuple(info.shape)  # type: ignore[assignment]
         self.sigmas = noise_levels(config).to(device)
         self.last_acceptance: list[float] = []
+
+    @classmethod
+    def from_state(
+        cls,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+    ) -> PGEGenerator:
+        """The sampler around the saved EMA score network (`ema.*`), the encoder, and the
+        warm start's public releases (central means, frequency model) if the run kept them."""
+        net = build_score_net(config, info)
+        net.load_state_dict(subdict(tensors, "ema."))
+        encoder = build_encoder(config, info)
+        if encoder is not None and any(k.startswith("encoder.") for k in tensors):
+            encoder.load_state_dict(subdict(tensors, "encoder."))
+        central = tensors.get("central.means")
+        frequency = FrequencyModel.from_tensors(tensors)
+        return cls(info, config, net.to(device), encoder, device, central, frequency)
 
     def sample(
         self, labels: torch.Tensor, batch_size: int, generator: torch.Generator

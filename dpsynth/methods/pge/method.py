@@ -21,32 +21,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import (
-    SMALL_EPSILON,
-    Generator,
-    Method,
-    PrivacyPlan,
-    PrivacyTarget,
-    is_large_image,
-)
-from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
-from dpsynth.methods.pge.build import (
-    build_encoder,
-    build_score_net,
-    describe_transform,
-    subdict,
-    working_shape,
-)
+from dpsynth.methods.base import SMALL_EPSILON, is_large_image
+from dpsynth.methods.pge.build import describe_transform, working_shape
 from dpsynth.methods.pge.generator import PGEGenerator
 from dpsynth.methods.pge.hmc import MH_MODES
 from dpsynth.methods.pge.presets import PRESETS
 from dpsynth.methods.pge.trainer import PGETrainer
-from dpsynth.privacy.frequency import FrequencyModel
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.methods.template import StagedMethod
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "ssm_variant": ("plain", "vr"),
@@ -59,11 +42,14 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-class PGEMethod(Method):
-    """`--method pge`: DP-SGD sliced score matching with an HMC sampler."""
+class PGEMethod(StagedMethod):
+    """`--method pge`: DP-SGD sliced score matching with an HMC sampler; the template's
+    default plan (DP-SGD steps, the optional central images) and factories."""
 
     name = "pge"
     presets = PRESETS
+    trainer_class = PGETrainer
+    generator_class = PGEGenerator
     description = (
         "PGE's score network (sliced score matching, residual module, HMC sampler) trained "
         "with DP-SGD; the paper's randomized response gives no privacy and earns no credit"
@@ -132,51 +118,3 @@ class PGEMethod(Method):
             )
         if not 0 <= int(config["image_size"]) <= 1024:
             raise UsageError(f"--set image_size: must be in [0, 1024], got {config['image_size']}")
-
-    def trainer(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> PGETrainer:
-        """A fresh trainer; weights from `seed`, never from the data; draws from `randomness`."""
-        return PGETrainer(info, config, plan, torch.device(device), seed, randomness)
-
-    def generator_from_state(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> Generator:
-        """The sampler around the saved EMA score network (behind the run's DP teacher)."""
-        device = torch.device(device)
-        net = build_score_net(config, info)
-        net.load_state_dict(subdict(tensors, "ema."))
-        encoder = build_encoder(config, info)
-        if encoder is not None and any(k.startswith("encoder.") for k in tensors):
-            encoder.load_state_dict(subdict(tensors, "encoder."))
-        central = tensors.get("central.means")
-        frequency = FrequencyModel.from_tensors(tensors)
-        sampler = PGEGenerator(info, config, net.to(device), encoder, device, central, frequency)
-        return teacher_from_state(sampler, info, config, tensors)
-
-    def plan(
-        self,
-        info: DataInfo,
-        target: PrivacyTarget,
-        config: Mapping[str, Any],
-        prior_events: tuple[dict[str, Any], ...] = (),
-    ) -> PrivacyPlan:
-        """The shared plan (DP-SGD steps, the central images), with the DP teacher in front
-        when the config has one."""
-        return plan_with_stages(
-            info,
-            target,
-            config,
-            prior_events,
-            lambda goal, prior: super(PGEMethod, self).plan(info, goal, config, prior),
-        )

@@ -64,11 +64,9 @@ _COMMON: dict[str, Any] = {
     "sampler_first_level": 0,
 }
 
-# Digits (8x8) on the CPU, tuned at ε = 10 on the public digits set
-# (bench/results/2026-11-23-tuning-logs/tuning-pge.md): a DP warm start from central images (30% of
-# ε), 300 pretraining steps on them, then 100 DP-SGD steps; the sampler starts at the class's
-# central image with the noise of level 2 of 8. Noise multiplicity (4 particles per record,
-# averaged before clipping) and a narrow net as before. CNN 0.381 -> 0.880 at ε = 10.
+# 8×8 images (digits) above ε = 3, about two minutes on the CPU: a DP warm start from the
+# central images (30% of ε), 300 pretraining steps on them, then 100 DP-SGD steps with 4
+# noise particles per record; the sampler starts at the class's central image (level 2 of 8).
 _SMALL: dict[str, Any] = {
     **_COMMON,
     "batch_size": 256,
@@ -97,7 +95,7 @@ _SMALL: dict[str, Any] = {
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # CPU tests: seconds on digits (8x8).
+    # The tests and quick checks: seconds on the CPU on digits.
     "tiny": {
         **_COMMON,
         "batch_size": 32,
@@ -118,30 +116,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "micro_batch_size": 64,
     },
     "small": _SMALL,
-    # `small` for small ε (what `--preset auto` takes at ε ≤ 3): most of the budget goes to
-    # the central images (85%), 200 pretraining steps and a short DP-SGD fine-tune (25 steps).
-    # CNN 0.093 -> 0.811 at ε = 1.
-    # Issue 45: half of ε for the private score matching.
+    # 8×8 images at ε ≤ 3: half of ε on the central images, 200 pretraining steps and a
+    # short DP-SGD fine-tune (25 steps) with the other half. About a minute on the CPU.
     "small-eps1": {**_SMALL, "warm_start_share": 0.5, "warm_start_steps": 200, "steps": 25},
-    # 28×28 images such as mnist-5k on a CPU (recommended for records of ≥ 400 values above
-    # ε = 3; issue 28). The curriculum's easy first target is the DP frequency model (80% of
-    # ε: class means and per-class covariances of the 10×10 lowest DCT frequencies, about the
-    # detail of a 16×16 image, hence the 16×16 working size with a fixed bilinear resize);
-    # the network pretrains on its samples (100 steps), then 20 DP-SGD steps on the pixels;
-    # the chains start at a sample of the model with the noise of level 6 of 8 and take 2
-    # rounds of 3 HMC steps (SDEdit-like: the score network refines the model's samples), so
-    # 10,000 images sample in about a minute. At 28×28 the same took 6× the CPU time.
-    # A DP teacher labels the release (`RELABELLING_TEACHER`: the backend plans for 30% of ε,
-    # the teacher's DP-SGD fills the rest): one release each, mnist-5k 0.883 → 0.907 / 0.917,
-    # unseen digits28 0.892 → 0.903.
-    # Designed from probes on the public mnist-5k
-    # (bench/results/2026-11-23-tuning-logs/tuning-28.md).
+    # 28×28 images (mnist-5k) above ε = 3: half of ε on the DP frequency model (per-class
+    # covariances); the score network pretrains on its samples at a 16×16 working size, then
+    # 200 DP-SGD steps with the other half; short HMC chains refine samples of the model.
+    # About half an hour on the CPU for mnist-5k; 10,000 images sample in about a minute.
     "mnist": {
         **_SMALL,
         "image_size": 16,
         "resize": "resize",
         "warm_start_share": 0.0,
-        # Issue 45: private score matching keeps half of ε, over 200 DP-SGD steps.
+        # The other half of ε for private score matching, over 200 DP-SGD steps.
         "frequency_share": 0.5,
         "frequency_covariance": "class",
         "steps": 200,
@@ -153,7 +140,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sampler_steps": 3,
         "sampler_first_level": 6,
     },
-    # Spec section 10.4 budget run: DPDM's NCSN++ sizes for 28x28 / 32x32 on one GPU.
+    # The spec's budget run (§10.4): DPDM's NCSN++ sizes for 28×28 / 32×32 on one GPU.
     "paper": {
         **_COMMON,
         "batch_size": 1024,
@@ -162,18 +149,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         "micro_batch_size": 256,
     },
 }
-# 28×28 at small ε (recommended at ε ≤ 3): the pooled within-class covariance (one matrix
-# for all classes: K times less noise per entry than per-class ones) and 85% of ε for it;
-# no teacher (on digits28's 1,437 records at ε ≤ 3 its labels were worse than the model's).
+# 28×28 images at ε ≤ 3: `mnist` with the pooled within-class covariance (K times less noise
+# per entry) and 100 DP-SGD steps; no teacher.
 PRESETS["mnist-eps1"] = {
     **PRESETS["mnist"],
     "frequency_share": 0.5,
     "frequency_covariance": "pooled",
     "steps": 100,
 }
-# The release of an earlier version, named: 80% of the backend's share on the frequency
-# model, 20 DP steps, and a DP teacher (70% of ε) choosing the images by its labels; its CNN
-# accuracy comes from the teacher's labels more than from the images.
+# 28×28 with a DP teacher (70% of ε) choosing the images by its labels, 80% of the rest on the
+# frequency model and 20 DP steps: a higher CNN accuracy that the teacher's labels carry.
 PRESETS["mnist-teacher"] = {
     **PRESETS["mnist"],
     "frequency_share": 0.8,

@@ -11,8 +11,7 @@ import torch
 from torch.func import grad, vmap
 
 from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import Generator, PrivacyPlan, Trainer
-from dpsynth.methods.blocks import FrequencyStart, Teacher
+from dpsynth.methods.base import PrivacyPlan
 from dpsynth.methods.pge.build import (
     build_encoder,
     build_score_net,
@@ -22,12 +21,13 @@ from dpsynth.methods.pge.build import (
 )
 from dpsynth.methods.pge.generator import PGEGenerator
 from dpsynth.methods.pge.ssm import make_record_loss, randomized_response
+from dpsynth.methods.template import StagedTrainer, seeded
 from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.frequency import FrequencyModel
 from dpsynth.privacy.randomness import PrivateRandomness
 
 
-class PGETrainer(Trainer):
+class PGETrainer(StagedTrainer):
     """Mutable state of one PGE run: score net, EMA copy, Adam, and two secret RNG streams."""
 
     def __init__(
@@ -41,13 +41,9 @@ class PGETrainer(Trainer):
     ) -> None:
         from dpsynth.privacy.dpsgd import PrivateGradient
 
-        self.info = info
-        self.config = dict(config)
-        self.plan = plan
-        self.device = device
-        self.seed = int(seed)
-        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
-            torch.manual_seed(seed)
+        randomness = self.start(info, config, plan, device, seed, randomness)
+        device = self.device
+        with seeded(seed):
             self.model = build_score_net(config, info).to(device)
         self.ema = copy.deepcopy(self.model).requires_grad_(False)
         self.encoder = build_encoder(config, info)
@@ -59,7 +55,6 @@ class PGETrainer(Trainer):
         # Per-record randomness (levels, perturbations, projections, RR, masks) and the DP
         # noise come from separate streams of the run's secret randomness (never from the
         # public seed); the training loop saves their states privately for an exact resume.
-        randomness = randomness if randomness is not None else PrivateRandomness.fresh()
         self.rng = randomness.generator("pge/records", device)
         self.noise_rng = randomness.generator("pge/noise", device)
         self.sigmas = noise_levels(config).to(device)
@@ -76,9 +71,7 @@ class PGETrainer(Trainer):
             micro_batch_size=int(config["micro_batch_size"]),
             private=plan.private,
         )
-        # The run's DP teacher, if its plan has one (post-processing of the samples).
-        self.teacher = Teacher(info, config, plan, device, seed, randomness)
-        self.frequency = FrequencyStart(info, plan, randomness)
+        self.start_stages(randomness)
 
     def record_randomness(
         self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator | None = None
@@ -143,7 +136,7 @@ class PGETrainer(Trainer):
         for e, p in zip(self.ema.parameters(), self.model.parameters(), strict=True):
             e.mul_(decay).add_(p.detach(), alpha=1.0 - decay)
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
+    def own_state_tensors(self) -> dict[str, torch.Tensor]:
         """Weights, EMA, Adam moments and steps, the step count (no secret RNG states)."""
         out: dict[str, torch.Tensor] = {}
         for key, t in self.model.state_dict().items():
@@ -161,11 +154,10 @@ class PGETrainer(Trainer):
         if self.frequency_model is not None:  # a DP release: public
             out |= self.frequency_model.tensors()
         out["trainer.steps"] = torch.tensor(self.steps_done, dtype=torch.int64)
-        out |= self.teacher.state_tensors()
         return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
 
-    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Restore what `state_tensors` wrote."""
+    def load_own_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `own_state_tensors` wrote."""
         self.model.load_state_dict(subdict(tensors, "model."))
         self.ema.load_state_dict(subdict(tensors, "ema."))
         if self.encoder is not None and any(k.startswith("encoder.") for k in tensors):
@@ -181,22 +173,9 @@ class PGETrainer(Trainer):
         if "central.means" in tensors:
             self.central = tensors["central.means"].to(self.device)
         self.frequency_model = FrequencyModel.from_tensors(tensors)
-        self.teacher.load_state_tensors(tensors)
 
-    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """The plan's shared stages: the frequency model's release and warm start before
-        step 0, the DP teacher's training at the step its plan says (none without them)."""
-        release = self.frequency.release(step, x, y)
-        if release is not None:
-            self.warm_start(release)
-        self.teacher.release_whole_data(step, x, y, self._own_generator)
-
-    def generator(self) -> Generator:
-        """The sampler around a copy of the current EMA weights (behind the DP teacher once
-        trained)."""
-        return self.teacher.wrap(self._own_generator(), self.config)
-
-    def _own_generator(self) -> PGEGenerator:
+    def own_generator(self) -> PGEGenerator:
+        """The sampler around a copy of the current EMA weights."""
         return PGEGenerator(
             self.info,
             self.config,

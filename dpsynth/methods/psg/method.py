@@ -30,25 +30,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import (
-    SMALL_EPSILON,
-    Generator,
-    Method,
-    PrivacyPlan,
-    PrivacyTarget,
-    is_large_image,
-)
-from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
+from dpsynth.methods.base import SMALL_EPSILON, PrivacyPlan, PrivacyTarget, is_large_image
+from dpsynth.methods.psg.generator import PSGGenerator
 from dpsynth.methods.psg.model import NORMS
 from dpsynth.methods.psg.presets import PRESETS
 from dpsynth.methods.psg.prior import PRIORS
-from dpsynth.methods.psg.release import PSGGenerator
 from dpsynth.methods.psg.trainer import PSGTrainer
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.methods.template import StagedMethod
 
 _POSITIVE_INTS = (
     "spc",
@@ -64,11 +54,13 @@ _POSITIVE_INTS = (
 )
 
 
-class PSGMethod(Method):
+class PSGMethod(StagedMethod):
     """`--method psg`: a synthetic set matched to DP-SGD gradients of random ConvNets."""
 
     name = "psg"
     presets = PRESETS
+    trainer_class = PSGTrainer
+    generator_class = PSGGenerator
     description = (
         "PSG (private set generation): a small synthetic set S matched to DP-SGD gradients "
         "(Poisson, per-record clipping, Gaussian noise) of fresh random ConvNets"
@@ -108,7 +100,7 @@ class PSGMethod(Method):
         merged["steps"] = int(merged["runs"]) * int(merged["outer_loop"]) * int(merged["batches"])
         return merged
 
-    def plan(
+    def plan_own(
         self,
         info: DataInfo,
         target: PrivacyTarget,
@@ -119,39 +111,4 @@ class PSGMethod(Method):
         releases = int(config["runs"]) * int(config["outer_loop"]) * int(config["batches"])
         if int(config["steps"]) != releases:
             raise UsageError("steps must equal runs · outer_loop · batches for --method psg")
-        return plan_with_stages(
-            info,
-            target,
-            config,
-            prior_events,
-            lambda goal, prior: super(PSGMethod, self).plan(info, goal, config, prior),
-        )
-
-    def trainer(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> PSGTrainer:
-        """A fresh trainer; S and θ from `seed` (public); DP noise from `randomness`."""
-        return PSGTrainer(info, config, plan, device, seed, randomness)
-
-    def generator_from_state(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> Generator:
-        """The sampler over the saved synthetic set (behind the run's DP teacher, if any)."""
-        sampler = PSGGenerator(
-            tensors["synthetic.images"],
-            tensors["synthetic.labels"],
-            info.classes,
-            torch.device(device),
-            bool(config["augment_replicas"]),
-        )
-        return teacher_from_state(sampler, info, config, tensors)
+        return super().plan_own(info, target, config, prior_events)

@@ -53,8 +53,7 @@ _PAPER_COMMON: dict[str, Any] = {
     "lr_prior": 0.01,
 }
 
-# digits (8×8, N = 1437) on a shared 2-core CPU in about half a minute (1000 releases); the
-# other CPU presets below are this with a few changes.
+# The base of the CPU presets below: 8×8 images (digits), 1,000 releases.
 _SMALL: dict[str, Any] = {
     **_PAPER_COMMON,
     "runs": 40,
@@ -70,7 +69,7 @@ _SMALL: dict[str, Any] = {
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # CPU tests: seconds (8 releases, width-8 two-block ConvNet).
+    # The tests and quick checks: seconds on the CPU (8 releases, a width-8 ConvNet).
     "tiny": {
         **_PAPER_COMMON,
         "spc": 2,
@@ -82,60 +81,41 @@ PRESETS: dict[str, dict[str, Any]] = {
         "width": 8,
         "depth": 2,
     },
-    # digits (8×8, N = 1437) on a shared 2-core CPU in about half a minute (1000 releases).
-    # Chosen on digits: a narrow network (fewer coordinates share the noise), a 10× larger
-    # step on S than the paper's 0.1, which has 100× more releases to move S with, and S
-    # started from the DP class means at 0.2 of ε (CNN 0.69 → 0.87 at ε = 10,
-    # bench/results/2026-11-23-tuning-logs/tuning-psg.md).
+    # 8×8 images (digits) above ε = 3, about half a minute on the CPU: a narrow network,
+    # a large step on S (lr_syn 1), and S started from the DP class means (20% of ε).
     "small": _SMALL,
-    # digits at small ε (recommended at ε ≤ 3): half of ε for the class means (σ_c 7.1 instead
-    # of 16 at ε = 1) and 4× fewer releases, so the matching noise does not wash them out.
+    # 8×8 images at ε ≤ 3: half of ε for the class means and 4× fewer releases.
     "small-eps1": {**_SMALL, "runs": 10, "warm_start_share": 0.5},
-    # 28×28 images such as mnist-5k on a CPU (1000 releases; issue 28): S (50 per class)
-    # starts from samples of the DP frequency model (60% of ε: class means and per-class
-    # covariances of the 10×10 lowest DCT frequencies) instead of jittered class means, and
-    # gradient matching refines it with the rest (lr_syn 3 as before: tuning-psg.md). The
-    # model's samples differ as the class's images do, which the jitter only imitated.
-    # 50 per class, not 30: more of the model's samples, each refined (mnist-5k, 3 CNN seeds,
-    # 2026-11-27: 0.873 ± 0.016 at ε = 10 and, in `mnist-eps1`, 0.767 ± 0.014 at ε = 1, against
-    # 0.850 and 0.676 with 30; 100 per class took over 20 CPU minutes; tuning-28.md).
-    # A DP teacher labels the release (`RELABELLING_TEACHER`: the backend plans for 30% of ε,
-    # the teacher's DP-SGD fills the rest): one release each, mnist-5k 0.84–0.87 → 0.922,
-    # unseen digits28 0.834 → 0.925.
+    # 28×28 images (mnist-5k) above ε = 3: S (50 per class) starts from samples of the DP
+    # frequency model (half of ε, per-class covariances) and gradient matching refines it
+    # with the other half over 1,000 releases. About 25 minutes on the CPU for mnist-5k.
     "mnist": {
         **_SMALL,
         "lr_syn": 3.0,
         "spc": 50,
         "warm_start_share": 0.0,
-        # Issue 45: gradient matching keeps half of ε; the DP teacher is a named option
-        # (`mnist-teacher`), not part of the recommended preset.
+        # The DP teacher is a named option (`mnist-teacher`), not part of this preset.
         "frequency_share": 0.5,
         "frequency_covariance": "class",
     },
-    # 28×28 at small ε (recommended at ε ≤ 3): the pooled within-class covariance (K times
-    # less noise per entry) at 95% of ε, and 4× fewer releases (`small-eps1`'s finding). At
-    # ε = 1 the matching's few noisy releases add less than the model gains from the budget,
-    # and 100 members per class (affordable at 10 runs: 5–8 CPU minutes) give the CNN twice
-    # the model's samples: one release each, 3 CNN seeds, mnist-5k / digits28, 2026-11-27:
-    # 0.760 / 0.784 against 0.727 / 0.596 with 50 per class at 80% (tuning-28.md).
+    # 28×28 images at ε ≤ 3: the pooled within-class covariance (K times less noise per
+    # entry), 4× fewer releases and 100 members per class. 5–8 minutes on the CPU.
     "mnist-eps1": {
         **_SMALL,
         "runs": 10,
         "spc": 100,
         "warm_start_share": 0.0,
-        "frequency_share": 0.5,  # issue 45: half of ε for the gradient matching
+        "frequency_share": 0.5,  # the other half of ε for the gradient matching
         "frequency_covariance": "pooled",
     },
-    # The paper's budget variant for one GPU (spec §9.4 `quick`): R = 100 → 10 000 releases.
+    # The paper's budget variant for one GPU (spec §9.4 `quick`): 10,000 releases.
     "quick": {**_PAPER_COMMON, "runs": 100},
-    # The paper's MNIST setting at ε = 10 (spc 10: R = 1000, T = 10, K = 10 → 100 000 releases;
-    # the paper uses R = 200 at ε = 1: --set runs=200). Multi-hour: the paper needed 4.5 h on
-    # a V100; the spec estimates 1–3 h on an H100/H200 (not measured here).
+    # The paper's MNIST setting at ε = 10 (100,000 releases; at ε = 1 the paper uses
+    # --set runs=200), for reproduction: hours on a GPU.
     "paper-multi-hour": {**_PAPER_COMMON, "runs": 1000},
 }
-# The release of an earlier version, named: 60% of ε on the frequency model and a DP teacher
-# (70% of ε) choosing the images by its labels; CNN accuracy above `mnist`, but the teacher's
-# labels, not the images, carry it.
+# 28×28 with a DP teacher (70% of ε) choosing the images by its labels, 60% of the rest on
+# the frequency model: a higher CNN accuracy that the teacher's labels carry, not the images.
 PRESETS["mnist-teacher"] = {**PRESETS["mnist"], "frequency_share": 0.6, **RELABELLING_TEACHER}
 # The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0).
 for _preset in PRESETS.values():

@@ -13,12 +13,12 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import Generator, PrivacyPlan, Trainer
-from dpsynth.methods.blocks import FrequencyStart, Teacher
+from dpsynth.methods.base import PrivacyPlan
+from dpsynth.methods.psg.generator import PSGGenerator
 from dpsynth.methods.psg.matching import match_loss
 from dpsynth.methods.psg.model import ConvNet
 from dpsynth.methods.psg.prior import PriorGenerator
-from dpsynth.methods.psg.release import PSGGenerator
+from dpsynth.methods.template import StagedTrainer, seeded
 from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.dpsgd import PrivateGradient
 from dpsynth.privacy.randomness import PrivateRandomness
@@ -46,7 +46,7 @@ def synthetic_labels(num_classes: int, spc: int) -> torch.Tensor:
     return torch.arange(num_classes).repeat_interleave(spc)
 
 
-class PSGTrainer(Trainer):
+class PSGTrainer(StagedTrainer):
     """One PSG run: S and its optimiser, the current network θ, and the release counter."""
 
     # The match loss is a function of the released noisy gradient, S and θ only.
@@ -61,11 +61,7 @@ class PSGTrainer(Trainer):
         seed: int,
         randomness: PrivateRandomness | None = None,
     ) -> None:
-        self.info = info
-        self.config = dict(config)
-        self.plan = plan
-        self.device = torch.device(device)
-        self.seed = int(seed)
+        randomness = self.start(info, config, plan, device, seed, randomness)
         self.num_classes = len(info.classes)
         self.spc = int(config["spc"])
         self.outer_loop = int(config["outer_loop"])
@@ -91,8 +87,7 @@ class PSGTrainer(Trainer):
             self.codes = torch.randn(
                 self.labels.numel(), latent_dim, generator=init, device=init.device
             ).to(self.device)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(public_seed(seed, "prior-init"))
+            with seeded(public_seed(seed, "prior-init")):
                 prior = PriorGenerator(
                     tuple(info.shape), self.num_classes, latent_dim, int(config["prior_width"])
                 )
@@ -106,7 +101,6 @@ class PSGTrainer(Trainer):
         self.net_optimizer = torch.optim.SGD(self.net.parameters(), lr=float(config["lr_net"]))
         self.steps_done = 0
         # The DP noise comes from the run's secret stream, never from the public seed.
-        randomness = randomness if randomness is not None else PrivateRandomness.fresh()
         self.private_gradient = PrivateGradient(
             self.net,
             self._record_loss,
@@ -119,9 +113,7 @@ class PSGTrainer(Trainer):
             # ghost clipping (no per-record gradients) where every trained layer allows it
             batch_loss_fn=self._batch_loss,
         )
-        # The run's DP teacher, if its plan has one (post-processing of the samples).
-        self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
-        self.frequency = FrequencyStart(info, plan, randomness)
+        self.start_stages(randomness)
 
     def warm_start(self, release: CentralImages) -> None:
         """Start S from the DP central images (issues 14 and 12) instead of N(0, 1).
@@ -178,8 +170,7 @@ class PSGTrainer(Trainer):
 
     def _fresh_network(self, run_index: int) -> None:
         """Re-draw θ for run `run_index` with the default init, from public randomness."""
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(public_seed(self.seed, "network", run_index))
+        with seeded(public_seed(self.seed, "network", run_index)):
             cpu_net = build_network(self.info, self.config)
         with torch.no_grad():
             for mine, fresh in zip(self.net.parameters(), cpu_net.parameters(), strict=True):
@@ -261,7 +252,7 @@ class PSGTrainer(Trainer):
                 loss.backward()
                 self.net_optimizer.step()
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
+    def own_state_tensors(self) -> dict[str, torch.Tensor]:
         """S, its labels and momentum, θ, and the release counter (no secret RNG state)."""
         out: dict[str, torch.Tensor] = {
             "synthetic.images": self.images.detach(),
@@ -281,11 +272,10 @@ class PSGTrainer(Trainer):
             for index, slots in self.syn_optimizer.state_dict()["state"].items():
                 for slot, value in slots.items():
                     out[f"prior.optimizer.{index}.{slot}"] = torch.as_tensor(value)
-        out |= self.teacher.state_tensors()
         return {k: v.detach().cpu().clone().contiguous() for k, v in out.items()}
 
-    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Restore what `state_tensors` wrote, so a resumed run continues exactly."""
+    def load_own_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `own_state_tensors` wrote, so a resumed run continues exactly."""
         with torch.no_grad():
             self.images.copy_(tensors["synthetic.images"].to(self.device))
         self.labels = tensors["synthetic.labels"].to(self.device, torch.int64)
@@ -305,21 +295,9 @@ class PSGTrainer(Trainer):
                 "momentum_buffer": tensors["synthetic.momentum"].to(self.device).clone()
             }
         self.steps_done = int(tensors["trainer.steps_done"])
-        self.teacher.load_state_tensors(tensors)
 
-    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """The plan's shared stages: the frequency model's release and warm start before
-        step 0, the DP teacher's training at the step its plan says (none without them)."""
-        release = self.frequency.release(step, x, y)
-        if release is not None:
-            self.warm_start(release)
-        self.teacher.release_whole_data(step, x, y, self._own_generator)
-
-    def generator(self) -> Generator:
-        """A sampler over a copy of the current S (behind the DP teacher once trained)."""
-        return self.teacher.wrap(self._own_generator(), self.config)
-
-    def _own_generator(self) -> PSGGenerator:
+    def own_generator(self) -> PSGGenerator:
+        """A sampler over a copy of the current S."""
         return PSGGenerator(
             self.images.detach().clone(),
             self.labels,

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo, to_uint8
 from dpsynth.data.tabular import block_layout
-from dpsynth.methods.base import Generator, draw_latent
+from dpsynth.methods.base import Generator, draw_latent, sample_truncation
 from dpsynth.methods.rdpgan.nets import (
     ConvDiscriminator,
     ConvGenerator,
@@ -76,6 +76,19 @@ class RDPGANGenerator(Generator):
         self.classes = tuple(classes)
         self.shape = tuple(net.shape)  # type: ignore[assignment]
         self.device = device
+
+    @classmethod
+    def from_state(
+        cls,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+    ) -> RDPGANGenerator:
+        """The sampler from the saved `generator.*` tensors."""
+        net = build_generator(info, config)
+        net.load_state_dict(with_prefix(tensors, "generator."))
+        return cls(net, info.classes, device, info.modality, sample_truncation(config))
 
     @torch.no_grad()
     def sample(

@@ -25,26 +25,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import (
     MAX_STEPS,
     SMALL_EPSILON,
-    Generator,
-    Method,
     PrivacyPlan,
     PrivacyTarget,
     is_large_image,
-    sample_truncation,
 )
-from dpsynth.methods.blocks import plan_with_stages, teacher_from_state
-from dpsynth.methods.rdpgan.generator import RDPGANGenerator, build_generator, with_prefix
+from dpsynth.methods.rdpgan.generator import RDPGANGenerator
 from dpsynth.methods.rdpgan.plan import plan_rdpgan
 from dpsynth.methods.rdpgan.presets import CHOICES, PRESETS, TABLE_PRESETS
 from dpsynth.methods.rdpgan.trainer import RDPGANTrainer
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.methods.template import StagedMethod
 
 _REFUSED_MODES = {
     "paper-additive": (
@@ -60,11 +54,13 @@ _REFUSED_MODES = {
 }
 
 
-class RDPGANMethod(Method):
+class RDPGANMethod(StagedMethod):
     """`--method rdpgan`: conditional GAN, DP-SGD on D's real-loss term, σ schedules."""
 
     name = "rdpgan"
     presets = PRESETS
+    trainer_class = RDPGANTrainer
+    generator_class = RDPGANGenerator
     table_presets = TABLE_PRESETS
     modalities = ("image", "table")
     table_advice = (
@@ -129,7 +125,7 @@ class RDPGANMethod(Method):
             return "mnist-eps1" if epsilon <= SMALL_EPSILON else "mnist"
         return "small-freq" if info.modality == "image" else "small"
 
-    def plan(
+    def plan_own(
         self,
         info: DataInfo,
         target: PrivacyTarget,
@@ -137,38 +133,4 @@ class RDPGANMethod(Method):
         prior_events: tuple[dict[str, Any], ...] = (),
     ) -> PrivacyPlan:
         """The whole σ schedule, one event per distinct σ (`plan.plan_rdpgan`)."""
-        return plan_with_stages(
-            info,
-            target,
-            config,
-            prior_events,
-            lambda goal, prior: plan_rdpgan(info, goal, config, prior),
-        )
-
-    def trainer(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> RDPGANTrainer:
-        """A fresh trainer; weights from `seed`, never from the data; draws from `randomness`."""
-        return RDPGANTrainer(info, config, plan, device, seed, randomness)
-
-    def generator_from_state(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> Generator:
-        """Rebuild the sampler from saved `generator.*` tensors (behind the run's DP teacher,
-        if it has one)."""
-        net = build_generator(info, config)
-        net.load_state_dict(with_prefix(tensors, "generator."))
-        sampler = RDPGANGenerator(
-            net, info.classes, torch.device(device), info.modality, sample_truncation(config)
-        )
-        return teacher_from_state(sampler, info, config, tensors)
+        return plan_rdpgan(info, target, config, prior_events)

@@ -40,7 +40,7 @@ _COMMON: dict[str, Any] = {
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Seconds on CPU (tests).
+    # The tests and quick checks: seconds on the CPU.
     "tiny": {
         **_COMMON,
         "arch": "mlp",
@@ -53,9 +53,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "lr_d": 1e-3,
         "lr_g": 1e-3,
     },
-    # digits (8×8, N = 1437) on one CPU core in a couple of minutes: the conditional DCGAN
-    # (D: 16 → 32 channels, GroupNorm); tuned on public digits only
-    # (bench/results/2026-11-23-tuning-logs/tuning-digits.md).
+    # The plain DP-GAN on 8×8 images (digits), a couple of minutes on one CPU core: the
+    # conditional DCGAN (D: 16 → 32 channels, GroupNorm). `small-freq` is the recommended one.
     "small": {
         **_COMMON,
         "arch": "conv",
@@ -68,8 +67,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "lr_d": 1e-3,
         "lr_g": 1e-3,
     },
-    # The paper's MNIST setting (spec §5, §10.3): conditional 3-layer DCGAN, m = 64, n_d = 5,
-    # n_g = 1000 (T = 5000 D steps), lr 5e-5 for both, Adam β = (0.5, 0.999). Minutes on a GPU.
+    # The paper's MNIST setting (spec §5, §10.3: conditional 3-layer DCGAN, m = 64, n_d = 5,
+    # n_g = 1000, lr 5e-5), for reproduction: minutes on a GPU.
     "paper": {
         **_COMMON,
         "arch": "conv",
@@ -91,23 +90,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "arch": ("mlp", "conv"),
 }
 
-# 28×28 images such as mnist-5k on a CPU (recommended for records of ≥ 400 values above
-# ε = 3; issue 28): nearly all of the backend's ε (95%) on the DP frequency model (class
-# means and per-class covariances of the 10×10 lowest DCT frequencies); G (a latent of 100 = the
-# model's dimension) regresses onto the model's own sampling map for 3,000 steps; the GAN
-# then takes one step with the rest. On mnist-5k at ε = 10 (one CNN seed each) the GAN's
-# 300 DP steps after the fit lowered the CNN score (0.780 ± 0.003 against 0.859 for the same
-# fit without them), and the longer fit raised it (600 → 3,000 steps: 0.859 → 0.886).
-# A DP teacher (`RELABELLING_TEACHER`: the backend plans for 30% of ε and the teacher's σ
-# fills the rest up to ε under PRV), a small CNN trained with DP-SGD on the records and
-# started from a fit to 10,000 of G's samples, labels the release (`relabel`: candidates of
-# every class, each image given the teacher's label, the most confident kept). The images
-# are the frequency model's at the backend's share.
-# Chosen on the public mnist-5k's test split (bench/results/2026-11-23-tuning-logs/tuning-28.md).
+# 28×28 images (mnist-5k) above ε = 3 (the recommended one): half of ε on the DP frequency
+# model (per-class covariances), which G (latent 100) first learns to reproduce in 3,000
+# regression steps; the DP GAN then trains with the other half. About 12 minutes on the CPU.
 PRESETS["mnist"] = {
     **PRESETS["small"],
     "latent_dim": 100,
-    # Issue 45: the DP discriminator keeps half of ε, over 1,000 D steps (500 G steps).
+    # The DP discriminator's half of ε: 1,000 D steps (500 G steps).
     "n_d": 2,
     "n_g": 500,
     "lr_d": 2e-4,
@@ -116,15 +105,12 @@ PRESETS["mnist"] = {
     "frequency_covariance": "class",
     "frequency_fit_steps": 3000,
 }
-# 28×28 at small ε (recommended at ε ≤ 3): the pooled within-class covariance (K times less
-# noise per entry; probe P7 of tuning-28.md, not compared with per-class ones at ε = 1), and
-# no teacher: with ε ≤ 3 on 1,437 records (digits28) its labels were worse than G's own
-# (ε = 1: 0.806 → 0.61 / 0.69 at a 70% / 40% share; ε = 3: 0.875 → 0.833), though on
-# mnist-5k's 4,000 at ε = 1 they helped (0.77 → 0.81).
+# 28×28 images at ε ≤ 3: `mnist` with the pooled within-class covariance (K times less noise
+# per entry).
 PRESETS["mnist-eps1"] = {**PRESETS["mnist"], "frequency_covariance": "pooled"}
-# The release of an earlier version, named: 95% of the backend's share on the frequency
-# model, G fitted to it, one GAN step, and a DP teacher (70% of ε) choosing the images by its
-# labels; it measures the frequency model and the teacher, not RDP-GAN.
+# 28×28 with a DP teacher (70% of ε) choosing the images by its labels, 95% of the rest on the
+# frequency model and one GAN step: it measures the frequency model and the teacher, not
+# RDP-GAN.
 PRESETS["mnist-teacher"] = {
     **PRESETS["mnist"],
     "n_d": 1,
@@ -133,10 +119,9 @@ PRESETS["mnist-teacher"] = {
     **RELABELLING_TEACHER,
 }
 
-# Small images such as the 8×8 digits (recommended below 400 values a record, at every ε):
-# `mnist-eps1`'s design, whose frequency band (10×10, clipped to the image) holds the whole
-# 8×8 image: half of ε on the DP frequency model (pooled covariance), G fitted to it, then the
-# DP GAN with the other half. (Before issue 45 the GAN took one step with 5% of ε.)
+# Small images such as the 8×8 digits at every ε (the recommended one there): `mnist-eps1`,
+# whose 10×10 band holds the whole 8×8 image: half of ε on the frequency model, G fitted to
+# it, the DP GAN with the other half.
 PRESETS["small-freq"] = {**PRESETS["mnist-eps1"]}
 
 # The optional shared stages (`dpsynth.methods.blocks`; off unless their share > 0); images
@@ -149,7 +134,7 @@ for _preset in PRESETS.values():
 # (row ‖ one-hot target) without normalisation layers, and an MLP G ending in the shared
 # `TableHead` (softmax per categorical block, tanh per number). Only `arch=mlp` applies.
 TABLE_PRESETS: dict[str, dict[str, Any]] = {
-    # Seconds on CPU (tests, german-credit).
+    # The tests and the demo on german-credit: seconds on the CPU.
     "tiny": {
         **_COMMON,
         "arch": "mlp",
@@ -163,10 +148,9 @@ TABLE_PRESETS: dict[str, dict[str, Any]] = {
         "lr_d": 2e-3,
         "lr_g": 2e-3,
     },
-    # german-credit or Census-Income KDD on one CPU thread in about two minutes at most.
-    # Tuned on public census only (bench/results/2026-11-23-tuning-logs/tuning-tables.md): a
-    # narrower D (64) and a larger batch (512: less relative noise per step) did best of five
-    # settings at ε = 1, but run-to-run spread is large (see the log).
+    # Tables such as german-credit or Census-Income KDD at any ε, two minutes at most on one
+    # CPU thread: a narrow D (64) and a large batch (less relative noise per step). Kept for
+    # comparison; mst and aim do far better on tables.
     "small": {
         **_COMMON,
         "arch": "mlp",

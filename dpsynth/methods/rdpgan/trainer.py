@@ -14,24 +14,29 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import Generator, PrivacyPlan, Trainer, sample_truncation
-from dpsynth.methods.blocks import FrequencyStart, Teacher, fit_generator_to_model
+from dpsynth.methods.base import PrivacyPlan, sample_truncation
+from dpsynth.methods.blocks import fit_generator_to_model
 from dpsynth.methods.rdpgan.generator import (
     RDPGANGenerator,
     build_discriminator,
     build_generator,
     label_weights,
     one_hot_labels,
-    with_prefix,
 )
 from dpsynth.methods.rdpgan.nets import init_weights
 from dpsynth.methods.rdpgan.plan import step_sigmas
+from dpsynth.methods.template import (
+    StagedTrainer,
+    load_module_tensors,
+    module_tensors,
+    seeded,
+)
 from dpsynth.privacy.central import CentralImages
 from dpsynth.privacy.dpsgd import PrivateGradient
 from dpsynth.privacy.randomness import PrivateRandomness
 
 
-class RDPGANTrainer(Trainer):
+class RDPGANTrainer(StagedTrainer):
     """D (privatised real term), G (post-processing) and their Adam optimisers."""
 
     # Computed from generated samples and the (public) current weights only.
@@ -46,10 +51,7 @@ class RDPGANTrainer(Trainer):
         seed: int,
         randomness: PrivateRandomness | None = None,
     ) -> None:
-        self.info = info
-        self.config = dict(config)
-        self.plan = plan
-        self.device = torch.device(device)
+        randomness = self.start(info, config, plan, device, seed, randomness)
         self.num_classes = len(info.classes)
         self.batch_size = int(config["batch_size"])
         self.n_d = int(config["n_d"])
@@ -57,8 +59,7 @@ class RDPGANTrainer(Trainer):
         # Generated labels: uniform, or a table target's declared public proportions (the
         # same rule as dpkernel); never the data's own class counts.
         self.label_weights = label_weights(info)
-        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
-            torch.manual_seed(seed)
+        with seeded(seed):
             self.net_d = build_discriminator(info, config).to(self.device)
             self.net_g = build_generator(info, config).to(self.device)
             if config["arch"] == "conv":
@@ -71,13 +72,9 @@ class RDPGANTrainer(Trainer):
         self.opt_g = torch.optim.Adam(
             self.net_g.parameters(), lr=float(config["lr_g"]), betas=betas
         )
-        randomness = randomness if randomness is not None else PrivateRandomness.fresh()
         self.rng_noise = randomness.generator("rdpgan/noise", self.device)
         self.rng_latents = randomness.generator("rdpgan/latents", self.device)
-        # The run's DP teacher, if its plan has one (post-processing of the samples).
-        self.teacher = Teacher(info, config, plan, self.device, seed, randomness)
-        self.frequency = FrequencyStart(info, plan, randomness)
-        self.seed = int(seed)
+        self.start_stages(randomness)
         self.private_d = PrivateGradient(
             self.net_d,
             self._real_loss,
@@ -168,57 +165,25 @@ class RDPGANTrainer(Trainer):
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"opt_d": self.opt_d, "opt_g": self.opt_g}
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
+    def own_state_tensors(self) -> dict[str, torch.Tensor]:
         """Weights, optimiser states and the step counter (public); never a secret stream."""
-        out: dict[str, torch.Tensor] = {}
-        for prefix, module in self._modules().items():
-            for key, value in module.state_dict().items():
-                out[f"{prefix}.{key}"] = value.detach().cpu().clone()
-        for prefix, optimizer in self._optimizers().items():
-            for index, state in optimizer.state_dict()["state"].items():
-                for key, value in state.items():
-                    tensor = value if torch.is_tensor(value) else torch.tensor(value)
-                    out[f"{prefix}.{index}.{key}"] = tensor.detach().cpu().clone()
-        out |= self.teacher.state_tensors()
+        out = module_tensors(self._modules(), self._optimizers())
         out["trainer.steps_done"] = torch.tensor(self.steps_done, dtype=torch.int64)
         return out
 
-    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Restore what `state_tensors` returned, so a resumed run continues exactly."""
+    def load_own_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore what `own_state_tensors` returned, so a resumed run continues exactly."""
         self.steps_done = int(tensors["trainer.steps_done"])
-        self.teacher.load_state_tensors(tensors)
-        for prefix, module in self._modules().items():
-            module.load_state_dict(with_prefix(tensors, prefix + "."))
-        for prefix, optimizer in self._optimizers().items():
-            state: dict[int, dict[str, torch.Tensor]] = {}
-            for name, value in with_prefix(tensors, prefix + ".").items():
-                index, key = name.split(".", 1)
-                state.setdefault(int(index), {})[key] = value.to(
-                    self.device if key != "step" else "cpu"
-                )
-            groups = optimizer.state_dict()["param_groups"]
-            optimizer.load_state_dict({"state": state, "param_groups": groups})
+        load_module_tensors(tensors, self._modules(), self._optimizers(), self.device)
 
-    def release_whole_data(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """The plan's shared stages: the frequency model's release and G's fit to it before
-        step 0, the DP teacher's training at the step its plan says (none without them)."""
-        release = self.frequency.release(step, x, y)
-        if release is not None:
-            self._fit_to_frequency_model(release)
-        self.teacher.release_whole_data(step, x, y, self._own_generator)
-
-    def _fit_to_frequency_model(self, release: CentralImages) -> None:
-        """Before the first DP step: fit G to the DP frequency model's samples by MMD
+    def warm_start(self, release: CentralImages) -> None:
+        """Before the first DP step: fit G to a DP release, the frequency model's samples
         (`frequency_fit_steps`; post-processing of the release, public latents)."""
         steps = int(self.config["frequency_fit_steps"])
         fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
 
-    def generator(self) -> Generator:
-        """A sampler over a copy of the current generator weights (behind the DP teacher
-        once it is trained)."""
-        return self.teacher.wrap(self._own_generator(), self.config)
-
-    def _own_generator(self) -> RDPGANGenerator:
+    def own_generator(self) -> RDPGANGenerator:
+        """A sampler over a copy of the current generator weights."""
         net = build_generator(self.info, self.config)
         net.load_state_dict(self.net_g.state_dict())
         return RDPGANGenerator(

@@ -13,12 +13,13 @@ rotation in [−45°, 45°), the mean-filled augmentation a classifier trained o
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from dpsynth.data.images import to_uint8
+from dpsynth.data.images import DataInfo, to_uint8
 from dpsynth.methods.base import Generator
 
 
@@ -81,6 +82,23 @@ class PSGGenerator(Generator):
         # How many images of each class this generator has emitted: `sample` may be called
         # once per chunk of a request, and the cycle continues across calls.
         self._emitted = [0] * len(self.classes)
+
+    @classmethod
+    def from_state(
+        cls,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        tensors: Mapping[str, torch.Tensor],
+        device: torch.device,
+    ) -> PSGGenerator:
+        """The sampler over the saved synthetic set (`synthetic.images`, `.labels`)."""
+        return cls(
+            tensors["synthetic.images"],
+            tensors["synthetic.labels"],
+            info.classes,
+            device,
+            bool(config["augment_replicas"]),
+        )
 
     def _plan_chunk(self, labels: torch.Tensor) -> tuple[list[int], list[bool]]:
         """Base index into S and "is a repeat" for each requested label, advancing the cycle."""

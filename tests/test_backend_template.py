@@ -1,0 +1,166 @@
+"""Every backend releases bit-identical results through the shared template.
+
+Each case builds a backend from the registry, trains it for a few loop steps on fixed batches
+of 200 digits (or german-credit rows) with a fixed public seed and a fixed private seed,
+then hashes (1) the trainer's saved state, (2) a sample of the trainer's generator and (3) a
+sample of the generator rebuilt by `Method.generator_from_state` from that state. The
+expected hashes were recorded on the project's CPU before the factories moved into
+`methods/template.py` (issue 46, part 3), so a refactor of the template that changes any
+release (a weight, a noise draw, the teacher's wrapping) fails here. Float results are
+bit-exact only for the same torch build on the same kind of CPU; elsewhere the test skips.
+
+To record again after a deliberate change of a backend's numbers:
+`python tests/test_backend_template.py` prints the table below.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pytest
+import torch
+
+from dpsynth.data.images import DataInfo
+from dpsynth.methods.base import PrivacyTarget
+from dpsynth.methods.registry import get_method
+from dpsynth.privacy.randomness import PrivateRandomness
+
+# Where the hashes below were recorded (bit-exact floats need the same build and CPU kind).
+RECORDED_ON = ("2.14.1+cu130", "x86_64")
+
+DIGITS_INFO = DataInfo(
+    spec="digits",
+    kind="images",
+    n=200,
+    shape=(1, 8, 8),
+    classes=tuple(str(c) for c in range(10)),
+    fingerprint="test",
+    dataset_id="digits",
+)
+
+# The shared stages, small: the frequency model in front and the DP teacher beside.
+_STAGES = {
+    "frequency_share": 0.3,
+    "frequency_fit_steps": 2,
+    "frequency_band": 4,
+    "teacher_share": 0.2,
+    "teacher_epochs": 0.5,
+    "teacher_batch": 32,
+    "teacher_width": 4,
+}
+
+# (name, method, modality, overrides, loop steps)
+CASES: list[tuple[str, str, str, dict[str, Any], int]] = [
+    ("pge", "pge", "image", {}, 2),
+    ("pge-stages", "pge", "image", {**_STAGES, "warm_start_steps": 2}, 2),
+    ("dpkernel", "dpkernel", "image", {}, 2),
+    ("dpkernel-stages", "dpkernel", "image", {**_STAGES, "warm_start_steps": 2}, 2),
+    ("dpkernel-table", "dpkernel", "table", {}, 2),
+    ("dpaf", "dpaf", "image", {}, 3),
+    ("dpaf-stages", "dpaf", "image", _STAGES, 3),
+    ("psg", "psg", "image", {}, 2),
+    ("psg-stages", "psg", "image", {**_STAGES, "warm_start_steps": 2}, 2),
+    ("rdpgan", "rdpgan", "image", {}, 3),
+    ("rdpgan-stages", "rdpgan", "image", _STAGES, 3),
+    ("rdpgan-table", "rdpgan", "table", {}, 3),
+    ("freq", "freq", "image", {}, 1),
+    ("freq-teacher", "freq", "image", {"teacher_share": 0.2, "teacher_epochs": 0.5}, 1),
+]
+
+# case → (state, trainer's sample, rebuilt generator's sample), sha256 prefixes.
+EXPECTED: dict[str, tuple[str, str, str]] = {
+    "pge": ("a6a05e9a40ec2af8", "09ccd523ff31ac2f", "09ccd523ff31ac2f"),
+    "pge-stages": ("2be41978c0bb4c56", "8fd753780a4eb223", "8fd753780a4eb223"),
+    "dpkernel": ("895637383e47024d", "ecf617c6f087d86b", "ecf617c6f087d86b"),
+    "dpkernel-stages": ("f9c60de199fb416d", "82415903caa937d2", "82415903caa937d2"),
+    "dpkernel-table": ("d2693458ba61fff2", "78969db9996d21e7", "78969db9996d21e7"),
+    "dpaf": ("d9267a9ef4aaa17e", "4ae4c20a25d1b4b4", "4ae4c20a25d1b4b4"),
+    "dpaf-stages": ("dbe8eacf5df538eb", "df8c4ff3db3de276", "df8c4ff3db3de276"),
+    "psg": ("dcc7ca29bdc26397", "95e5e544570c00b5", "95e5e544570c00b5"),
+    "psg-stages": ("838574d3b1500aa1", "afe21ce372ad3dc2", "afe21ce372ad3dc2"),
+    "rdpgan": ("84a930bab8308993", "17930a0fad743d2f", "17930a0fad743d2f"),
+    "rdpgan-stages": ("6c7125f6ab88d0c7", "b19230e1c5a6b360", "b19230e1c5a6b360"),
+    "rdpgan-table": ("5f2ef1308b4b021b", "dfb26fb36134ca86", "dfb26fb36134ca86"),
+    "freq": ("6d990f5013eb1ebc", "093528d799fcd793", "093528d799fcd793"),
+    "freq-teacher": ("1b7ca8184c1ab7cb", "0cd1882bd31460f6", "0cd1882bd31460f6"),
+}
+
+
+@functools.lru_cache
+def _digits() -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.images[:200], dtype=torch.float32)[:, None] / 8.0 - 1.0
+    return x, torch.tensor(bunch.target[:200], dtype=torch.int64)
+
+
+@functools.lru_cache
+def _table() -> tuple[DataInfo, torch.Tensor, torch.Tensor]:
+    from dpsynth.data.sources import load_table
+
+    table = load_table("german-credit")
+    return table.info(), table.x[:200].clone(), table.y[:200].clone()
+
+
+def _digest(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """SHA-256 (first 16 hex digits) of named tensors: names, dtypes, shapes and bytes."""
+    h = hashlib.sha256()
+    for name, tensor in tensors:
+        t = tensor.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def _sample_digest(generator: Any, classes: int) -> str:
+    labels = torch.arange(classes).repeat(2)
+    rng = torch.Generator().manual_seed(5)
+    return _digest((str(i), batch) for i, batch in enumerate(generator.sample(labels, 8, rng)))
+
+
+def run_case(method_name: str, modality: str, overrides: Mapping[str, Any], steps: int):
+    """Train `steps` loop steps as the training loop would (whole-data hook, then the step
+    on a fixed batch, or an empty one where the trainer reads none); the three digests."""
+    if modality == "table":
+        info, x, y = _table()
+    else:
+        info = DIGITS_INFO
+        x, y = _digits()
+    method = get_method(method_name)
+    config = method.config("tiny", dict(overrides), info)
+    method.validate_config(config, info)
+    plan = method.plan(info, PrivacyTarget(4.0, 1e-5), config)
+    device = torch.device("cpu")
+    trainer = method.trainer(info, config, plan, device, 11, PrivateRandomness(7))
+    for step in range(steps):
+        trainer.release_whole_data(step, x, y)
+        rows = slice(16 * step, 16 * step + 16) if trainer.reads_batch(step) else slice(0, 0)
+        trainer.step(x[rows], y[rows])
+    state = trainer.state_tensors()
+    own = _sample_digest(trainer.generator(), len(info.classes))
+    rebuilt = method.generator_from_state(info, config, state, device)
+    return (
+        _digest(sorted(state.items())),
+        own,
+        _sample_digest(rebuilt, len(info.classes)),
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_backend_releases_are_bit_identical(case, one_torch_thread):
+    if (torch.__version__, platform.machine()) != RECORDED_ON:
+        pytest.skip(f"hashes recorded with torch {RECORDED_ON[0]} on {RECORDED_ON[1]}")
+    name, method_name, modality, overrides, steps = case
+    assert run_case(method_name, modality, overrides, steps) == EXPECTED[name]
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    for name, method_name, modality, overrides, steps in CASES:
+        line = f"    {name!r}: {run_case(method_name, modality, overrides, steps)!r},"
+        print(line.replace("'", '"'))
