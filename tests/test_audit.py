@@ -171,10 +171,10 @@ def test_events_the_audit_cannot_run_are_named():
     assert mechanism_steps([poisson_gaussian_event(1.0, 0.1, 3)])[0].steps == 3
 
 
-def test_black_box_is_not_implemented_and_says_so():
+def test_black_box_on_an_image_set_says_what_it_audits():
     result = runner.invoke(app, ["audit", "--method", "pge", "--epsilon", "1", "--black-box"])
     assert result.exit_code == 2
-    assert "not implemented" in result.output
+    assert "built-in table" in result.output
 
 
 def test_target_must_be_private():

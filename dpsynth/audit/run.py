@@ -4,8 +4,12 @@ The plan comes from the backend itself (`Method.config` for a preset, then `Meth
 requested ε on a built-in data set's public description: its size, shape and classes, never
 its pixels), so a new backend is audited through its plan's events without any change here.
 A backend whose privacy step is not DP-SGD names its mechanism in a class attribute
-`audit_mechanism` ("functional" for DP-Kernel's Gaussian-process release); without one it is
-audited as DP-SGD ("dpsgd").
+`audit_mechanism` ("functional" for DP-Kernel's Gaussian-process release, "marginal" for AIM's
+and MST's measurements and selections, "frequency_model" for `freq`); without one it is
+audited as DP-SGD ("dpsgd"). A plan's one-shot releases, whatever the backend, run through
+their own code beside its other steps (`audit/releases.py`: the frequency model's
+`frequency_statistics`, the central images' `noisy_statistics`). A table's public
+description is its schema and N (`audit/tables.py`).
 Nothing reads a user's data or ledger: the canaries are synthetic and no spend is recorded.
 """
 
@@ -14,8 +18,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dpsynth.audit.functional import audit_field
-from dpsynth.audit.whitebox import CANARY_NORM_FACTOR, audit_events
+from dpsynth.audit.functional import audit_field, field_canary_scores
+from dpsynth.audit.marginal import TABLE_CANARIES, audit_marginal_plan
+from dpsynth.audit.releases import RELEASE_BREAKS, audit_with_releases, split_releases
+from dpsynth.audit.tables import is_table_data, table_info
+from dpsynth.audit.whitebox import (
+    BREAK_MODES,
+    CANARY_NORM_FACTOR,
+    GuessOutcome,
+    audit_events,
+    canary_scores,
+    mechanism_steps,
+)
 from dpsynth.data.builtin import BUILTINS
 from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import over_budget
@@ -28,9 +42,14 @@ from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
 __all__ = ["AuditResult", "audit_memory", "check_audit_values", "public_info", "run_audit"]
 
 MODE = "white-box"
+IMAGE_CANARIES = 5000
 DATA_NOTE = (
     "synthetic canaries only, on the public description of the data set (N, shape, classes): "
     "no user data is read and no ledger is read or charged"
+)
+TABLE_NOTE = (
+    "synthetic canary records only, on the table's public schema and N: no row is read and no "
+    "ledger is read or charged"
 )
 
 
@@ -57,11 +76,16 @@ class AuditResult:
     max_grad_norm: float
     canary_norm: float
     note: str = DATA_NOTE
+    # Audits of single events against their own claims (a marginal plan's measurements and
+    # selections): each part's verdict counts.
+    parts: tuple[dict[str, Any], ...] = ()
 
     @property
     def leaks(self) -> bool:
-        """True when the measured lower bound exceeds the claimed ε."""
-        return self.lower_bound > self.claimed_epsilon
+        """True when the measured lower bound exceeds the claimed ε (or a part's its own)."""
+        return self.lower_bound > self.claimed_epsilon or any(
+            p["verdict"] == "FAIL" for p in self.parts
+        )
 
     @property
     def verdict(self) -> str:
@@ -72,6 +96,7 @@ class AuditResult:
         """A JSON-ready dict with the verdict."""
         out = asdict(self)
         out["events"] = [dict(e) for e in self.events]
+        out["parts"] = [dict(p) for p in self.parts]
         out["verdict"] = self.verdict
         return out
 
@@ -92,10 +117,38 @@ def public_info(name: str) -> DataInfo:
     )
 
 
-def plan_for(method_name: str, preset: str, epsilon: float, data: str) -> PrivacyPlan:
+def describe(data: str, schema: str | None = None) -> DataInfo:
+    """The public description of `--data`: a built-in image set's, or a table's (schema, N)."""
+    if is_table_data(data):
+        return table_info(data, schema)
+    if schema is not None:
+        raise UsageError("--schema applies to a table (--data german-credit or csv:PATH)")
+    return public_info(data)
+
+
+def _wrong_modality(method_name: str, modalities: tuple[str, ...]) -> UsageError:
+    """The error for data of a kind the method does not take."""
+    return UsageError(
+        f"--method {method_name} takes {' and '.join(modalities)} data; audit it on "
+        + (
+            "german-credit or csv:PATH --schema FILE"
+            if "table" in modalities
+            else "a built-in image set (--data digits)"
+        )
+    )
+
+
+def plan_for(
+    method_name: str, preset: str, epsilon: float, data: str, schema: str | None = None
+) -> PrivacyPlan:
     """The backend's own plan for `preset` at ε (δ: the data set's default) on public facts."""
     method = get_method(method_name)
-    info = public_info(data)
+    # an image method given a table spec (or the reverse): say so before the data's own checks
+    if ("table" if is_table_data(data) else "image") not in method.modalities:
+        raise _wrong_modality(method_name, method.modalities)
+    info = describe(data, schema)
+    if info.modality not in method.modalities:
+        raise _wrong_modality(method_name, method.modalities)
     config = method.config(preset, {}, info)
     method.validate_config(config, info)
     target = PrivacyTarget(epsilon=float(epsilon), delta=default_delta(info.n))
@@ -104,12 +157,14 @@ def plan_for(method_name: str, preset: str, epsilon: float, data: str) -> Privac
     return method.plan(info, target, config, ())
 
 
-def resolve_auto(method_name: str, preset: str, epsilon: float, data: str) -> tuple[str, str]:
+def resolve_auto(
+    method_name: str, preset: str, epsilon: float, data: str, schema: str | None = None
+) -> tuple[str, str]:
     """(method, preset) with `auto` replaced by `train`'s choice for the built-in's public shape
     at ε (the choice reads no records)."""
     if AUTO not in (method_name, preset):
         return method_name, preset
-    info = public_info(data)
+    info = describe(data, schema)
     if method_name == AUTO:
         method_name = recommend_method(info, float(epsilon))
     return method_name, resolve_preset(get_method(method_name), preset, info, float(epsilon))
@@ -147,59 +202,57 @@ def run_audit(
     preset: str,
     epsilon: float,
     *,
-    canaries: int = 5000,
+    canaries: int | None = None,
     confidence: float = 0.95,
     data: str = "digits",
     seed: int | None = None,
     break_mode: str | None = None,
+    schema: str | None = None,
 ) -> AuditResult:
     """Audit `method_name`'s mechanism as planned for `preset` at ε (one white-box run).
 
     `auto` for either resolves as `train` would on the data set's public description: the
-    recommended method for its shape and ε, then that method's recommended preset.
+    recommended method for its shape and ε, then that method's recommended preset. A plan
+    with the frequency model's or the central images' release audits it through its own code,
+    together with the rest of the plan; a marginal plan (aim, mst) audits its measurements and
+    selections through `MarginalQueries`. `canaries` defaults to `IMAGE_CANARIES`, or
+    `TABLE_CANARIES` on a table (whose large δ favours fewer).
     """
+    if canaries is None:
+        canaries = TABLE_CANARIES if is_table_data(data) else IMAGE_CANARIES
     check_audit_values(canaries, confidence)
-    method_name, preset = resolve_auto(method_name, preset, epsilon, data)
+    method_name, preset = resolve_auto(method_name, preset, epsilon, data, schema)
     method = get_method(method_name)
     mechanism = getattr(method, "audit_mechanism", "dpsgd")
-    if mechanism not in ("dpsgd", "functional"):
+    if mechanism == "frequency_model":
+        mechanism = "dpsgd"  # the release through its own code, the teacher's steps as DP-SGD
+    if mechanism not in ("dpsgd", "functional", "marginal"):
         raise UsageError(
             f"--method {method_name}: no white-box audit for its {mechanism!r} mechanism yet"
         )
-    plan = plan_for(method_name, preset, epsilon, data)
+    if mechanism == "marginal" and not is_table_data(data):
+        raise UsageError(
+            f"--method {method_name} audits tables: pass --data german-credit or "
+            "--data csv:PATH --schema FILE"
+        )
+    plan = plan_for(method_name, preset, epsilon, data, schema)
+    info = describe(data, schema)
     problem = over_budget(audit_memory(mechanism, plan, canaries))
     if problem:
         raise UsageError(f"--canaries {canaries}: the audit {problem}; use fewer canaries")
-    if mechanism == "dpsgd":
-        outcome = audit_events(
-            plan.events,
-            plan.max_grad_norm,
-            plan.delta,
-            canaries,
-            confidence,
-            seed=seed,
-            break_mode=break_mode,
+    parts: tuple[dict[str, Any], ...] = ()
+    canary_norm = plan.max_grad_norm
+    if mechanism == "marginal":
+        outcome, parts = _marginal(
+            method, preset, info, plan, canaries, confidence, seed, break_mode
         )
-        canary_norm = CANARY_NORM_FACTOR * plan.max_grad_norm
-    elif mechanism == "functional":
-        config = method.config(preset, {}, public_info(data))
-        outcome = audit_field(
-            plan.events,
-            plan.max_grad_norm,
-            plan.expected_batch_size,
-            tuple(float(b) for b in config["bandwidths"]),
-            plan.delta,
-            canaries,
-            confidence,
-            seed=seed,
-            break_mode=break_mode,
-            jitter=float(config.get("jitter", 1e-8)),
-        )
-        canary_norm = plan.max_grad_norm
+        label = "marginal"
     else:
-        raise UsageError(
-            f"--method {method_name}: no white-box audit for its {mechanism!r} mechanism yet"
+        outcome, label, parts = _gradient_steps(
+            method, mechanism, preset, info, plan, canaries, confidence, seed, break_mode
         )
+        if mechanism == "dpsgd":
+            canary_norm = CANARY_NORM_FACTOR * plan.max_grad_norm
     return AuditResult(
         method=method_name,
         preset=preset,
@@ -214,9 +267,91 @@ def run_audit(
         guesses_out=outcome.guesses_out,
         correct=outcome.correct,
         confidence=confidence,
-        mode=f"{MODE} ({mechanism})",
+        mode=f"{MODE} ({label})",
         broken=break_mode,
         events=tuple(dict(e) for e in plan.events),
         max_grad_norm=plan.max_grad_norm,
         canary_norm=canary_norm,
+        note=TABLE_NOTE if mechanism == "marginal" else DATA_NOTE,
+        parts=parts,
     )
+
+
+def _marginal(
+    method: Any,
+    preset: str,
+    info: DataInfo,
+    plan: PrivacyPlan,
+    canaries: int,
+    confidence: float,
+    seed: int | None,
+    break_mode: str | None,
+) -> tuple[GuessOutcome, tuple[dict[str, Any], ...]]:
+    """A marginal plan's parts; the headline is the part with the largest lower bound (each
+    holds at 1 − β/2, so it is a lower bound on the whole plan's ε at 1 − β)."""
+    from dpsynth.methods.marginal.domain import table_domain
+
+    domain = table_domain(info, method.config(preset, {}, info))
+    parts = audit_marginal_plan(
+        domain, plan.events, plan.delta, canaries, confidence, seed=seed, break_mode=break_mode
+    )
+    best = max(parts, key=lambda p: p.outcome.lower_bound)
+    return best.outcome, tuple(p.to_json() for p in parts)
+
+
+def _gradient_steps(
+    method: Any,
+    mechanism: str,
+    preset: str,
+    info: DataInfo,
+    plan: PrivacyPlan,
+    canaries: int,
+    confidence: float,
+    seed: int | None,
+    break_mode: str | None,
+) -> tuple[GuessOutcome, str, tuple[dict[str, Any], ...]]:
+    """DP-SGD or the functional mechanism for the plan's steps; a one-shot release in the
+    plan (frequency model, central images) runs through its own code beside them."""
+    releases, others = split_releases(plan.events)
+    release = releases or None
+    allowed = BREAK_MODES + (
+        tuple(b for b in RELEASE_BREAKS if b not in BREAK_MODES) if releases else ()
+    )
+    if break_mode is not None and break_mode not in allowed:
+        raise UsageError(f"--break must be one of {', '.join(allowed)}, got {break_mode!r}")
+    step_break = break_mode if break_mode in BREAK_MODES else None
+    if mechanism == "functional":
+        config = method.config(preset, {}, info)
+        bandwidths = tuple(float(b) for b in config["bandwidths"])
+        jitter = float(config.get("jitter", 1e-8))
+        if release is None:
+            outcome = audit_field(
+                plan.events, plan.max_grad_norm, plan.expected_batch_size, bandwidths,
+                plan.delta, canaries, confidence, seed=seed, break_mode=break_mode, jitter=jitter,
+            )  # fmt: skip
+            return outcome, mechanism, ()
+
+        def rest(events, included, generator):  # type: ignore[no-untyped-def]
+            return field_canary_scores(
+                mechanism_steps(events), plan.max_grad_norm, plan.expected_batch_size,
+                bandwidths, included, generator, step_break, jitter,
+            )  # fmt: skip
+    else:
+        if release is None:
+            outcome = audit_events(
+                plan.events, plan.max_grad_norm, plan.delta, canaries, confidence,
+                seed=seed, break_mode=break_mode,
+            )  # fmt: skip
+            return outcome, mechanism, ()
+
+        def rest(events, included, generator):  # type: ignore[no-untyped-def]
+            return canary_scores(
+                mechanism_steps(events), plan.max_grad_norm, included, generator, step_break
+            )
+
+    outcome, own = audit_with_releases(
+        plan.events, info.shape, rest, plan.delta, canaries, confidence, seed, break_mode
+    )
+    names = " + ".join(e["mechanism"].replace("_", " ") for e in releases)
+    label = f"{names} + {mechanism}" if others else names
+    return outcome, label, tuple(p.to_json() for p in own)

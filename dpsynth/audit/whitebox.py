@@ -39,6 +39,7 @@ __all__ = [
     "CANARY_NORM_FACTOR",
     "GuessOutcome",
     "MechanismStep",
+    "PartOutcome",
     "audit_events",
     "best_guesses",
     "canary_scores",
@@ -78,6 +79,34 @@ class GuessOutcome:
     def guesses(self) -> int:
         """All guesses made (abstentions excluded)."""
         return self.guesses_in + self.guesses_out
+
+
+@dataclass(frozen=True)
+class PartOutcome:
+    """One event's audit: its own claimed ε beside the lower bound, and the guesses."""
+
+    mechanism: str
+    claimed_epsilon: float
+    outcome: GuessOutcome
+    canaries: int
+
+    @property
+    def leaks(self) -> bool:
+        """True when the lower bound exceeds this event's own claim."""
+        return self.outcome.lower_bound > self.claimed_epsilon
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "mechanism": self.mechanism,
+            "claimed_epsilon": self.claimed_epsilon,
+            "lower_bound": self.outcome.lower_bound,
+            "canaries": self.canaries,
+            "guesses_in": self.outcome.guesses_in,
+            "guesses_out": self.outcome.guesses_out,
+            "correct": self.outcome.correct,
+            "verdict": "FAIL" if self.leaks else "pass",
+        }
 
 
 def mechanism_steps(events: Sequence[dict[str, Any]]) -> list[MechanismStep]:

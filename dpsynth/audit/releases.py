@@ -1,0 +1,97 @@
+"""One white-box run of a plan whose one-shot Gaussian releases run through their own code.
+
+A plan may put one-shot releases in front of its steps: the frequency model
+(`audit/frequency.py`, through `frequency_statistics`) and the central images
+(`audit/central.py`, through `noisy_statistics`). Each is found by its event's `mechanism`
+annotation and audited by its own scorer; the plan's other events (DP-SGD steps, the
+functional mechanism) by `rest_scores`, all on the same canaries and the audit's one stream.
+A canary's evidence from independent mechanisms adds up: the log-likelihood ratios sum
+("llr"), the standardised peaks take the largest ("max"), and each release's own ratio is a
+score of its own, so that a wrong release is not drowned by many quiet steps. Each release
+is also a part judged against its own event's claim (the accountant's ε of that event alone),
+as a release that holds a small share of ε can be wrong by a large factor without the whole
+plan's claim being exceeded by what one run shows. The headline and the parts are each tested
+at 1 − β/(1 + releases), so that all hold together at 1 − β.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from dpsynth.audit import central, frequency
+from dpsynth.audit.whitebox import GuessOutcome, PartOutcome, best_guesses, draw_canaries
+from dpsynth.privacy.accounting import compose_epsilon
+
+__all__ = ["RELEASE_BREAKS", "audit_with_releases", "split_releases"]
+
+# The scorer of each release, by its event's `mechanism`.
+_SCORERS = {
+    frequency.MECHANISM: frequency.frequency_scores,
+    central.MECHANISM: central.central_scores,
+}
+RELEASE_BREAKS = ("noise", "sensitivity")
+
+# The other events' scores for the same canaries and stream: (events, included, generator).
+RestScores = Callable[
+    [list[dict[str, Any]], torch.Tensor, torch.Generator], dict[str, torch.Tensor]
+]
+
+
+def split_releases(
+    events: Sequence[Mapping[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the private one-shot releases this module audits by their own code, the others)."""
+    releases: list[dict[str, Any]] = []
+    rest: list[dict[str, Any]] = []
+    for event in events:
+        if event.get("mechanism") in _SCORERS and event.get("type") == "gaussian":
+            releases.append(dict(event))
+        else:
+            rest.append(dict(event))
+    return releases, rest
+
+
+def audit_with_releases(
+    events: Sequence[Mapping[str, Any]],
+    shape: Sequence[int],
+    rest_scores: RestScores,
+    delta: float,
+    canaries: int,
+    confidence: float,
+    seed: int | None = None,
+    break_mode: str | None = None,
+) -> tuple[GuessOutcome, list[PartOutcome]]:
+    """One run: each release through its scorer, the other events through `rest_scores`;
+    the headline guess over the whole plan and one part per release."""
+    releases, rest = split_releases(events)
+    if not releases:
+        raise ValueError("the plan has no release this audit runs by its own code")
+    generator, included = draw_canaries(canaries, seed)
+    release_break = break_mode if break_mode in RELEASE_BREAKS else None
+    parts = [
+        _SCORERS[event["mechanism"]](event, shape, included, generator, release_break)
+        for event in releases
+    ]
+    if rest:
+        parts.append(rest_scores(rest, included, generator))
+    scores = {
+        "llr": torch.stack([p["llr"] for p in parts]).sum(0),
+        "max": torch.stack([p["max"] for p in parts]).max(0).values,
+    }
+    if len(parts) > 1:
+        for event, part in zip(releases, parts, strict=False):
+            scores[event["mechanism"]] = part["llr"]
+    split = 1.0 - (1.0 - confidence) / (1 + len(releases))
+    own = [
+        PartOutcome(
+            f"{event['mechanism'].replace('_', ' ')} (its own event)",
+            compose_epsilon([event], delta).epsilon,
+            best_guesses(part, included, delta, split),
+            canaries,
+        )
+        for event, part in zip(releases, parts, strict=False)
+    ]
+    return best_guesses(scores, included, delta, split), own
