@@ -1,8 +1,10 @@
 """A large table for the scale goal (issue 29): 1M rows × 50 columns built from Census-Income.
 
-    python bench/big_table.py --out /tmp/dpsynth-scale [--rows 1000000] [--seed 0]
+    python bench/big_table.py --out /tmp/dpsynth-scale [--rows 1000000] [--seed 0] [--parquet]
 
-Writes `big.csv.gz` and `big.schema.json` under `--out` (a temporary folder: generated, never
+Writes `big.csv.gz` (or, with `--parquet`, the same rows as a partitioned Parquet folder
+`big.parquet/` of 1M-row files, for the out-of-core engines of issue 47) and `big.schema.json`
+under `--out` (a temporary folder: generated, never
 committed). The 50 columns: the 41 used columns of `bench/results/census.schema.json` (its 40
 features and the `income` target; `instance_weight` is dropped) with their public bounds and
 categories, and 9 extra columns with public domains (5 numbers on [0, 1000], 4 categorical
@@ -94,23 +96,15 @@ def _extras(base: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, 
     return out
 
 
-def make_big_table(
-    out: Path, shared: Path, rows: int = 1_000_000, seed: int = 0
-) -> tuple[Path, Path]:
-    """Write `out/big.csv.gz` and `out/big.schema.json` (see the module docstring); reuse them
-    when a previous call wrote the same rows and seed."""
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path, schema_path, stamp = out / "big.csv.gz", out / "big.schema.json", out / "big.json"
-    wanted = {"rows": rows, "seed": seed, "noise": NUMBER_NOISE, "flip": CATEGORY_FLIP}
-    if stamp.is_file() and json.loads(stamp.read_text()) == wanted and csv_path.is_file():
-        return csv_path, schema_path
+def _big_chunks(shared: Path, rows: int, seed: int):
+    """The big table's (schema, generator of ordered column dicts of up to CHUNK rows)."""
     census = read_schema(CENSUS_SCHEMA)
     schema = big_schema(census)
     arrays = _census_arrays(shared / "census_income_kdd_train.csv.gz", census)
     total = len(next(iter(arrays.values())))
     rng = np.random.default_rng(seed)
-    partial = out / "big.csv.gz.partial"
-    with gzip.open(partial, "wt", compresslevel=1, newline="") as handle:
+
+    def chunks():
         for start in range(0, rows, CHUNK):
             size = min(CHUNK, rows - start)
             index = rng.integers(0, total, size)
@@ -131,12 +125,70 @@ def make_big_table(
                     codes[column.name] = code
                     frame[column.name] = np.asarray(column.categories, dtype=object)[code]
             frame |= _extras(codes, rng)
-            ordered = {c.name: frame[c.name] for c in schema.columns}
-            pd.DataFrame(ordered).to_csv(handle, header=start == 0, index=False)
+            yield {c.name: frame[c.name] for c in schema.columns}
+
+    return schema, chunks()
+
+
+def make_big_table(
+    out: Path, shared: Path, rows: int = 1_000_000, seed: int = 0
+) -> tuple[Path, Path]:
+    """Write `out/big.csv.gz` and `out/big.schema.json` (see the module docstring); reuse them
+    when a previous call wrote the same rows and seed."""
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, schema_path, stamp = out / "big.csv.gz", out / "big.schema.json", out / "big.json"
+    wanted = {"rows": rows, "seed": seed, "noise": NUMBER_NOISE, "flip": CATEGORY_FLIP}
+    if stamp.is_file() and json.loads(stamp.read_text()) == wanted and csv_path.is_file():
+        return csv_path, schema_path
+    schema, chunks = _big_chunks(shared, rows, seed)
+    partial = out / "big.csv.gz.partial"
+    with gzip.open(partial, "wt", compresslevel=1, newline="") as handle:
+        for i, ordered in enumerate(chunks):
+            pd.DataFrame(ordered).to_csv(handle, header=i == 0, index=False)
     partial.rename(csv_path)
     schema_path.write_text(json.dumps(schema.to_json(), indent=1) + "\n")
     stamp.write_text(json.dumps(wanted))
     return csv_path, schema_path
+
+
+def make_big_parquet(
+    out: Path, shared: Path, rows: int = 10_000_000, seed: int = 0, rows_per_file: int = 1_000_000
+) -> tuple[Path, Path]:
+    """Write the same rows as a partitioned Parquet data set, `out/big.parquet/part-NNNNN.parquet`
+    (`rows_per_file` rows each; integers as int64, numbers as float64, categories as strings),
+    and `out/big.schema.json`; reuse them when a previous call wrote the same rows and seed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    folder, schema_path, stamp = out / "big.parquet", out / "big.schema.json", out / "bigpq.json"
+    wanted = {"rows": rows, "seed": seed, "noise": NUMBER_NOISE, "flip": CATEGORY_FLIP,
+              "rows_per_file": rows_per_file}  # fmt: skip
+    if stamp.is_file() and json.loads(stamp.read_text()) == wanted and folder.is_dir():
+        return folder, schema_path
+    schema, chunks = _big_chunks(shared, rows, seed)
+    partial = out / "big.parquet.partial"
+    partial.mkdir(exist_ok=True)
+    writer, written, part = None, 0, 0
+    for ordered in chunks:
+        table = pa.Table.from_pydict({k: pa.array(v) for k, v in ordered.items()})
+        if writer is None:
+            writer = pq.ParquetWriter(partial / f"part-{part:05d}.parquet", table.schema)
+        writer.write_table(table, row_group_size=CHUNK)
+        written += table.num_rows
+        if written >= rows_per_file:
+            writer.close()
+            writer, written, part = None, 0, part + 1
+    if writer is not None:
+        writer.close()
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    partial.rename(folder)
+    schema_path.write_text(json.dumps(schema.to_json(), indent=1) + "\n")
+    stamp.write_text(json.dumps(wanted))
+    return folder, schema_path
 
 
 def main() -> None:
@@ -146,10 +198,12 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=BENCH.parents[1] / "shared" / "data")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parquet", action="store_true", help="a partitioned Parquet folder")
     args = parser.parse_args()
     start = time.perf_counter()
-    csv_path, schema_path = make_big_table(args.out, args.shared, args.rows, args.seed)
-    print(f"{csv_path} and {schema_path} ({time.perf_counter() - start:.0f} s)")
+    make = make_big_parquet if args.parquet else make_big_table
+    data_path, schema_path = make(args.out, args.shared, args.rows, args.seed)
+    print(f"{data_path} and {schema_path} ({time.perf_counter() - start:.0f} s)")
 
 
 if __name__ == "__main__":

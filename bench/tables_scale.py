@@ -2,6 +2,8 @@
 timed, with each command's peak memory.
 
     OMP_NUM_THREADS=1 python bench/tables_scale.py --methods dpkernel --epsilon 1
+    OMP_NUM_THREADS=1 python bench/tables_scale.py --methods mst --rows 10000000 \
+        --format parquet --engine duckdb --n          # issue 47: out of core, no sampling
     python bench/tables_scale.py --rows 20000 --n 2000 20000 --preset tiny     # a smoke run
 
 The table is bench/big_table.py's (census rows resampled with public noise plus 9 extra public
@@ -39,20 +41,29 @@ RESULTS = BENCH / "results"
 
 
 def scale_row(
-    method: str, csv: Path, schema: Path, args: argparse.Namespace, folder: Path
+    method: str, data: str, schema: Path, args: argparse.Namespace, folder: Path
 ) -> dict[str, Any]:
     """Train one method on the big table and sample each --n; times and peak RSS."""
     ledger, run = folder / "ledger.jsonl", folder / "run"
     command = [
-        "train", "--method", method, "--data", f"csv:{csv}", "--schema", str(schema),
+        "train", "--method", method, "--data", data, "--schema", str(schema),
         "--epsilon", args.epsilon, "--delta", repr(args.delta), "--out", str(run),
         "--device", "cpu", "--ledger", str(ledger), "--quiet",
     ]  # fmt: skip
     if args.preset:
         command += ["--preset", args.preset]
+    if args.engine:
+        command += ["--engine", args.engine]
+    if args.memory_budget:
+        command += ["--memory-budget", args.memory_budget]
     for item in args.set or []:
         command += ["--set", item]
-    row: dict[str, Any] = {"method": method, "rows": args.rows, "epsilon": args.epsilon}
+    row: dict[str, Any] = {
+        "method": method,
+        "rows": args.rows,
+        "epsilon": args.epsilon,
+        "input": data.split(":")[0] + (" (partitioned)" if args.format == "parquet" else ""),
+    }
     limit = (args.timeout * 60, args.timeout * 60 * 3)
     trained, train = cli_json(command, limit)
     row["train_peak_rss_mb"] = mb(train.peak_rss_mb)
@@ -66,6 +77,8 @@ def scale_row(
         "epsilon_bound": trained["epsilon"],
         "train_seconds": round(train.seconds, 1),
         "train_cpu_seconds": round(train.cpu_seconds, 1),
+        "engine": trained.get("engine"),
+        "passes": trained.get("passes"),
         "samples": [],
     }
     for n in args.n:
@@ -92,13 +105,18 @@ def scale_row(
 def markdown(report: dict[str, Any]) -> str:
     """One line per (method, rows, ε): train time and memory, then each sample size's."""
     lines = [
-        "| method | preset | rows × columns | ε | train wall s (CPU s) | train peak MB "
-        "| sample n: wall s, peak MB |",
-        "|---|---|---|---|---|---|---|",
+        "| method | preset | rows × columns | input, engine (counting passes) | ε "
+        "| train wall s (CPU s) | train peak MB | sample n: wall s, peak MB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
         shape = f"{row['rows']:,} × {report['columns']}"
-        head = f"| {row['method']} | {row.get('preset', '–')} | {shape} | {row['epsilon']} |"
+        engine = f"{row.get('input', 'csv')}, {row.get('engine') or 'memory'}"
+        engine += f" ({row['passes']})" if row.get("passes") is not None else ""
+        head = (
+            f"| {row['method']} | {row.get('preset', '–')} | {shape} | {engine} "
+            f"| {row['epsilon']} |"
+        )
         if "error" in row or "timed_out" in row:
             why = row.get("timed_out") or "failed: " + row["error"].splitlines()[-1][:100]
             lines.append(f"{head} {why} | {row.get('train_peak_rss_mb', '–')} | |")
@@ -122,7 +140,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epsilon", default="1")
     parser.add_argument("--delta", type=float, default=1e-6)
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--n", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--n", type=int, nargs="*", default=[100_000, 1_000_000])
+    parser.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    parser.add_argument("--engine", default=None, help="train --engine (default: auto)")
+    parser.add_argument("--memory-budget", default=None, help="train --memory-budget")
     parser.add_argument("--preset", default=None)
     parser.add_argument("--set", action="append")
     parser.add_argument(
@@ -133,7 +154,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     command = shlex.join(["python", "bench/tables_scale.py", *(argv or sys.argv[1:])])
-    csv, schema = big_table.make_big_table(args.out / str(args.rows), args.shared, args.rows)
+    if args.format == "parquet":
+        path, schema = big_table.make_big_parquet(args.out / str(args.rows), args.shared, args.rows)
+    else:
+        path, schema = big_table.make_big_table(args.out / str(args.rows), args.shared, args.rows)
+    data = f"{args.format}:{path}"
     columns = len(json.loads(schema.read_text())["columns"])
     json_path = args.json or RESULTS / f"tables-scale-{datetime.now(UTC):%Y-%m-%d}.json"
     report: dict[str, Any] = {"rows": [], "commands": []}
@@ -149,15 +174,16 @@ def main(argv: list[str] | None = None) -> None:
     for method in args.methods or leaderboard.table_methods():
         with tempfile.TemporaryDirectory(prefix=f"scale-{method}-") as tmp:
             try:
-                row = scale_row(method, csv, schema, args, Path(tmp))
+                row = scale_row(method, data, schema, args, Path(tmp))
             except RuntimeError as exc:
                 row = {"method": method, "rows": args.rows, "epsilon": args.epsilon}
                 row["error"] = str(exc)[-2000:]
         print(json.dumps(row), file=sys.stderr, flush=True)
-        key = (row["method"], row["rows"], row["epsilon"])
-        report["rows"] = [
-            r for r in report["rows"] if (r["method"], r["rows"], r["epsilon"]) != key
-        ] + [row]
+
+        def key(r: dict[str, Any]) -> tuple:
+            return (r["method"], r["rows"], r["epsilon"], r.get("input"), r.get("engine"))
+
+        report["rows"] = [r for r in report["rows"] if key(r) != key(row)] + [row]
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2) + "\n")
         host = report["machine"]

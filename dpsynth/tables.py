@@ -143,6 +143,27 @@ def default_schema_epsilon(
     return SCHEMA_SHARE * target_epsilon
 
 
+def public_marks(
+    schema: Schema, schema_public: bool, schema_epsilon: float | None, target_epsilon: float
+) -> Schema:
+    """The schema with its `source` marks for this run: entries read off the data marked
+    non-private (`--epsilon inf`) or declared public (`--schema-public`); the target's label
+    set declared whenever the other entries are declared or released (`schema_epsilon`: the
+    release's ε after `default_schema_epsilon`, None for none)."""
+    if not math.isfinite(target_epsilon) and schema_epsilon is None and not schema_public:
+        schema = schema.with_source(schema.data_derived(), NON_PRIVATE_SOURCE)
+    if schema_public or schema_epsilon is not None:
+        # the target's label set is declared whichever way the other entries go
+        schema = schema.with_source([schema.target], PUBLIC_SOURCE)
+    if schema_public:
+        schema = schema.with_source(schema.data_derived(), PUBLIC_SOURCE)
+        if schema.target_column.weights_derived:
+            schema = schema.replace_column(
+                replace(schema.target_column, weights_source=PUBLIC_SOURCE)
+            )
+    return schema
+
+
 def prepare_table(
     *,
     spec: str,
@@ -170,17 +191,7 @@ def prepare_table(
     check_class_weights(schema, schema_public, class_weights_epsilon)
     given = schema_epsilon
     schema_epsilon = default_schema_epsilon(schema, schema_public, schema_epsilon, target_epsilon)
-    if not math.isfinite(target_epsilon) and schema_epsilon is None and not schema_public:
-        schema = schema.with_source(schema.data_derived(), NON_PRIVATE_SOURCE)
-    if schema_public or schema_epsilon is not None:
-        # the target's label set is declared whichever way the other entries go
-        schema = schema.with_source([schema.target], PUBLIC_SOURCE)
-    if schema_public:
-        schema = schema.with_source(schema.data_derived(), PUBLIC_SOURCE)
-        if schema.target_column.weights_derived:
-            schema = schema.replace_column(
-                replace(schema.target_column, weights_source=PUBLIC_SOURCE)
-            )
+    schema = public_marks(schema, schema_public, schema_epsilon, target_epsilon)
     dataset = dataset_id or canonical
     spent = sum(e for e in (schema_epsilon, class_weights_epsilon) if e is not None)
     if not spent:

@@ -237,7 +237,10 @@ def draft_table(
 ) -> tuple[Schema, list[str]]:
     """A schema drafted from a table's columns (strings) and the remarks to show the user."""
     if target not in header:
-        raise UsageError(f"--target {target!r} is not a column (columns: {', '.join(header)})")
+        raise UsageError(
+            f"{{target}} {target!r} is not a column (columns: {', '.join(header)})",
+            parameter="target",
+        )
     rows = len(columns[0]) if columns else 0
     drafted: list[Column] = []
     remarks: list[str] = []
@@ -257,8 +260,9 @@ def draft_table(
         raise DataError(f"the target {target!r} has fewer than two distinct values")
     if len(schema.classes) > long_list_cap(rows) and len(schema.classes) > 100:
         raise UsageError(
-            f"--target {target!r} has {len(schema.classes):,} distinct values in {rows:,} "
-            "rows: a label set is a short list of classes (pick another column)"
+            f"{{target}} {target!r} has {len(schema.classes):,} distinct values in {rows:,} "
+            "rows: a label set is a short list of classes (pick another column)",
+            parameter="target",
         )
     if not schema.features:
         raise UsageError(f"no column besides the target {target!r} can be used")

@@ -135,9 +135,10 @@ def _check_path(parsed: DataSpec) -> Path:
             hint = " (:test applies to built-in data and mnist:DIR; give the test data's own path)"
         raise UsageError(f"no such file or folder: {parsed.given}{hint}")
     if parsed.kind in ("npz", "csv", "parquet") and not path.is_file():
-        folder = " (a folder of partitioned Parquet files is not read)" * (
-            parsed.kind == "parquet" and path.is_dir()
-        )
+        folder = (
+            " (a folder of partitioned Parquet files is not read in memory; train --engine "
+            "duckdb or dask://HOST:PORT counts it out of core)"
+        ) * (parsed.kind == "parquet" and path.is_dir())
         raise UsageError(f"{parsed.kind}:{parsed.given}: not a file{folder}")
     if parsed.kind in ("mnist", "folder") and not path.is_dir():
         raise UsageError(f"{parsed.kind}:{parsed.given}: not a folder")

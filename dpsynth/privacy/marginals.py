@@ -9,17 +9,22 @@ and k marginals measured separately are k Gaussian mechanisms of sensitivity 1: 
 `gaussian` event with noise multiplier σ (the noise's standard deviation, since the
 sensitivity is 1) and count k.
 
-`MarginalQueries` holds the codes and answers only through mechanisms: `measure` (counts
-plus N(0, σ²) per cell, from the run's secret stream) and `select` (the exponential mechanism
-over the L1 error of public estimates, `privacy/selection.py`). The exact counts it caches
-never leave it.
+`MarginalQueries` answers only through mechanisms: `measure` (counts plus N(0, σ²) per cell,
+from the run's secret stream) and `select` (the exponential mechanism over the L1 error of
+public estimates, `privacy/selection.py`). The exact counts it caches never leave it.
+
+Where the counts come from is a `MarginalCounter` (the marginal oracle): `sizes`,
+`record_count` and `counts(cliques)`, the exact counts of several cliques in one pass over
+the data. `CodesCounter` is the in-memory one (a bincount over codes [N, d]); the engines of
+`dpsynth.data.engines` count a file or a cluster's partitions out of core. `prefetch` asks the
+counter for every clique a round will need at once, so a round costs at most one pass.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -60,8 +65,28 @@ def marginal_counts(codes: np.ndarray, sizes: Sequence[int], clique: Clique) -> 
     return np.bincount(flat, minlength=math.prod(shape)).astype(np.float64)
 
 
-class MarginalQueries:
-    """A discretised private table that answers marginal queries only through mechanisms."""
+@runtime_checkable
+class MarginalCounter(Protocol):
+    """The marginal oracle: exact counts of a private table's marginals (never released as
+    they are: only `MarginalQueries` reads them, and only its mechanisms answer)."""
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The public domain size of each attribute."""
+        ...
+
+    @property
+    def record_count(self) -> int:
+        """N, the number of records (public in this package's model, as `DataInfo.n`)."""
+        ...
+
+    def counts(self, cliques: Sequence[Clique]) -> list[np.ndarray]:
+        """Exact counts (float64, C order, as `marginal_counts`) of each clique, in ONE pass."""
+        ...
+
+
+class CodesCounter:
+    """The in-memory counter: a bincount per clique over codes [N, d]."""
 
     def __init__(self, codes: np.ndarray, sizes: Sequence[int]) -> None:
         codes = np.asarray(codes)
@@ -71,12 +96,56 @@ class MarginalQueries:
             raise DpsynthError("a code lies outside its column's public domain")
         self._codes = codes
         self.sizes = tuple(int(s) for s in sizes)
+        self.record_count = len(codes)
+
+    def counts(self, cliques: Sequence[Clique]) -> list[np.ndarray]:
+        """Each clique's exact counts (the codes are in memory: a pass costs one bincount)."""
+        return [marginal_counts(self._codes, self.sizes, tuple(c)) for c in cliques]
+
+
+class MarginalQueries:
+    """A discretised private table that answers marginal queries only through mechanisms.
+
+    `source` is a `MarginalCounter`, or codes [N, d] with their `sizes` (a `CodesCounter`).
+    """
+
+    def __init__(self, source: np.ndarray | MarginalCounter, sizes: Sequence[int] | None = None):
+        if isinstance(source, MarginalCounter):
+            counter: MarginalCounter = source
+            if sizes is not None and tuple(int(s) for s in sizes) != tuple(counter.sizes):
+                raise DpsynthError("the counter's domain differs from the sizes given")
+        else:
+            if sizes is None:
+                raise DpsynthError("codes need their domain sizes")
+            counter = CodesCounter(source, sizes)
+        self._counter = counter
+        self.sizes = tuple(int(s) for s in counter.sizes)
         self._cache: dict[Clique, np.ndarray] = {}
+        self.passes = 0  # the passes over the data so far (one per `prefetch` that counted)
+
+    def prefetch(self, cliques: Sequence[Clique]) -> None:
+        """Count every clique not yet cached in one pass over the data (none when all are)."""
+        wanted: list[Clique] = []
+        for clique in cliques:
+            key = tuple(int(j) for j in clique)
+            if key not in self._cache and key not in wanted:
+                wanted.append(key)
+        if not wanted:
+            return
+        values = self._counter.counts(wanted)
+        if len(values) != len(wanted):
+            raise DpsynthError("the marginal counter answered the wrong number of cliques")
+        for clique, counts in zip(wanted, values, strict=True):
+            counts = np.asarray(counts, dtype=np.float64).reshape(-1)
+            if counts.size != cells(self.sizes, clique):
+                raise DpsynthError(f"the marginal counter's counts of {clique} have the wrong size")
+            self._cache[clique] = counts
+        self.passes += 1
 
     def _counts(self, clique: Clique) -> np.ndarray:
         clique = tuple(int(j) for j in clique)
         if clique not in self._cache:
-            self._cache[clique] = marginal_counts(self._codes, self.sizes, clique)
+            self.prefetch([clique])
         return self._cache[clique]
 
     def measure(
@@ -90,6 +159,7 @@ class MarginalQueries:
         """
         if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
             raise DpsynthError(f"a measurement needs a σ ≥ 0, got {noise_multiplier}")
+        self.prefetch(cliques)
         out = []
         for clique in cliques:
             counts = self._counts(clique)
@@ -121,6 +191,7 @@ class MarginalQueries:
         """
         if not (len(candidates) == len(estimates) == len(offsets) == len(weights)):
             raise DpsynthError("one estimate, offset and weight per candidate")
+        self.prefetch(candidates)
         scores = np.empty(len(candidates))
         for r, (clique, estimate) in enumerate(zip(candidates, estimates, strict=True)):
             counts = self._counts(clique)

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from dpsynth.data.engines import PassCallback
+from dpsynth.data.engines.source import TableSource
 from dpsynth.data.images import DataInfo, ImageData
 from dpsynth.data.schema import parse_schema
 from dpsynth.data.sources import load_data, load_table
@@ -16,12 +18,24 @@ from dpsynth.data.tabular import TableData
 from dpsynth.errors import DataError, UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.key import is_legacy
-from dpsynth.methods.base import Method
+from dpsynth.methods.base import Method, Trainer
 from dpsynth.methods.registry import get_method, method_names
 
 
-def load_recorded(data_cfg: Mapping[str, Any], name: str) -> ImageData | TableData:
-    """The data a run recorded in config.json, read the same way (resume, other ranks)."""
+def load_recorded(
+    data_cfg: Mapping[str, Any], name: str, on_pass: PassCallback | None = None
+) -> ImageData | TableData | TableSource:
+    """The data a run recorded in config.json, read the same way (resume, other ranks; a
+    table counted out of core by the same engine, after its check pass again)."""
+    engine = data_cfg.get("engine")
+    if data_cfg.get("modality") == "table" and engine not in (None, "memory"):
+        from dpsynth.data.engines import parse_engine
+        from dpsynth.tables_scale import open_table_source
+
+        schema = parse_schema(data_cfg["schema"], f"{name} schema")
+        return open_table_source(
+            data_cfg["spec"], schema, parse_engine(engine), None, data_cfg["dataset_id"], on_pass
+        )
     if data_cfg.get("modality") == "table":
         # The run's schema is public (declared or released when the run began): no new release.
         return load_table(
@@ -38,6 +52,30 @@ def load_recorded(data_cfg: Mapping[str, Any], name: str) -> ImageData | TableDa
     )
 
 
+def attach_source(trainer: Trainer, source: TableSource, method: str) -> None:
+    """Give a marginal trainer the engine's counter over its own binning (UsageError, exit 2,
+    for a trainer that needs the rows themselves: refused before anything is spent)."""
+    attach = getattr(trainer, "attach_counter", None)
+    domain = getattr(trainer, "domain", None)
+    if attach is None or domain is None:
+        raise UsageError(_needs_rows(source.engine, method))
+    attach(source.counter_for(domain))
+
+
+def check_engine_method(backend: Method, engine: str) -> None:
+    """UsageError (exit 2), before the table is read, for a backend whose trainer needs the
+    rows themselves on an out-of-core engine."""
+    if not hasattr(getattr(backend, "trainer_class", None), "attach_counter"):
+        raise UsageError(_needs_rows(engine, backend.name))
+
+
+def _needs_rows(engine: str, method: str) -> str:
+    return (
+        f"--engine {engine}: --method {method} trains on the rows in memory; the out-of-core "
+        "engines count marginals for mst and aim (use --engine memory)"
+    )
+
+
 def check_modality(backend: Method, modality: str) -> None:
     """UsageError (exit 2) when the backend cannot train on this kind of data."""
     if modality not in backend.modalities:
@@ -50,7 +88,7 @@ def check_modality(backend: Method, modality: str) -> None:
 
 
 def public_info(
-    records: ImageData | TableData, fingerprint: str, public_size: int | None
+    records: ImageData | TableData | TableSource, fingerprint: str, public_size: int | None
 ) -> DataInfo:
     """The data's public description; with a public size N', `n` is N' (the sampling rate, δ
     and config.json use it), and the records must not outnumber it."""

@@ -148,6 +148,10 @@ def run_loop(
         fingerprint=info.fingerprint,
     )
     summary = {**run_summary(run, run_config, ledger, plan, step), "warnings": warnings}
+    if info.modality == "table" and hasattr(trainer, "passes"):
+        # the marginal trainers' counting passes over the data, and the engine that made them
+        summary["engine"] = run_config["data"].get("engine", "memory")
+        summary["passes"] = int(trainer.passes)
     if run_config.get("schema_release"):
         summary["schema_release"] = run_config["schema_release"]
     return summary

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dpsynth.data.engines import PassCallback
 from dpsynth.privacy.accounting import epsilon_for
 from dpsynth.privacy.plan import PrivacyPlan
 
@@ -50,6 +51,14 @@ def stop_callback(progress: ProgressCallback | None) -> StopCallback | None:
     hears of a stop request as soon as it arrives (a step may take minutes), without another
     argument through `train`. Called from the signal handler, so it must be quick."""
     hook = getattr(progress, "on_stop_request", None)
+    return hook if callable(hook) else None
+
+
+def pass_callback(progress: ProgressCallback | None) -> PassCallback | None:
+    """The progress callback's `on_pass` method, when it has one: how the renderer hears of
+    each pass an out-of-core engine makes over a table (`dpsynth.data.engines.PassProgress`:
+    rows read out of N, public facts only)."""
+    hook = getattr(progress, "on_pass", None)
     return hook if callable(hook) else None
 
 

@@ -16,6 +16,8 @@ import torch
 
 from dpsynth.errors import UsageError
 
+_TABLE_PARAMETERS = ("schema", "schema_public", "schema_epsilon", "class_weights_epsilon")
+
 
 def resolve_device(device: str) -> torch.device:
     """`auto` → CUDA when present, else CPU; `cuda` without a GPU is a UsageError."""
@@ -24,14 +26,24 @@ def resolve_device(device: str) -> torch.device:
     try:
         chosen = torch.device(device)
     except RuntimeError:
-        raise UsageError(f"--device must be auto, cpu or cuda[:N], got {device!r}") from None
+        raise UsageError(
+            f"{{device}} must be auto, cpu or cuda[:N], got {device!r}", parameter="device"
+        ) from None
     if chosen.type == "cuda":
         if not torch.cuda.is_available():
-            raise UsageError("--device cuda was asked for, but no CUDA device is available")
+            raise UsageError(
+                "{device} cuda was asked for, but no CUDA device is available",
+                parameter="device",
+            )
         if chosen.index is not None and chosen.index >= torch.cuda.device_count():
-            raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA devices")
+            raise UsageError(
+                f"{{device}} {device}: only {torch.cuda.device_count()} CUDA devices",
+                parameter="device",
+            )
     elif chosen.type != "cpu":
-        raise UsageError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
+        raise UsageError(
+            f"{{device}} must be auto, cpu or cuda[:N], got {device!r}", parameter="device"
+        )
     return chosen
 
 
@@ -40,9 +52,14 @@ def parse_epsilon(value: str | float) -> float:
     try:
         epsilon = float(value)
     except ValueError:
-        raise UsageError(f"--epsilon must be a number or 'inf', got {value!r}") from None
+        raise UsageError(
+            f"{{epsilon}} must be a number or 'inf', got {value!r}", parameter="epsilon"
+        ) from None
     if math.isnan(epsilon) or epsilon <= 0:
-        raise UsageError(f"--epsilon must be positive (or 'inf' for no privacy), got {value!r}")
+        raise UsageError(
+            f"{{epsilon}} must be positive (or 'inf' for no privacy), got {value!r}",
+            parameter="epsilon",
+        )
     return epsilon
 
 
@@ -88,19 +105,27 @@ class TrainRequest:
     # Images the data owner declares public (a data spec), pretrained on at no privacy cost;
     # with `resume`, it must be the set the run recorded (which is used when this is None).
     public: str | None = None
+    # Tables: where the marginals are counted (auto, memory, duckdb or dask://HOST:PORT; see
+    # `dpsynth.data.engines`) and the memory budget in bytes that `auto` and DuckDB keep to
+    # (None: `dpsynth.data.limits.memory_budget()`).
+    engine: str = "auto"
+    memory_budget: int | None = None
 
     @staticmethod
     def check_complete(
         *, resume: bool, method: str | None, data: str | None, epsilon: float | str | None
     ) -> None:
-        """UsageError naming what a new run lacks (--method, --data, --epsilon); a resumed run
+        """UsageError naming what a new run lacks (method, data, epsilon); a resumed run
         takes them from its directory."""
         if resume:
             return
-        given = (("--method", method), ("--data", data), ("--epsilon", epsilon))
-        missing = [flag for flag, value in given if value is None]
+        given = (("method", method), ("data", data), ("epsilon", epsilon))
+        missing = [name for name, value in given if value is None]
         if missing:
-            raise UsageError(f"missing {', '.join(missing)} (or use --resume)")
+            named = ", ".join("{" + name + "}" for name in missing)
+            raise UsageError(
+                f"missing {named} (or use {{resume}})", parameters=(*missing, "resume")
+            )
 
     def validate(self) -> None:
         """UsageError (exit 2) for a request that cannot start, before anything is read."""
@@ -110,12 +135,32 @@ class TrainRequest:
         resolve_device(self.device)
         if not (self.checkpoint_every_s >= 0 and math.isfinite(self.checkpoint_every_s)):
             raise UsageError(
-                f"--checkpoint-every must be a number of seconds ≥ 0, got {self.checkpoint_every_s}"
+                "{checkpoint_every_s} must be a number of seconds ≥ 0, got "
+                f"{self.checkpoint_every_s}",
+                parameter="checkpoint_every_s",
             )
         if not -(2**63) <= self.seed < 2**63:
-            raise UsageError(f"--seed must fit in 64 bits, got {self.seed}")
+            raise UsageError(f"{{seed}} must fit in 64 bits, got {self.seed}", parameter="seed")
         if self.public_size is not None and not 1 <= self.public_size < 2**53:
-            raise UsageError(f"--public-size must be a whole number ≥ 1, got {self.public_size}")
+            raise UsageError(
+                f"{{public_size}} must be a whole number ≥ 1, got {self.public_size}",
+                parameter="public_size",
+            )
+        if self.engine != "auto":
+            from dpsynth.data.engines import ENGINES, parse_engine
+
+            try:
+                parse_engine(self.engine)
+            except UsageError:
+                raise UsageError(
+                    f"{{engine}} must be one of {', '.join(ENGINES)}, got {self.engine!r}",
+                    parameter="engine",
+                ) from None
+        if self.memory_budget is not None and self.memory_budget < 2**16:
+            raise UsageError(
+                f"{{memory_budget}} must be at least 64K bytes, got {self.memory_budget}",
+                parameter="memory_budget",
+            )
         if not self.resume:
             if self.ledger_path is None:
                 raise UsageError("a new run needs a ledger path")
@@ -124,7 +169,10 @@ class TrainRequest:
                 from dpsynth.data.sources import is_table_spec
 
                 if is_table_spec(self.data):
-                    raise UsageError("--public takes images to pretrain on; --data is a table")
+                    raise UsageError(
+                        "{public} takes images to pretrain on; {data} is a table",
+                        parameters=("public", "data"),
+                    )
             table_flags = self.schema is not None or self.schema_public
             released = self.schema_epsilon is not None or self.class_weights_epsilon is not None
             if (table_flags or released) and self.data is not None:
@@ -132,12 +180,15 @@ class TrainRequest:
 
                 if not is_table_spec(self.data):
                     raise UsageError(
-                        "--schema, --schema-public, --schema-epsilon and "
-                        "--class-weights-epsilon are for tables"
+                        "{schema}, {schema_public}, {schema_epsilon} and "
+                        "{class_weights_epsilon} are for tables",
+                        parameters=_TABLE_PARAMETERS,
                     )
-            for flag, value in (
-                ("--schema-epsilon", self.schema_epsilon),
-                ("--class-weights-epsilon", self.class_weights_epsilon),
+            for name, value in (
+                ("schema_epsilon", self.schema_epsilon),
+                ("class_weights_epsilon", self.class_weights_epsilon),
             ):
                 if value is not None and not (math.isfinite(value) and value > 0):
-                    raise UsageError(f"{flag} must be a positive number, got {value}")
+                    raise UsageError(
+                        f"{{{name}}} must be a positive number, got {value}", parameter=name
+                    )

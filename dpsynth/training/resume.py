@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from dpsynth.data.engines import PassCallback
+from dpsynth.data.engines.source import TableSource
 from dpsynth.errors import AnchorError, DataError, UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import SpendAnchor, verified_spend
@@ -23,6 +25,7 @@ from dpsynth.privacy.plan_check import check_plan_parameters
 from dpsynth.privacy.randomness import PrivateRandomness
 from dpsynth.runs import RunDir
 from dpsynth.training.data import (
+    attach_source,
     load_recorded,
     public_info,
     recorded_fingerprint,
@@ -47,6 +50,7 @@ def resume_run(
     device: torch.device,
     log_private_loss: bool,
     public_spec: str | None = None,
+    on_pass: PassCallback | None = None,
 ) -> Session | dict[str, Any]:
     """Check a run's anchor and load its state (its summary if it had finished); a run
     started with `--public` reads its public set again when it restarts from scratch
@@ -92,7 +96,7 @@ def resume_run(
         return {**run_summary(run, run_config, ledger, plan, plan.steps), "already_finished": True}
     if spend.get("status") == "aborted":
         raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
-    records = load_recorded(data_cfg, name)
+    records = load_recorded(data_cfg, name, on_pass)
     info = public_info(
         records,
         recorded_fingerprint(ledger, records.content_digest, fingerprint),
@@ -109,6 +113,8 @@ def resume_run(
     trainer = backend.trainer(
         info, run_config["config"], plan, device, run_config["seed"], randomness
     )
+    if isinstance(records, TableSource):
+        attach_source(trainer, records, backend.name)
     sampler = PoissonSampler(records.n, plan.sampling_rate, randomness.generator("loop/batches"))
     central_rng = central_generator(plan, randomness)
     start = 0

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
+from dpsynth.data.engines import PassCallback
 from dpsynth.distributed import Launch, PeerFailed, broadcast, launch_from_env, process_group
 from dpsynth.ledger import Ledger
 from dpsynth.runs import RunDir
 from dpsynth.training.loop import run_loop
-from dpsynth.training.progress import ProgressCallback
+from dpsynth.training.progress import ProgressCallback, pass_callback
 from dpsynth.training.request import TrainRequest, resolve_device
 from dpsynth.training.resume import join_run, recorded_ledger, resume_run
 from dpsynth.training.session import Session
@@ -54,6 +55,8 @@ def train_run(
     schema_epsilon: float | None = None,
     class_weights_epsilon: float | None = None,
     public: str | None = None,
+    engine: str = "auto",
+    memory_budget: int | None = None,
 ) -> dict[str, Any]:
     """`train` with the request's fields as keyword arguments (see `TrainRequest`)."""
     request = TrainRequest(
@@ -82,6 +85,8 @@ def train_run(
         schema_epsilon=schema_epsilon,
         class_weights_epsilon=class_weights_epsilon,
         public=public,
+        engine=engine,
+        memory_budget=memory_budget,
     )
     return train(request, progress)
 
@@ -133,7 +138,7 @@ def _run(
             return message["finished"]
         return run_loop(join_run(message["start"], device), progress=None, **loop_args)
     try:
-        session = _open(request, device, launch)
+        session = _open(request, device, launch, pass_callback(progress))
     except BaseException as exc:
         if launch is not None:  # the other ranks wait for the start message: end them too
             code = 130 if isinstance(exc, KeyboardInterrupt) else getattr(exc, "exit_code", 1)
@@ -145,19 +150,27 @@ def _run(
         return session
     if launch is not None:
         broadcast({"start": session.start_message()}, device)
-    return run_loop(session, progress=progress, **loop_args)
+    try:
+        return run_loop(session, progress=progress, **loop_args)
+    finally:
+        close = getattr(session.records, "close", None)  # an engine's connection or client
+        if callable(close):
+            close()
 
 
 def _open(
-    request: TrainRequest, device: torch.device, launch: Launch | None
+    request: TrainRequest,
+    device: torch.device,
+    launch: Launch | None,
+    on_pass: PassCallback | None = None,
 ) -> Session | dict[str, Any]:
     """Start a new run, or check and load the run to resume (its summary if it had finished)."""
     if not request.resume:
-        return start_run(request, device, launch)
+        return start_run(request, device, launch, on_pass)
     run = RunDir(request.out)
     # Without a ledger given, the run's own (recorded) ledger; the anchor is checked anyway.
     ledger = Ledger(request.ledger_path or recorded_ledger(run))
-    return resume_run(run, ledger, device, request.log_private_loss, request.public)
+    return resume_run(run, ledger, device, request.log_private_loss, request.public, on_pass)
 
 
 def _tell_quietly(message: dict[str, Any], device: torch.device) -> None:

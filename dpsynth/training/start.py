@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from dpsynth import __version__
+from dpsynth.data.engines import PassCallback
+from dpsynth.data.engines.source import TableSource
 from dpsynth.data.images import DataInfo
 from dpsynth.data.sources import is_table_spec, load_data
 from dpsynth.data.tabular import TableData
@@ -40,6 +42,8 @@ from dpsynth.privacy.plan import PrivacyTarget
 from dpsynth.privacy.randomness import PrivateRandomness
 from dpsynth.runs import RunDir
 from dpsynth.training.data import (
+    attach_source,
+    check_engine_method,
     check_modality,
     keyed_fingerprint,
     public_info,
@@ -54,8 +58,14 @@ def _package_versions() -> dict[str, str]:
     return {"dpsynth": __version__, **{name: version(name) for name in names}}
 
 
-def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch | None) -> Session:
-    """Plan, reserve and write a new run (rank 0, or the only process)."""
+def start_run(
+    request: TrainRequest,
+    torch_device: torch.device,
+    launch: Launch | None,
+    on_pass: PassCallback | None = None,
+) -> Session:
+    """Plan, reserve and write a new run (rank 0, or the only process); `on_pass` hears of
+    each pass an out-of-core engine makes over a table."""
     out, ledger_path, preset, seed = request.out, request.ledger_path, request.preset, request.seed
     log_private_loss, privacy_seed = request.log_private_loss, request.privacy_seed
     image_size, channels = request.image_size, request.channels
@@ -75,7 +85,7 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
     schema_release = None
     if is_table_spec(request.data):
         records, schema_release, backend = _load_table(
-            request, backend, ledger, target_epsilon, run_id, randomness
+            request, backend, ledger, target_epsilon, run_id, randomness, on_pass
         )
     else:
         if backend is not None:
@@ -129,6 +139,8 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         raise UsageError(
             f"--method {backend.name} cannot start with these settings: {exc}"
         ) from None
+    if isinstance(records, TableSource):  # refused here, before the reservation, if it can't
+        attach_source(trainer, records, backend.name)
     # Declared-public images (no ε, never through the privacy layer): refused here, before
     # the reservation, when they are the private data or the trainer would not use them.
     public, public_record = None, None
@@ -139,6 +151,8 @@ def start_run(request: TrainRequest, torch_device: torch.device, launch: Launch 
         info = replace(info, fingerprint=keyed_fingerprint(ledger, digest))
     # `classes` (in info) and `channels` let --resume read the data the same way
     data_json = {**info.to_json(), "image_size": image_size, "channels": channels}
+    if isinstance(records, TableSource):  # --resume counts with the same engine
+        data_json["engine"] = records.engine
     if request.public_size is not None:  # `n` is then N', not the record count
         data_json["public_size"] = True
     # The spend binds what config.json will say about method, settings, data and plan.
@@ -241,12 +255,15 @@ def _load_table(
     target_epsilon: float,
     run_id: str,
     randomness: PrivateRandomness,
-) -> tuple[TableData, dict[str, Any] | None, Method]:
+    on_pass: PassCallback | None = None,
+) -> tuple[TableData | TableSource, dict[str, Any] | None, Method]:
     """The table under a public schema, and the run's backend (None: --method auto, chosen
     from the first public description of the table, the one a DP schema release is planned
     on, so that the release and the run agree); with --schema-epsilon its release is spent
     first."""
+    from dpsynth.data.engines import EngineChoice, parse_engine
     from dpsynth.tables import prepare_table
+    from dpsynth.tables_scale import prepare_table_source, table_engine
 
     if backend is not None:
         check_modality(backend, "table")
@@ -258,9 +275,15 @@ def _load_table(
         return chosen[0]
 
     if request.image_size is not None or request.channels is not None:
-        raise UsageError("--image-size and --channels are for images, not tables")
+        raise UsageError(
+            "{image_size} and {channels} are for images, not tables",
+            parameters=("image_size", "channels"),
+        )
     if request.classes is not None:
-        raise UsageError("a table's classes are its schema's target categories; drop --classes")
+        raise UsageError(
+            "a table's classes are its schema's target categories; drop {classes}",
+            parameter="classes",
+        )
 
     def delta_for(n: int) -> float:
         if request.delta is not None:
@@ -278,6 +301,29 @@ def _load_table(
         method.plan(info, PrivacyTarget(target_epsilon, delta_for(info.n)), config, prior)
 
     assert request.data is not None
+    engine = parse_engine(request.engine)
+    counts = backend is None or hasattr(getattr(backend, "trainer_class", None), "attach_counter")
+    chosen_engine = table_engine(
+        request.data, engine, request.schema, request.memory_budget, counts
+    )
+    if chosen_engine != "memory":
+        if engine.name == "auto":  # DuckDB, chosen for the table's size
+            engine = EngineChoice(chosen_engine)
+        if backend is not None:
+            check_engine_method(backend, EngineChoice(chosen_engine, engine.address).spec)
+        source = prepare_table_source(
+            spec=request.data,
+            engine=engine,
+            schema_path=request.schema,
+            schema_public=request.schema_public,
+            schema_epsilon=request.schema_epsilon,
+            class_weights_epsilon=request.class_weights_epsilon,
+            dataset_id=request.dataset_id,
+            target_epsilon=target_epsilon,
+            budget=request.memory_budget,
+            on_pass=on_pass,
+        )
+        return source, None, backend_for(source.info(""))
     records, release = prepare_table(
         spec=request.data,
         schema_path=request.schema,

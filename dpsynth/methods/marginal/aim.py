@@ -158,6 +158,11 @@ class AIMTrainer(MarginalTrainer):
             selections // rounds + (1 if r < selections % rounds else 0) for r in range(rounds)
         ]
 
+    def upfront_cliques(self) -> list[tuple[int, ...]]:
+        """The one-ways and every candidate pair not measured yet: one pass per run."""
+        measured = {m.clique for m in self.measurements}
+        return [*super().upfront_cliques(), *(p for p in self.pairs if p not in measured)]
+
     def run_round(self, step: int) -> None:
         """Round 0 measures every one-way marginal; round r ≥ 1 selects and measures pairs."""
         iters, final = int(self.config["iters"]), int(self.config["final_iters"])

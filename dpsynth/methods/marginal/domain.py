@@ -24,143 +24,22 @@ sampler's public generator, so that `TableCodec.decode` writes the original colu
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from dpsynth.data.images import DataInfo
-from dpsynth.data.schema import Column
-from dpsynth.data.tabular import codec_for
+from dpsynth.data.discrete import (
+    EDGE,
+    Attribute,
+    TableDomain,
+    number_codes,
+    table_domain,
+)
+
+__all__ = ["Attribute", "TableDomain", "codes_from_rows", "rows_from_codes", "table_domain"]
 
 # Encoded rows converted per chunk (bounds the temporary memory on a million rows).
 _CHUNK = 65_536
-# Positions within this fraction of a bin below an edge count as on the edge: the float32
-# encoding's rounding (≤ 3e-5 bins for a thousand bins) must not move a value across it.
-_EDGE = 1e-4
-
-
-@dataclass(frozen=True)
-class Attribute:
-    """One attribute of the discrete domain."""
-
-    name: str
-    kind: str  # "categorical", "exact" (one bin per integer), "bins", "edges" or "target"
-    size: int  # values, the missing one included
-    start: int = 0  # the first column of its block in the encoded row (-1: the target)
-    low: float = 0.0
-    high: float = 0.0
-    integer: bool = False
-    bound_bins: bool = False
-    edges: tuple[float, ...] = ()
-    flag_start: int = -1  # the missing flag's block in the encoded row (-1: none)
-
-    @property
-    def missing(self) -> bool:
-        """True when the last value is "missing"."""
-        return self.flag_start >= 0
-
-    @property
-    def present_size(self) -> int:
-        """The values other than missing."""
-        return self.size - int(self.missing)
-
-
-@dataclass(frozen=True)
-class TableDomain:
-    """The attributes of a table's discrete domain, in order (the target last)."""
-
-    attributes: tuple[Attribute, ...]
-    width: int  # the encoded row width D
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        """The number of values of each attribute."""
-        return tuple(a.size for a in self.attributes)
-
-    @property
-    def target(self) -> int:
-        """The index of the target attribute (the last)."""
-        return len(self.attributes) - 1
-
-    def cells(self, clique: tuple[int, ...]) -> int:
-        """The number of cells of the marginal on `clique`."""
-        return int(math.prod(self.attributes[j].size for j in clique))
-
-
-def _number_attribute(
-    column: Column, start: int, flag_start: int, bins: int, bound_bins: bool
-) -> Attribute:
-    low, high = float(column.min), float(column.max)  # type: ignore[arg-type]
-    integer = column.type == "integer"
-    extra = int(flag_start >= 0)
-    common = {"low": low, "high": high, "integer": integer, "flag_start": flag_start}
-    if column.edges is not None and len(column.edges) >= 2 and high > low:
-        size = len(column.edges) - 1 + extra
-        return Attribute(column.name, "edges", size, start, edges=column.edges, **common)
-    values = math.floor(high) - math.ceil(low) + 1 if integer else math.inf
-    if high == low:
-        return Attribute(column.name, "bins", 1 + extra, start, **common)
-    if integer and values <= bins:
-        return Attribute(column.name, "exact", int(values) + extra, start, **common)
-    use_bounds = bound_bins and bins >= 3
-    return Attribute(column.name, "bins", bins + extra, start, bound_bins=use_bounds, **common)
-
-
-def table_domain(info: DataInfo, config: Mapping[str, Any]) -> TableDomain:
-    """The discrete domain of a table's public schema under the preset's binning."""
-    codec = codec_for(info)
-    bins = int(config["bins"])
-    bound_bins = bool(config["bound_bins"])
-    attributes = []
-    for column in codec.schema.features:
-        value, flag = codec.column_blocks(column)
-        if column.is_categorical:
-            attributes.append(Attribute(column.name, "categorical", value.size, value.start))
-            continue
-        flag_start = flag.start if flag is not None else -1
-        attributes.append(_number_attribute(column, value.start, flag_start, bins, bound_bins))
-    attributes.append(Attribute(codec.schema.target, "target", len(info.classes), -1))
-    return TableDomain(tuple(attributes), codec.dim)
-
-
-def _scaled_edges(attribute: Attribute) -> np.ndarray:
-    """The edges on the encoding's scale, in float32 as the encoder rounds a value: a value
-    equal to an edge encodes to exactly that edge's position."""
-    edges = np.asarray(attribute.edges, dtype=np.float64)
-    span = attribute.high - attribute.low
-    return ((edges - attribute.low) / span * 2.0 - 1.0).astype(np.float32)
-
-
-def _edge_codes(scaled: np.ndarray, attribute: Attribute) -> np.ndarray:
-    """Bin codes of scaled values under an attribute's edges (point masses first)."""
-    edges = _scaled_edges(attribute)
-    values = scaled.astype(np.float32)
-    bins = len(edges) - 1
-    codes = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, bins - 1)
-    for i in np.flatnonzero(edges[:-1] == edges[1:]):
-        codes = np.where(values == edges[i], i, codes)
-    return codes.astype(np.int64)
-
-
-def _number_codes(scaled: np.ndarray, attribute: Attribute) -> np.ndarray:
-    """Bin codes of numbers scaled to [-1, 1] from [low, high]."""
-    if attribute.kind == "edges":
-        return _edge_codes(scaled, attribute)
-    size = attribute.present_size
-    if size == 1:
-        return np.zeros(len(scaled), dtype=np.int64)
-    unit = (np.clip(scaled.astype(np.float64), -1.0, 1.0) + 1.0) / 2.0
-    if attribute.kind == "exact":
-        values = attribute.low + unit * (attribute.high - attribute.low)
-        return np.clip(np.rint(values - math.ceil(attribute.low)), 0, size - 1).astype(np.int64)
-    if not attribute.bound_bins:
-        return np.clip(np.floor(unit * size + _EDGE), 0, size - 1).astype(np.int64)
-    # The encoding maps min to exactly -1 and max to exactly 1 (clipped values too).
-    inner = 1 + np.clip(np.floor(unit * (size - 2) + _EDGE), 0, size - 3).astype(np.int64)
-    return np.where(scaled <= -1.0, 0, np.where(scaled >= 1.0, size - 1, inner))
 
 
 def codes_from_rows(rows: torch.Tensor, labels: torch.Tensor, domain: TableDomain) -> np.ndarray:
@@ -177,7 +56,7 @@ def codes_from_rows(rows: torch.Tensor, labels: torch.Tensor, domain: TableDomai
                 block = part[:, attribute.start : attribute.start + attribute.size]
                 out[begin : begin + len(part), j] = block.argmax(1)
             else:
-                codes = _number_codes(part[:, attribute.start], attribute)
+                codes = number_codes(part[:, attribute.start], attribute)
                 if attribute.missing:
                     flags = part[:, attribute.flag_start : attribute.flag_start + 2]
                     codes = np.where(flags.argmax(1) == 1, attribute.size - 1, codes)
@@ -218,7 +97,7 @@ def _bin_values(codes: np.ndarray, attribute: Attribute, uniform: np.ndarray) ->
     else:
         # Kept clear of the edges by the coding tolerance, so the value codes to its bin.
         width = right - left
-        values = left + 2 * _EDGE * width + uniform * (1 - 4 * _EDGE) * width
+        values = left + 2 * EDGE * width + uniform * (1 - 4 * EDGE) * width
     if attribute.bound_bins:
         values = np.where(codes == 0, low, np.where(codes == size - 1, high, values))
     return np.clip(values, low, high)
@@ -244,7 +123,7 @@ def _edge_values(codes: np.ndarray, attribute: Attribute, uniform: np.ndarray) -
     else:
         width = right - left
         # clear of both edges by the coding tolerance: the value codes back to its bin
-        values = left + 2 * _EDGE * width + uniform * (1 - 4 * _EDGE) * width
+        values = left + 2 * EDGE * width + uniform * (1 - 4 * EDGE) * width
     values = np.where(atom, left, values)
     return np.clip(values, attribute.low, attribute.high)
 

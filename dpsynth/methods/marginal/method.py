@@ -34,7 +34,7 @@ from dpsynth.privacy.marginal_plan import (
     gdp_mu,
     schedule_events,
 )
-from dpsynth.privacy.marginals import MarginalQueries
+from dpsynth.privacy.marginals import MarginalCounter, MarginalQueries
 from dpsynth.privacy.plan_check import IDLE_STEPS_KEY
 from dpsynth.privacy.randomness import PrivateRandomness
 
@@ -210,7 +210,7 @@ class MarginalMethod(Method):
 class MarginalTrainer(Trainer):
     """Rounds of selections and measurements on the whole table, and mbi fits."""
 
-    released_stats = ("measurements", "selections")
+    released_stats = ("measurements", "selections", "passes")
 
     def __init__(
         self,
@@ -243,6 +243,24 @@ class MarginalTrainer(Trainer):
         self.tree = CliqueTree.independent(self.sizes, self.n)
         self.potentials: Potentials | None = None
         self.queries: MarginalQueries | None = None
+        self.counter: MarginalCounter | None = None
+
+    def attach_counter(self, counter: MarginalCounter) -> None:
+        """Count through this marginal oracle (an engine's, over the table out of core)
+        instead of the rows the loop hands over; its domain must be this run's."""
+        if tuple(counter.sizes) != self.sizes:
+            raise DpsynthError("the marginal counter's domain differs from this run's")
+        self.counter = counter
+
+    def upfront_cliques(self) -> list[tuple[int, ...]]:
+        """Every clique the run may count, counted in the first round's one pass (within the
+        memory `MarginalMethod.memory_mb` plans for): the one-way marginals by default."""
+        return [(a,) for a in range(len(self.sizes))]
+
+    @property
+    def passes(self) -> int:
+        """Passes over the data the counting took so far (public: the schedule fixes it)."""
+        return self.queries.passes if self.queries is not None else 0
 
     # ----------------------------------------------------------------- the loop's hooks
 
@@ -255,13 +273,22 @@ class MarginalTrainer(Trainer):
         if step < self.rounds_done:
             return  # already made (its state was restored)
         if self.queries is None:
-            self.queries = MarginalQueries(codes_from_rows(x, y, self.domain), self.sizes)
+            if self.counter is not None:
+                self.queries = MarginalQueries(self.counter)
+            else:
+                self.queries = MarginalQueries(codes_from_rows(x, y, self.domain), self.sizes)
+            # one pass for every marginal the run may need (its exact counts stay in privacy/)
+            self.queries.prefetch(self.upfront_cliques())
         self.run_round(step)
         self.rounds_done = step + 1
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """Nothing left to do in the step itself: report the public counts."""
-        return {"measurements": float(len(self.measurements)), "selections": float(self.selections)}
+        return {
+            "measurements": float(len(self.measurements)),
+            "selections": float(self.selections),
+            "passes": float(self.passes),
+        }
 
     @abstractmethod
     def run_round(self, step: int) -> None:

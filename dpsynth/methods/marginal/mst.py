@@ -125,6 +125,17 @@ class MSTMethod(MarginalMethod):
 class MSTTrainer(MarginalTrainer):
     """Round 0: the one-way marginals; round 1: the tree's pairs and the final fit."""
 
+    def upfront_cliques(self) -> list[tuple[int, ...]]:
+        """The one-ways, every edge's marginal and the lonely features' pairs: one pass."""
+        max_cells = int(self.config["max_cells"])
+        if self.config["label_edges"]:
+            pool = label_edge_pool(self.domain, max_cells)
+            target = self.domain.target
+            lonely = [(a, target) for a in lonely_features(self.domain, pool, max_cells)]
+        else:
+            pool, lonely = pairs_within(self.domain, max_cells), []
+        return [*super().upfront_cliques(), *(self._edge_clique(p) for p in pool), *lonely]
+
     def run_round(self, step: int) -> None:
         """See the module docstring."""
         d = len(self.sizes)

@@ -1,0 +1,180 @@
+"""The Dask engine: the same per-chunk encode and bincount on a cluster's workers, summed here.
+
+Why Dask (`distributed`): it installs from the package registry alone (pure Python, no JVM as
+Spark needs), runs the same Python encoding on every worker, and has a local cluster for tests.
+`--engine dask://host:port` connects to a running scheduler; the workers must import dpsynth
+(the same version) and see the files at the same paths (a shared or network file system).
+
+A Parquet source is split into tasks of a file's row groups; a CSV is split by Dask's own
+reader into byte blocks (every column as text). Each task reads its part, encodes it with the
+one encoding and returns int64 counts (the size of the marginals, never rows); the client
+sums them. One `counts` call is one pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from dpsynth.data.csvtable import RawTable
+from dpsynth.data.discrete import ChunkEncoder
+from dpsynth.data.engines.base import TableCounter
+from dpsynth.data.engines.chunks import TableFiles, raw_from_batch, raw_from_frame
+from dpsynth.data.engines.counting import Clique, CountSums
+from dpsynth.errors import DataError, UsageError
+
+# Row groups of one file per task, and the rows a task reads at once.
+_GROUPS_PER_TASK = 4
+_BATCH_ROWS = 65_536
+_CSV_BLOCK = "64MB"
+# Task results summed on a worker at once (the tree that keeps the client's traffic to one).
+_FAN_IN = 8
+CONNECT_TIMEOUT_S = 5
+
+
+Result = tuple[list[np.ndarray], int, np.ndarray]
+
+
+def _parquet_task(
+    path: str,
+    groups: list[int],
+    encoder: ChunkEncoder,
+    cliques: list[Clique],
+    name: str,
+    digest: bool,
+) -> Result:
+    import pyarrow.parquet as pq
+
+    sums = CountSums(encoder.domain.sizes, cliques, encoder.schema if digest else None)
+    parquet = pq.ParquetFile(path)
+    try:
+        for batch in parquet.iter_batches(_BATCH_ROWS, row_groups=groups, use_threads=False):
+            raw = raw_from_batch(batch, name, encoder.schema)
+            sums.add_codes(encoder(raw), raw)
+    finally:
+        parquet.close()
+    return sums.totals, sums.rows, sums.hash_sums
+
+
+def _frame_task(
+    frame: Any, encoder: ChunkEncoder, cliques: list[Clique], name: str, digest: bool
+) -> Result:
+    sums = CountSums(encoder.domain.sizes, cliques, encoder.schema if digest else None)
+    raw = raw_from_frame(frame, name)
+    sums.add_codes(encoder(raw), raw)
+    return sums.totals, sums.rows, sums.hash_sums
+
+
+def _merge(*parts: Result) -> Result:
+    """The sum of several tasks' counts, row counts and digest sums (on a worker)."""
+    counts = [np.sum(column, axis=0) for column in zip(*(p[0] for p in parts), strict=True)]
+    with np.errstate(over="ignore"):
+        hashes = np.sum([p[2] for p in parts], axis=0, dtype=np.uint64)
+    return counts, sum(p[1] for p in parts), hashes
+
+
+def connect(address: str) -> Any:
+    """A client of the scheduler at `address` (UsageError, one line, when none answers)."""
+    from distributed import Client
+
+    try:
+        return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as exc:
+        reason = type(exc).__name__
+        raise UsageError(
+            f"--engine dask://{address.removeprefix('tcp://')}: no Dask scheduler answered "
+            f"within {CONNECT_TIMEOUT_S} s ({reason}); start one (`dask scheduler`) or check "
+            "the address"
+        ) from None
+
+
+class DaskCounter(TableCounter):
+    """Marginal counts of a file source summed over a Dask cluster's tasks."""
+
+    engine = "dask"
+
+    def __init__(
+        self, client: Any, files: TableFiles, encoder: ChunkEncoder, record_count: int | None
+    ) -> None:
+        super().__init__(encoder, record_count)
+        self.client, self.files = client, files
+
+    def chunks(self) -> Iterator[RawTable]:  # pragma: no cover - `count` splits the work
+        """Unused: the workers read the chunks."""
+        return iter(())
+
+    def _tasks(self, cliques: list[Clique], digest: bool) -> list[tuple[Any, int | None]]:
+        """The pass's tasks, each with the rows it will read (None: not known before)."""
+        name = self.files.name
+        if self.files.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            tasks: list[tuple[Any, int | None]] = []
+            for path in self.files.paths:
+                metadata = pq.read_metadata(path)
+                groups = metadata.num_row_groups
+                for start in range(0, max(groups, 1), _GROUPS_PER_TASK):
+                    part = list(range(start, min(start + _GROUPS_PER_TASK, groups)))
+                    rows = sum(metadata.row_group(g).num_rows for g in part)
+                    task = self.client.submit(
+                        _parquet_task, path, part, self.encoder, cliques, name, digest, pure=False
+                    )
+                    tasks.append((task, rows))
+            return tasks
+        import dask.dataframe as dd
+
+        frame = dd.read_csv(
+            self.files.paths[0],
+            dtype=str,
+            keep_default_na=False,
+            na_filter=False,
+            skipinitialspace=True,
+            blocksize=_CSV_BLOCK,
+        )
+        parts = self.client.compute(frame.to_delayed())
+        return [
+            (
+                self.client.submit(_frame_task, p, self.encoder, cliques, name, digest, pure=False),
+                None,
+            )
+            for p in parts
+        ]
+
+    def count(
+        self, cliques: Sequence[Clique], report: Callable[[int], None], digest: bool
+    ) -> CountSums:
+        """One pass: every task's counts, summed on the workers in a tree (`_FAN_IN` at a time),
+        so that this process receives one set of counts however many tasks there are."""
+        from distributed import as_completed
+
+        wanted = [tuple(c) for c in cliques]
+        sums = CountSums(self.sizes, wanted, self.encoder.schema if digest else None)
+        try:
+            tasks = self._tasks(wanted, digest)
+            level = [task for task, _ in tasks]
+            while len(level) > 1:
+                level = [
+                    self.client.submit(_merge, *level[i : i + _FAN_IN], pure=False)
+                    for i in range(0, len(level), _FAN_IN)
+                ]
+            planned = dict((task.key, rows) for task, rows in tasks)
+            done = 0
+            for leaf in as_completed([task for task, _ in tasks], loop=self.client.loop):
+                rows = planned[leaf.key]
+                if rows is not None:  # a Parquet task's rows come from its footer
+                    done += rows
+                    report(done)
+            if level:
+                counts, rows, hashes = level[0].result()
+                sums.add(counts, rows, hashes if digest else None)
+        except DataError:
+            raise
+        except (OSError, TimeoutError) as exc:
+            raise DataError(f"{self.files.name}: the Dask cluster failed ({exc})") from None
+        return sums
+
+    def close(self) -> None:
+        """Close the client (the cluster keeps running)."""
+        self.client.close()

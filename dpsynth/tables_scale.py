@@ -1,0 +1,141 @@
+"""Tables at scale: a `csv:` or `parquet:` source counted out of core by an engine (`--engine`).
+
+`table_engine` resolves `--engine auto` (the default): the in-memory path of `dpsynth.tables`
+when the table's estimated size in memory fits the memory budget (and always for the built-in
+tables), else DuckDB. `prepare_table_source` is that path's twin for the out-of-core engines:
+the same schema marks, then the engine's check pass (every row encoded, so a bad cell fails
+before anything is spent; N counted; the content digest), then the check of category lists
+read off the data against N. A DP release of the schema or of the class weights reads whole
+columns in memory: on an engine it is refused (exit 2) before anything is read, with the way
+out (declare the entries public, or release them on a sample the data owner may spend on).
+
+Passes over the data in a run: the check pass, then the marginal trainer's counting passes
+(`MarginalQueries.prefetch`: one for mst and aim, every candidate marginal counted up front).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from dpsynth.data.csvtable import RawTable
+from dpsynth.data.discrete import ChunkEncoder, schema_domain
+from dpsynth.data.engines import (
+    EngineChoice,
+    PassCallback,
+    choose_engine,
+    memory_estimate,
+    open_counter,
+    parquet_rows,
+    table_files,
+)
+from dpsynth.data.engines.chunks import footer_rows
+from dpsynth.data.engines.source import TableSource
+from dpsynth.data.limits import memory_budget
+from dpsynth.data.schema import Schema, read_schema
+from dpsynth.data.sources import parse_spec
+from dpsynth.data.tabular import TableCodec, check_header
+from dpsynth.errors import UsageError
+from dpsynth.tables import check_class_weights, check_public, default_schema_epsilon, public_marks
+
+
+def table_engine(
+    spec: str,
+    choice: EngineChoice,
+    schema_path: Path | str | None,
+    budget: int | None,
+    counts_marginals: bool = True,
+) -> str:
+    """The engine that counts this table: `memory`, `duckdb` or `dask` (see the module).
+    `auto` keeps the in-memory path for a method that trains on rows (`counts_marginals`
+    false), and wherever the in-memory reader should say what is wrong with the input."""
+    parsed = parse_spec(spec)
+    if parsed.kind == "builtin":
+        if choice.name not in ("auto", "memory"):
+            raise UsageError(
+                f"--engine {choice.spec} reads csv:FILE or parquet:PATH; {spec} is built in "
+                "and read in memory (--engine memory)"
+            )
+        return "memory"
+    if choice.name != "auto":
+        return choice.name
+    if not counts_marginals:
+        return "memory"
+    if not Path(parsed.target).is_file():
+        try:  # a partitioned folder or a glob: the in-memory reader takes one file
+            return "duckdb" if table_files(spec).kind == "parquet" else "memory"
+        except UsageError:
+            return "memory"  # nothing to read: the in-memory reader says so
+    if schema_path is None:
+        return "memory"  # the in-memory path says that a schema is needed
+    files = table_files(spec)
+    width = TableCodec(read_schema(schema_path)).dim
+    rows = footer_rows(files.paths[0]) if files.kind == "parquet" else None
+    if files.kind == "parquet" and rows is None:
+        return "memory"  # unreadable: the in-memory reader says why, naming the spec
+    return choose_engine(choice, memory_estimate(files, rows, width), budget or memory_budget())
+
+
+def prepare_table_source(
+    *,
+    spec: str,
+    engine: EngineChoice,
+    schema_path: Path | str | None,
+    schema_public: bool,
+    schema_epsilon: float | None,
+    class_weights_epsilon: float | None,
+    dataset_id: str | None,
+    target_epsilon: float,
+    budget: int | None,
+    on_pass: PassCallback | None = None,
+) -> TableSource:
+    """The table as an engine's source under a public schema (nothing spent; see the module)."""
+    if schema_path is None:
+        raise UsageError(
+            f"--engine {engine.spec}: {spec} needs --schema FILE.json (draft one with "
+            f"`dpsynth data schema {spec} > schema.json`)"
+        )
+    schema = read_schema(schema_path)
+    if schema_public and schema_epsilon is not None:
+        raise UsageError("--schema-public and --schema-epsilon exclude each other")
+    check_class_weights(schema, schema_public, class_weights_epsilon)
+    released = default_schema_epsilon(schema, schema_public, schema_epsilon, target_epsilon)
+    if released is not None or class_weights_epsilon is not None:
+        raise UsageError(
+            f"--engine {engine.spec}: a DP release of the schema or class weights reads whole "
+            "columns in memory and is not made out of core; declare the entries public "
+            "(--schema-public, or public figures in the schema), or use --engine memory"
+        )
+    schema = public_marks(schema, schema_public, released, target_epsilon)
+    source = open_table_source(spec, schema, engine, budget, dataset_id, on_pass)
+    check_public(schema, schema_public, None, source.n)
+    return source
+
+
+def open_table_source(
+    spec: str,
+    schema: Schema,
+    engine: EngineChoice,
+    budget: int | None,
+    dataset_id: str | None,
+    on_pass: PassCallback | None = None,
+) -> TableSource:
+    """The source on its engine after the check pass (DataError for a bad file or cell)."""
+    files = table_files(spec)
+    if files.kind == "parquet":
+        header, _ = parquet_rows(files)  # every footer checked before any row is read
+        check_header(RawTable(header, tuple(np.empty(0, object) for _ in header), spec), schema)
+    # the check pass encodes under any binning: a bad cell fails whatever the bins
+    encoder = ChunkEncoder(schema, schema_domain(schema, 2, False))
+    counter = open_counter(engine, files, encoder, None, budget or memory_budget())
+    counter.on_pass = on_pass
+    try:
+        digest = counter.scan()
+    except BaseException:
+        counter.close()
+        raise
+    canonical = parse_spec(spec).canonical
+    return TableSource(
+        schema, canonical, files.kind, digest, dataset_id or canonical, counter, engine.spec
+    )
