@@ -2,26 +2,71 @@
 
 from __future__ import annotations
 
+import re
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from dpsynth.cli.app import DebugOpt, DeviceOpt, JsonOpt, LedgerOpt, QuietOpt, app, handle_errors
-from dpsynth.cli.render import emit_json, progress_bar, show_progress, stdout
+from dpsynth.cli.render import emit_json, progress_bar, show_progress, stderr, stdout
+from dpsynth.errors import UsageError
+
+_SCALES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
+_COUNT = re.compile(
+    r"^(?P<number>[0-9][0-9_]*(?:\.[0-9_]*)?(?:e[+]?[0-9]{1,3})?)(?P<scale>[kmgb]?)$"
+)
+
+
+def parse_count(text: str, flag: str = "--n") -> int:
+    """A record count as people write it: `1000000`, `1_000_000`, `1e6`, `2.5e6`, `10k`, `10M`,
+    `1G` or `1B` (10⁹), case-insensitive; it must be a whole number (UsageError otherwise)."""
+    found = _COUNT.match(text.strip().lower())
+    value = None
+    if found:
+        try:
+            value = Decimal(found["number"].replace("_", "")) * _SCALES[found["scale"]]
+        except InvalidOperation:
+            value = None
+    if value is None or value != value.to_integral_value():
+        raise UsageError(
+            f"{flag} {text}: give a whole number of records, e.g. 1000000, 1_000_000, 1e6 or 1M"
+        )
+    return int(value)
+
+
+def _count_option(text: str) -> int:
+    """`--n` as click parses an option: a bad count is click's "Invalid value for '--n'"."""
+    try:
+        return parse_count(str(text))
+    except UsageError:
+        raise typer.BadParameter(
+            f"{text!r} is not a whole number of records (e.g. 1000000, 1_000_000, 1e6 or 1M)"
+        ) from None
 
 
 @app.command()
 @handle_errors
 def sample(
     run: Annotated[Path, typer.Argument(help="A run directory written by `train`.")],
-    n: Annotated[int, typer.Option("--n", help="Number of records to generate.")],
+    n: Annotated[
+        int,
+        typer.Option(
+            "--n",
+            parser=_count_option,
+            metavar="N",
+            help="Number of records to generate: 1000000, 1_000_000, 1e6 or 1M (k, M, G/B).",
+        ),
+    ],
     out: Annotated[
-        Path,
+        str,
         typer.Option(
             "--out",
+            metavar="PATH",
             help="Output folder (images), or a table's file: CSV, or Parquet when it ends in "
-            ".parquet.",
+            ".parquet; a folder (or more than a million Parquet rows) is a partitioned "
+            "Parquet release.",
         ),
     ],
     fmt: Annotated[
@@ -40,7 +85,12 @@ def sample(
             "model: the class proportions the model fitted."
         ),
     ] = "auto",
-    batch_size: Annotated[int, typer.Option(help="Images generated at once.")] = 500,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            help="Records generated at once [default: 500; 10,000 for a partitioned table release]."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     truncation: Annotated[
         float | None,
@@ -58,6 +108,20 @@ def sample(
             "otherwise); the manifest and its privacy statement say it is a partial release.",
         ),
     ] = False,
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            help="Tables: write a partitioned Parquet folder of this many part files "
+            "[default: one per million rows]; with --seed it fixes the release's rows.",
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Tables, partitioned Parquet: worker processes writing partitions, one "
+            "thread each [default: the CPUs]; the rows do not depend on it.",
+        ),
+    ] = None,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
@@ -66,7 +130,7 @@ def sample(
 ) -> None:
     """Write synthetic images (or table rows as CSV or Parquet) from a trained run
     (post-processing: no privacy cost)."""
-    from dpsynth.sampling import sample_run
+    from dpsynth.api import sample as sample_api
 
     show = show_progress(quiet, as_json)
     with progress_bar(show, "sample") as bar:
@@ -76,7 +140,18 @@ def sample(
             if bar is not None and task is not None:
                 bar.update(task, completed=done)
 
-        result = sample_run(
+        def on_partition(parts_done: int, parts: int, done: int, total: int) -> None:
+            # A bar says which partition; without one (piped, a log) one line per partition.
+            if bar is not None and task is not None:
+                bar.update(task, info=f"partitions {parts_done}/{parts}")
+            elif not quiet and not as_json:
+                stderr.print(
+                    f"sample: partition {parts_done}/{parts} written, {done:,} of {total:,} rows",
+                    markup=False,
+                    highlight=False,
+                )
+
+        result = sample_api(
             run,
             n,
             out,
@@ -86,11 +161,14 @@ def sample(
             seed=seed,
             device=device,
             force=force,
-            ledger_path=ledger,
+            ledger=ledger,
             progress=on_progress,
             truncation=truncation,
             partial=partial,
-        )
+            partitions=partitions,
+            workers=workers,
+            on_partition=on_partition,
+        ).to_json()
     if as_json:
         emit_json(result)
         return
@@ -102,8 +180,11 @@ def sample(
             else (result["out"])
         )
         stdout.print(f"replaced the earlier sample output {earlier} (--force)")
+    layout = result["format"]
+    if isinstance(result.get("partitions"), list):
+        layout = f"{layout}, {len(result['partitions'])} partitions, {result['workers']} workers"
     stdout.print(
-        f"wrote {result['n']} {what} to {result['out']} ({result['format']}); "
+        f"wrote {result['n']} {what} to {result['out']} ({layout}); "
         f"{result['privacy']}; sha256 {result['output_sha256']}",
         markup=False,
     )

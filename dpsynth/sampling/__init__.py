@@ -15,16 +15,20 @@ from dpsynth.sampling.labels import (
     weighted_counts,
 )
 from dpsynth.sampling.outputs import (
+    PartitionProgress,
     SampleProgress,
     is_sample_output,
     manifest_of,
     table_manifest_path,
 )
+from dpsynth.sampling.partitions import PARTITION_ROWS
 from dpsynth.sampling.run import load_generator, run_privacy, set_truncation
 from dpsynth.sampling.table import sample_table
 
 __all__ = [
     "MAX_SAMPLES",
+    "PARTITION_ROWS",
+    "PartitionProgress",
     "SampleProgress",
     "generate",
     "is_sample_output",

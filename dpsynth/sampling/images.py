@@ -24,7 +24,12 @@ from dpsynth.methods.base import Generator
 from dpsynth.outdir import check_target, remove_stale_staging, replace_dir, staging_dir
 from dpsynth.runs import RunDir, write_json_atomic
 from dpsynth.sampling.labels import label_chunks, label_counts, labelled_batches
-from dpsynth.sampling.outputs import SampleProgress, is_sample_output, record_release
+from dpsynth.sampling.outputs import (
+    PartitionProgress,
+    SampleProgress,
+    is_sample_output,
+    record_release,
+)
 from dpsynth.sampling.run import load_generator, run_modality, run_privacy, set_truncation
 from dpsynth.sampling.table import sample_table
 
@@ -70,7 +75,7 @@ def sample_run(
     out_dir: Path | str,
     fmt: str | None = None,
     labels: str = "balanced",
-    batch_size: int = 500,
+    batch_size: int | None = None,
     seed: int = 0,
     device: str = "auto",
     force: bool = False,
@@ -78,6 +83,9 @@ def sample_run(
     progress: SampleProgress | None = None,
     truncation: float | None = None,
     partial: bool = False,
+    partitions: int | None = None,
+    workers: int | None = None,
+    on_partition: PartitionProgress | None = None,
 ) -> dict[str, Any]:
     """Write N synthetic images to `out_dir` and record the release in the ledger.
 
@@ -87,26 +95,35 @@ def sample_run(
     stays flat in N. `force` replaces only an earlier output of `sample` (see
     `dpsynth.outdir.check_target`); staging folders of killed runs are removed first.
     A table's run writes one CSV file instead (`fmt` csv, the default there), or Parquet for
-    an `out` ending in `.parquet`: see `sample_table`. `truncation` overrides the run's latent
-    scale (see `set_truncation`).
+    an `out` ending in `.parquet`: see `sample_table`, which also writes a partitioned Parquet
+    folder (`partitions`, `workers`, `on_partition`; images have none and refuse them).
+    `truncation` overrides the run's latent scale (see `set_truncation`). `batch_size`
+    (records generated at once) defaults to 500 (10,000 for a partitioned release).
     A run whose training did not finish is refused (exit 2) unless `partial`, and then the
     manifest says it is a partial release (`training`, and the privacy statement).
     """
     if n < 1:
-        raise UsageError(f"--n must be at least 1, got {n}")
+        raise UsageError(f"{{n}} must be at least 1, got {n}", parameter="n")
     if n > MAX_SAMPLES:
-        raise UsageError(f"--n must be at most {MAX_SAMPLES:.0e}, got {n}")
+        raise UsageError(f"{{n}} must be at most {MAX_SAMPLES:.0e}, got {n}", parameter="n")
     if run_modality(run_dir) == "table":
         if fmt not in (None, "csv", "parquet"):
-            raise UsageError(f"--format {fmt}: a table's run writes csv or parquet")
+            raise UsageError(f"{{fmt}} {fmt}: a table's run writes csv or parquet", parameter="fmt")
         return sample_table(
             run_dir, n, out_dir, labels=labels, batch_size=batch_size, seed=seed,
             device=device, force=force, ledger_path=ledger_path, progress=progress,
-            truncation=truncation, partial=partial, fmt=fmt,
+            truncation=truncation, partial=partial, fmt=fmt, partitions=partitions,
+            workers=workers, on_partition=on_partition,
         )  # fmt: skip
+    if partitions is not None:
+        raise UsageError(
+            "{partitions}: only a table's run writes a partitioned release",
+            parameter="partitions",
+        )
     fmt = fmt or "png"
     if fmt not in ("png", "npz"):
-        raise UsageError(f"--format must be png or npz, got {fmt!r}")
+        raise UsageError(f"{{fmt}} must be png or npz, got {fmt!r}", parameter="fmt")
+    batch_size = 500 if batch_size is None else batch_size
     check_batch_size("--batch-size", batch_size, 1)
     out = Path(out_dir)
     run = RunDir(run_dir)

@@ -30,14 +30,18 @@ def label_counts(labels: str, n: int, num_classes: int) -> list[int]:
         counts = [int(part) for part in labels.split(",")]
     except ValueError:
         raise UsageError(
-            f"--labels must be 'balanced' or per-class counts, got {labels!r}"
+            f"{{labels}} must be 'balanced' or per-class counts, got {labels!r}",
+            parameter="labels",
         ) from None
     if len(counts) != num_classes or min(counts) < 0:
         raise UsageError(
-            f"--labels needs {num_classes} non-negative counts (one per class), got {labels!r}"
+            f"{{labels}} needs {num_classes} non-negative counts (one per class), got {labels!r}",
+            parameter="labels",
         )
     if sum(counts) != n:
-        raise UsageError(f"--labels counts sum to {sum(counts)}, but --n is {n}")
+        raise UsageError(
+            f"{{labels}} counts sum to {sum(counts)}, but {{n}} is {n}", parameters=("labels", "n")
+        )
     return counts
 
 
@@ -63,10 +67,16 @@ def table_label_counts(labels: str, n: int, info: DataInfo) -> tuple[list[int], 
     target = next((c for c in schema.get("columns", ()) if c["name"] == schema.get("target")), {})
     weights = target.get("weights")
     if labels == "model":
-        raise UsageError("--labels model: only a run of aim or mst fits its own class proportions")
+        raise UsageError(
+            "{labels} model: only a run of aim or mst fits its own class proportions",
+            parameter="labels",
+        )
     if labels == "weights":
         if not weights:
-            raise UsageError("--labels weights: the run's schema gives its target no 'weights'")
+            raise UsageError(
+                "{labels} weights: the run's schema gives its target no 'weights'",
+                parameter="labels",
+            )
         source = target.get("weights_source") or "declared public in the schema"
         return weighted_counts(n, weights), f"weights of the target ({source})"
     counts = label_counts(labels, n, len(info.classes))

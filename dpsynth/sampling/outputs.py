@@ -13,6 +13,9 @@ from dpsynth.data.images import DataInfo
 from dpsynth.ledger import Ledger
 
 SampleProgress = Callable[[int, int], None]
+# A partitioned sample's report as each partition is written: (partitions done, partitions,
+# rows done, rows), called in the parent process.
+PartitionProgress = Callable[[int, int, int, int], None]
 
 
 def is_sample_output(folder: Path) -> bool:
@@ -47,8 +50,10 @@ def record_release(
     n: int,
     fmt: str,
     out: Path,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """Append the zero-cost `release` event of a sample; where it is in the ledger."""
+    """Append the zero-cost `release` event of a sample (`extra`: more public details of
+    what was written); where it is in the ledger."""
     path = ledger_path
     entry = Ledger(path).record_release(
         dataset_id=info.dataset_id,
@@ -57,7 +62,7 @@ def record_release(
         method=run_config["method"],
         run_id=run_config["run_id"],
         output_sha256=output_sha,
-        details={"n": n, "format": fmt, "out": str(out.resolve())},
+        details={"n": n, "format": fmt, "out": str(out.resolve()), **(extra or {})},
     )
     return {"path": str(Path(path).resolve()), "seq": entry["seq"]}
 

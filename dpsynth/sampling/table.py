@@ -1,4 +1,5 @@
-"""Sampling a table's run: N rows decoded into a CSV or Parquet file with its manifest beside it."""
+"""Sampling a table's run: N rows decoded into a CSV or Parquet file with its manifest beside it,
+or (`sampling.dataset`) a partitioned Parquet folder."""
 
 from __future__ import annotations
 
@@ -11,15 +12,17 @@ from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import UsageError
 from dpsynth.outdir import remove_stale_staging, staging_file
 from dpsynth.runs import RunDir, write_json_atomic
-from dpsynth.sampling.labels import (
-    AUTO_LABELS,
-    labelled_batches,
-    table_label_counts,
-    weighted_counts,
+from dpsynth.sampling.labels import AUTO_LABELS, labelled_batches
+from dpsynth.sampling.outputs import (
+    PartitionProgress,
+    SampleProgress,
+    record_release,
+    table_manifest_path,
 )
-from dpsynth.sampling.outputs import SampleProgress, record_release, table_manifest_path
+from dpsynth.sampling.partitions import DATASET_BATCH, wants_partitions
 from dpsynth.sampling.rows_out import RowsFile, table_format
 from dpsynth.sampling.run import load_generator, run_privacy, set_truncation
+from dpsynth.sampling.table_release import check_not_protected, table_labels
 
 
 def sample_table(
@@ -27,7 +30,7 @@ def sample_table(
     n: int,
     out: Path | str,
     labels: str = AUTO_LABELS,
-    batch_size: int = 500,
+    batch_size: int | None = None,
     seed: int = 0,
     device: str = "auto",
     force: bool = False,
@@ -36,6 +39,9 @@ def sample_table(
     truncation: float | None = None,
     partial: bool = False,
     fmt: str | None = None,
+    partitions: int | None = None,
+    workers: int | None = None,
+    on_partition: PartitionProgress | None = None,
 ) -> dict[str, Any]:
     """Write N synthetic rows of a table's run to the CSV file `out` and record the release.
 
@@ -46,23 +52,41 @@ def sample_table(
     manifest). Categorical blocks are sampled with the public `seed`. An `out` ending in
     `.parquet` (or `fmt` "parquet") is written as Parquet instead, typed by the schema (see
     `dpsynth.sampling.parquet_out`), with the same staging, manifest and SHA-256 (of the file).
+
+    A folder `out` (an existing one or a name ending in `/`), `partitions`, or Parquet of more
+    than `PARTITION_ROWS` rows is a partitioned Parquet release written by `workers` processes
+    (see `dpsynth.sampling.dataset.sample_dataset`; `on_partition` reports each partition).
+    `batch_size` (rows generated and decoded at once) defaults to 500 for one file and to
+    `DATASET_BATCH` for a partitioned release, where throughput matters most.
     """
     import math
     import os
 
     from dpsynth.data.tabular import codec_for
 
+    if wants_partitions(out, n, fmt, partitions):
+        if fmt not in (None, "parquet"):
+            raise UsageError(
+                f"{{fmt}} {fmt}: a partitioned release ({{out}} a folder, {{partitions}}, or "
+                "Parquet above a million rows) is written as Parquet",
+                parameters=("fmt", "out", "partitions"),
+            )
+        from dpsynth.sampling.dataset import sample_dataset
+
+        batch_size = DATASET_BATCH if batch_size is None else batch_size
+        check_batch_size("--batch-size", batch_size, 1)
+        return sample_dataset(
+            run_dir, n, Path(out), labels, batch_size, seed, device, force, ledger_path,
+            progress, truncation, partial, partitions, workers, on_partition,
+        )  # fmt: skip
+    batch_size = 500 if batch_size is None else batch_size
     check_batch_size("--batch-size", batch_size, 1)
     out = Path(out)
     fmt = table_format(out, fmt)
     run = RunDir(run_dir)
     privacy = run_privacy(run_dir, ledger_path, partial=partial)
     manifest_path = table_manifest_path(out)
-    resolved = out.resolve()
-    if resolved == Path(privacy["ledger"]).resolve() or run.path.resolve() in resolved.parents:
-        raise UsageError(f"--out {out}: would overwrite the ledger or the run directory")
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; a table is written to a .csv or .parquet file")
+    check_not_protected(out, run, privacy["ledger"])
     if out.exists():
         if not force:
             raise UsageError(f"--out {out} exists; pass --force to replace it")
@@ -75,12 +99,7 @@ def sample_table(
     check_batch_size("--batch-size", batch_size, math.prod(info.shape))
     set_truncation(generator, truncation, run_config["method"])
     codec = codec_for(info)
-    proportions = getattr(generator, "class_proportions", None)
-    if labels in ("model", AUTO_LABELS) and proportions is not None:
-        # The model's own fitted class proportions (aim, mst): public, post-processing.
-        counts, label_rule = weighted_counts(n, list(proportions())), "the model's own"
-    else:
-        counts, label_rule = table_label_counts(labels, n, info)
+    counts, label_rule = table_labels(generator, labels, n, info)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out.parent)  # CSVs that killed `sample` runs were writing
     replaced = out.exists()

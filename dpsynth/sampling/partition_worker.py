@@ -1,0 +1,85 @@
+"""What a worker process of a partitioned sample does: load the run's generator once, then write
+whole partitions into the release's staging folder.
+
+Workers are started with `spawn` (a fresh interpreter: no torch state or threads inherited from
+the parent) and run one torch thread each, so that W workers use W cores and a partition's
+rows are the same whichever worker (and however many) drew them. A worker reads no private
+data and touches no ledger: it runs the released generator on its partition's public seed.
+Memory per worker is one batch plus one Parquet row group, whatever the partition's size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpsynth.sampling.partitions import Partition
+
+
+@dataclass
+class _Loaded:
+    generator: Any
+    codec: Any
+
+
+_LOADED: _Loaded | None = None
+
+
+def start_worker(run_dir: str, device: str, truncation: float | None) -> None:
+    """A worker's initializer: one torch thread, the run's generator and codec loaded once.
+    Ctrl-C is left to the parent, which stops the workers and removes the staging folder (a
+    worker would otherwise print its own traceback)."""
+    global _LOADED
+    import signal
+
+    import torch
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from dpsynth.data.tabular import codec_for
+    from dpsynth.sampling.run import load_generator, set_truncation
+
+    torch.set_num_threads(1)
+    generator, run_config, info = load_generator(run_dir, device)
+    set_truncation(generator, truncation, run_config["method"])
+    _LOADED = _Loaded(generator, codec_for(info))
+
+
+def write_partition(partition: Partition, folder: str, batch_size: int) -> dict[str, Any]:
+    """Write `partition` as `folder/part-NNNNN.parquet`; its file name, rows, seed, first row,
+    label counts and SHA-256 (of the file's bytes)."""
+    if _LOADED is None:
+        raise RuntimeError("write_partition runs in a worker started by start_worker")
+    return draw_partition(_LOADED.generator, _LOADED.codec, partition, Path(folder), batch_size)
+
+
+def draw_partition(
+    generator: Any, codec: Any, partition: Partition, folder: Path, batch_size: int
+) -> dict[str, Any]:
+    """The rows of `partition` drawn from `generator` (latents and categories from the
+    partition's seed, surrogate keys numbered from its first row) and written to its file."""
+    from dpsynth.sampling.labels import labelled_batches
+    from dpsynth.sampling.rows_out import RowsFile
+
+    rng = np.random.default_rng(partition.seed)
+    done = 0
+    with RowsFile(folder / partition.name, codec, "parquet") as written:
+        for rows, chunk in labelled_batches(
+            generator, partition.counts, batch_size, partition.seed
+        ):
+            first = partition.start + done
+            frame = codec.decode(rows.cpu().numpy(), chunk.numpy(), rng, start=first)
+            written.write(frame)
+            done += len(frame)
+    if done != partition.rows:  # a generator that yields fewer rows than asked is a bug
+        raise RuntimeError(f"{partition.name}: {done} rows drawn, {partition.rows} planned")
+    return {
+        "file": partition.name,
+        "rows": partition.rows,
+        "start": partition.start,
+        "seed": partition.seed,
+        "label_counts": list(partition.counts),
+        "sha256": written.sha256,
+    }
