@@ -58,7 +58,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine import describe
+try:  # python -m bench.leaderboard
+    from bench.machine import describe
+except ImportError:  # python bench/leaderboard.py: bench/ is the script's folder on sys.path
+    from machine import describe
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"

@@ -161,10 +161,12 @@ def test_run_directory_is_sampled_and_gets_an_epsilon_curve(tmp_path, monkeypatc
 
 
 def test_bad_metric_and_device_are_usage_errors(tmp_path) -> None:
-    with pytest.raises(UsageError, match="--metrics"):
+    with pytest.raises(UsageError, match=r"^metrics takes") as metric:
         run_evaluation(synthetic=str(tmp_path), real="digits:test", metrics=["bleu"])
-    with pytest.raises(UsageError, match="--device"):
+    assert metric.value.parameter == "metrics"
+    with pytest.raises(UsageError, match=r"^device must be") as device:
         run_evaluation(synthetic=str(tmp_path), real="digits:test", metrics=["fid"], device="tpu")
+    assert device.value.parameter == "device"
 
 
 def test_folder_subset_is_seeded(tmp_path) -> None:

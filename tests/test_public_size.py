@@ -53,5 +53,6 @@ def test_a_public_size_below_the_record_count_is_refused_before_any_spend(tmp_pa
 def test_a_public_size_must_be_positive(tmp_path: Path, bad: int) -> None:
     request = TrainRequest(out=tmp_path / "run", method="dpkernel", data="digits", epsilon=5,
                            ledger_path=tmp_path / "l.jsonl", public_size=bad)  # fmt: skip
-    with pytest.raises(UsageError, match="--public-size"):
+    with pytest.raises(UsageError, match="public_size must be a whole number") as refused:
         request.validate()
+    assert refused.value.parameter == "public_size"

@@ -23,6 +23,7 @@ import typer
 from rich.markup import escape
 
 from dpsynth import __version__
+from dpsynth.cli.flags import cli_message
 from dpsynth.cli.render import stderr
 from dpsynth.errors import DpsynthError
 
@@ -146,7 +147,8 @@ def handle_errors(func: F) -> F:
                 raise
             if getattr(exc, "quiet", False):  # another process reports it (torchrun's rank 0)
                 raise typer.Exit(exc.exit_code) from None
-            stderr.print(f"[red]error:[/red] {_rank_prefix()}{escape(str(exc))}", highlight=False)
+            line = escape(cli_message(exc))  # the parameters it names written as flags
+            stderr.print(f"[red]error:[/red] {_rank_prefix()}{line}", highlight=False)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt as exc:
             # `train` says where it stopped and how to go on; a bare Ctrl-C says nothing more.

@@ -121,7 +121,11 @@ def data_inspect(
 @handle_errors
 def data_schema(
     spec: Annotated[
-        str, typer.Argument(help="A table: csv:FILE, parquet:FILE (or a built-in table).")
+        str,
+        typer.Argument(
+            help="A table: csv:FILE, parquet:FILE|FOLDER|GLOB (or a built-in table); a large "
+            "one is drafted from a uniform sample of its rows."
+        ),
     ],
     target: Annotated[
         str | None, typer.Option(help="The target (label) column [default: the last one].")
@@ -133,11 +137,13 @@ def data_schema(
     missing flag it read off the data is marked "source": "data (not private: review or
     replace)". One line on stderr per column typed as an identifier, free text, a shortened
     category list or an empty column."""
+    from dpsynth.data.engines.sample import draft_rows
     from dpsynth.data.schema_draft import draft_table
-    from dpsynth.data.sources import read_table
 
-    raw, _, _ = read_table(spec)
+    # a large table (or a partitioned folder, a glob) is drafted from a uniform sample
+    raw, sampled = draft_rows(spec)
     drafted, remarks = draft_table(raw.header, raw.columns, target or raw.header[-1])
+    remarks = [*([sampled] if sampled else []), *remarks]
     # The draft is JSON either way (for `> schema.json`); --json is accepted for uniformity.
     del as_json
     print_remarks(remarks)

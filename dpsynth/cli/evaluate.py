@@ -81,8 +81,8 @@ def evaluate(
     (--real csv:FILE or german-credit:test), logistic regression and gradient boosting trained
     on the synthetic CSV: accuracy and ROC-AUC (--metrics accuracy,roc_auc or ml), and the
     total variation distance of its 1-, 2- and 3-way marginals to the real rows (marginals)."""
+    from dpsynth.api import evaluate as evaluate_api
     from dpsynth.data.sources import parse_classes
-    from dpsynth.evaluate.report import run_evaluation
 
     show = show_progress(quiet, as_json)
     with progress_bar(show, "evaluate") as bar:
@@ -95,24 +95,24 @@ def evaluate(
                 tasks[stage] = bar.add_task(stage, total=total, info="")
             bar.update(tasks[stage], completed=done, total=total)
 
-        result = run_evaluation(
-            synthetic=synthetic,
-            real=real,
+        result = evaluate_api(
+            synthetic,
+            real,
             metrics=[m.strip() for m in metrics.split(",") if m.strip()],
             classifier=classifier,
             seeds=seeds,
             n=n,
             fid_n=fid_n,
-            report_dir=report,
+            report=report,
             inception_weights=inception_weights,
             device=device,
             real_train=real_train,
-            real_classes=parse_classes(classes),
-            real_channels=channels,
-            ledger_path=resolve_ledger_path(ledger),
+            classes=parse_classes(classes),
+            channels=channels,
+            ledger=resolve_ledger_path(ledger),
             progress=on_progress,
             schema=schema,
-        )
+        ).to_json()
     if as_json:
         emit_json(result)
         return

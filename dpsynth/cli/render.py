@@ -31,6 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:  # the training package imports torch: only its types are needed here
+    from dpsynth.data.engines import PassProgress
     from dpsynth.training.progress import StopNotice, TrainProgress
 
 stdout = Console(soft_wrap=True)
@@ -160,6 +161,7 @@ class TrainProgressView:
         self.bar = bar
         self.tell_stops = tell_stops
         self.task: Any = None
+        self.passes: dict[int, Any] = {}
 
     def __call__(self, report: TrainProgress) -> None:
         """One progress report of the loop: the bar moves (nothing without a bar)."""
@@ -171,6 +173,25 @@ class TrainProgressView:
         # The loss is shown only when the owner asked for it (--log-private-loss).
         loss = "" if report.loss is None else f"loss {report.loss:.4g}  "
         self.bar.update(self.task, completed=report.step, info=f"{loss}{eps}")
+
+    def on_pass(self, report: PassProgress) -> None:
+        """One report of a pass over a table by an out-of-core engine: a bar per pass on a
+        terminal, one line per finished pass on stderr otherwise (not with `--quiet`)."""
+        if self.bar is None:
+            if report.done and self.tell_stops:
+                what = f"{report.cliques} marginals" if report.cliques else "check"
+                stderr.print(
+                    f"pass {report.index} ({report.engine}, {what}): {report.rows:,} rows in "
+                    f"{report.seconds:.1f} s",
+                    markup=False,
+                    highlight=False,
+                )
+            return
+        total = report.total_rows if report.total_rows >= 0 else None
+        if report.index not in self.passes:
+            label = f"pass {report.index}"
+            self.passes[report.index] = self.bar.add_task(label, total=total, info=report.engine)
+        self.bar.update(self.passes[report.index], completed=report.rows, total=total)
 
     def on_stop_request(self, notice: StopNotice) -> None:
         """Called from the signal handler (see `dpsynth.training.progress.stop_callback`)."""

@@ -32,6 +32,7 @@ from dpsynth.cli.render import (
     stdout,
 )
 from dpsynth.errors import UsageError
+from dpsynth.methods.registry import methods_summary
 
 _STAGE_NAMES = {
     "own": "the method's own mechanism",
@@ -59,6 +60,20 @@ def _parse_sets(items: list[str] | None) -> dict[str, str]:
     return out
 
 
+def _budget(text: str | None) -> int | None:
+    """`--memory-budget` in bytes (512M, 4G, …), None when not given."""
+    from dpsynth.data.limits import parse_bytes
+
+    if text is None:
+        return None
+    try:
+        return parse_bytes(text)
+    except UsageError:
+        raise UsageError(
+            f"--memory-budget {text!r}: expected a size in bytes such as 4G or 512M"
+        ) from None
+
+
 @app.command()
 @handle_errors
 def train(
@@ -66,9 +81,8 @@ def train(
     method: Annotated[
         str | None,
         typer.Option(
-            help="Backend: pge, dpkernel, psg, dpaf or rdpgan for images (freq: the shared "
-            "frequency model alone, a baseline); mst, aim, dpkernel or rdpgan for tables; or "
-            "auto: the recommendation for the data's public shape and ε (see docs/methods/)."
+            help=f"Backend: {methods_summary()}; or auto: the recommendation for the data's "
+            "public shape and ε (see docs/methods/)."
         ),
     ] = None,
     data: Annotated[str | None, typer.Option(help="Data spec (see `dpsynth data list`).")] = None,
@@ -159,6 +173,22 @@ def train(
             "and the ledger; refused when it is the private data.",
         ),
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="Tables (mst, aim): where the marginals are counted: memory, duckdb (out of "
+            "core: CSV or Parquet, a partitioned folder or a glob), dask://HOST:PORT (a Dask "
+            "cluster), or auto: memory when the table fits the memory budget, else duckdb.",
+        ),
+    ] = "auto",
+    memory_budget: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-budget",
+            help="Tables: the memory that --engine auto and duckdb keep to (bytes, or 512M, "
+            "4G) [default: $DPSYNTH_MEMORY_BUDGET, else half the machine's memory].",
+        ),
+    ] = None,
     checkpoint_every: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 120.0,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
@@ -171,9 +201,10 @@ def train(
     Under torchrun (`torchrun --nproc-per-node N --no-python dpsynth train ...`) it trains
     data-parallel with the same mechanism and accounting; rank 0 alone writes and prints.
     """
+    from dpsynth.api import train_request
     from dpsynth.data.sources import parse_classes
     from dpsynth.distributed import is_main_process
-    from dpsynth.training import TrainRequest, train
+    from dpsynth.training import TrainRequest
 
     TrainRequest.check_complete(resume=resume, method=method, data=data, epsilon=epsilon)
     request = TrainRequest(
@@ -205,6 +236,8 @@ def train(
         schema_epsilon=schema_epsilon,
         class_weights_epsilon=class_weights_epsilon,
         public=public,
+        engine=engine,
+        memory_budget=_budget(memory_budget),
     )
     # Under torchrun only rank 0 shows progress and the result; the other ranks are quiet.
     main_rank = is_main_process()
@@ -212,9 +245,10 @@ def train(
     with progress_bar(show, "train") as bar:
         # The bar, and (unless --quiet) a line on stderr as soon as a first signal asks for a
         # stop: the loop honours it only after the step in progress.
-        result = train(request, TrainProgressView(bar, tell_stops=not quiet and main_rank))
-    if not main_rank:
+        trained = train_request(request, TrainProgressView(bar, tell_stops=not quiet and main_rank))
+    if not main_rank or trained is None:
         return
+    result = trained.to_json()
     if as_json:
         emit_json(result)
         return
@@ -272,6 +306,11 @@ def train(
                 f"{used['spec']}: {used['n']} images, {labels}, {used['transform']}; "
                 f"pretrained: {', '.join(used['used_by'])}",
             )
+        )
+    if result.get("passes") is not None:
+        check = " after its check pass" if result.get("engine", "memory") != "memory" else ""
+        rows.append(
+            ("passes over the data", f"{result['passes']} counting ({result['engine']}){check}")
         )
     if result.get("preview"):
         rows.append(("preview", result["preview"]))

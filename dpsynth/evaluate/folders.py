@@ -58,7 +58,9 @@ def load_synthetic(
     """
     root = Path(path).expanduser()
     if not root.exists():
-        raise UsageError(f"--synthetic {root}: no such folder or run directory")
+        raise UsageError(
+            f"{{synthetic}} {root}: no such folder or run directory", parameter="synthetic"
+        )
     if is_run_dir(root):
         _check_image_run(root, n, real_shape)
         x, y, classes, provenance = _sample_run(root, n, seed, device)
@@ -69,7 +71,7 @@ def load_synthetic(
         source = "folder"
         if n is not None:
             if n > len(y):
-                raise UsageError(f"--n {n} but {root} holds only {len(y)} images")
+                raise UsageError(f"{{n}} {n} but {root} holds only {len(y)} images", parameter="n")
             rng = torch.Generator().manual_seed(seed)
             keep = torch.randperm(len(y), generator=rng, device=rng.device)[:n]
             x, y = x[keep.sort().values], y[keep.sort().values]
@@ -89,8 +91,9 @@ def _check_image_run(root: Path, n: int | None, real_shape: tuple[int, int, int]
         data = None  # the sampler reports an unreadable config with its own message
     if isinstance(data, dict) and data.get("modality") == "table":
         raise UsageError(
-            f"--synthetic {root} is a table's run: evaluate a sample of it (`dpsynth sample "
-            f"{root} --out rows.csv`) against a table (--real csv:FILE or a built-in table)"
+            f"{{synthetic}} {root} is a table's run: evaluate a sample of it (`dpsynth sample "
+            f"{root} --out rows.csv`) against a table ({{real}} csv:FILE or a built-in table)",
+            parameters=("synthetic", "real"),
         )
     if n is not None:
         shape = data.get("shape") if isinstance(data, dict) else None
@@ -98,7 +101,7 @@ def _check_image_run(root: Path, n: int | None, real_shape: tuple[int, int, int]
         values = math.prod(shape) if known and shape else 0
         problem = over_budget(n * max(values, math.prod(real_shape)) * 8)
         if problem:
-            raise UsageError(f"--n {n}: the synthetic images {problem}")
+            raise UsageError(f"{{n}} {n}: the synthetic images {problem}", parameter="n")
 
 
 def map_labels_by_name(
@@ -194,7 +197,10 @@ def _sample_run(
     from dpsynth import sampling
 
     if n is None:
-        raise UsageError("--synthetic RUN needs --n N (how many images to sample)")
+        raise UsageError(
+            "{synthetic} RUN needs {n} N (how many images to sample)",
+            parameters=("synthetic", "n"),
+        )
     x, y, classes = sampling.generate(run_dir, n, seed, device)
     return x.cpu(), y.cpu().long(), tuple(classes), read_run_provenance(run_dir)
 

@@ -103,7 +103,10 @@ def run_evaluation(
             schema_path=schema, report_dir=report_dir, ledger_path=ledger_path,
         )  # fmt: skip
     if schema is not None:
-        raise UsageError("--schema is for tables (--real csv:FILE or a built-in table)")
+        raise UsageError(
+            "{schema} is for tables ({real} csv:FILE or a built-in table)",
+            parameters=("schema", "real"),
+        )
     wanted = _parse_metrics(metrics)
     torch_device = resolve_device(device)
     if report_dir is not None:
@@ -115,9 +118,9 @@ def run_evaluation(
     warnings = training_data_warnings(real_data, ledger_path, "--real")
     non_private = bool(warnings)
     if n is not None and n < 1:
-        raise UsageError("--n must be at least 1")
+        raise UsageError("{n} must be at least 1", parameter="n")
     if fid_n is not None and fid_n < 2:
-        raise UsageError("--fid-n must be at least 2")
+        raise UsageError("{fid_n} must be at least 2", parameter="fid_n")
     privacy = _run_privacy(synthetic, ledger_path)
     warnings.extend(_unfinished_warnings(synthetic, privacy))
     synth = folders.load_synthetic(
@@ -244,8 +247,9 @@ def _parse_metrics(metrics: Sequence[str]) -> set[str]:
     unknown = sorted(wanted - set(METRICS))
     if unknown or not wanted:
         raise UsageError(
-            f"--metrics takes a comma-separated subset of {', '.join(METRICS)}"
-            + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+            f"{{metrics}} takes a comma-separated subset of {', '.join(METRICS)}"
+            + (f" (unknown: {', '.join(unknown)})" if unknown else ""),
+            parameter="metrics",
         )
     return wanted
 

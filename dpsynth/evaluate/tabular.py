@@ -62,13 +62,17 @@ def parse_table_metrics(metrics: Sequence[str]) -> list[str]:
         for metric in _ALIASES.get(name, (name,)):
             if metric not in TABLE_METRICS + FIDELITY_METRICS:
                 raise UsageError(
-                    f"--metrics {name!r} is not a table metric; choose from accuracy, roc_auc "
-                    "(or ml for both), marginals"
+                    f"{{metrics}} {name!r} is not a table metric; choose from accuracy, roc_auc "
+                    "(or ml for both), marginals",
+                    parameter="metrics",
                 )
             if metric not in wanted:
                 wanted.append(metric)
     if not wanted:
-        raise UsageError("--metrics: name at least one of accuracy, roc_auc, ml, marginals")
+        raise UsageError(
+            "{metrics}: name at least one of accuracy, roc_auc, ml, marginals",
+            parameter="metrics",
+        )
     return wanted
 
 
@@ -143,7 +147,10 @@ def _real_table(spec: str, schema: Schema | None) -> tuple[RawTable, Schema, str
     raw, parsed, bundled = read_table(spec, schema)
     chosen = schema or bundled
     if chosen is None:
-        raise UsageError(f"--real {spec}: pass --schema FILE.json (the table's public schema)")
+        raise UsageError(
+            f"{{real}} {spec}: pass {{schema}} FILE.json (the table's public schema)",
+            parameters=("real", "schema"),
+        )
     return raw, chosen, parsed.canonical, parsed.kind
 
 
@@ -161,16 +168,20 @@ def run_table_evaluation(
     """Evaluate a synthetic CSV against a real held-out table (see the module docstring)."""
     wanted = parse_table_metrics(metrics)
     if real_train is not None and not ml_metrics(wanted):
-        raise UsageError("--real-train is for the classifier metrics (accuracy, roc_auc, ml)")
+        raise UsageError(
+            "{real_train} is for the classifier metrics (accuracy, roc_auc, ml)",
+            parameter="real_train",
+        )
     if seeds < 1:
-        raise UsageError(f"--seeds must be at least 1, got {seeds}")
+        raise UsageError(f"{{seeds}} must be at least 1, got {seeds}", parameter="seeds")
     if report_dir is not None:
         check_report_dir(Path(report_dir))
     synth_path = Path(synthetic)
     if synth_path.is_dir():
         raise UsageError(
-            f"--synthetic {synthetic}: for a table give the file written by `sample --out "
-            "FILE.csv` (or FILE.parquet)"
+            f"{{synthetic}} {synthetic}: for a table give the file written by `sample --out "
+            "FILE.csv` (or FILE.parquet)",
+            parameter="synthetic",
         )
     manifest = _manifest(synth_path)
     schema = None

@@ -1,0 +1,251 @@
+"""`train`, `sample`, `evaluate` and `audit` from Python: the engines the CLI runs, with keyword
+arguments named as the command's options and typed results.
+
+Nothing here adds to the engines: the same checks run, the same ledger entries are written
+(the spend reserved before any record is read, the zero-cost releases of samples and reports),
+and every ε reported is the accountant's proven bound.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpsynth.api.results import EvaluationReport, SampleResult, TrainResult
+
+if TYPE_CHECKING:
+    from dpsynth.audit.run import AuditResult
+    from dpsynth.training import ProgressCallback, TrainRequest
+
+
+def _ledger(ledger: Path | str | None) -> Path:
+    """The ledger given, or the default ($DPSYNTH_LEDGER, else ./dpsynth-ledger.jsonl)."""
+    from dpsynth.ledger import default_ledger_path
+
+    return Path(ledger) if ledger is not None else default_ledger_path()
+
+
+def _classes(classes: Sequence[str] | str | None) -> tuple[str, ...] | None:
+    """A label set given as a sequence or as "a,b,c"."""
+    if classes is None or not isinstance(classes, str):
+        return None if classes is None else tuple(classes)
+    from dpsynth.data.sources import parse_classes
+
+    return parse_classes(classes)
+
+
+def train(
+    *,
+    method: str | None,
+    data: str | None,
+    epsilon: float | str | None,
+    out: Path | str,
+    delta: float | None = None,
+    preset: str = "auto",
+    ledger: Path | str | None = None,
+    device: str = "auto",
+    seed: int = 0,
+    resume: bool = False,
+    overrides: Mapping[str, Any] | None = None,
+    image_size: int | None = None,
+    dataset_id: str | None = None,
+    public_size: int | None = None,
+    classes: Sequence[str] | str | None = None,
+    channels: int | None = None,
+    schema: Path | str | None = None,
+    schema_public: bool = False,
+    schema_epsilon: float | None = None,
+    class_weights_epsilon: float | None = None,
+    public: str | None = None,
+    checkpoint_every_s: float = 120.0,
+    log_private_loss: bool = False,
+    progress: ProgressCallback | None = None,
+    **request_fields: Any,
+) -> TrainResult | None:
+    """Train `method` on `data` under (ε, δ)-DP into the run directory `out`.
+
+    `epsilon` is the data set's total budget after this run ("inf": not private); the spend is
+    reserved in `ledger` (default: $DPSYNTH_LEDGER, else ./dpsynth-ledger.jsonl; with
+    `resume` and no ledger, the run's recorded one) before any record is read. `overrides`
+    are preset values by name (`dpsynth train --set`). Tables (`data="csv:FILE"`) take a
+    `schema` file and, for its entries read off the data, `schema_public=True` or a DP
+    release costing `schema_epsilon`. Further `TrainRequest` fields may be given by name.
+    Raises `UsageError` (naming the parameter) before anything is written for a bad request,
+    `BudgetExceededError` when the ledger's cap would be passed, `DataError` for bad data.
+    Under torchrun every rank calls it; ranks other than 0 get None.
+    """
+    from dpsynth.training import TrainRequest
+
+    request = TrainRequest(
+        out=out,
+        method=method,
+        data=data,
+        epsilon=epsilon,
+        delta=delta,
+        preset=preset,
+        ledger_path=None if resume and ledger is None else _ledger(ledger),
+        device=device,
+        seed=seed,
+        resume=resume,
+        overrides=dict(overrides or {}),
+        image_size=image_size,
+        dataset_id=dataset_id,
+        public_size=public_size,
+        classes=_classes(classes),
+        channels=channels,
+        checkpoint_every_s=checkpoint_every_s,
+        log_private_loss=log_private_loss,
+        schema=schema,
+        schema_public=schema_public,
+        schema_epsilon=schema_epsilon,
+        class_weights_epsilon=class_weights_epsilon,
+        public=public,
+        **request_fields,
+    )
+    return train_request(request, progress)
+
+
+def train_request(
+    request: TrainRequest, progress: ProgressCallback | None = None
+) -> TrainResult | None:
+    """Run a built `TrainRequest` (what `train` and `dpsynth train` do) as a `TrainResult`;
+    None on a torchrun rank other than 0 (rank 0 holds the run's result)."""
+    from dpsynth.training import train as run_training
+
+    summary = run_training(request, progress)
+    if "run" not in summary:  # another torchrun rank's short summary
+        return None
+    ledger = _recorded_ledger(request, summary)
+    return TrainResult.from_summary(summary, ledger)
+
+
+def _recorded_ledger(request: TrainRequest, summary: Mapping[str, Any]) -> Path | None:
+    """The ledger the run is charged to: the request's, else the one the run recorded."""
+    if request.ledger_path is not None:
+        return Path(request.ledger_path)
+    from dpsynth.errors import DpsynthError
+    from dpsynth.runs import RunDir
+    from dpsynth.training.resume import recorded_ledger
+
+    try:
+        return Path(recorded_ledger(RunDir(summary["run"])))
+    except DpsynthError:  # the run trained; only the path is unknown
+        return None
+
+
+def sample(
+    run: Path | str,
+    n: int,
+    out: Path | str,
+    *,
+    fmt: str | None = None,
+    labels: str = "auto",
+    batch_size: int | None = None,
+    seed: int = 0,
+    truncation: float | None = None,
+    force: bool = False,
+    partial: bool = False,
+    device: str = "auto",
+    ledger: Path | str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    partitions: int | None = None,
+    workers: int | None = None,
+    on_partition: Callable[[int, int, int, int], None] | None = None,
+) -> SampleResult:
+    """Write `n` synthetic records from the trained `run` to `out` (post-processing: no
+    privacy cost, recorded in the ledger as a zero-cost release with the output's SHA-256).
+
+    Images: a folder of PNG class folders, or `fmt="npz"` for `OUT/samples.npz`; a table: a
+    CSV file, or Parquet when `out` ends in `.parquet`. `labels` is auto, balanced, per-class
+    counts "a,b,c", or for tables weights / model. The run's anchor in the ledger (default: the
+    run's own) is checked before anything is generated. A table's `out` that is a folder (or
+    `partitions`, or Parquet above a million rows) is a partitioned Parquet release written by
+    `workers` processes (`on_partition(partitions done, partitions, rows done, rows)`).
+    """
+    from dpsynth.sampling import sample_run
+
+    summary = sample_run(
+        run, n, out, fmt=fmt, labels=labels, batch_size=batch_size, seed=seed, device=device,
+        force=force, ledger_path=ledger, progress=progress, truncation=truncation,
+        partial=partial, partitions=partitions, workers=workers, on_partition=on_partition,
+    )  # fmt: skip
+    return SampleResult.from_summary(summary)
+
+
+def evaluate(
+    synthetic: Path | str,
+    real: str,
+    *,
+    metrics: Sequence[str] | str = ("fid", "accuracy"),
+    classifier: str = "cnn",
+    seeds: int = 3,
+    n: int | None = None,
+    fid_n: int | None = None,
+    report: Path | str | None = None,
+    inception_weights: Path | str | None = None,
+    real_train: str | None = None,
+    schema: Path | str | None = None,
+    classes: Sequence[str] | str | None = None,
+    channels: int | None = None,
+    device: str = "auto",
+    ledger: Path | str | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    **engine_options: Any,
+) -> EvaluationReport:
+    """Score synthetic data (a sample folder, a run directory, or a table's sample file)
+    against the held-out `real` data spec.
+
+    Images: `metrics` from fid, accuracy, precision, recall (FID needs the Inception weights);
+    tables (`real="csv:FILE"` or a built-in table): accuracy, roc_auc, ml, marginals. `report`
+    writes report.json/.md and figures there. `ledger` (default as for `train`) is checked for
+    spends on the real data (the report then says it is not private) and receives the
+    report's zero-cost release. Further `run_evaluation` options may be given by name.
+    """
+    from dpsynth.evaluate.report import run_evaluation
+
+    wanted = metrics.split(",") if isinstance(metrics, str) else list(metrics)
+    summary = run_evaluation(
+        synthetic=os.fspath(synthetic),
+        real=real,
+        metrics=[m.strip() for m in wanted if m.strip()],
+        classifier=classifier,
+        seeds=seeds,
+        n=n,
+        fid_n=fid_n,
+        report_dir=report,
+        inception_weights=inception_weights,
+        device=device,
+        real_train=real_train,
+        real_classes=_classes(classes),
+        real_channels=channels,
+        ledger_path=_ledger(ledger),
+        progress=progress,
+        schema=schema,
+        **engine_options,
+    )
+    return EvaluationReport.from_summary(summary, real)
+
+
+def audit(
+    method: str,
+    epsilon: float,
+    *,
+    preset: str = "tiny",
+    canaries: int = 5000,
+    confidence: float = 0.95,
+    data: str = "digits",
+    seed: int | None = None,
+    **audit_options: Any,
+) -> AuditResult:
+    """Audit a backend's mechanism empirically (one-run auditing, white-box): synthetic
+    canaries through its planned σ, q, T and clipping give a lower bound on ε, compared with
+    the claimed bound (`AuditResult.leaks`, `.verdict`). Reads no user data and no ledger.
+    Further `audit.run.run_audit` options may be given by name."""
+    from dpsynth.audit.run import run_audit
+
+    return run_audit(
+        method, preset, epsilon, canaries=canaries, confidence=confidence, data=data, seed=seed,
+        **audit_options,
+    )  # fmt: skip
