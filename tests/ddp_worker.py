@@ -14,7 +14,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from dpsynth.data.sources import load_data
-from dpsynth.methods.dpkernel.kernel import private_embedding_gradient
+from dpsynth.methods.dpkernel.kernel import raw_embedding_gradient
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.aggregation import noisy_feature_sum, private_gradient_sum
 from dpsynth.privacy.distributed import shard
@@ -105,7 +105,7 @@ def _dpkernel_mechanism() -> torch.Tensor:
     x, y = torch.randn(11, 5, generator=data), torch.randint(0, 2, (11,), generator=data)
     points, labels = torch.randn(6, 5, generator=data), torch.tensor([0, 1, 0, 1, 0, 1])
     x_mine, y_mine = shard(x, y)
-    partial = private_embedding_gradient(x_mine, y_mine, points, labels, (1.0, 2.0), 8.0)
+    partial = raw_embedding_gradient(x_mine, y_mine, points, labels, (1.0, 2.0), 8.0)
     return privatize_embedding_gradient(
         partial,
         points,

@@ -19,7 +19,7 @@ from dpsynth.methods.dpkernel import (
     DPKernelGenerator,
     DPKernelMethod,
     VectorGenerator,
-    private_embedding_gradient,
+    raw_embedding_gradient,
 )
 from dpsynth.privacy.functional import functional_sensitivity
 from dpsynth.privacy.randomness import PrivateRandomness
@@ -84,9 +84,9 @@ def test_private_gradient_matches_autograd_of_the_embedding():
     sq = (flat[:, None, :] - points[None, :, :]).pow(2).sum(-1)
     f_values = (same * sum(torch.exp(-sq / (2 * b * b)) for b in bandwidths)).sum(0) / normalizer
     (expected,) = torch.autograd.grad(f_values.sum(), points)
-    got = private_embedding_gradient(x, y, points, labels, bandwidths, normalizer)
+    got = raw_embedding_gradient(x, y, points, labels, bandwidths, normalizer)
     assert torch.allclose(got, expected, atol=1e-12)
-    empty = private_embedding_gradient(x[:0], y[:0], points, labels, bandwidths, normalizer)
+    empty = raw_embedding_gradient(x[:0], y[:0], points, labels, bandwidths, normalizer)
     assert empty.shape == (4, 12) and empty.abs().max() == 0
 
 
@@ -154,7 +154,7 @@ def test_only_the_private_function_reads_the_batch():
         _Tracked.stacks.clear()
         trainer.step(x.as_subclass(_Tracked), y.as_subclass(_Tracked))
         assert _Tracked.stacks, "the batch was never read"
-        assert all("private_embedding_gradient" in names for names in _Tracked.stacks)
+        assert all("raw_embedding_gradient" in names for names in _Tracked.stacks)
 
 
 def test_huge_noise_makes_the_update_independent_of_the_batch():

@@ -16,7 +16,7 @@ from dpsynth.cli import app
 from dpsynth.data.sources import load_table, read_table
 from dpsynth.data.tabular import block_layout
 from dpsynth.methods.dpkernel.binning import NumberBins
-from dpsynth.methods.dpkernel.kernel import private_embedding_gradient
+from dpsynth.methods.dpkernel.kernel import raw_embedding_gradient
 from dpsynth.privacy.functional import derivative_kernel_covariance, functional_sensitivity
 
 LAYOUT = (("softmax", 3), ("tanh", 1), ("softmax", 2), ("tanh", 1))
@@ -87,10 +87,8 @@ def test_the_functional_mechanisms_bound_holds_for_binned_records() -> None:
         y = torch.randint(0, 2, (batch + 1,), generator=gen)
         points = torch.rand(6, bins.dim, generator=gen, dtype=torch.float64)
         labels = torch.tensor([0, 1, 0, 1, 0, 1])
-        small = private_embedding_gradient(
-            x[:batch], y[:batch], points, labels, bandwidths, normalizer
-        )
-        large = private_embedding_gradient(x, y, points, labels, bandwidths, normalizer)
+        small = raw_embedding_gradient(x[:batch], y[:batch], points, labels, bandwidths, normalizer)
+        large = raw_embedding_gradient(x, y, points, labels, bandwidths, normalizer)
         diff = (large - small).reshape(-1)
         cov = derivative_kernel_covariance(points, labels, bandwidths)
         ratio = float(diff @ torch.linalg.solve(cov, diff)) / bound

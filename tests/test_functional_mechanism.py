@@ -13,7 +13,7 @@ import torch
 from torch.func import jacrev
 
 from dpsynth.errors import UsageError
-from dpsynth.methods.dpkernel.kernel import private_embedding_gradient
+from dpsynth.methods.dpkernel.kernel import raw_embedding_gradient
 from dpsynth.privacy.functional import (
     _block_noise,
     derivative_kernel_covariance,
@@ -116,10 +116,10 @@ def test_mahalanobis_sensitivity_on_neighbouring_batches(conditional: bool):
         gen_labels = torch.tensor([0, 1, 0, 1]) if conditional else None
         if not conditional:
             y = None
-        small = private_embedding_gradient(
+        small = raw_embedding_gradient(
             x[:batch], None if y is None else y[:batch], points, gen_labels, BANDWIDTHS, normalizer
         )
-        large = private_embedding_gradient(x, y, points, gen_labels, BANDWIDTHS, normalizer)
+        large = raw_embedding_gradient(x, y, points, gen_labels, BANDWIDTHS, normalizer)
         diff = (large - small).reshape(-1)
         cov = derivative_kernel_covariance(points, gen_labels, BANDWIDTHS)
         ratio = float(diff @ torch.linalg.solve(cov, diff)) / bound

@@ -51,7 +51,7 @@ def spends_on(data: ImageData, ledger_path: str | os.PathLike[str] | None) -> li
     ]
 
 
-def keyed_fingerprint(
+def report_fingerprint(
     content_digest: str, ledger_path: str | os.PathLike[str] | None
 ) -> str | None:
     """The real data's fingerprint for a publishable report: keyed under the ledger's key, or

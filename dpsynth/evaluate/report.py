@@ -26,8 +26,8 @@ from dpsynth.errors import UsageError
 from dpsynth.evaluate import downstream, fid, folders
 from dpsynth.evaluate.release import (
     check_report_dir,
-    keyed_fingerprint,
     record_evaluation_release,
+    report_fingerprint,
     training_data_warnings,
 )
 from dpsynth.evaluate.render import (
@@ -190,7 +190,7 @@ def run_evaluation(
         # True when --real or --real-train is data a DP run in the ledger spent budget on.
         "non_private": non_private,
         "real_n": real_data.n,
-        "real_fingerprint": keyed_fingerprint(real_data.content_digest, ledger_path),
+        "real_fingerprint": report_fingerprint(real_data.content_digest, ledger_path),
         "classes": list(real_data.classes),
         "metrics": result_metrics,
         "provenance": synth.provenance,

@@ -40,8 +40,8 @@ from dpsynth.data.tabular import RawTable, table_content_digest
 from dpsynth.errors import DataError, DpsynthError, UsageError
 from dpsynth.evaluate.release import (
     check_report_dir,
-    keyed_fingerprint,
     record_evaluation_release,
+    report_fingerprint,
     training_data_warnings,
 )
 from dpsynth.evaluate.render import fingerprint_note
@@ -264,7 +264,7 @@ def run_table_evaluation(
         "real_kind": real_kind,
         "non_private": non_private,
         "real_n": n_real,
-        "real_fingerprint": keyed_fingerprint(real_digest, ledger_path),
+        "real_fingerprint": report_fingerprint(real_digest, ledger_path),
         "classes": list(schema.classes),
         "target": schema.target,
         "metrics_requested": wanted,

@@ -7,7 +7,7 @@ sampler in `generator.py`, the kernel terms in `kernel.py`, the generated labels
 """
 
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator
-from dpsynth.methods.dpkernel.kernel import generated_kernel_mean, private_embedding_gradient
+from dpsynth.methods.dpkernel.kernel import generated_kernel_mean, raw_embedding_gradient
 from dpsynth.methods.dpkernel.labels import balanced_labels, weighted_labels
 from dpsynth.methods.dpkernel.method import DPKernelMethod
 from dpsynth.methods.dpkernel.nets import LabelledConvDecoder, VectorGenerator
@@ -25,6 +25,6 @@ __all__ = [
     "VectorGenerator",
     "balanced_labels",
     "generated_kernel_mean",
-    "private_embedding_gradient",
+    "raw_embedding_gradient",
     "weighted_labels",
 ]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 
-def private_embedding_gradient(
+def raw_embedding_gradient(
     batch_x: torch.Tensor,
     batch_y: torch.Tensor | None,
     gen_points: torch.Tensor,

@@ -13,7 +13,7 @@ and releases it plus the derivative field of one Gaussian-process path scaled by
     L(θ) = (1/M²) Σ_{j,l} k*(w_j, w_l) − (2/M) Σ_j ⟨ṽ_j, w_j⟩,   ṽ = released gradient (a constant),
 
 whose gradient is that of the noisy MMD² (unsquared, without the x-term, which is constant in
-θ). Only `private_embedding_gradient` reads the private batch; everything after it is
+θ). Only `raw_embedding_gradient` reads the private batch; everything after it is
 post-processing of ṽ. Accounting: one `poisson_gaussian` event (σ, q, T), add/remove adjacency.
 
 Records are vectors: the generator maps (latent, one-hot label) to a vector of dimension d and

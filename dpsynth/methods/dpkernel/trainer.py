@@ -16,7 +16,7 @@ from dpsynth.methods.base import PrivacyPlan, sample_truncation
 from dpsynth.methods.blocks import fit_generator_to_model
 from dpsynth.methods.dpkernel.binning import number_bins
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator, one_hot_or_none
-from dpsynth.methods.dpkernel.kernel import generated_kernel_mean, private_embedding_gradient
+from dpsynth.methods.dpkernel.kernel import generated_kernel_mean, raw_embedding_gradient
 from dpsynth.methods.dpkernel.labels import balanced_labels, target_weights, weighted_labels
 from dpsynth.methods.dpkernel.nets import build_network
 from dpsynth.methods.template import (
@@ -90,7 +90,7 @@ class DPKernelTrainer(StagedTrainer):
         if self.bins is not None:  # a public per-record map (see binning.py)
             x = self.bins.encode(x)
         batch_labels = y if labels is not None else None
-        gradient = private_embedding_gradient(
+        gradient = raw_embedding_gradient(
             x, batch_labels, points, dev_labels, self.bandwidths, self.normalizer
         )
         if self.plan.private:
@@ -203,13 +203,13 @@ class DPKernelTrainer(StagedTrainer):
             z = torch.randn(count, self.net.latent_dim, generator=rng)
             points = self.net(z.to(self.device), one_hot_or_none(labels, self.num_classes))
             if y is None:  # unlabelled: the unconditional kernel
-                target = private_embedding_gradient(
+                target = raw_embedding_gradient(
                     records, None, points, None, self.bandwidths, float(count)
                 )
                 self._descend(points, None, target, optimizer)
             else:
                 record_labels = y[index.to(y.device)]
-                target = private_embedding_gradient(
+                target = raw_embedding_gradient(
                     records, record_labels, points, labels, self.bandwidths, float(count)
                 )
                 self._descend(points, labels, target, optimizer)
@@ -231,7 +231,7 @@ class DPKernelTrainer(StagedTrainer):
             records = central.records(labels, jitter, self.rng).flatten(1).to(self.device)
             z = torch.randn(count, self.net.latent_dim, generator=self.rng, device=self.rng.device)
             points = self.net(z.to(self.device), onehot)
-            target = private_embedding_gradient(
+            target = raw_embedding_gradient(
                 records, labels, points, labels, self.bandwidths, float(count)
             )
             self._descend(points, labels, target)
