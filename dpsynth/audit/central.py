@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from dpsynth.audit.frequency import BREAK_FACTOR
+from dpsynth.audit.frequency import BREAK_FACTOR, plan_under
 from dpsynth.privacy.central import MECHANISM, CentralImagesPlan, noisy_statistics
 
 __all__ = ["CENTRAL_BREAKS", "MECHANISM", "central_scores"]
@@ -39,16 +39,7 @@ class _UnderstatedSensitivity(CentralImagesPlan):
     @property
     def sensitivity(self) -> float:
         """Δ ÷ BREAK_FACTOR: the noise std σΔ shrinks with it."""
-        return math.sqrt(1.0 + self.count_weight**2) / BREAK_FACTOR
-
-
-def _plan_under(event: Mapping[str, Any], break_mode: str | None) -> CentralImagesPlan:
-    plan = CentralImagesPlan.from_event(event)
-    if break_mode == "noise":
-        return replace(plan, noise_multiplier=plan.noise_multiplier / BREAK_FACTOR)
-    if break_mode == "sensitivity":
-        return _UnderstatedSensitivity(**plan.__dict__)
-    return plan
+        return super().sensitivity / BREAK_FACTOR
 
 
 def central_scores(
@@ -61,7 +52,8 @@ def central_scores(
     """Each canary's {"llr", "max"} (float64 [m]) after one release through
     `noisy_statistics`, its noise drawn from `generator` (the audit's seeded stream)."""
     nominal = CentralImagesPlan.from_event(event)
-    plan = _plan_under(event, break_mode if break_mode in CENTRAL_BREAKS else None)
+    mode = break_mode if break_mode in CENTRAL_BREAKS else None
+    plan = plan_under(CentralImagesPlan.from_event(event), mode, _UnderstatedSensitivity)
     d = int(math.prod(int(s) for s in shape))
     image = torch.ones(*(int(s) for s in shape))
     unit = min(1.0, math.sqrt(d) / nominal.clip_norm)  # ‖x̄‖/C: 1 when the clip binds

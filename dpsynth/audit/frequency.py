@@ -51,7 +51,7 @@ class _UnderstatedSensitivity(FrequencyPlan):
     @property
     def sensitivity(self) -> float:
         """Δ ÷ BREAK_FACTOR: the noise std σΔ shrinks with it."""
-        return math.sqrt(2.0 + self.count_weight**2) / BREAK_FACTOR
+        return super().sensitivity / BREAK_FACTOR
 
 
 def canary_image(shape: Sequence[int]) -> torch.Tensor:
@@ -62,12 +62,13 @@ def canary_image(shape: Sequence[int]) -> torch.Tensor:
     return image
 
 
-def _plan_under(event: Mapping[str, Any], break_mode: str | None) -> FrequencyPlan:
-    plan = FrequencyPlan.from_event(event)
+def plan_under(plan: Any, break_mode: str | None, understated: type) -> Any:
+    """`plan` as audited: itself, or with the deliberate error of `break_mode` ("noise": σ
+    ÷ BREAK_FACTOR; "sensitivity": the plan as its `understated` subclass, Δ ÷ BREAK_FACTOR)."""
     if break_mode == "noise":
         return replace(plan, noise_multiplier=plan.noise_multiplier / BREAK_FACTOR)
     if break_mode == "sensitivity":
-        return _UnderstatedSensitivity(**plan.__dict__)
+        return understated(**plan.__dict__)
     return plan
 
 
@@ -85,7 +86,8 @@ def frequency_scores(
     plus the plan's noise, drawn from `generator` (the audit's seeded stream).
     """
     nominal = FrequencyPlan.from_event(event)
-    plan = _plan_under(event, break_mode if break_mode in FREQUENCY_BREAKS else None)
+    mode = break_mode if break_mode in FREQUENCY_BREAKS else None
+    plan = plan_under(FrequencyPlan.from_event(event), mode, _UnderstatedSensitivity)
     image = canary_image(shape)
     m = int(included.numel())
     d = _feature_count(shape, nominal.band)
