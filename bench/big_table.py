@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpsynth.data.schema import Column, Schema, read_schema
-from dpsynth.data.tabular import read_csv_table
+from dpsynth.data.schema import Column, Schema
+from dpsynth.data.schema_file import read_schema
+from dpsynth.data.table_codec import read_csv_table
 from dpsynth.evaluate.marginals import category_codes, marginal_columns
 
 BENCH = Path(__file__).resolve().parent

@@ -35,7 +35,8 @@ from opacus.accountants.utils import get_noise_multiplier
 from rich.console import Console
 from rich.table import Table
 
-from dpsynth.privacy import accounting, calibration
+from dpsynth.privacy.accounting import calibration
+from dpsynth.privacy.accounting import compose as accounting
 
 SETTINGS = [
     # (epsilon, delta, q, steps)

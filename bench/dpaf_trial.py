@@ -17,8 +17,8 @@ import torch
 from dpsynth.data.sources import load_data
 from dpsynth.evaluate.downstream import accuracy_over_seeds
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.plan import PrivacyTarget
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.accounting.plan import PrivacyTarget
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 
 def _value(text: str):

@@ -36,8 +36,8 @@ from dpsynth.data.sources import load_data  # noqa: E402
 from dpsynth.evaluate.downstream import accuracy_over_seeds  # noqa: E402
 from dpsynth.methods.base import PrivacyTarget  # noqa: E402
 from dpsynth.methods.dpkernel.method import DPKernelMethod  # noqa: E402
-from dpsynth.privacy.calibration import default_delta  # noqa: E402
-from dpsynth.privacy.dpsgd import PoissonSampler  # noqa: E402
+from dpsynth.privacy.accounting.calibration import default_delta  # noqa: E402
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler  # noqa: E402
 
 SYNTHETIC = 2000
 

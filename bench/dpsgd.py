@@ -19,7 +19,7 @@ the data's content does not change the cost):
 - `non-private`: plain forward, mean loss, backward, SGD step;
 - `dpsynth-vmap`: `PrivateGradient.compute` with `grad_mode="vmap"` (per-record gradients by
   vmap, clip, one noise draw) + SGD step;
-- `dpsynth-ghost`: the same with `grad_mode="ghost"` (`dpsynth.privacy.ghost`: norms from
+- `dpsynth-ghost`: the same with `grad_mode="ghost"` (`dpsynth.privacy.mechanisms.ghost`: norms from
   activations and output gradients, book-keeping clipped sum; no per-record gradients);
 - `dpsynth-ghost-unfold`: ghost with a convolution's per-record gradients (where the Gram
   trick is not cheaper) by unfold + matmul instead of the grouped weight-gradient kernel;
@@ -66,7 +66,7 @@ sys.path.insert(0, str(REPO))
 from dpsgd_models import SmallCNN  # noqa: E402
 from machine import describe  # noqa: E402
 
-from dpsynth.privacy.dpsgd import PrivateGradient  # noqa: E402
+from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient  # noqa: E402
 
 NOISE_MULTIPLIER = 1.0
 MAX_GRAD_NORM = 1.0
@@ -258,7 +258,7 @@ def make_step(variant: str, model: nn.Module, spec: Task, batch_size: int, input
 
         return step
     if variant.startswith("dpsynth"):
-        from dpsynth.privacy import ghost_layers
+        from dpsynth.privacy.mechanisms import ghost_layers
 
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         dp = PrivateGradient(

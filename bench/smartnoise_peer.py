@@ -40,7 +40,7 @@ import pandas as pd
 from measure import run_measured
 
 from dpsynth.data.schema import Schema
-from dpsynth.data.tabular import RawTable
+from dpsynth.data.table_codec import RawTable
 from dpsynth.evaluate.marginals import BINS, category_codes, marginal_columns, numeric_codes
 
 BENCH = Path(__file__).resolve().parent

@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dpsynth.data.schema_draft import draft_schema  # noqa: E402
-from dpsynth.data.tabular import read_csv_table  # noqa: E402
-from dpsynth.evaluate.tabular import run_table_evaluation  # noqa: E402
+from dpsynth.data.table_codec import read_csv_table  # noqa: E402
+from dpsynth.evaluate.table_report import run_table_evaluation  # noqa: E402
 from dpsynth.sampling import sample_table  # noqa: E402
 from dpsynth.training import train_run  # noqa: E402
 

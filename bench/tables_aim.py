@@ -36,9 +36,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.machine import describe  # noqa: E402
-from dpsynth.data.schema import Schema, read_schema  # noqa: E402
-from dpsynth.data.tabular import read_csv_table  # noqa: E402
-from dpsynth.evaluate.tabular import run_table_evaluation  # noqa: E402
+from dpsynth.data.schema import Schema  # noqa: E402
+from dpsynth.data.schema_file import read_schema  # noqa: E402
+from dpsynth.data.table_codec import read_csv_table  # noqa: E402
+from dpsynth.evaluate.table_report import run_table_evaluation  # noqa: E402
 
 DELTA = {"german": 1e-4, "census": 1e-5}
 

@@ -175,7 +175,7 @@ def one_run(
         root = Path(tmp)
         try:
             if tool in smartnoise_peer.PEERS:
-                from dpsynth.data.schema import read_schema
+                from dpsynth.data.schema_file import read_schema
                 from dpsynth.data.sources import read_table
 
                 raw, _, bundled = read_table(table.train)

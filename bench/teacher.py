@@ -13,7 +13,7 @@ release) is the leaderboard's; this measures the labeller it learns from.
 
 Variant keys: batch, epochs, lr, clip, augment (copies), width, pretrain (images of the run's
 generator fitted without privacy first; 0: none), pretrain_epochs. A variant with no keys is
-the run's own schedule. The records are read only through `dpsynth.privacy.classifier`.
+the run's own schedule. The records are read only through `dpsynth.privacy.releases.classifier`.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from machine import describe
 
 from dpsynth.data.sources import load_data
 from dpsynth.methods.blocks.teacher import TeacherNet, balanced_samples, fit_to_samples
-from dpsynth.privacy.classifier import (
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.classifier import (
     ClassifierSchedule,
     plan_classifier,
     train_private_classifier,
 )
-from dpsynth.privacy.randomness import PrivateRandomness
-from dpsynth.sampling.run import load_generator
+from dpsynth.sampling.trained_run import load_generator
 
 KEYS = ("batch", "epochs", "lr", "clip", "augment", "width", "pretrain", "pretrain_epochs")
 

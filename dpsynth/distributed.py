@@ -4,7 +4,7 @@
 environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Without them
 dpsynth runs in one process as always. With them, `process_group` joins the group: NCCL on
 CUDA (rank r on `cuda:LOCAL_RANK`), gloo on the CPU. What the ranks do together is in
-`dpsynth.training` (who reads and writes what) and `dpsynth.privacy.distributed` (the
+`dpsynth.training` (who reads and writes what) and `dpsynth.privacy.mechanisms.distributed` (the
 mechanisms on a share of the batch); this module is the plumbing only.
 """
 

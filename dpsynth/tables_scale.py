@@ -1,12 +1,12 @@
 """Tables at scale: a `csv:` or `parquet:` source counted out of core by an engine (`--engine`).
 
-`table_engine` resolves `--engine auto` (the default): the in-memory path of `dpsynth.tables`
-when the table's estimated size in memory fits the memory budget (and always for the built-in
-tables), else DuckDB. `prepare_table_source` is that path's twin for the out-of-core engines:
-the same schema marks, then the engine's check pass (every row encoded, so a bad cell fails
-before anything is spent; N counted; the content digest), then the check of category lists
-read off the data against N. A DP release of the schema or of the class weights reads whole
-columns in memory: on an engine it is refused (exit 2) before anything is read, with the way
+`table_engine` resolves `--engine auto` (the default): the in-memory path of
+`dpsynth.training.table_schema` when the table's estimated size in memory fits the memory budget
+(and always for the built-in tables), else DuckDB. `prepare_table_source` is that path's twin for
+the out-of-core engines: the same schema marks, then the engine's check pass (every row encoded, so
+a bad cell fails before anything is spent; N counted; the content digest), then the check of
+category lists read off the data against N. A DP release of the schema or of the class weights reads
+whole columns in memory: on an engine it is refused (exit 2) before anything is read, with the way
 out (declare the entries public, or release them on a sample the data owner may spend on).
 
 Passes over the data in a run: the check pass, then the marginal trainer's counting passes
@@ -33,11 +33,17 @@ from dpsynth.data.engines import (
 from dpsynth.data.engines.chunks import footer_rows
 from dpsynth.data.engines.source import TableSource
 from dpsynth.data.limits import memory_budget
-from dpsynth.data.schema import Schema, read_schema
+from dpsynth.data.schema import Schema
+from dpsynth.data.schema_file import read_schema
 from dpsynth.data.sources import parse_spec
-from dpsynth.data.tabular import TableCodec, check_header
+from dpsynth.data.table_codec import TableCodec, check_header
 from dpsynth.errors import UsageError
-from dpsynth.tables import check_class_weights, check_public, default_schema_epsilon, public_marks
+from dpsynth.training.table_schema import (
+    check_class_weights,
+    check_public,
+    default_schema_epsilon,
+    public_marks,
+)
 
 
 def table_engine(

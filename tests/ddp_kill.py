@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from dpsynth.privacy.dpsgd import PoissonSampler
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
 
 if os.environ.get("RANK") == os.environ.get("KILL_RANK"):
     _original = PoissonSampler.next

@@ -16,12 +16,13 @@ from torch.nn import functional as F
 from dpsynth.data.sources import load_data
 from dpsynth.methods.dpkernel.kernel import raw_embedding_gradient
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.aggregation import noisy_feature_sum, private_gradient_sum
-from dpsynth.privacy.distributed import shard
-from dpsynth.privacy.dpsgd import PoissonSampler, PrivateGradient
-from dpsynth.privacy.functional import privatize_embedding_gradient
-from dpsynth.privacy.plan import PrivacyPlan
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.accounting.plan import PrivacyPlan
+from dpsynth.privacy.mechanisms.aggregation import noisy_feature_sum, private_gradient_sum
+from dpsynth.privacy.mechanisms.distributed import shard
+from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
+from dpsynth.privacy.mechanisms.functional import privatize_embedding_gradient
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 SECRET = 0x00112233445566778899AABBCCDDEEFF
 NOISE = {"sigma": 1.3, "clip": 0.8, "expected": 4.0}
@@ -164,7 +165,7 @@ def _agreement() -> dict[str, bool]:
     """The loop's check of identical models: silent when equal, an error on every rank when
     one rank's state differs (only meaningful under a group)."""
     from dpsynth.errors import DpsynthError
-    from dpsynth.privacy.distributed import world
+    from dpsynth.privacy.mechanisms.distributed import world
     from dpsynth.training.loop import check_ranks_agree as _check_ranks_agree
 
     if world()[1] == 1:

@@ -15,8 +15,8 @@ from torch.func import functional_call
 
 from dpsynth.data.images import DataInfo, to_uint8
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, Trainer
-from dpsynth.privacy.dpsgd import PrivateGradient
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 
 class Templates(nn.Module):

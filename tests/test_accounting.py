@@ -11,9 +11,13 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpsynth.errors import BudgetExceededError, UsageError
-from dpsynth.privacy import accounting
-from dpsynth.privacy.accounting import compose_epsilon, epsilon_report, poisson_gaussian_event
-from dpsynth.privacy.calibration import calibrate_noise, max_steps
+from dpsynth.privacy.accounting import compose as accounting
+from dpsynth.privacy.accounting.calibration import calibrate_noise, max_steps
+from dpsynth.privacy.accounting.compose import (
+    compose_epsilon,
+    epsilon_report,
+    poisson_gaussian_event,
+)
 
 ADD_REMOVE = NeighboringRelation.ADD_OR_REMOVE_ONE
 

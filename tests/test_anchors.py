@@ -19,7 +19,7 @@ from dpsynth.errors import (
 )
 from dpsynth.ledger import GENESIS_HASH, Ledger, canonical_json, entry_hash
 from dpsynth.methods import registry
-from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.sampling import sample_run
 from dpsynth.training import train_run
 

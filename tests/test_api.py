@@ -25,7 +25,7 @@ from dpsynth import (
     UsageError,
 )
 from dpsynth.data.builtin_tables import TABLES_DIR
-from dpsynth.data.schema import read_schema
+from dpsynth.data.schema_file import read_schema
 
 
 def test_import_dpsynth_does_not_import_torch_or_the_engines() -> None:

@@ -8,6 +8,9 @@
   `methods.registry` and the shared `methods.blocks` are not methods); only the registry lists
   them all.
 - Nothing imports the CLI, and only the CLI prints (no `print(` elsewhere in the package).
+- The floors, top to bottom: cli → api → evaluate / audit → sampling → training → methods →
+  data / privacy / ledger and the foundations → errors; a module imports only its own floor
+  and those below.
 - No module imports in a circle (lazy imports inside functions count too).
 """
 
@@ -74,9 +77,38 @@ def _allowed(importer: str, imported: str) -> bool:
     return True
 
 
+# (package prefix, floor): higher floors may import lower ones, never the reverse.
+FLOORS = (
+    ("dpsynth.errors", 0),
+    *((name, 1) for name in (
+        "dpsynth.privacy", "dpsynth.ledger", "dpsynth.data", "dpsynth.rundir", "dpsynth.outdir",
+        "dpsynth.distributed",
+    )),
+    ("dpsynth.methods", 2),
+    ("dpsynth.training", 3),
+    ("dpsynth.tables_scale", 3),
+    ("dpsynth.sampling", 4),
+    ("dpsynth.evaluate", 5),
+    ("dpsynth.audit", 5),
+    ("dpsynth.api", 6),
+    ("dpsynth.cli", 7),
+)  # fmt: skip
+
+
+def _floor(module: str) -> int | None:
+    for prefix, floor in FLOORS:
+        if module == prefix or module.startswith(prefix + "."):
+            return floor
+    return None
+
+
 def test_the_rules_see_every_module_and_its_imports() -> None:
     modules = {_module_name(p) for p in _sources()}
-    assert {"dpsynth.ledger.spends", "dpsynth.privacy.plan", "dpsynth.training"} <= modules
+    assert {
+        "dpsynth.ledger.spends",
+        "dpsynth.privacy.accounting.plan",
+        "dpsynth.training",
+    } <= modules
     # the parser finds imports inside functions too (the CLI imports lazily)
     train_command = next(p for p in _sources() if _module_name(p) == "dpsynth.cli.train")
     assert any(name.startswith("dpsynth.training") for name in _imports(train_command))
@@ -181,3 +213,14 @@ def test_no_module_imports_in_a_circle() -> None:
     assert "dpsynth.evaluate.downstream" in graph["dpsynth.evaluate.report"]
     cycle = _find_cycle(graph)
     assert cycle is None, "import circle: " + " → ".join(cycle or [])
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: _module_name(p))
+def test_every_module_has_a_floor_and_imports_only_below_it(path: Path) -> None:
+    importer = _module_name(path)
+    if importer == "dpsynth":  # the package's front door: the API, imported lazily
+        return
+    floor = _floor(importer)
+    assert floor is not None, f"{importer} is on no floor: add it to FLOORS and ARCHITECTURE.md"
+    above = sorted(n for n in _imports(path) if (_floor(n) or 0) > floor)
+    assert not above, f"{importer} (floor {floor}) imports {above} from a floor above it"

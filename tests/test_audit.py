@@ -11,7 +11,7 @@ import torch
 from scipy.stats import binom
 from typer.testing import CliRunner
 
-import dpsynth.privacy.per_record as per_record
+import dpsynth.privacy.mechanisms.per_record as per_record
 from dpsynth.audit import run as audit_run
 from dpsynth.audit.bound import epsilon_lower_bound, p_value
 from dpsynth.audit.functional import canary_block
@@ -20,10 +20,10 @@ from dpsynth.cli import app
 from dpsynth.errors import UsageError
 from dpsynth.methods.recommend import recommend_method
 from dpsynth.methods.registry import get_method, method_names
-from dpsynth.privacy.accounting import poisson_gaussian_event
-from dpsynth.privacy.calibration import plan_poisson_gaussian
-from dpsynth.privacy.functional import derivative_kernel_covariance
-from dpsynth.privacy.plan import PrivacyTarget
+from dpsynth.privacy.accounting.compose import poisson_gaussian_event
+from dpsynth.privacy.accounting.dpsgd_plan import plan_poisson_gaussian
+from dpsynth.privacy.accounting.plan import PrivacyTarget
+from dpsynth.privacy.mechanisms.functional import derivative_kernel_covariance
 
 runner = CliRunner()
 

@@ -24,7 +24,7 @@ from dpsynth.data.builtin_tables import TABLE_BUILTINS, TABLES_DIR
 from dpsynth.errors import UsageError
 from dpsynth.methods.marginal.domain import table_domain
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.frequency import FrequencyPlan, frequency_statistics
+from dpsynth.privacy.releases.frequency import FrequencyPlan, frequency_statistics
 
 runner = CliRunner()
 

@@ -27,7 +27,7 @@ import torch
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 # Where the hashes below were recorded (bit-exact floats need the same build and CPU kind).
 RECORDED_ON = ("2.14.1+cu130", "x86_64")

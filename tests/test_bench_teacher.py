@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.privacy.accounting.compose import compose_epsilon
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 

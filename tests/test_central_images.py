@@ -1,5 +1,6 @@
-"""DP central images (`dpsynth.privacy.central`): the mechanism's sensitivity and noise measured
-empirically, its budget split and composition with DP-SGD re-accounted with dp-accounting, and
+"""DP central images (`dpsynth.privacy.releases.central`): the mechanism's sensitivity and noise
+measured empirically, its budget split and composition with DP-SGD re-accounted with dp-accounting,
+and
 the warm start through the training loop (PGE), exactly once per run, resume included."""
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import math
 import pytest
 import torch
 
-from dpsynth.privacy.calibration import plan_poisson_gaussian
-from dpsynth.privacy.central import (
+from dpsynth.privacy.accounting.dpsgd_plan import plan_poisson_gaussian
+from dpsynth.privacy.accounting.plan import PrivacyTarget
+from dpsynth.privacy.releases.central import (
     CentralImagesPlan,
     central_plan_in,
     central_statistics,
@@ -18,7 +20,6 @@ from dpsynth.privacy.central import (
     plan_dpsgd_with_central_images,
     release_central_images,
 )
-from dpsynth.privacy.plan import PrivacyTarget
 
 
 def _pld_epsilon(events: list[dict], delta: float) -> float:
@@ -244,8 +245,8 @@ def test_audit_runs_a_plan_with_the_release() -> None:
 
 def test_gaussian_sigma_for_share_takes_its_share_of_what_is_left() -> None:
     from dpsynth.errors import BudgetExceededError
-    from dpsynth.privacy.accounting import compose_epsilon
-    from dpsynth.privacy.calibration import gaussian_sigma_for_share
+    from dpsynth.privacy.accounting.calibration import gaussian_sigma_for_share
+    from dpsynth.privacy.accounting.compose import compose_epsilon
 
     prior = ({"type": "gaussian", "noise_multiplier": 2.0, "count": 1},)
     left = 5.0 - compose_epsilon(prior, 1e-5).epsilon

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 from dpsynth.cli import app
 from dpsynth.data.builtin_tables import TABLES_DIR
 from dpsynth.data.images import DataInfo
-from dpsynth.data.schema import parse_schema
+from dpsynth.data.schema_file import parse_schema
 from dpsynth.ledger import Ledger
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.histograms import (
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.mechanisms.histograms import (
     CLASS_WEIGHT_FLOOR,
     class_counts,
     noisy,

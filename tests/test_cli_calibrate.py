@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from dpsynth.cli import app
 from dpsynth.ledger import Ledger
-from dpsynth.privacy.accounting import compose_epsilon, poisson_gaussian_event
+from dpsynth.privacy.accounting.compose import compose_epsilon, poisson_gaussian_event
 
 runner = CliRunner()
 

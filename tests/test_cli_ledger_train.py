@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from dpsynth.cli import app
 from dpsynth.ledger import Ledger
 from dpsynth.methods import registry
-from dpsynth.privacy.accounting import poisson_gaussian_event
+from dpsynth.privacy.accounting.compose import poisson_gaussian_event
 
 runner = CliRunner()
 

@@ -1,4 +1,5 @@
-"""`dpsynth.privacy.classifier`: the DP-SGD classifier's plan, batches, noise and shifts."""
+"""`dpsynth.privacy.releases.classifier`: the DP-SGD classifier's plan, batches, noise and
+shifts."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from torch import nn
 
 from dpsynth.errors import UsageError
-from dpsynth.privacy import classifier
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.classifier import (
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.releases import classifier
+from dpsynth.privacy.releases.classifier import (
     ClassifierPlan,
     ClassifierSchedule,
     classifier_plan_in,

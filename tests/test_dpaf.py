@@ -18,8 +18,9 @@ from dpsynth.errors import AnchorError, UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpaf import DPAFMethod
 from dpsynth.methods.dpaf.model import Classifier, CondGenerator, Features, sin
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.aggregation import (
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.plan_check import check_plan_parameters
+from dpsynth.privacy.mechanisms.aggregation import (
     noisy_feature_sum,
     private_gradient_sum,
     split_window_noise,
@@ -27,8 +28,7 @@ from dpsynth.privacy.aggregation import (
     window_patterns,
     window_sampling_rate,
 )
-from dpsynth.privacy.plan_check import check_plan_parameters
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 DIGITS_INFO = DataInfo(
     spec="digits",

@@ -17,13 +17,13 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpaf import DPAFMethod
 from dpsynth.methods.dpaf.model import AggregateRows, Features
-from dpsynth.privacy.aggregation import (
+from dpsynth.privacy.mechanisms.aggregation import (
     noisy_feature_sum,
     renorm_rows,
     split_window_noise,
     window_noise_multiplier,
 )
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 INFO = DataInfo(
     spec="digits",

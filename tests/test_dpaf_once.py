@@ -21,8 +21,8 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpaf import DPAFMethod
 from dpsynth.methods.dpaf.plan import ONCE_PHASE
-from dpsynth.privacy.aggregation import noisy_group_sums, renorm_rows
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.aggregation import noisy_group_sums, renorm_rows
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from tests.noise_checks import assert_gaussian_noise
 from tests.test_dpaf_match import INFO, _digits, straight_and_cut_runs
 
@@ -152,7 +152,7 @@ def test_once_run_cut_at_the_release_resumes_to_the_straight_run(tmp_path, one_t
 
 def test_the_anchor_check_counts_only_the_reading_steps():
     from dpsynth.errors import AnchorError
-    from dpsynth.privacy.plan_check import check_plan_parameters
+    from dpsynth.privacy.accounting.plan_check import check_plan_parameters
 
     _, plan, _ = _trainer(4.0)
     kwargs = dict(
@@ -172,7 +172,7 @@ def test_the_anchor_check_counts_only_the_reading_steps():
 
 
 def test_progress_epsilon_counts_the_one_off_release_from_the_first_step():
-    from dpsynth.privacy.accounting import compose_epsilon
+    from dpsynth.privacy.accounting.compose import compose_epsilon
     from dpsynth.training.progress import EpsilonCurve
 
     _, plan, _ = _trainer(4.0)

@@ -16,9 +16,9 @@ from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpaf import DPAFMethod
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.plan_check import NOT_DP_LABEL, check_plan_parameters, not_dp_label
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.plan_check import NOT_DP_LABEL, check_plan_parameters, not_dp_label
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 INFO = DataInfo(
     spec="digits",

@@ -21,8 +21,8 @@ from dpsynth.methods.dpkernel import (
     VectorGenerator,
     raw_embedding_gradient,
 )
-from dpsynth.privacy.functional import functional_sensitivity
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.functional import functional_sensitivity
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 DIGITS_INFO = DataInfo(
     spec="digits",
@@ -294,7 +294,7 @@ def test_non_private_training_lowers_mmd_on_digits():
 )
 def test_end_to_end_train_resume_and_sample(tmp_path):
     from dpsynth.ledger import Ledger
-    from dpsynth.runs import RunDir
+    from dpsynth.rundir import RunDir
     from dpsynth.sampling import sample_run
     from dpsynth.training import train_run
 

@@ -14,10 +14,13 @@ from typer.testing import CliRunner
 
 from dpsynth.cli import app
 from dpsynth.data.sources import load_table, read_table
-from dpsynth.data.tabular import block_layout
+from dpsynth.data.table_codec import block_layout
 from dpsynth.methods.dpkernel.binning import NumberBins
 from dpsynth.methods.dpkernel.kernel import raw_embedding_gradient
-from dpsynth.privacy.functional import derivative_kernel_covariance, functional_sensitivity
+from dpsynth.privacy.mechanisms.functional import (
+    derivative_kernel_covariance,
+    functional_sensitivity,
+)
 
 LAYOUT = (("softmax", 3), ("tanh", 1), ("softmax", 2), ("tanh", 1))
 K = 4

@@ -7,8 +7,8 @@ import torch
 
 from dpsynth.data.sources import load_data
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.central import CentralImages
-from dpsynth.privacy.plan import PrivacyTarget
+from dpsynth.privacy.accounting.plan import PrivacyTarget
+from dpsynth.privacy.releases.central import CentralImages
 from tests.test_central_images import _pld_epsilon
 
 
@@ -53,7 +53,7 @@ def test_warm_start_on_a_frequency_model_regresses_onto_its_sampling_map() -> No
     """With a latent of at least the model's dimension the warm start fits G to the model's own
     map z ↦ images_at(y, z[:d]): afterwards G's images at fresh latents are the model's images at
     the same latents up to a small error (a twentieth of the untrained generator's)."""
-    from dpsynth.privacy.frequency import FrequencyPlan, release_frequency_model
+    from dpsynth.privacy.releases.frequency import FrequencyPlan, release_frequency_model
 
     method = get_method("dpkernel")
     data = load_data("digits")
@@ -136,7 +136,7 @@ def test_28x28_presets_plan_the_release_at_their_share(
     the central images; the rest goes to the DP steps, composed within the target, and no plan
     releases both warm starts."""
     from dpsynth.data.images import DataInfo
-    from dpsynth.privacy.accounting import compose_epsilon
+    from dpsynth.privacy.accounting.compose import compose_epsilon
 
     method = get_method("dpkernel")
     info = DataInfo("mnist-5k", "builtin", 4000, (1, 28, 28), tuple("0123456789"), "f", "m")

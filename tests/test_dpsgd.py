@@ -13,13 +13,13 @@ from torch import Tensor, nn
 from torch.func import functional_call, jvp
 from torch.func import grad as func_grad
 
-from dpsynth.privacy.dpsgd import (
-    PoissonSampler,
+from dpsynth.privacy.mechanisms.dpsgd import (
     PrivateGradient,
     add_noise,
     clip_per_sample,
     per_sample_grads,
 )
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
 from tests.noise_checks import assert_gaussian_noise
 
 

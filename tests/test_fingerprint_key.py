@@ -19,7 +19,7 @@ from dpsynth.data.sources import load_data, load_table
 from dpsynth.errors import UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.key import FingerprintKey, create_key, is_keyed, key_path_for
-from dpsynth.privacy.accounting import poisson_gaussian_event
+from dpsynth.privacy.accounting.compose import poisson_gaussian_event
 from dpsynth.training import train_run
 
 runner = CliRunner()

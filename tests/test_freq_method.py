@@ -21,12 +21,12 @@ from dpsynth.errors import UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.methods.blocks import TeacherFilter
 from dpsynth.methods.registry import get_method, method_names
-from dpsynth.privacy import frequency
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.frequency import FrequencyModel, FrequencyPlan, frequency_statistics
-from dpsynth.privacy.plan import PrivacyTarget
-from dpsynth.privacy.plan_check import IDLE_STEPS_KEY, check_plan_parameters
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.plan import PrivacyTarget
+from dpsynth.privacy.accounting.plan_check import IDLE_STEPS_KEY, check_plan_parameters
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases import frequency
+from dpsynth.privacy.releases.frequency import FrequencyModel, FrequencyPlan, frequency_statistics
 from dpsynth.training import train_run
 
 runner = CliRunner()

@@ -1,4 +1,5 @@
-"""`dpsynth.privacy.frequency`: the DP low-frequency model's sensitivity, noise, accounting and
+"""`dpsynth.privacy.releases.frequency`: the DP low-frequency model's sensitivity, noise, accounting
+and
 post-processing."""
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 
 from dpsynth.errors import UsageError
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.calibration import plan_poisson_gaussian
-from dpsynth.privacy.frequency import (
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.dpsgd_plan import plan_poisson_gaussian
+from dpsynth.privacy.accounting.plan import PrivacyTarget
+from dpsynth.privacy.releases.frequency import (
     FrequencyPlan,
     band_features,
     band_images,
@@ -25,7 +27,6 @@ from dpsynth.privacy.frequency import (
     plan_with_frequency,
     release_frequency_model,
 )
-from dpsynth.privacy.plan import PrivacyTarget
 
 
 def _images(n: int, seed: int = 0, shape=(1, 8, 8)) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ from torch.func import jacrev
 
 from dpsynth.errors import UsageError
 from dpsynth.methods.dpkernel.kernel import raw_embedding_gradient
-from dpsynth.privacy.functional import (
+from dpsynth.privacy.mechanisms.functional import (
     _block_noise,
     derivative_kernel_covariance,
     functional_sensitivity,

@@ -1,4 +1,4 @@
-"""Ghost-norm / book-keeping clipping (`dpsynth.privacy.ghost`) against the vmap path.
+"""Ghost-norm / book-keeping clipping (`dpsynth.privacy.mechanisms.ghost`) against the vmap path.
 
 The vmap path (per-record gradients, checked against a per-record loop and Opacus in
 test_dpsgd.py) is the reference: the ghost path must give the same per-record norms and the
@@ -20,10 +20,10 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from dpsynth.errors import UsageError
-from dpsynth.privacy.dpsgd import PrivateGradient, add_noise
-from dpsynth.privacy.ghost import ghost_clipped_sum, unsupported_reasons
-from dpsynth.privacy.ghost_check import GhostFallbackWarning
-from dpsynth.privacy.per_record import clipped_sum, per_sample_grads
+from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient, add_noise
+from dpsynth.privacy.mechanisms.ghost import ghost_clipped_sum, unsupported_reasons
+from dpsynth.privacy.mechanisms.ghost_check import GhostFallbackWarning
+from dpsynth.privacy.mechanisms.per_record import clipped_sum, per_sample_grads
 from tests.noise_checks import assert_gaussian_noise
 
 # --------------------------------------------------------------------------- models
@@ -154,7 +154,7 @@ def test_norms_and_clipped_sum_equal_vmap(case: str):
 
 @pytest.mark.parametrize("case", ["conv1d", "conv2d", "small-cnn"])
 def test_unfold_per_record_conv_gradients_equal_vmap(case: str, monkeypatch):
-    from dpsynth.privacy import ghost_layers
+    from dpsynth.privacy.mechanisms import ghost_layers
 
     monkeypatch.setattr(ghost_layers, "CONV_PER_RECORD", "unfold")
     test_norms_and_clipped_sum_equal_vmap(case)
@@ -432,9 +432,9 @@ BACKEND_GRADIENTS = {  # backend, tiny-preset overrides, the trainer's PrivateGr
 def _backend_steps(case: str, force_vmap: bool) -> tuple[str, dict[str, Tensor]]:
     from dpsynth.data.sources import load_data
     from dpsynth.methods.registry import get_method
-    from dpsynth.privacy.dpsgd import PoissonSampler
-    from dpsynth.privacy.plan import PrivacyPlan
-    from dpsynth.privacy.randomness import PrivateRandomness
+    from dpsynth.privacy.accounting.plan import PrivacyPlan
+    from dpsynth.privacy.mechanisms.poisson import PoissonSampler
+    from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
     method, overrides, attribute = BACKEND_GRADIENTS[case]
     backend = get_method(method)
@@ -508,7 +508,7 @@ def test_backends_use_ghost_and_train_as_with_vmap(case: str, one_torch_thread: 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("conv", ["grouped", "unfold"])
 def test_ghost_equals_vmap_on_cuda(conv: str, monkeypatch):
-    from dpsynth.privacy import ghost_layers
+    from dpsynth.privacy.mechanisms import ghost_layers
 
     monkeypatch.setattr(ghost_layers, "CONV_PER_RECORD", conv)
     model, x, y = build("small-cnn", records=16)

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 
 from dpsynth.ledger import Ledger
 from dpsynth.methods.registry import get_method, method_names
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from dpsynth.training import train_run
 from dpsynth.training.interrupts import TrainingInterrupted, deferred_interrupts
 

@@ -23,7 +23,7 @@ from scipy.stats import norm
 from dpsynth.errors import BudgetExceededError, DpsynthError, LedgerIntegrityError
 from dpsynth.ledger import GENESIS_HASH, Ledger, default_ledger_path
 from dpsynth.ledger import spends as ledger_module
-from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.privacy.accounting.compose import compose_epsilon
 
 DELTA = 1e-5
 

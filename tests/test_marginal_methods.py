@@ -22,7 +22,7 @@ from dpsynth.cli import app
 from dpsynth.data.builtin_tables import TABLES_DIR
 from dpsynth.data.csvtable import RawTable
 from dpsynth.data.sources import load_table, read_table
-from dpsynth.data.tabular import codec_for
+from dpsynth.data.table_codec import codec_for
 from dpsynth.evaluate.marginals import discretise, marginal_columns
 from dpsynth.ledger import Ledger
 from dpsynth.methods.base import PrivacyTarget
@@ -33,7 +33,7 @@ from dpsynth.methods.marginal.junction import JunctionTree
 from dpsynth.methods.marginal.model import Measurement, estimate
 from dpsynth.methods.marginal.sampler import TreeSampler
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.training import train_run
 
 runner = CliRunner()
@@ -413,7 +413,7 @@ def test_aims_automatic_selection_count_follows_its_noise_target() -> None:
     import math
 
     from dpsynth.methods.marginal import aim
-    from dpsynth.privacy.marginal_plan import gdp_mu
+    from dpsynth.privacy.accounting.marginal_plan import gdp_mu
 
     info = _german().info()
     config = AIMMethod().config("small", {}, info)

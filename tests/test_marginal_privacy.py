@@ -24,11 +24,12 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
 
 from dpsynth.errors import BudgetExceededError
-from dpsynth.privacy import accounting, rdp
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.marginal_plan import calibrate_marginal_schedule, schedule_events
-from dpsynth.privacy.marginals import MarginalQueries, marginal_counts
-from dpsynth.privacy.selection import exponential_mechanism
+from dpsynth.privacy.accounting import compose as accounting
+from dpsynth.privacy.accounting import rdp
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.marginal_plan import calibrate_marginal_schedule, schedule_events
+from dpsynth.privacy.mechanisms.marginal_measure import MarginalQueries, marginal_counts
+from dpsynth.privacy.mechanisms.selection import exponential_mechanism
 
 SIZES = (3, 4, 2, 5)
 

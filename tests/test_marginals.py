@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dpsynth.cli import app
-from dpsynth.data.schema import parse_schema
-from dpsynth.data.tabular import RawTable
+from dpsynth.data.schema_file import parse_schema
+from dpsynth.data.table_codec import RawTable
 from dpsynth.evaluate import marginals
 from dpsynth.evaluate.marginals import (
     category_codes,

@@ -16,14 +16,15 @@ from typer.testing import CliRunner
 
 from dpsynth.cli import app
 from dpsynth.data.column_values import column_numbers
-from dpsynth.data.schema import DATA_SOURCE, Column, parse_schema
+from dpsynth.data.schema import DATA_SOURCE, Column
 from dpsynth.data.schema_draft import draft_table
-from dpsynth.data.tabular import RawTable, TableCodec, encode_table
+from dpsynth.data.schema_file import parse_schema
+from dpsynth.data.table_codec import RawTable, TableCodec, encode_table
 from dpsynth.data.timecols import format_time_series, guess_time_format, time_series
 from dpsynth.ledger import Ledger
 from dpsynth.methods.marginal.domain import Attribute, codes_from_rows, rows_from_codes
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.schema_release import (
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.releases.schema_release import (
     RANGE_NOISE_FACTOR,
     NumberSpec,
     fine_grid,
@@ -309,7 +310,7 @@ def test_shape_round_trims_a_coarse_range_to_where_the_rows_are() -> None:
     """Round 1's √2 grid releases months as 1–17; the shape round's edges stop at 12."""
     import torch
 
-    from dpsynth.privacy.schema_release import release_shapes
+    from dpsynth.privacy.releases.schema_release import release_shapes
 
     rows = 60_000
     months = np.random.default_rng(3).integers(1, 13, rows).astype(np.float64)

@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 from dpsynth.cli import app
 from dpsynth.data import parquetfile
 from dpsynth.data.parquetfile import read_parquet_table
-from dpsynth.data.schema import parse_schema
+from dpsynth.data.schema_file import parse_schema
 from dpsynth.data.sources import parse_spec, read_table, read_table_file
-from dpsynth.data.tabular import read_csv_table
+from dpsynth.data.table_codec import read_csv_table
 from dpsynth.errors import DataError
 from dpsynth.sampling.parquet_out import arrow_schema, frame_to_arrow
 

@@ -20,7 +20,7 @@ from dpsynth.methods.pge.ssm import (
     randomized_response,
     rr_keep_probability,
 )
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -82,7 +82,7 @@ def test_per_record_gradient_from_vmap_matches_a_loop(variant: str) -> None:
 
 
 def test_dpsgd_per_sample_grads_agree_with_our_loss() -> None:
-    from dpsynth.privacy.dpsgd import per_sample_grads
+    from dpsynth.privacy.mechanisms.dpsgd import per_sample_grads
 
     net = tiny_net()
     loss = make_record_loss(net, "plain", "jvp")
@@ -203,7 +203,7 @@ def test_rr_small_batches() -> None:
 
 
 def test_rr_changes_no_privacy_plan() -> None:
-    pytest.importorskip("dpsynth.privacy.accounting")
+    pytest.importorskip("dpsynth.privacy.accounting.compose")
     method, info = PGEMethod(), fake_info()
     target = PrivacyTarget(5.0, 1e-5)
     off = method.plan(info, target, method.config("tiny", {"rr": False}, info))
@@ -306,7 +306,7 @@ def _trainer(
 def _batches(
     info: DataInfo, steps: int, q: float = 0.03
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    from dpsynth.privacy.dpsgd import PoissonSampler
+    from dpsynth.privacy.mechanisms.poisson import PoissonSampler
 
     gen = torch.Generator().manual_seed(9)
     data_x = torch.rand(info.n, *info.shape, generator=gen) * 2 - 1

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from dpsynth.errors import DataError, DpsynthError, UsageError
 from dpsynth.methods import registry
-from dpsynth.privacy.randomness import PrivateRandomness, derive_seed
-from dpsynth.runs import RunDir
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness, derive_seed
+from dpsynth.rundir import RunDir
 from dpsynth.sampling import sample_run
 from dpsynth.training import train_run
 
@@ -110,7 +110,7 @@ def test_same_seed_runs_draw_different_batches_and_noise(tmp_path, method, steps
 
 def test_same_secret_gives_the_same_batches_different_secret_different(tmp_path):
     # The Poisson sampler draws from the secret: compare the realised batches directly.
-    from dpsynth.privacy.dpsgd import PoissonSampler
+    from dpsynth.privacy.mechanisms.poisson import PoissonSampler
 
     def batches(randomness: PrivateRandomness) -> list[list[int]]:
         sampler = PoissonSampler(1000, 0.05, randomness.generator("loop/batches"))
@@ -275,7 +275,7 @@ def test_cli_log_private_loss_flag(tmp_path):
 
 
 def test_the_secret_is_on_disk_before_the_first_batch_is_drawn(tmp_path, monkeypatch):
-    from dpsynth.privacy.dpsgd import PoissonSampler
+    from dpsynth.privacy.mechanisms.poisson import PoissonSampler
 
     seen: list[bool] = []
     original = PoissonSampler.next

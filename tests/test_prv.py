@@ -17,9 +17,10 @@ from prv_accountant.other_accountants import RDP
 from scipy import integrate
 from scipy.fft import irfft, rfft
 
-from dpsynth.privacy import accounting, prv, prv_mesh, rdp
-from dpsynth.privacy.accounting import compose_epsilon, poisson_gaussian_event
-from dpsynth.privacy.calibration import calibrate_noise
+from dpsynth.privacy.accounting import compose as accounting
+from dpsynth.privacy.accounting import prv, prv_mesh, rdp
+from dpsynth.privacy.accounting.calibration import calibrate_noise
+from dpsynth.privacy.accounting.compose import compose_epsilon, poisson_gaussian_event
 
 CASES = [
     # (groups of (kind, σ, q), counts, δ)

@@ -17,8 +17,9 @@ from dpsynth.methods.psg import PSGMethod
 from dpsynth.methods.psg.generator import PSGGenerator
 from dpsynth.methods.psg.matching import layer_distance, match_loss
 from dpsynth.methods.psg.model import ConvNet
-from dpsynth.privacy.dpsgd import PoissonSampler, per_sample_grads
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.dpsgd import per_sample_grads
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -340,7 +341,7 @@ def test_sample_cycles_per_class_and_augments_repeats_deterministically():
 
 def test_end_to_end_train_resume_sample_and_ledger(tmp_path):
     from dpsynth.ledger import Ledger
-    from dpsynth.runs import RunDir
+    from dpsynth.rundir import RunDir
     from dpsynth.sampling import manifest_of, sample_run
     from dpsynth.training import train_run
 
@@ -397,7 +398,7 @@ def test_end_to_end_train_resume_sample_and_ledger(tmp_path):
 def test_paper_setting_releases_and_the_papers_sigma_under_our_accountant():
     # Spec §3.4/§9.3.5: MNIST (N = 60 000, B = 256, spc 10: T = 10, K = 10). The paper's
     # RDP-calibrated σ gives a PRV upper bound just below its target ε.
-    from dpsynth.privacy.accounting import epsilon_for
+    from dpsynth.privacy.accounting.compose import epsilon_for
 
     mnist = dataclasses.replace(_info(60_000), shape=(1, 28, 28))
     method = PSGMethod()
@@ -412,7 +413,7 @@ def test_paper_setting_releases_and_the_papers_sigma_under_our_accountant():
 
 
 def test_warm_start_initialises_s_from_the_released_means():
-    from dpsynth.privacy.central import CentralImages
+    from dpsynth.privacy.releases.central import CentralImages
 
     means = torch.linspace(-0.9, 0.9, 10)[:, None, None, None].expand(10, 1, 8, 8).clone()
     release = CentralImages(means=means, counts=torch.full((10,), 100.0))
@@ -439,7 +440,7 @@ def test_warm_start_through_the_loop_once_and_both_events_in_the_ledger(tmp_path
     straight run."""
     from dpsynth.ledger import Ledger
     from dpsynth.methods.psg.trainer import PSGTrainer
-    from dpsynth.runs import RunDir
+    from dpsynth.rundir import RunDir
     from dpsynth.training import train_run
 
     calls: list[torch.Tensor] = []
@@ -543,7 +544,7 @@ def test_prior_generator_fits_any_image_side():
 
 
 def test_prior_warm_start_fits_the_jittered_means():
-    from dpsynth.privacy.central import CentralImages
+    from dpsynth.privacy.releases.central import CentralImages
 
     means = torch.linspace(-0.9, 0.9, 10)[:, None, None, None].expand(10, 1, 8, 8).clone()
     release = CentralImages(means=means, counts=torch.full((10,), 100.0))

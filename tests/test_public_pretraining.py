@@ -18,7 +18,7 @@ from dpsynth.data.sources import load_data
 from dpsynth.errors import DataError, UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import SpendAnchor, verified_spend
-from dpsynth.runs import RunDir
+from dpsynth.rundir import RunDir
 from dpsynth.training import train_run
 
 runner = CliRunner()
@@ -45,7 +45,7 @@ def sets(tmp_path_factory):
     return {"same": same, "other": other, "copy": copy}
 
 
-def _start(tmp_path, name, public=None, method="pge", overrides=None):
+def _start(tmp_path, name, public=None, method="pge", overrides=None, quick=QUICK):
     """A new run stopped before step 0 (after any pretraining), with a fixed secret."""
     return train_run(
         method=method,
@@ -56,7 +56,7 @@ def _start(tmp_path, name, public=None, method="pge", overrides=None):
         ledger_path=tmp_path / f"{name}.jsonl",
         device="cpu",
         seed=0,
-        overrides={**QUICK, **(overrides or {})},
+        overrides={**quick, **(overrides or {})},
         public=public,
         stop_after_steps=0,
         privacy_seed=7,
@@ -161,7 +161,13 @@ def test_the_teacher_and_dpkernel_pretrain_on_it(sets, tmp_path):
     [
         ("digits", "pge", {}, "is the private data itself"),
         ("copy", "pge", {}, "is the private data itself"),
-        ("same", "rdpgan", {}, "not used by --method rdpgan"),
+        ("same", "freq", {}, "not used by --method freq"),
+        ("same", "dpaf", {"public_pretrain_steps": "0"}, "not used by --method dpaf"),
+        ("other", "dpaf", {}, "not used by --method dpaf"),  # its classifier needs labels
+        ("same", "rdpgan", {"public_pretrain_steps": "0"}, "not used by --method rdpgan"),
+        # a DP warm start would replace psg's synthetic set; unlabelled images cannot start it
+        ("same", "psg", {"warm_start_share": "0.2"}, "not used by --method psg"),
+        ("other", "psg", {}, "not used by --method psg"),
         ("same", "pge", {"public_pretrain_steps": "0"}, "not used by --method pge"),
         ("other", "pge", {"public_pretrain_steps": "0", "teacher_share": "0.5"}, "needs"),
     ],
@@ -205,3 +211,86 @@ def test_resume_reuses_the_recorded_public_set(sets, tmp_path):
     np.savez(spec, x=np.zeros((30, 1, 8, 8), np.uint8), y=np.arange(30) % 10, classes=DIGITS)
     with pytest.raises(DataError, match="changed"):
         train_run(method="", data="", epsilon=1, ledger_path=None, out=first.path, resume=True)
+
+
+def test_rdpgan_pretrains_its_gan_on_it(sets, tmp_path):
+    gan = {"public_pretrain_steps": "4"}
+    _start(tmp_path, "g0", method="rdpgan", quick=gan)
+    run = _start(tmp_path, "g1", f"npz:{sets['same']}", method="rdpgan", quick=gan)
+    assert run["public"]["used_by"] == ["generator", "discriminator"]
+    for part in ("generator.", "discriminator."):
+        assert _differ(_weights(tmp_path, "g0", part), _weights(tmp_path, "g1", part))
+    _start(tmp_path, "g2", f"npz:{sets['same']}", method="rdpgan", quick=gan)
+    assert not _differ(
+        _weights(tmp_path, "g1", "generator."), _weights(tmp_path, "g2", "generator.")
+    )
+    # unlabelled images train G and D too (with random labels)
+    other = _start(tmp_path, "g3", f"npz:{sets['other']}", method="rdpgan", quick=gan)
+    assert other["public"]["used_by"] == ["generator", "discriminator"]
+    assert _differ(_weights(tmp_path, "g0", "generator."), _weights(tmp_path, "g3", "generator."))
+    # the DP phase's optimisers start fresh: no Adam state in the checkpoint before step 0
+    assert not _weights(tmp_path, "g1", "opt_d.") and not _weights(tmp_path, "g1", "opt_g.")
+
+
+def test_rdpgan_discriminator_learns_the_public_images(tmp_path):
+    from dpsynth.methods.rdpgan.generator import (
+        build_discriminator,
+        build_generator,
+        one_hot_labels,
+    )
+
+    # the digits' test split as the public set; D then tells the train split from G's images
+    test = load_data("digits:test")
+    spec = tmp_path / "test.npz"
+    np.savez(spec, x=test.x.numpy(), y=test.y.numpy(), classes=np.array(test.classes))
+    _start(tmp_path, "d1", f"npz:{spec}", method="rdpgan", quick={"public_pretrain_steps": "60"})
+    config = json.loads((tmp_path / "d1" / "config.json").read_text())["config"]
+    digits = load_data("digits")
+    nets = {"discriminator": build_discriminator(digits.info(), config)}
+    nets["generator"] = build_generator(digits.info(), config)
+    for name, net in nets.items():
+        state = _weights(tmp_path, "d1", f"{name}.")
+        net.load_state_dict({k.split(f"{name}.", 1)[1]: v for k, v in state.items()})
+    onehot = one_hot_labels(digits.y[:200], 10)
+    with torch.no_grad():
+        fakes = nets["generator"](torch.randn(200, nets["generator"].latent_dim), onehot)
+        real = nets["discriminator"](digits.as_float()[:200], onehot).mean()
+        assert real > nets["discriminator"](fakes, onehot).mean()
+
+
+def test_psg_starts_its_synthetic_set_from_public_images(sets, tmp_path):
+    run = _start(tmp_path, "s1", f"npz:{sets['same']}", method="psg", quick={})
+    assert run["public"]["used_by"] == ["synthetic set"]
+    tensors, _ = RunDir(tmp_path / "s1").load_checkpoint()
+    images, labels = tensors["trainer/synthetic.images"], tensors["trainer/synthetic.labels"]
+    public = load_public(f"npz:{sets['same']}", (1, 8, 8), DIGITS)
+    pool = public.as_float()
+    for image, label in zip(images, labels, strict=True):
+        # each member is one of the public images of its own class
+        match = (pool - image).flatten(1).abs().amax(1) < 1e-6
+        assert match.any() and (public.y[match] == label).all()
+
+
+def test_dpaf_pretrains_its_phase1_classifier(tmp_path):
+    from dpsynth.methods.dpaf.generator import build_features
+    from dpsynth.methods.dpaf.model import Classifier
+
+    test = load_data("digits:test")  # a public stand-in: not the private train split
+    spec = tmp_path / "test.npz"
+    np.savez(spec, x=test.x.numpy(), y=test.y.numpy(), classes=np.array(test.classes))
+    quick = {"public_pretrain_steps": "40"}
+    run = _start(tmp_path, "c1", f"npz:{spec}", method="dpaf", quick=quick)
+    assert run["public"]["used_by"] == ["phase-1 classifier"]
+    _start(tmp_path, "c0", method="dpaf", quick={})
+    digits = load_data("digits")
+    accuracy = {}
+    for name in ("c0", "c1"):
+        config = json.loads((tmp_path / name / "config.json").read_text())["config"]
+        net = Classifier(build_features(digits.info(), config), int(config["fc_hidden"]))
+        state = _weights(tmp_path, name, "classifier.")
+        net.load_state_dict({k.split("classifier.", 1)[1]: v for k, v in state.items()})
+        with torch.no_grad():
+            logits = net.eval()(digits.as_float(), torch.zeros(digits.n, 10))
+        accuracy[name] = float((logits.argmax(1) == digits.y).float().mean())
+    # C classifies the private digits before any DP step only after the public pretraining
+    assert accuracy["c1"] > 0.5 > accuracy["c0"]

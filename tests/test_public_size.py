@@ -14,7 +14,7 @@ import pytest
 
 from dpsynth.errors import DataError, UsageError
 from dpsynth.ledger import Ledger
-from dpsynth.privacy.calibration import default_delta
+from dpsynth.privacy.accounting.calibration import default_delta
 from dpsynth.training import TrainRequest, train_run
 
 DIGITS_N = 1437
@@ -51,8 +51,7 @@ def test_a_public_size_below_the_record_count_is_refused_before_any_spend(tmp_pa
 
 @pytest.mark.parametrize("bad", [0, -3])
 def test_a_public_size_must_be_positive(tmp_path: Path, bad: int) -> None:
-    request = TrainRequest(out=tmp_path / "run", method="dpkernel", data="digits", epsilon=5,
-                           ledger_path=tmp_path / "l.jsonl", public_size=bad)  # fmt: skip
     with pytest.raises(UsageError, match="public_size must be a whole number") as refused:
-        request.validate()
+        TrainRequest(out=tmp_path / "run", method="dpkernel", data="digits", epsilon=5,
+                     ledger_path=tmp_path / "l.jsonl", public_size=bad)  # fmt: skip
     assert refused.value.parameter == "public_size"

@@ -23,9 +23,9 @@ from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.rdpgan import RDPGANMethod
 from dpsynth.methods.rdpgan import schedule as sched
 from dpsynth.methods.rdpgan.trainer import RDPGANTrainer
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.plan_check import check_plan_parameters
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.plan_check import check_plan_parameters
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 DIGITS_INFO = DataInfo(
     spec="digits",

@@ -15,15 +15,15 @@ from typer.testing import CliRunner
 
 from dpsynth.cli import app
 from dpsynth.data.builtin_tables import TABLES_DIR
-from dpsynth.data.schema import parse_schema
+from dpsynth.data.schema_file import parse_schema
 from dpsynth.data.sources import load_table, read_table
-from dpsynth.data.tabular import block_layout, encode_table, read_csv_table
+from dpsynth.data.table_codec import block_layout, encode_table, read_csv_table
 from dpsynth.ledger import Ledger
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.blocks import TableHead
 from dpsynth.methods.rdpgan import RDPGANMethod
 from dpsynth.methods.rdpgan.trainer import RDPGANTrainer
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 runner = CliRunner()
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from dpsynth.cli import app
 from dpsynth.cli.sample import parse_count
-from dpsynth.data.schema import parse_schema
+from dpsynth.data.schema_file import parse_schema
 from dpsynth.errors import UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.sampling import sample_run

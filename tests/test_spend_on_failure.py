@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from dpsynth.cli import app
 from dpsynth.ledger import Ledger
 from dpsynth.methods.dpkernel.trainer import DPKernelTrainer
-from dpsynth.privacy import functional
-from dpsynth.runs import RunDir
+from dpsynth.privacy.mechanisms import functional
+from dpsynth.rundir import RunDir
 from dpsynth.training import train_run
 
 runner = CliRunner()
@@ -115,8 +115,8 @@ def test_a_start_that_fails_before_any_read_aborts_at_zero_and_leaves_no_run_dir
 def _spend_up_to(ledger_path: Path, spent: float) -> float:
     """A completed spend on `digits` whose ε at the default δ is just under `spent`; its δ."""
     from dpsynth.data.sources import load_data
-    from dpsynth.privacy.accounting import compose_epsilon, poisson_gaussian_event
-    from dpsynth.privacy.calibration import default_delta
+    from dpsynth.privacy.accounting.calibration import default_delta
+    from dpsynth.privacy.accounting.compose import compose_epsilon, poisson_gaussian_event
     from dpsynth.training.data import keyed_fingerprint
 
     records = load_data("digits")

@@ -36,10 +36,10 @@ from dpsynth.data.engines.duckdb_engine import DuckDBCounter
 from dpsynth.data.engines.memory import MemoryCounter
 from dpsynth.data.schema_draft import draft_table
 from dpsynth.data.sources import read_table_file
-from dpsynth.data.tabular import encode_table
+from dpsynth.data.table_codec import encode_table
 from dpsynth.errors import UsageError
 from dpsynth.methods.marginal.domain import codes_from_rows, table_domain
-from dpsynth.privacy.marginals import MarginalQueries
+from dpsynth.privacy.mechanisms.marginal_measure import MarginalQueries
 from dpsynth.training import train_run
 from tests.test_messy_tables import messy_frame
 

@@ -17,14 +17,15 @@ from typer.testing import CliRunner
 
 from dpsynth.cli import app
 from dpsynth.data.builtin_tables import TABLES_DIR
-from dpsynth.data.schema import DATA_SOURCE, parse_schema
+from dpsynth.data.schema import DATA_SOURCE
 from dpsynth.data.schema_draft import draft_schema
+from dpsynth.data.schema_file import parse_schema
 from dpsynth.data.sources import load_table, read_table
-from dpsynth.data.tabular import TableCodec, encode_table, read_csv_table
+from dpsynth.data.table_codec import TableCodec, encode_table, read_csv_table
 from dpsynth.errors import DataError, UsageError
 from dpsynth.ledger import Ledger
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.histograms import (
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.mechanisms.histograms import (
     category_counts,
     noisy,
     numeric_bin_edges,
@@ -483,7 +484,7 @@ def test_census_rows_with_blanks_and_missing_tokens_round_trip(tmp_path: Path) -
 
 def test_target_weights_set_the_generated_label_proportions() -> None:
     from dpsynth.methods.dpkernel import DPKernelMethod, weighted_labels
-    from dpsynth.privacy.plan import PrivacyTarget
+    from dpsynth.privacy.accounting.plan import PrivacyTarget
 
     labels = weighted_labels(32, (0.94, 0.06))
     assert labels.tolist() == [0] * 29 + [1] * 3  # one each, then 30 by largest remainder

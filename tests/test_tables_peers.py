@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpsynth.data.schema import read_schema
+from dpsynth.data.schema_file import read_schema
 from dpsynth.data.sources import read_table
-from dpsynth.data.tabular import RawTable, read_csv_table
+from dpsynth.data.table_codec import RawTable, read_csv_table
 from dpsynth.evaluate.marginals import discretise, marginal_columns
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"

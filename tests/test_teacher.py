@@ -22,10 +22,10 @@ from dpsynth.methods.blocks import (
     plan_with_stages,
     teacher_from_state,
 )
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.calibration import plan_poisson_gaussian
-from dpsynth.privacy.plan import PrivacyTarget
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.dpsgd_plan import plan_poisson_gaussian
+from dpsynth.privacy.accounting.plan import PrivacyTarget
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 INFO = DataInfo("test", "test", 200, (1, 8, 8), ("a", "b", "c"), "f" * 64, "d")
 

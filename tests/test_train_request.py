@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 from loop_backend import TemplateMethod
@@ -21,13 +22,22 @@ def template_backend(monkeypatch):
     return TemplateMethod
 
 
-def request(tmp_path, **changes) -> TrainRequest:
-    fields = dict(
+def _fields(tmp_path) -> dict:
+    return dict(
         out=tmp_path / "run", method="templates", data="digits", epsilon=5.0, preset="tiny",
         ledger_path=tmp_path / "ledger.jsonl", device="cpu", seed=3,
     )  # fmt: skip
-    fields.update(changes)
-    return TrainRequest(**fields)
+
+
+def request(tmp_path, **changes) -> TrainRequest:
+    return TrainRequest(**{**_fields(tmp_path), **changes})
+
+
+def test_a_request_holds_parsed_fields(tmp_path) -> None:
+    made = request(tmp_path, epsilon="inf", classes="a,b", overrides=None)
+    assert made.epsilon == math.inf and made.target_epsilon == math.inf
+    assert made.classes == ("a", "b") and made.overrides == {}
+    assert request(tmp_path, epsilon="2.5").epsilon == 2.5
 
 
 def test_a_request_cannot_be_changed_after_it_is_built(tmp_path) -> None:
@@ -62,14 +72,14 @@ def test_a_request_cannot_be_changed_after_it_is_built(tmp_path) -> None:
 def test_the_library_refuses_a_bad_request_before_anything_is_written(
     tmp_path, changes, message, printed
 ) -> None:
-    bad = request(tmp_path, **changes)
+    # Parsed and checked once, when built: a request that exists can start.
     with pytest.raises(UsageError) as refused:
-        bad.validate()
+        request(tmp_path, **changes)
     # The library names the parameter, never a flag; the CLI prints the flag.
     assert str(refused.value).startswith(message) and "--" not in str(refused.value)
     assert cli_message(refused.value).startswith(printed)
     with pytest.raises(UsageError):
-        train(bad)
+        train_run(**{**_fields(tmp_path), **changes})
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run dir, no ledger line
 
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from dpsynth.errors import BudgetExceededError, UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.methods import registry
-from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.sampling import sample_run
 from dpsynth.training import train_run
 

@@ -37,7 +37,8 @@ def calibrate(
     ./dpsynth-ledger.jsonl); δ defaults to the data set's budget δ, else 1e-5. Every ε
     returned is the accountant's proven bound.
     """
-    from dpsynth.privacy import accounting, calibration
+    from dpsynth.privacy.accounting import calibration
+    from dpsynth.privacy.accounting import compose as accounting
 
     q, n = _sampling_rate(sampling_rate, batch_size, dataset_size)
     length = _length(steps, epochs, q)

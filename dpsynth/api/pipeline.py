@@ -49,29 +49,20 @@ def train(
     seed: int = 0,
     resume: bool = False,
     overrides: Mapping[str, Any] | None = None,
-    image_size: int | None = None,
-    dataset_id: str | None = None,
-    public_size: int | None = None,
-    classes: Sequence[str] | str | None = None,
-    channels: int | None = None,
-    schema: Path | str | None = None,
-    schema_public: bool = False,
-    schema_epsilon: float | None = None,
-    class_weights_epsilon: float | None = None,
-    public: str | None = None,
-    checkpoint_every_s: float = 120.0,
-    log_private_loss: bool = False,
     progress: ProgressCallback | None = None,
-    **request_fields: Any,
+    **options: Any,
 ) -> TrainResult | None:
     """Train `method` on `data` under (ε, δ)-DP into the run directory `out`.
 
     `epsilon` is the data set's total budget after this run ("inf": not private); the spend is
     reserved in `ledger` (default: $DPSYNTH_LEDGER, else ./dpsynth-ledger.jsonl; with
     `resume` and no ledger, the run's recorded one) before any record is read. `overrides`
-    are preset values by name (`dpsynth train --set`). Tables (`data="csv:FILE"`) take a
-    `schema` file and, for its entries read off the data, `schema_public=True` or a DP
-    release costing `schema_epsilon`. Further `TrainRequest` fields may be given by name.
+    are preset values by name (`dpsynth train --set`). `options` are the other fields of
+    `dpsynth.training.TrainRequest` by name, as the command's options: for tables `schema`
+    (a file) and, for its entries read off the data, `schema_public=True` or a DP release
+    costing `schema_epsilon`, `class_weights_epsilon`, `engine`, `memory_budget`; for images
+    `image_size`, `channels`, `classes` ("a,b,c" or a sequence) and `public`; and
+    `dataset_id`, `public_size`, `checkpoint_every_s`, `log_private_loss`.
     Raises `UsageError` (naming the parameter) before anything is written for a bad request,
     `BudgetExceededError` when the ledger's cap would be passed, `DataError` for bad data.
     Under torchrun every rank calls it; ranks other than 0 get None.
@@ -82,7 +73,7 @@ def train(
         out=out,
         method=method,
         data=data,
-        epsilon=epsilon,
+        epsilon=epsilon,  # type: ignore[arg-type]  # parsed when the request is built
         delta=delta,
         preset=preset,
         ledger_path=None if resume and ledger is None else _ledger(ledger),
@@ -90,19 +81,7 @@ def train(
         seed=seed,
         resume=resume,
         overrides=dict(overrides or {}),
-        image_size=image_size,
-        dataset_id=dataset_id,
-        public_size=public_size,
-        classes=_classes(classes),
-        channels=channels,
-        checkpoint_every_s=checkpoint_every_s,
-        log_private_loss=log_private_loss,
-        schema=schema,
-        schema_public=schema_public,
-        schema_epsilon=schema_epsilon,
-        class_weights_epsilon=class_weights_epsilon,
-        public=public,
-        **request_fields,
+        **options,
     )
     return train_request(request, progress)
 
@@ -126,7 +105,7 @@ def _recorded_ledger(request: TrainRequest, summary: Mapping[str, Any]) -> Path 
     if request.ledger_path is not None:
         return Path(request.ledger_path)
     from dpsynth.errors import DpsynthError
-    from dpsynth.runs import RunDir
+    from dpsynth.rundir import RunDir
     from dpsynth.training.resume import recorded_ledger
 
     try:

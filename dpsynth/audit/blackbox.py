@@ -123,7 +123,7 @@ def run_blackbox(
     """One black-box run: canaries into the built-in table, `train` and `sample` through the
     library, the guesses from the synthetic rows → a lower bound beside the run's claim."""
     from dpsynth.sampling import sample_table
-    from dpsynth.training.run import train_run
+    from dpsynth.training.entry import train_run
 
     if "table" not in get_method(method).modalities:
         raise UsageError(

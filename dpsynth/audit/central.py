@@ -1,7 +1,7 @@
 """White-box one-run audit of the central-images release through its own code.
 
-The release (`privacy/central.py`) is `noisy_statistics(x, y, K, plan)`: the class sums of the
-clipped records over C and w · the class counts, plus N(0, (σΔ)²) per coordinate, Δ =
+The release (`privacy/releases/central.py`) is `noisy_statistics(x, y, K, plan)`: the class sums of
+the clipped records over C and w · the class counts, plus N(0, (σΔ)²) per coordinate, Δ =
 `plan.sensitivity` = √(1 + w²) (a ledger `gaussian` event annotated `mechanism:
 central_images`). The audit calls that function itself (statistic and noise) on canary images.
 
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from dpsynth.audit.frequency import BREAK_FACTOR, plan_under
-from dpsynth.privacy.central import MECHANISM, CentralImagesPlan, noisy_statistics
+from dpsynth.privacy.releases.central import MECHANISM, CentralImagesPlan, noisy_statistics
 
 __all__ = ["CENTRAL_BREAKS", "MECHANISM", "central_scores"]
 

@@ -1,6 +1,6 @@
 """White-box one-run audit of the frequency model through its own code (`frequency_statistics`).
 
-The frequency model (`privacy/frequency.py`) releases one vector, the statistic
+The frequency model (`privacy/releases/frequency.py`) releases one vector, the statistic
 `frequency_statistics(x, y, K, plan)` plus N(0, (σΔ)²) per coordinate, Δ = `plan.sensitivity`
 = √(2 + w²) (a ledger `gaussian` event annotated `mechanism: frequency_model`, q = 1). The audit
 runs that statistic on canary *records*: images in [-1, 1] that the training code clips and
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from dpsynth.privacy.frequency import MECHANISM, FrequencyPlan, frequency_statistics
+from dpsynth.privacy.releases.frequency import MECHANISM, FrequencyPlan, frequency_statistics
 
 __all__ = ["BREAK_FACTOR", "FREQUENCY_BREAKS", "MECHANISM", "canary_image", "frequency_scores"]
 

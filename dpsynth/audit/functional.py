@@ -34,11 +34,11 @@ from dpsynth.audit.whitebox import (
     mixture_log_ratio,
 )
 from dpsynth.errors import UsageError
-from dpsynth.privacy.dpsgd import PoissonSampler
-from dpsynth.privacy.functional import (
+from dpsynth.privacy.mechanisms.functional import (
     derivative_kernel_covariance,
     privatize_embedding_gradient,
 )
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
 
 __all__ = ["audit_field", "canary_block", "field_canary_scores"]
 

@@ -41,8 +41,8 @@ import torch
 from dpsynth.audit.whitebox import PartOutcome, best_guesses, draw_canaries
 from dpsynth.errors import DpsynthError, UsageError
 from dpsynth.methods.marginal.domain import TableDomain, codes_from_rows, rows_from_codes
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.marginals import CodesCounter, MarginalQueries
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.mechanisms.marginal_measure import CodesCounter, MarginalQueries
 
 __all__ = [
     "BREAK_FACTOR",

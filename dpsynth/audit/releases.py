@@ -23,7 +23,7 @@ import torch
 
 from dpsynth.audit import central, frequency
 from dpsynth.audit.whitebox import GuessOutcome, PartOutcome, best_guesses, draw_canaries
-from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.privacy.accounting.compose import compose_epsilon
 
 __all__ = ["RELEASE_BREAKS", "audit_with_releases", "split_releases"]
 

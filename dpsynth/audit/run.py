@@ -36,8 +36,8 @@ from dpsynth.data.limits import over_budget
 from dpsynth.errors import UsageError
 from dpsynth.methods.recommend import AUTO, recommend_method, resolve_preset
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.calibration import default_delta
-from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
+from dpsynth.privacy.accounting.calibration import default_delta
+from dpsynth.privacy.accounting.plan import PrivacyPlan, PrivacyTarget
 
 __all__ = ["AuditResult", "audit_memory", "check_audit_values", "public_info", "run_audit"]
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from dpsynth.data.builtin_tables import TABLE_BUILTINS
 from dpsynth.data.csvfile import CheckedText
 from dpsynth.data.images import DataInfo
-from dpsynth.data.schema import Schema, read_schema
+from dpsynth.data.schema import Schema
+from dpsynth.data.schema_file import read_schema
 from dpsynth.data.sources import parse_spec
-from dpsynth.data.tabular import TableCodec
+from dpsynth.data.table_codec import TableCodec
 from dpsynth.errors import UsageError
 
 __all__ = ["is_table_data", "table_info"]

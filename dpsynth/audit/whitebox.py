@@ -32,7 +32,8 @@ from torch import Tensor, nn
 
 from dpsynth.audit.bound import epsilon_lower_bound
 from dpsynth.errors import UsageError
-from dpsynth.privacy.dpsgd import PoissonSampler, PrivateGradient
+from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
 
 __all__ = [
     "BREAK_MODES",

@@ -85,7 +85,7 @@ def data_inspect(
 ) -> None:
     """Public facts about a data set (size, shape, classes), and its fingerprint as the ledger
     keys it (when the ledger has a key); no statistics."""
-    from dpsynth.data.schema import read_schema
+    from dpsynth.data.schema_file import read_schema
     from dpsynth.data.sources import inspect_data, parse_classes
     from dpsynth.ledger import Ledger
 

@@ -152,7 +152,7 @@ def evaluate(
 
 
 def _render_table(result: dict[str, Any]) -> None:
-    from dpsynth.evaluate.tabular import fmt_score, marginal_rows, ml_metrics, score_rows
+    from dpsynth.evaluate.table_report import fmt_score, marginal_rows, ml_metrics, score_rows
 
     print_warnings(list(result.get("warnings", [])))
     rows: list[tuple[str, Any]] = [

@@ -11,7 +11,7 @@ from rich.markup import escape
 from dpsynth.cli.app import DebugOpt, JsonOpt, LedgerOpt, app, handle_errors, resolve_ledger_path
 from dpsynth.cli.render import emit_json, fmt_eps, print_rows, print_warnings, stdout
 from dpsynth.errors import UsageError
-from dpsynth.privacy.plan_check import NOT_DP_LABEL, not_dp_label
+from dpsynth.privacy.accounting.plan_check import NOT_DP_LABEL, not_dp_label
 
 ledger_app = typer.Typer(help="Show, verify and cap the privacy spent per dataset.")
 app.add_typer(ledger_app, name="ledger", no_args_is_help=True)
@@ -141,7 +141,7 @@ def ledger_verify(
     a run's spend or a published head is not in the chain (a cut or rewritten ledger)."""
     from dpsynth.ledger import Ledger
     from dpsynth.ledger.anchors import SpendAnchor
-    from dpsynth.runs import RunDir
+    from dpsynth.rundir import RunDir
 
     if more_runs and not against:
         raise UsageError("give run directories with --against RUN [RUN ...]")
@@ -225,7 +225,7 @@ def ledger_budget(
 ) -> None:
     """Record a privacy budget cap for a dataset; later spends over it are refused (exit 3)."""
     from dpsynth.ledger import Ledger
-    from dpsynth.privacy.accounting import compose_epsilon, validate_probability_inputs
+    from dpsynth.privacy.accounting.compose import compose_epsilon, validate_probability_inputs
 
     validate_probability_inputs(epsilon, delta, 1.0, None)
     book = Ledger(resolve_ledger_path(ledger))

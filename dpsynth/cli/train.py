@@ -202,11 +202,9 @@ def train(
     data-parallel with the same mechanism and accounting; rank 0 alone writes and prints.
     """
     from dpsynth.api import train_request
-    from dpsynth.data.sources import parse_classes
     from dpsynth.distributed import is_main_process
     from dpsynth.training import TrainRequest
 
-    TrainRequest.check_complete(resume=resume, method=method, data=data, epsilon=epsilon)
     request = TrainRequest(
         out=out,
         method=method,
@@ -227,7 +225,7 @@ def train(
         image_size=image_size,
         dataset_id=dataset_id,
         public_size=public_size,
-        classes=parse_classes(classes),
+        classes=classes,
         channels=channels,
         checkpoint_every_s=checkpoint_every,
         log_private_loss=log_private_loss,

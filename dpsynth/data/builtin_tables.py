@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsynth.data.schema import Schema, parse_schema
-from dpsynth.data.tabular import RawTable, read_csv_table
+from dpsynth.data.schema import Schema
+from dpsynth.data.schema_file import parse_schema
+from dpsynth.data.table_codec import RawTable, read_csv_table
 from dpsynth.errors import DpsynthError
 
 TABLES_DIR = Path(__file__).parent / "tables"

@@ -25,7 +25,8 @@ RELEASED_PREFIX = "released with DP"
 
 
 def is_released(column: Column) -> bool:
-    """True when the column's entries came out of a DP release (see `dpsynth.tables`)."""
+    """True when the column's entries came out of a DP release (see
+    `dpsynth.training.table_schema`)."""
     return (column.source or "").startswith(RELEASED_PREFIX)
 
 

@@ -2,7 +2,7 @@
 
 The text comes through `dpsynth.data.csvfile.CheckedText` (decompression, UTF-8, the line cap)
 and is parsed in chunks of rows; each column holds one shared `str` per distinct value and a
-pointer per row. `dpsynth.data.tabular` parses and encodes the strings under a schema.
+pointer per row. `dpsynth.data.table_codec` parses and encodes the strings under a schema.
 """
 
 from __future__ import annotations

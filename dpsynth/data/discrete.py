@@ -5,8 +5,8 @@ Every used column (the features in file order, then the target) becomes an attri
 finite public domain, from the schema and the preset only, never from the data:
 - a categorical or boolean column: its levels;
 - a numeric, integer, date or time column with `edges` (declared, or released with DP by
-  `dpsynth.tables`): one bin per pair of consecutive edges, left-closed (the last one closed);
-  an edge repeated twice is a point mass (a bin holding that value alone, e.g. 0);
+  `dpsynth.training.table_schema`): one bin per pair of consecutive edges, left-closed (the last one
+  closed); an edge repeated twice is a point mass (a bin holding that value alone, e.g. 0);
 - one without `edges`: bins over its public [min, max]. An integer column with at most `bins`
   values gets one bin per value (exact). Otherwise, with `bound_bins`, the bounds themselves
   are bins of their own (a point mass at min or max) and `bins − 2` equal-width bins cover the
@@ -34,7 +34,7 @@ from dpsynth.data.column_values import check_header, column_numbers, is_released
 from dpsynth.data.csvtable import RawTable
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Column, Schema
-from dpsynth.data.tabular import TableCodec, _scale, codec_for
+from dpsynth.data.table_codec import TableCodec, _scale, codec_for
 from dpsynth.errors import DataError
 
 # Positions within this fraction of a bin below an edge count as on the edge: the float32

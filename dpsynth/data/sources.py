@@ -34,7 +34,7 @@ from dpsynth.data.readers import (
     resize_uint8,
 )
 from dpsynth.data.schema import Schema
-from dpsynth.data.tabular import RawTable, TableData, encode_table
+from dpsynth.data.table_codec import RawTable, TableData, encode_table
 from dpsynth.errors import UsageError
 
 __all__ = [
@@ -319,7 +319,7 @@ def read_table_file(
     ending in `.parquet`; its time columns in `schema`'s formats when given, see
     `dpsynth.data.parquetfile`), else CSV (plain or compressed). `source` names it in errors."""
     from dpsynth.data.parquetfile import read_parquet_table
-    from dpsynth.data.tabular import read_csv_table
+    from dpsynth.data.table_codec import read_csv_table
 
     if kind is None:
         kind = "parquet" if Path(path).suffix.lower() == ".parquet" else "csv"

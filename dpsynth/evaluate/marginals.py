@@ -41,7 +41,7 @@ import pandas as pd
 
 from dpsynth.data.column_values import column_numbers, level_codes, missing_mask
 from dpsynth.data.schema import Column, Schema
-from dpsynth.data.tabular import RawTable
+from dpsynth.data.table_codec import RawTable
 from dpsynth.errors import DataError
 
 BINS = 10

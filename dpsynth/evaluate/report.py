@@ -36,7 +36,7 @@ from dpsynth.evaluate.render import (
     render_per_class,
     render_sample_grid,
 )
-from dpsynth.runs import write_bytes_atomic
+from dpsynth.rundir import write_bytes_atomic
 from dpsynth.training import resolve_device
 
 METRICS = ("fid", "accuracy", "precision", "recall")
@@ -91,12 +91,12 @@ def run_evaluation(
     channels (`--classes`, `--channels`) for `--real` and `--real-train`. Returns a JSON-ready
     dict.
     A table (`--real csv:FILE` or a built-in table) is evaluated by
-    `dpsynth.evaluate.tabular` (logistic regression and gradient boosting; `schema` reads it).
+    `dpsynth.evaluate.table_report` (logistic regression and gradient boosting; `schema` reads it).
     """
     from dpsynth.data.sources import is_table_spec
 
     if is_table_spec(real):
-        from dpsynth.evaluate.tabular import run_table_evaluation
+        from dpsynth.evaluate.table_report import run_table_evaluation
 
         return run_table_evaluation(
             synthetic=synthetic, real=real, metrics=metrics, seeds=seeds, real_train=real_train,
@@ -224,7 +224,7 @@ def _run_privacy(synthetic: str, ledger_path: str | os.PathLike[str] | None) -> 
 def _unfinished_warnings(synthetic: str, privacy: dict | None) -> list[str]:
     """A warning when the synthetic images come from a run whose training did not finish: the
     run dir's checkpoint, or a sample folder whose manifest records a partial release."""
-    from dpsynth.sampling.run import TrainingState, partial_note, released_training_state
+    from dpsynth.sampling.trained_run import TrainingState, partial_note, released_training_state
 
     state: TrainingState | None = None
     if privacy is not None:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from dpsynth.data.column_values import column_numbers, level_codes
 from dpsynth.data.schema import Schema
-from dpsynth.data.tabular import RawTable
+from dpsynth.data.table_codec import RawTable
 
 CLASSIFIERS = ("logreg", "gbm")
 

@@ -20,7 +20,7 @@ from typing import Any
 from dpsynth.errors import AnchorError, RunConfigEditedError
 from dpsynth.ledger.chain import canonical_json, json_safe
 from dpsynth.ledger.spends import Ledger
-from dpsynth.privacy.plan_check import not_dp_label
+from dpsynth.privacy.accounting.plan_check import not_dp_label
 
 # The parts of a run's config.json that its spend binds: what is trained, on what, and how.
 BOUND_CONFIG_KEYS = ("method", "config", "data", "privacy")

@@ -17,7 +17,7 @@ from typing import Any
 
 from dpsynth.ledger.chain import Chain
 from dpsynth.ledger.key import key_id_of
-from dpsynth.privacy.accounting import compose_epsilon
+from dpsynth.privacy.accounting.compose import compose_epsilon
 
 
 def compose_at(events: Sequence[Mapping[str, Any]], delta: float) -> tuple[float, str]:

@@ -7,12 +7,12 @@ A backend is three objects:
   loop in `dpsynth.training` drew, and exposes its state for checkpoints and `--resume`;
 - a `Generator` (loaded from a run dir): `sample` yields batches of uint8 images, or for a
   table (`DataInfo.modality == "table"`) batches of encoded rows float32 [b, D], which
-  `dpsynth.data.tabular.TableCodec` decodes back to the CSV's columns.
+  `dpsynth.data.table_codec.TableCodec` decodes back to the CSV's columns.
 
 The training loop, not the backend, owns Poisson sampling, the ledger, checkpoints and logs,
 so that every backend gets the same privacy plumbing. It also owns the run's secret
-randomness (`dpsynth.privacy.randomness`): a backend takes every random stream it draws while
-training (its DP noise above all) from the `PrivateRandomness` it is given, never from the
+randomness (`dpsynth.privacy.mechanisms.randomness`): a backend takes every random stream it draws
+while training (its DP noise above all) from the `PrivateRandomness` it is given, never from the
 public `seed`, and leaves saving those streams to the loop, which keeps them private.
 """
 
@@ -27,9 +27,9 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import DpsynthError, UsageError
-from dpsynth.privacy.central import CentralImages
-from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.accounting.plan import PrivacyPlan, PrivacyTarget
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.central import CentralImages
 
 # The plan types live in the privacy layer (which depends on nothing above it); they are part
 # of this interface, so they are re-exported here for backends.
@@ -156,7 +156,7 @@ class Trainer(ABC):
         """Initialise from a DP central-images release before the first DP-SGD step.
 
         The training loop calls it once, for a new run whose plan holds the release (config
-        `warm_start_share` > 0, see `Method.plan`), with what `dpsynth.privacy.central`
+        `warm_start_share` > 0, see `Method.plan`), with what `dpsynth.privacy.releases.central`
         released: it is public, so the trainer may pretrain on it and keep it in its state.
         """
         raise DpsynthError(f"{type(self).__name__} has no warm start from central images")
@@ -201,7 +201,7 @@ class Method(ABC):
     presets: ClassVar[Mapping[str, Mapping[str, Any]]]
     description: ClassVar[str] = ""
     # The kinds of data it trains on: "image" (x float in [-1, 1] [b, C, H, W]) and/or "table"
-    # (x the encoded rows float [b, D], see `dpsynth.data.tabular`). The training loop refuses
+    # (x the encoded rows float [b, D], see `dpsynth.data.table_codec`). The training loop refuses
     # any other kind (exit 2) before anything is read.
     modalities: ClassVar[tuple[str, ...]] = ("image",)
     # Presets for tables, where they differ from the image ones (a backend that supports tables
@@ -304,10 +304,10 @@ class Method(ABC):
         Uses config keys `batch_size` (expected), `steps`, `max_grad_norm`. With
         `warm_start_share` > 0 (and `warm_start_clip`, `warm_start_count_weight`) the plan
         first releases DP central images with that share of the ε, composed with the steps
-        (`dpsynth.privacy.central`); the loop hands the release to `Trainer.warm_start`.
+        (`dpsynth.privacy.releases.central`); the loop hands the release to `Trainer.warm_start`.
         """
-        from dpsynth.privacy.calibration import plan_poisson_gaussian
-        from dpsynth.privacy.central import plan_dpsgd_with_central_images
+        from dpsynth.privacy.accounting.dpsgd_plan import plan_poisson_gaussian
+        from dpsynth.privacy.releases.central import plan_dpsgd_with_central_images
 
         if float(config.get("warm_start_share", 0.0)) > 0:
             return plan_dpsgd_with_central_images(

@@ -38,7 +38,7 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
 from __future__ import annotations
 
 from dpsynth.data.images import DataInfo
-from dpsynth.data.schema import parse_schema
+from dpsynth.data.schema_file import parse_schema
 from dpsynth.methods.base import SMALL_EPSILON, Method, is_large_image
 from dpsynth.methods.registry import get_method
 

@@ -33,7 +33,7 @@ import torch
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, Trainer
 from dpsynth.methods.blocks import FrequencyStart, Teacher, plan_with_stages, teacher_from_state
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 __all__ = ["StagedMethod", "StagedTrainer", "load_module_tensors", "module_tensors", "seeded"]
 

@@ -1,0 +1,1 @@
+"""The privacy layer: mechanisms, releases and accounting; it depends on nothing above it."""

@@ -22,8 +22,8 @@ from dpsynth.sampling.outputs import (
     table_manifest_path,
 )
 from dpsynth.sampling.partitions import PARTITION_ROWS
-from dpsynth.sampling.run import load_generator, run_privacy, set_truncation
 from dpsynth.sampling.table import sample_table
+from dpsynth.sampling.trained_run import load_generator, run_privacy, set_truncation
 
 __all__ = [
     "MAX_SAMPLES",

@@ -39,7 +39,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import DpsynthError, UsageError
 from dpsynth.outdir import check_target, remove_stale_staging, replace_dir, staging_dir
-from dpsynth.runs import RunDir, write_json_atomic
+from dpsynth.rundir import RunDir, write_json_atomic
 from dpsynth.sampling.outputs import PartitionProgress, SampleProgress, record_release
 from dpsynth.sampling.partition_worker import start_worker, write_partition
 from dpsynth.sampling.partitions import (
@@ -48,8 +48,8 @@ from dpsynth.sampling.partitions import (
     partition_count,
     plan_partitions,
 )
-from dpsynth.sampling.run import load_generator, run_privacy, set_truncation
 from dpsynth.sampling.table_release import check_not_protected, table_labels, table_manifest
+from dpsynth.sampling.trained_run import load_generator, run_privacy, set_truncation
 
 MANIFEST = "_manifest.json"
 SUCCESS = "_SUCCESS"

@@ -22,7 +22,7 @@ from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator
 from dpsynth.outdir import check_target, remove_stale_staging, replace_dir, staging_dir
-from dpsynth.runs import RunDir, write_json_atomic
+from dpsynth.rundir import RunDir, write_json_atomic
 from dpsynth.sampling.labels import label_chunks, label_counts, labelled_batches
 from dpsynth.sampling.outputs import (
     PartitionProgress,
@@ -30,8 +30,8 @@ from dpsynth.sampling.outputs import (
     is_sample_output,
     record_release,
 )
-from dpsynth.sampling.run import load_generator, run_modality, run_privacy, set_truncation
 from dpsynth.sampling.table import sample_table
+from dpsynth.sampling.trained_run import load_generator, run_modality, run_privacy, set_truncation
 
 # Far beyond any real release; above it a typo (an extra zero or two) is the likely cause.
 MAX_SAMPLES = 10**9

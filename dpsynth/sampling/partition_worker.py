@@ -38,8 +38,8 @@ def start_worker(run_dir: str, device: str, truncation: float | None) -> None:
     import torch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from dpsynth.data.tabular import codec_for
-    from dpsynth.sampling.run import load_generator, set_truncation
+    from dpsynth.data.table_codec import codec_for
+    from dpsynth.sampling.trained_run import load_generator, set_truncation
 
     torch.set_num_threads(1)
     generator, run_config, info = load_generator(run_dir, device)

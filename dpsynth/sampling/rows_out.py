@@ -17,7 +17,7 @@ from dpsynth.errors import UsageError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from dpsynth.data.tabular import TableCodec
+    from dpsynth.data.table_codec import TableCodec
     from dpsynth.sampling.parquet_out import ParquetRows
 
 TABLE_FORMATS = ("csv", "parquet")

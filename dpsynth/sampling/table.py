@@ -11,7 +11,7 @@ import numpy as np
 from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import UsageError
 from dpsynth.outdir import remove_stale_staging, staging_file
-from dpsynth.runs import RunDir, write_json_atomic
+from dpsynth.rundir import RunDir, write_json_atomic
 from dpsynth.sampling.labels import AUTO_LABELS, labelled_batches
 from dpsynth.sampling.outputs import (
     PartitionProgress,
@@ -21,8 +21,8 @@ from dpsynth.sampling.outputs import (
 )
 from dpsynth.sampling.partitions import DATASET_BATCH, wants_partitions
 from dpsynth.sampling.rows_out import RowsFile, table_format
-from dpsynth.sampling.run import load_generator, run_privacy, set_truncation
 from dpsynth.sampling.table_release import check_not_protected, table_labels
+from dpsynth.sampling.trained_run import load_generator, run_privacy, set_truncation
 
 
 def sample_table(
@@ -46,7 +46,7 @@ def sample_table(
     """Write N synthetic rows of a table's run to the CSV file `out` and record the release.
 
     The CSV has the original header, column order and category strings (see
-    `dpsynth.data.tabular`); it is streamed batch by batch into a temporary name beside
+    `dpsynth.data.table_codec`); it is streamed batch by batch into a temporary name beside
     `out` and renamed into place, with `OUT.manifest.json` (provenance, privacy statement,
     SHA-256 of the CSV). `force` replaces only an earlier CSV of `sample` (one with its
     manifest). Categorical blocks are sampled with the public `seed`. An `out` ending in
@@ -62,7 +62,7 @@ def sample_table(
     import math
     import os
 
-    from dpsynth.data.tabular import codec_for
+    from dpsynth.data.table_codec import codec_for
 
     if wants_partitions(out, n, fmt, partitions):
         if fmt not in (None, "parquet"):

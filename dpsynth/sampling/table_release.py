@@ -10,7 +10,7 @@ from typing import Any
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator
-from dpsynth.runs import RunDir
+from dpsynth.rundir import RunDir
 from dpsynth.sampling.labels import AUTO_LABELS, table_label_counts, weighted_counts
 
 

@@ -9,9 +9,9 @@ loop needs, the warm-start release), `loop` (the all-or-nothing steps and checkp
 """
 
 from dpsynth.methods.recommend import resolve_preset
+from dpsynth.training.entry import train, train_run
 from dpsynth.training.progress import ProgressCallback, TrainProgress
 from dpsynth.training.request import TrainRequest, parse_epsilon, resolve_device
-from dpsynth.training.run import train, train_run
 
 __all__ = [
     "ProgressCallback",

@@ -12,9 +12,9 @@ from typing import Any
 from dpsynth.data.engines import PassCallback
 from dpsynth.data.engines.source import TableSource
 from dpsynth.data.images import DataInfo, ImageData
-from dpsynth.data.schema import parse_schema
+from dpsynth.data.schema_file import parse_schema
 from dpsynth.data.sources import load_data, load_table
-from dpsynth.data.tabular import TableData
+from dpsynth.data.table_codec import TableData
 from dpsynth.errors import DataError, UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.key import is_legacy

@@ -25,8 +25,8 @@ import torch
 from dpsynth.distributed import Launch
 from dpsynth.errors import DpsynthError, MechanismFailure
 from dpsynth.methods.base import Trainer
-from dpsynth.privacy.dpsgd import PoissonSampler
-from dpsynth.privacy.ghost_check import GhostFallbackWarning
+from dpsynth.privacy.mechanisms.ghost_check import GhostFallbackWarning
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
 from dpsynth.training.interrupts import InterruptRequest, TrainingInterrupted, deferred_interrupts
 from dpsynth.training.progress import (
     EpsilonCurve,

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dpsynth.data.engines import PassCallback
-from dpsynth.privacy.accounting import epsilon_for
-from dpsynth.privacy.plan import PrivacyPlan
+from dpsynth.privacy.accounting.compose import epsilon_for
+from dpsynth.privacy.accounting.plan import PrivacyPlan
 
 # ε shown while training is a valid upper bound computed on a coarser accountant mesh (cheap).
 _PROGRESS_REL_ERROR = 0.05

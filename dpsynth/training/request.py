@@ -1,7 +1,8 @@
 """The request of one `train`: its fields, their checks, and the device and ε it names.
 
-`TrainRequest` is built by the CLI from its flags (or by Python code); `validate` refuses what
-cannot start (exit 2) before anything is read or written.
+`TrainRequest` is built by the CLI from its flags (or by Python code), and parsed and checked
+once, when it is built: ε becomes a float (inf: not private), and what cannot start is refused
+(UsageError, exit 2, naming the parameter) before anything is read or written.
 """
 
 from __future__ import annotations
@@ -65,19 +66,20 @@ def parse_epsilon(value: str | float) -> float:
 
 @dataclass(frozen=True)
 class TrainRequest:
-    """Everything one `train` needs: built by the CLI from its flags (or by Python code) and
-    checked by `validate` before anything is read or written.
+    """Everything one `train` needs: built by the CLI from its flags (or by Python code),
+        parsed and checked (`validate`) when built, before anything is read or written.
 
-    A new run needs `method`, `data`, `epsilon` and `ledger_path`; `resume=True` needs only
-    `out` (the run's recorded settings are used, and its recorded ledger when `ledger_path` is
-    None). `epsilon` is the data set's total budget after this run ("inf": not private).
-    `stop_after_steps` and `privacy_seed` are for tests only (see `train`).
+        A new run needs `method`, `data`, `epsilon` and `ledger_path`; `resume=True` needs only
+        `out` (the run's recorded settings are used, and its recorded ledger when `ledger_path` is
+        None). `epsilon` is the data set's total budget after this run (given as a number or
+    "inf", held as a float; math.inf: not private).
+        `stop_after_steps` and `privacy_seed` are for tests only (see `train`).
     """
 
     out: Path | str
     method: str | None = None
     data: str | None = None
-    epsilon: float | str | None = None
+    epsilon: float | None = None
     delta: float | None = None
     preset: str = "auto"
     ledger_path: Path | str | None = None
@@ -89,7 +91,7 @@ class TrainRequest:
     dataset_id: str | None = None
     # A public upper bound N' on the record count, used in place of N (q, δ, config.json).
     public_size: int | None = None
-    classes: tuple[str, ...] | None = None
+    classes: tuple[str, ...] | None = None  # a "a,b,c" string is split
     channels: int | None = None
     checkpoint_every_s: float = 120.0
     stop_after_steps: int | None = None
@@ -111,6 +113,24 @@ class TrainRequest:
     engine: str = "auto"
     memory_budget: int | None = None
 
+    def __post_init__(self) -> None:
+        # Parsed once into typed fields, then checked: a built request can start.
+        if self.epsilon is not None:
+            object.__setattr__(self, "epsilon", parse_epsilon(self.epsilon))
+        object.__setattr__(self, "overrides", dict(self.overrides or {}))
+        if isinstance(self.classes, str):
+            from dpsynth.data.sources import parse_classes
+
+            object.__setattr__(self, "classes", parse_classes(self.classes))
+        elif self.classes is not None:
+            object.__setattr__(self, "classes", tuple(self.classes))
+        self.validate()
+
+    @property
+    def target_epsilon(self) -> float:
+        """The ε of a new run (math.inf: the non-private baseline)."""
+        return math.inf if self.epsilon is None else float(self.epsilon)
+
     @staticmethod
     def check_complete(
         *, resume: bool, method: str | None, data: str | None, epsilon: float | str | None
@@ -128,7 +148,8 @@ class TrainRequest:
             )
 
     def validate(self) -> None:
-        """UsageError (exit 2) for a request that cannot start, before anything is read."""
+        """UsageError (exit 2) for a request that cannot start, before anything is read (run
+        when the request is built)."""
         self.check_complete(
             resume=self.resume, method=self.method, data=self.data, epsilon=self.epsilon
         )
@@ -164,7 +185,6 @@ class TrainRequest:
         if not self.resume:
             if self.ledger_path is None:
                 raise UsageError("a new run needs a ledger path")
-            parse_epsilon(self.epsilon if self.epsilon is not None else "inf")
             if self.public is not None and self.data is not None:
                 from dpsynth.data.sources import is_table_spec
 

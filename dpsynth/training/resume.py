@@ -19,11 +19,11 @@ from dpsynth.errors import AnchorError, DataError, UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import SpendAnchor, verified_spend
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.dpsgd import PoissonSampler
-from dpsynth.privacy.plan import PrivacyPlan
-from dpsynth.privacy.plan_check import check_plan_parameters
-from dpsynth.privacy.randomness import PrivateRandomness
-from dpsynth.runs import RunDir
+from dpsynth.privacy.accounting.plan import PrivacyPlan
+from dpsynth.privacy.accounting.plan_check import check_plan_parameters
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.rundir import RunDir
 from dpsynth.training.data import (
     attach_source,
     load_recorded,

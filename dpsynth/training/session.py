@@ -14,11 +14,11 @@ from dpsynth.data.images import DataInfo, ImageData
 from dpsynth.data.public import PublicImages
 from dpsynth.ledger import Ledger
 from dpsynth.methods.base import Method, Trainer
-from dpsynth.privacy.central import central_plan_in, release_central_images
-from dpsynth.privacy.dpsgd import PoissonSampler
-from dpsynth.privacy.plan import PrivacyPlan
-from dpsynth.privacy.randomness import PrivateRandomness
-from dpsynth.runs import RunDir
+from dpsynth.privacy.accounting.plan import PrivacyPlan
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.central import central_plan_in, release_central_images
+from dpsynth.rundir import RunDir
 
 
 @dataclass

@@ -27,7 +27,7 @@ from dpsynth.data.engines import PassCallback
 from dpsynth.data.engines.source import TableSource
 from dpsynth.data.images import DataInfo
 from dpsynth.data.sources import is_table_spec, load_data
-from dpsynth.data.tabular import TableData
+from dpsynth.data.table_codec import TableData
 from dpsynth.distributed import Launch
 from dpsynth.errors import UsageError
 from dpsynth.ledger import Ledger
@@ -36,11 +36,11 @@ from dpsynth.methods.base import Method
 from dpsynth.methods.blocks import stage_shares
 from dpsynth.methods.recommend import AUTO, recommend_method, resolve_preset
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.calibration import default_delta
-from dpsynth.privacy.dpsgd import PoissonSampler
-from dpsynth.privacy.plan import PrivacyTarget
-from dpsynth.privacy.randomness import PrivateRandomness
-from dpsynth.runs import RunDir
+from dpsynth.privacy.accounting.calibration import default_delta
+from dpsynth.privacy.accounting.plan import PrivacyTarget
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.rundir import RunDir
 from dpsynth.training.data import (
     attach_source,
     check_engine_method,
@@ -49,7 +49,7 @@ from dpsynth.training.data import (
     public_info,
 )
 from dpsynth.training.public import ledger_record, open_public
-from dpsynth.training.request import TrainRequest, parse_epsilon
+from dpsynth.training.request import TrainRequest
 from dpsynth.training.session import Session, central_generator
 
 
@@ -73,7 +73,7 @@ def start_run(
     run = RunDir(out)
     assert ledger_path is not None and request.method is not None and request.data is not None
     ledger = Ledger(ledger_path)
-    target_epsilon = parse_epsilon(request.epsilon if request.epsilon is not None else "inf")
+    target_epsilon = request.target_epsilon
     # --method auto is resolved from the public description once it is known (below).
     backend = None if request.method == AUTO else get_method(request.method)
     run.check_new()
@@ -257,23 +257,17 @@ def _load_table(
     randomness: PrivateRandomness,
     on_pass: PassCallback | None = None,
 ) -> tuple[TableData | TableSource, dict[str, Any] | None, Method]:
-    """The table under a public schema, and the run's backend (None: --method auto, chosen
-    from the first public description of the table, the one a DP schema release is planned
-    on, so that the release and the run agree); with --schema-epsilon its release is spent
-    first."""
+    """The table under a public schema, the release of its schema entries (None: none), and
+    the run's backend (`--method auto`: chosen from the table's public description, the one a
+    DP schema release is planned on, so that the release and the run agree). A release is
+    planned from public facts, the training plan after it is checked to fit, and only then is
+    the release spent."""
     from dpsynth.data.engines import EngineChoice, parse_engine
-    from dpsynth.tables import prepare_table
     from dpsynth.tables_scale import prepare_table_source, table_engine
+    from dpsynth.training.table_schema import read_table_input, release_table_schema
 
     if backend is not None:
         check_modality(backend, "table")
-    chosen: list[Method] = [backend] if backend is not None else []
-
-    def backend_for(info: DataInfo) -> Method:
-        if not chosen:
-            chosen.append(get_method(recommend_method(info, target_epsilon)))
-        return chosen[0]
-
     if request.image_size is not None or request.channels is not None:
         raise UsageError(
             "{image_size} and {channels} are for images, not tables",
@@ -284,22 +278,6 @@ def _load_table(
             "a table's classes are its schema's target categories; drop {classes}",
             parameter="classes",
         )
-
-    def delta_for(n: int) -> float:
-        if request.delta is not None:
-            return float(request.delta)
-        return default_delta(request.public_size or n)
-
-    def plan_check(info: DataInfo, events: tuple[dict[str, Any], ...]) -> None:
-        if request.public_size is not None:
-            info = replace(info, n=request.public_size)
-        method = backend_for(info)
-        preset = resolve_preset(method, request.preset, info, target_epsilon)
-        config = method.config(preset, dict(request.overrides), info)
-        method.validate_config(config, info)
-        prior = (*ledger.events_for(info.dataset_id, info.fingerprint or None), *events)
-        method.plan(info, PrivacyTarget(target_epsilon, delta_for(info.n)), config, prior)
-
     assert request.data is not None
     engine = parse_engine(request.engine)
     counts = backend is None or hasattr(getattr(backend, "trainer_class", None), "attach_counter")
@@ -323,8 +301,8 @@ def _load_table(
             budget=request.memory_budget,
             on_pass=on_pass,
         )
-        return source, None, backend_for(source.info(""))
-    records, release = prepare_table(
+        return source, None, backend or _recommended(source.info(""), target_epsilon)
+    table = read_table_input(
         spec=request.data,
         schema_path=request.schema,
         schema_public=request.schema_public,
@@ -332,14 +310,28 @@ def _load_table(
         class_weights_epsilon=request.class_weights_epsilon,
         dataset_id=request.dataset_id,
         ledger=ledger,
-        delta_for=delta_for,
+        delta=request.delta,
+        public_size=request.public_size,
         target_epsilon=target_epsilon,
-        # asked after plan_check, which has fixed the backend
-        method_name=lambda: chosen[0].name,
-        run_id=run_id,
-        randomness=randomness,
-        plan_check=plan_check,
     )
-    if not chosen:  # nothing was released, so nothing was planned yet: choose on the final info
-        backend_for(records.info(""))
-    return records, release, chosen[0]
+    if table.provisional is None:  # nothing to release: choose on the encoded table
+        records = table.encoded()
+        return records, None, backend or _recommended(records.info(""), target_epsilon)
+    info = table.provisional
+    if request.public_size is not None:
+        info = replace(info, n=request.public_size)
+    backend = backend or _recommended(info, target_epsilon)
+    # The training run must still fit after the release's spend: planned before it is spent.
+    preset = resolve_preset(backend, request.preset, info, target_epsilon)
+    config = backend.config(preset, dict(request.overrides), info)
+    backend.validate_config(config, info)
+    prior = (*ledger.events_for(info.dataset_id, info.fingerprint or None), *table.events)
+    assert table.delta is not None
+    backend.plan(info, PrivacyTarget(target_epsilon, table.delta), config, prior)
+    records, release = release_table_schema(table, ledger, backend.name, run_id, randomness)
+    return records, release, backend
+
+
+def _recommended(info: DataInfo, target_epsilon: float) -> Method:
+    """The backend `--method auto` picks for this public description."""
+    return get_method(recommend_method(info, target_epsilon))

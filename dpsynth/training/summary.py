@@ -11,10 +11,10 @@ import torch
 from dpsynth.data.images import DataInfo
 from dpsynth.ledger import Ledger
 from dpsynth.methods.base import Method, Trainer
-from dpsynth.privacy.plan import PrivacyPlan
-from dpsynth.privacy.plan_check import not_dp_label
-from dpsynth.runs import RunDir
-from dpsynth.visuals import save_grid
+from dpsynth.privacy.accounting.plan import PrivacyPlan
+from dpsynth.privacy.accounting.plan_check import not_dp_label
+from dpsynth.rundir import RunDir
+from dpsynth.training.grid import save_grid
 
 
 def json_eps(value: float) -> float | str:

@@ -139,7 +139,16 @@ def raw_from_batch(batch: pa.RecordBatch, source: str, schema: Schema | None) ->
     columns: list[np.ndarray] = []
     numbers: dict[str, np.ndarray] = {}
     categories: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    # the placeholder text of the columns held typed (one array shared by all of them)
+    blank = np.full(batch.num_rows, "", dtype=object)
     for name, array in zip(batch.schema.names, batch.columns, strict=True):
+        if pa.types.is_dictionary(array.type) and _is_text(array.type.value_type):
+            # a text column read with its Parquet dictionary (`read_dictionary`): its indices
+            # and values as they are, the same pair as `dictionary_encode` of the decoded text
+            # gives (a value that appears twice or not at all changes no code and no hash)
+            categories[name] = _text_categories(array.dictionary, array.indices)
+            columns.append(blank)
+            continue
         if pa.types.is_dictionary(array.type):
             array = array.dictionary_decode()
         kind = array.type
@@ -148,16 +157,13 @@ def raw_from_batch(batch: pa.RecordBatch, source: str, schema: Schema | None) ->
         ):
             values = pc.cast(array, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
             numbers[name] = np.asarray(values, dtype=np.float64)
-            columns.append(np.full(len(array), "", dtype=object))
+            columns.append(blank)
             continue
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        if _is_text(kind):
             # text stays dictionary-encoded: one Python string per distinct value
             encoded = pc.dictionary_encode(array)
-            uniques = [str(u).strip() for u in encoded.dictionary.to_pylist()] + [""]
-            indices = pc.fill_null(encoded.indices, len(uniques) - 1)
-            index_array = indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            categories[name] = (index_array, np.asarray(uniques, dtype=object))
-            columns.append(np.full(len(array), "", dtype=object))
+            categories[name] = _text_categories(encoded.dictionary, encoded.indices)
+            columns.append(blank)
             continue
         if pa.types.is_temporal(kind):
             builder = _TimeColumn(formats.get(name))
@@ -172,3 +178,16 @@ def raw_from_batch(batch: pa.RecordBatch, source: str, schema: Schema | None) ->
     if numbers or categories:
         return TypedChunk(header, tuple(columns), source, numbers, categories)
     return RawTable(header, tuple(columns), source)
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
+def _text_categories(dictionary: pa.Array, indices: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 indices, stripped distinct values + "" for a null) of a dictionary-encoded text
+    column: one Python string per distinct value."""
+    uniques = ["" if u is None else str(u).strip() for u in dictionary.to_pylist()] + [""]
+    filled = pc.fill_null(indices, pa.scalar(len(uniques) - 1, indices.type))
+    index_array = filled.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return index_array, np.asarray(uniques, dtype=object)

@@ -5,7 +5,8 @@ Spark needs), runs the same Python encoding on every worker, and has a local clu
 `--engine dask://host:port` connects to a running scheduler; the workers must import dpsynth
 (the same version) and see the files at the same paths (a shared or network file system).
 
-A Parquet source is split into tasks of a file's row groups; a CSV is split by Dask's own
+A Parquet source is split into tasks of a file's row groups (each `parts.part_counts`, as the
+single-machine engine's processes run it); a CSV is split by Dask's own
 reader into byte blocks (every column as text). Each task reads its part, encodes it with the
 one encoding and returns int64 counts (the size of the marginals, never rows); the client
 sums them. One `counts` call is one pass.
@@ -21,13 +22,13 @@ import numpy as np
 from dpsynth.data.csvtable import RawTable
 from dpsynth.data.discrete import ChunkEncoder
 from dpsynth.data.engines.base import TableCounter
-from dpsynth.data.engines.chunks import TableFiles, raw_from_batch, raw_from_frame
+from dpsynth.data.engines.chunks import TableFiles, raw_from_frame
 from dpsynth.data.engines.counting import Clique, CountSums
+from dpsynth.data.engines.parts import part_counts
 from dpsynth.errors import DataError, UsageError
 
-# Row groups of one file per task, and the rows a task reads at once.
+# Row groups of one file per task.
 _GROUPS_PER_TASK = 4
-_BATCH_ROWS = 65_536
 _CSV_BLOCK = "64MB"
 # Task results summed on a worker at once (the tree that keeps the client's traffic to one).
 _FAN_IN = 8
@@ -35,27 +36,6 @@ CONNECT_TIMEOUT_S = 5
 
 
 Result = tuple[list[np.ndarray], int, np.ndarray]
-
-
-def _parquet_task(
-    path: str,
-    groups: list[int],
-    encoder: ChunkEncoder,
-    cliques: list[Clique],
-    name: str,
-    digest: bool,
-) -> Result:
-    import pyarrow.parquet as pq
-
-    sums = CountSums(encoder.domain.sizes, cliques, encoder.schema if digest else None)
-    parquet = pq.ParquetFile(path)
-    try:
-        for batch in parquet.iter_batches(_BATCH_ROWS, row_groups=groups, use_threads=False):
-            raw = raw_from_batch(batch, name, encoder.schema)
-            sums.add_codes(encoder(raw), raw)
-    finally:
-        parquet.close()
-    return sums.totals, sums.rows, sums.hash_sums
 
 
 def _frame_task(
@@ -119,7 +99,7 @@ class DaskCounter(TableCounter):
                     part = list(range(start, min(start + _GROUPS_PER_TASK, groups)))
                     rows = sum(metadata.row_group(g).num_rows for g in part)
                     task = self.client.submit(
-                        _parquet_task, path, part, self.encoder, cliques, name, digest, pure=False
+                        part_counts, path, part, self.encoder, cliques, name, digest, pure=False
                     )
                     tasks.append((task, rows))
             return tasks

@@ -6,16 +6,26 @@ own (`SET memory_limit`, `SET threads`), and hands this process record batches o
 pass holds one batch and the counts, never the table. A CSV is read with every column as text
 (the package's own parser's view: a comma, double quotes, a header line); a Parquet source is
 a file, a partitioned folder or a glob, its footers checked first (`chunks.parquet_rows`).
+
+A Parquet source's passes do not go through DuckDB's scan: they are cut into parts of whole
+row groups (`parts.py`) that `workers` processes (default: this machine's CPUs) read with
+pyarrow, keeping the text columns' Parquet dictionaries, and count; the parts' exact sums add
+up to the same counts and digest as one process reading every batch would. Measured on the
+10M-row table (50 columns, one process): pyarrow with its dictionaries reads a row in a quarter
+of DuckDB's time, and DuckDB's text then has to be dictionary-encoded again, which cost as much
+as the whole read. DuckDB reads a CSV (one process).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from dpsynth.data.csvtable import RawTable
 from dpsynth.data.discrete import ChunkEncoder
 from dpsynth.data.engines.base import TableCounter
 from dpsynth.data.engines.chunks import TableFiles, raw_from_batch
+from dpsynth.data.engines.counting import Clique, CountSums
+from dpsynth.data.engines.parts import count_parts, default_workers, parquet_parts
 from dpsynth.errors import DataError
 
 BATCH_ROWS = 65_536
@@ -36,12 +46,25 @@ class DuckDBCounter(TableCounter):
         memory_limit: int,
         threads: int = 1,
         batch_rows: int = BATCH_ROWS,
+        workers: int | None = None,
     ) -> None:
         super().__init__(encoder, record_count)
         self.files = files
         self.memory_limit = max(int(memory_limit), MIN_MEMORY_LIMIT)
         self.threads = max(1, int(threads))
         self.batch_rows = int(batch_rows)
+        self.workers = default_workers() if workers is None else max(1, int(workers))
+
+    def count(
+        self, cliques: Sequence[Clique], report: Callable[[int], None], digest: bool
+    ) -> CountSums:
+        """One pass: a Parquet source's parts in `workers` processes (see the module), a
+        CSV's DuckDB batches in this one."""
+        if self.files.kind != "parquet":
+            return super().count(cliques, report, digest)
+        parts = parquet_parts(self.files)
+        name = self.files.name
+        return count_parts(parts, self.encoder, cliques, digest, name, self.workers, report)
 
     def _query(self) -> tuple[str, list[object]]:
         paths = list(self.files.paths)

@@ -18,7 +18,7 @@ from dpsynth.data.discrete import ChunkEncoder, TableDomain
 from dpsynth.data.engines.base import TableCounter
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Schema
-from dpsynth.data.tabular import TableCodec
+from dpsynth.data.table_codec import TableCodec
 
 
 @dataclass

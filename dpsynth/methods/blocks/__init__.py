@@ -1,7 +1,7 @@
 """Pieces that more than one backend may use (never imported from a method's module).
 
 `TableHead`: the output activation of a generator of table rows. A table's encoding
-(`dpsynth.data.tabular`) is a sequence of blocks, one per feature column: a one-hot block of
+(`dpsynth.data.table_codec`) is a sequence of blocks, one per feature column: a one-hot block of
 k categories (`softmax`: the head outputs a distribution over them, which decoding samples)
 or one scaled number in [-1, 1] (`tanh`). A backend that opts into tables
 (`Method.modalities` includes "table") ends its generator with `TableHead(block_layout(info))`
@@ -9,8 +9,8 @@ on D = info.shape[0] raw outputs.
 
 Two optional stages any image backend can put around its own mechanisms, each a share of ε
 with its own event in the run's plan, composed by PRV (`stages.plan_with_stages`):
-- `stages`: the DP frequency model (`dpsynth.privacy.frequency`), released before loop step 0
-  and used as the backend's warm start (`FrequencyStart`);
+- `stages`: the DP frequency model (`dpsynth.privacy.releases.frequency`), released before loop step
+  0 and used as the backend's warm start (`FrequencyStart`);
 - `teacher`: the DP teacher, a classifier trained once with DP-SGD whose only use is choosing
   the backend's samples (`Teacher` in the trainer, `TeacherFilter` around the generator).
 """

@@ -1,5 +1,6 @@
 """Planning the shared stages in front of a backend's own mechanisms, and the frequency-model
-warm start (`dpsynth.privacy.frequency`; config `frequency_share` > 0, `FREQUENCY_DEFAULTS`)."""
+warm start (`dpsynth.privacy.releases.frequency`; config `frequency_share` > 0,
+`FREQUENCY_DEFAULTS`)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ import torch
 
 from dpsynth.errors import UsageError
 from dpsynth.methods.blocks.teacher import check_teacher_config, teacher_schedule
-from dpsynth.privacy.central import CentralImages
-from dpsynth.privacy.classifier import plan_with_classifier
-from dpsynth.privacy.frequency import (
+from dpsynth.privacy.accounting.plan import PrivacyPlan, PrivacyTarget
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.central import CentralImages
+from dpsynth.privacy.releases.classifier import plan_with_classifier
+from dpsynth.privacy.releases.frequency import (
     FrequencyPlan,
     frequency_plan_in,
     plan_with_frequency,
     release_frequency_model,
 )
-from dpsynth.privacy.plan import PrivacyPlan, PrivacyTarget
-from dpsynth.privacy.randomness import PrivateRandomness
 
 FREQUENCY_DEFAULTS: dict[str, Any] = {
     "frequency_share": 0.0,
@@ -89,9 +90,9 @@ def plan_with_stages(
 ) -> PrivacyPlan:
     """`plan_rest(target, prior_events)` (the backend's own plan) with the optional shared
     stages: the frequency model in front of it (`frequency_share` > 0: that share of the ε
-    the backend gets, `dpsynth.privacy.frequency`), and beside both the DP teacher
+    the backend gets, `dpsynth.privacy.releases.frequency`), and beside both the DP teacher
     (`teacher_share` > 0: the backend then plans for 1 − share of the ε left and the teacher
-    fills the rest up to ε, `dpsynth.privacy.classifier`). Every stage is one more event in
+    fills the rest up to ε, `dpsynth.privacy.releases.classifier`). Every stage is one more event in
     the plan, all composed by PRV under `target.epsilon`. Settings are checked first
     (UsageError before anything is reserved)."""
     check_teacher_config(config)
@@ -113,7 +114,7 @@ def plan_with_stages(
 
 class FrequencyStart:
     """A trainer's frequency-model warm start: released once, before loop step 0, through
-    `dpsynth.privacy.frequency` from its own secret stream, as a `CentralImages` whose
+    `dpsynth.privacy.releases.frequency` from its own secret stream, as a `CentralImages` whose
     `records` draw from the model. Inactive when the plan has no such release.
 
     A run restarted before its first checkpoint releases again from the fresh stream: the

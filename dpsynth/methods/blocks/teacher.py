@@ -2,8 +2,8 @@
 
 A small classifier trained with DP-SGD on all records once, at loop step 0, or with
 `teacher_pretrain` before the last step from a fit to the backend's own samples
-(`dpsynth.privacy.classifier`; its own event in the run's plan, composed by PRV), whose only
-use is post-processing the backend's samples: `TeacherFilter` draws `teacher_oversample`
+(`dpsynth.privacy.releases.classifier`; its own event in the run's plan, composed by PRV), whose
+only use is post-processing the backend's samples: `TeacherFilter` draws `teacher_oversample`
 candidates per requested image and keeps, for each requested label, the candidates the
 teacher finds most likely to be of that class.
 """
@@ -19,13 +19,13 @@ from torch import nn
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator
 from dpsynth.methods.blocks.teacher_filter import TeacherFilter
-from dpsynth.privacy.classifier import (
+from dpsynth.privacy.accounting.plan import PrivacyPlan
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.classifier import (
     ClassifierSchedule,
     classifier_plan_in,
     train_private_classifier,
 )
-from dpsynth.privacy.plan import PrivacyPlan
-from dpsynth.privacy.randomness import PrivateRandomness
 
 TEACHER_DEFAULTS: dict[str, Any] = {
     # Share of the ε left for the DP teacher (0: none); the backend's own mechanisms are
@@ -70,7 +70,7 @@ RELABELLING_TEACHER: dict[str, Any] = {
 # What a preset derived from one with `RELABELLING_TEACHER` sets to have no teacher.
 NO_TEACHER: dict[str, Any] = {key: TEACHER_DEFAULTS[key] for key in RELABELLING_TEACHER}
 
-# The optional DP frequency model (`dpsynth.privacy.frequency`): `frequency_share` of ε (0:
+# The optional DP frequency model (`dpsynth.privacy.releases.frequency`): `frequency_share` of ε (0:
 # off) on per-class means and second moments of the images' lowest DCT frequencies (B×B per
 # channel, features of x + 1 clipped to `frequency_clip`; 0: 0.6·√(H·W·C)); it replaces the
 # central images as the backend's warm start (its samples, not means plus jitter).
@@ -143,7 +143,7 @@ def _teacher_net(info: Any, config: Mapping[str, Any]) -> TeacherNet:
 
 class Teacher:
     """A trainer's DP teacher: built from the public seed, trained once at loop step 0 on
-    every record through `dpsynth.privacy.classifier`, saved and restored with the trainer.
+    every record through `dpsynth.privacy.releases.classifier`, saved and restored with the trainer.
 
     Inactive (every method a no-op) when the plan holds no `dp_classifier` event.
     """

@@ -14,7 +14,7 @@ What differs from the paper (whose guarantee does not hold, spec §10.1-F2..F4):
 - the conv2* gradient is evaluated at the RELEASED noisy aggregates (a record's gradient then
   depends on that record and on public values only), not at the clean aggregate;
 - the window's shared sampling is accounted as one mechanism per window (no independent
-  "three streams"), with the conservative bound of `dpsynth.privacy.aggregation`;
+  "three streams"), with the conservative bound of `dpsynth.privacy.mechanisms.aggregation`;
 - the fake aggregate gets an independent noise draw of the same std as the real one (the
   same draw would cancel in the difference and reveal the real sum).
 

@@ -8,8 +8,8 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from dpsynth.methods.dpaf.generator import one_hot_labels
-from dpsynth.privacy.aggregation import private_gradient_sum, window_patterns
-from dpsynth.privacy.dpsgd import per_sample_grads
+from dpsynth.privacy.mechanisms.aggregation import private_gradient_sum, window_patterns
+from dpsynth.privacy.mechanisms.dpsgd import per_sample_grads
 
 _CONV1_PREFIXES = ("image_in.", "label_in.", "conv1_rest.")
 

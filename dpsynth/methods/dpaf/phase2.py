@@ -10,9 +10,13 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from dpsynth.methods.dpaf.generator import one_hot_labels
-from dpsynth.privacy.aggregation import noisy_feature_sum, private_gradient_sum, window_patterns
-from dpsynth.privacy.distributed import shard, shard_mask
-from dpsynth.privacy.dpsgd import per_sample_grads
+from dpsynth.privacy.mechanisms.aggregation import (
+    noisy_feature_sum,
+    private_gradient_sum,
+    window_patterns,
+)
+from dpsynth.privacy.mechanisms.distributed import shard, shard_mask
+from dpsynth.privacy.mechanisms.dpsgd import per_sample_grads
 
 
 class WindowSteps:

@@ -10,14 +10,15 @@ from typing import Any
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyPlan, PrivacyTarget
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.aggregation import (
+from dpsynth.privacy.accounting.calibration import calibrate_noise, gaussian_sigma_for_share
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.events import DpEvent, Gaussian, NonPrivate, PoissonGaussian
+from dpsynth.privacy.accounting.plan_check import IDLE_STEPS_KEY, NOT_DP_LABEL
+from dpsynth.privacy.mechanisms.aggregation import (
     WINDOW_ACCOUNTING_NOTE,
     split_window_noise,
     window_sampling_rate,
 )
-from dpsynth.privacy.calibration import calibrate_noise, gaussian_sigma_for_share
-from dpsynth.privacy.plan_check import IDLE_STEPS_KEY, NOT_DP_LABEL
 
 # Tags the ledger event of `phase2_release=once` (the trainer reads its σ from the plan).
 ONCE_PHASE = "dpaf-phase2-once"
@@ -62,7 +63,7 @@ def plan_dpaf(
             steps=steps,
             max_grad_norm=math.inf,
             expected_batch_size=q_w * info.n,
-            events=({"type": "non_private", "sampling_rate": q_w, "steps": steps},),
+            events=(NonPrivate(annotations={"sampling_rate": q_w, "steps": steps}),),
             epsilon_bound=math.inf,
             total_epsilon_bound=math.inf,
             accountant="none (not private)",
@@ -76,33 +77,25 @@ def plan_dpaf(
     sigma_w = cal.noise_multiplier
     agg_sigma, conv2_sigma = split_window_noise(sigma_w, window, noise_ratio(config))
     trains_conv2 = bool(config["train_conv2"])
-    events = []
+    events: list[DpEvent] = []
     if c_steps:
-        events.append(
-            {
-                "type": "poisson_gaussian",
-                "noise_multiplier": sigma_w,
-                "sampling_rate": q_w,
-                "steps": c_steps,
-                "mechanism": "dpaf phase 1: DP-SGD on classifier C (all parameters)",
-                "max_grad_norm": float(config["clip_c"]),
-            }
-        )
+        events.append(_phase1_event(sigma_w, q_w, c_steps, config))
     events.append(
-        {
-            "type": "poisson_gaussian",
-            "noise_multiplier": sigma_w,
-            "sampling_rate": q_w,
-            "steps": windows,
-            "mechanism": f"dpaf phase 2: windows of {window} DPAGG steps"
-            + (" + 1 conv2* step" if trains_conv2 else " (conv2* frozen)"),
-            "accounting": WINDOW_ACCOUNTING_NOTE,
-            "window": window,
-            "step_sampling_rate": q,
-            "agg_noise_multiplier": agg_sigma,
-            "conv2_noise_multiplier": conv2_sigma if trains_conv2 else None,
-            "conv2_max_grad_norm": float(config["clip_conv2"]) if trains_conv2 else None,
-        }
+        PoissonGaussian(
+            sigma_w,
+            q_w,
+            windows,
+            annotations={
+                "mechanism": f"dpaf phase 2: windows of {window} DPAGG steps"
+                + (" + 1 conv2* step" if trains_conv2 else " (conv2* frozen)"),
+                "accounting": WINDOW_ACCOUNTING_NOTE,
+                "window": window,
+                "step_sampling_rate": q,
+                "agg_noise_multiplier": agg_sigma,
+                "conv2_noise_multiplier": conv2_sigma if trains_conv2 else None,
+                "conv2_max_grad_norm": float(config["clip_conv2"]) if trains_conv2 else None,
+            },
+        )
     )
     conv2_note = f"conv2* σ = {conv2_sigma:.4g}" if trains_conv2 else "conv2* frozen"
     notes = (
@@ -151,29 +144,15 @@ def _once_plan(
     else:
         sigma_once = calibrate_noise(target.epsilon, delta, 1.0, 1, prior_events)
         sigma_once = sigma_once.noise_multiplier
-    release = {
-        "type": "gaussian",
-        "noise_multiplier": sigma_once,
-        "count": 1,
-        "mechanism": ONCE_MECHANISM,
-        "phase": ONCE_PHASE,
-        IDLE_STEPS_KEY: windows,
-    }
-    events: list[dict[str, Any]] = []
+    release = Gaussian(sigma_once, 1, annotations={
+        "mechanism": ONCE_MECHANISM, "phase": ONCE_PHASE, IDLE_STEPS_KEY: windows,
+    })  # fmt: skip
+    events: list[DpEvent] = []
     sigma_c = sigma_once
     if c_steps:
         cal = calibrate_noise(target.epsilon, delta, q, c_steps, (*prior_events, release))
         sigma_c = cal.noise_multiplier
-        events.append(
-            {
-                "type": "poisson_gaussian",
-                "noise_multiplier": sigma_c,
-                "sampling_rate": q,
-                "steps": c_steps,
-                "mechanism": "dpaf phase 1: DP-SGD on classifier C (all parameters)",
-                "max_grad_norm": float(config["clip_c"]),
-            }
-        )
+        events.append(_phase1_event(sigma_c, q, c_steps, config))
     events.append(release)
     alone = compose_epsilon(events, delta)
     total = compose_epsilon([*prior_events, *events], delta) if prior_events else alone
@@ -225,7 +204,7 @@ def _paper_plan(
     eps_conv2 = target.epsilon - eps_c - eps_agg
     sigma_conv2 = calibrate_noise(eps_conv2, delta, q2, windows).noise_multiplier
     streams = [
-        {"type": "poisson_gaussian", "noise_multiplier": s_, "sampling_rate": r, "steps": t}
+        PoissonGaussian(s_, r, t).to_json()
         for s_, r, t in (
             (sigma_c, q, c_steps),
             (sigma_agg, q, window * windows),
@@ -235,8 +214,7 @@ def _paper_plan(
     ]
     claimed = compose_epsilon(streams, delta).epsilon
     steps = c_steps + windows
-    label = {
-        "type": "non_private",
+    label = NonPrivate(annotations={
         "label": NOT_DP_LABEL,
         "mechanism": PAPER_MECHANISM,
         "claimed_epsilon": claimed,
@@ -249,8 +227,8 @@ def _paper_plan(
         "c_noise_multiplier": sigma_c,
         "agg_noise_multiplier": sigma_agg,
         "conv2_noise_multiplier": sigma_conv2,
-    }
-    loop = {"type": "non_private", "sampling_rate": q_w, "steps": steps}
+    })  # fmt: skip
+    loop = NonPrivate(annotations={"sampling_rate": q_w, "steps": steps})
     return PrivacyPlan(
         private=False,
         target_epsilon=math.inf,
@@ -270,3 +248,11 @@ def _paper_plan(
             f"σ₁ = {sigma_c:.4g}, DPAGG σ₃ = {sigma_agg:.4g}, conv2* σ₂ = {sigma_conv2:.4g}",
         ),
     )
+
+
+def _phase1_event(sigma: float, q: float, steps: int, config: Mapping[str, Any]) -> DpEvent:
+    """Phase 1's event: DP-SGD on the classifier C, all its parameters."""
+    return PoissonGaussian(sigma, q, steps, annotations={
+        "mechanism": "dpaf phase 1: DP-SGD on classifier C (all parameters)",
+        "max_grad_norm": float(config["clip_c"]),
+    })  # fmt: skip

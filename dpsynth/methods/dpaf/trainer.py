@@ -29,12 +29,12 @@ from dpsynth.methods.template import (
     module_tensors,
     seeded,
 )
-from dpsynth.privacy.aggregation import noisy_group_sums, split_window_noise
-from dpsynth.privacy.central import CentralImages
-from dpsynth.privacy.distributed import is_data_parallel
-from dpsynth.privacy.dpsgd import PrivateGradient
-from dpsynth.privacy.plan_check import NOT_DP_LABEL
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.accounting.plan_check import NOT_DP_LABEL
+from dpsynth.privacy.mechanisms.aggregation import noisy_group_sums, split_window_noise
+from dpsynth.privacy.mechanisms.distributed import is_data_parallel
+from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.central import CentralImages
 
 _ADAM_BETAS = (0.5, 0.999)
 # Records per forward pass when the whole data set's features are summed.
@@ -206,6 +206,39 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
         (`frequency_fit_steps`; post-processing of the release, public latents)."""
         steps = int(self.config["frequency_fit_steps"])
         fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
+
+    def public_uses(self, labelled: bool) -> tuple[str, ...]:
+        """The phase-1 classifier C (labelled images, `c_steps` > 0, `mode=strict`,
+        `public_pretrain_steps` > 0), and the DP teacher when it can use the labels."""
+        steps = int(self.config.get("public_pretrain_steps", 0))
+        classifier = labelled and steps > 0 and self.classifier is not None and not self.paper
+        uses = ("phase-1 classifier",) if classifier else ()
+        return uses + (("DP teacher",) if self.teacher.uses_public(labelled) else ())
+
+    def pretrain_public(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
+        """`public_pretrain_steps` plain Adam steps (lr `lr_c`, batch `batch_size`) of C's
+        cross-entropy on declared-public labelled images before its DP phase 1, with their
+        own optimiser (phase 1's starts fresh); batches from the public seed. C's conv1 then
+        reaches the discriminator through phase 1 as before. G and D are not pretrained
+        (D's features are trained only through DP aggregates). The DP teacher, if any,
+        pretrains on the labelled images."""
+        if y is not None and "phase-1 classifier" in self.public_uses(True):
+            assert self.classifier is not None
+            rng = torch.Generator(device=self.device).manual_seed(self.seed + 1_000_003)
+            x, y = x.to(self.device, torch.float32), y.to(self.device)
+            lr = float(self.config["lr_c"])
+            optimizer = torch.optim.Adam(self.classifier.parameters(), lr=lr, betas=_ADAM_BETAS)
+            self.classifier.train()
+            for _ in range(int(self.config["public_pretrain_steps"])):
+                index = torch.randint(len(x), (self.batch_size,), generator=rng, device=self.device)
+                onehot = one_hot_labels(y[index], self.num_classes)
+                label_input = onehot if self.config["c_label_input"] else torch.zeros_like(onehot)
+                loss = self._classifier_losses(x[index], label_input, y[index]).mean()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+            self.classifier.zero_grad(set_to_none=True)
+        self.teacher.pretrain_public(x, y)
 
     def _modules(self) -> dict[str, torch.nn.Module]:
         out = {"features": self.features, "head": self.head, "generator": self.net_g}

@@ -1,6 +1,6 @@
 """DP-Kernel's binned numbers: a public per-record re-encoding of a table for the kernel.
 
-In the table encoding (`dpsynth.data.tabular`) a number is one value in [-1, 1]. Under the MMD
+In the table encoding (`dpsynth.data.table_codec`) a number is one value in [-1, 1]. Under the MMD
 with a Gaussian kernel as wide as that whole range, the repulsion between the few generated
 points drives generated numbers to the bounds: half of them at their min or max without any
 noise, against 1% of real values (bench/results/2026-11-23-tuning-logs/tuning-tables.md). With
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from dpsynth.data.images import DataInfo
-from dpsynth.data.tabular import block_layout
+from dpsynth.data.table_codec import block_layout
 
 
 class NumberBins:

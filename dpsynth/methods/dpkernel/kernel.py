@@ -22,7 +22,8 @@ def raw_embedding_gradient(
     public expected batch size (never the realised size). `batch_x` [b, ...] is flattened to
     vectors; `batch_y` [b] and `gen_labels` [M] are None for unconditional use. b may be 0.
     Returns float64 [M, d], not yet private: it must go through
-    `dpsynth.privacy.functional.privatize_embedding_gradient` before anything else sees it.
+    `dpsynth.privacy.mechanisms.functional.privatize_embedding_gradient` before anything else sees
+    it.
     """
     w = gen_points.detach().to(torch.float64)
     x = batch_x.reshape(batch_x.shape[0], w.shape[1]).to(device=w.device, dtype=torch.float64)

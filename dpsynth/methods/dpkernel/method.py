@@ -8,7 +8,8 @@ Mechanism (the sound variant of spec dpkernel §3.6; the paper's public code det
 so what it trains has no DP guarantee): every step draws a Poisson batch S (the training loop
 does that), computes ∇_w f_S at M generated points with f_S normalised by the public B = qN,
 and releases it plus the derivative field of one Gaussian-process path scaled by σΔ
-(`dpsynth.privacy.functional`). The generator then takes an optimiser step on the surrogate
+(`dpsynth.privacy.mechanisms.functional`). The generator then takes an optimiser step on the
+surrogate
 
     L(θ) = (1/M²) Σ_{j,l} k*(w_j, w_l) − (2/M) Σ_j ⟨ṽ_j, w_j⟩,   ṽ = released gradient (a constant),
 
@@ -34,7 +35,7 @@ from dpsynth.methods.dpkernel.labels import target_weights
 from dpsynth.methods.dpkernel.presets import PRESETS, TABLE_PRESETS
 from dpsynth.methods.dpkernel.trainer import DPKernelTrainer
 from dpsynth.methods.template import StagedMethod
-from dpsynth.privacy.functional import SENSITIVITY_CHOICES, functional_sensitivity
+from dpsynth.privacy.mechanisms.functional import SENSITIVITY_CHOICES, functional_sensitivity
 
 # A number's bins in the kernel's space (`number_bins`): beyond this the blocks are mostly empty.
 _MAX_NUMBER_BINS = 256
@@ -49,7 +50,7 @@ class DPKernelMethod(StagedMethod):
     generator_class = DPKernelGenerator
     table_presets = TABLE_PRESETS
     modalities = ("image", "table")
-    # `dpsynth audit` runs the functional mechanism (privacy/functional.py), not DP-SGD.
+    # `dpsynth audit` runs the functional mechanism (privacy/mechanisms/functional.py), not DP-SGD.
     audit_mechanism = "functional"
     description = (
         "DP-Kernel (functional Gaussian mechanism on the kernel mean embedding), sound variant: "

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from dpsynth.data.images import DataInfo
-from dpsynth.data.tabular import block_layout
+from dpsynth.data.table_codec import block_layout
 from dpsynth.errors import UsageError
 from dpsynth.methods.blocks import TableHead
 from dpsynth.methods.dpkernel.binning import number_bins

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, TEACHER_DEFAULTS
-from dpsynth.privacy.functional import functional_sensitivity
+from dpsynth.privacy.mechanisms.functional import functional_sensitivity
 
 _PAPER_BANDWIDTHS = (1.0, 2.0, 4.0, 8.0, 16.0)
 
-# The DP warm start (`dpsynth.privacy.central`): `warm_start_share` of ε (0: off) on noised
+# The DP warm start (`dpsynth.privacy.releases.central`): `warm_start_share` of ε (0: off) on noised
 # per-class means; the generator then takes `warm_start_steps` non-private MMD steps (same
 # kernel) towards "records" mean[y] + `warm_start_jitter`·N(0, I) before its DP steps.
 WARM_START_DEFAULTS: dict[str, Any] = {

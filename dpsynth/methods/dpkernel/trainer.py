@@ -25,10 +25,13 @@ from dpsynth.methods.template import (
     module_tensors,
     seeded,
 )
-from dpsynth.privacy.central import CentralImages
-from dpsynth.privacy.distributed import all_reduce_sum, shard
-from dpsynth.privacy.functional import privatize_embedding_gradient, sample_derivative_noise
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.distributed import all_reduce_sum, shard
+from dpsynth.privacy.mechanisms.functional import (
+    privatize_embedding_gradient,
+    sample_derivative_noise,
+)
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.central import CentralImages
 
 
 class DPKernelTrainer(StagedTrainer):

@@ -1,4 +1,5 @@
-"""freq: the shared DP frequency model (`dpsynth.privacy.frequency`) alone, as a backend."""
+"""freq: the shared DP frequency model (`dpsynth.privacy.releases.frequency`) alone, as a
+backend."""
 
 from dpsynth.methods.freq.method import FreqMethod
 

@@ -11,7 +11,7 @@ import torch
 from dpsynth.data.images import DataInfo, to_uint8
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator, draw_latent, sample_truncation
-from dpsynth.privacy.frequency import FrequencyModel, band_images
+from dpsynth.privacy.releases.frequency import FrequencyModel, band_images
 
 
 def psd_roots(covariances: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """freq: the shared DP frequency model alone, as a method of its own.
 
 The stage every 28×28 preset of the other image backends starts from (`methods.blocks`,
-`dpsynth.privacy.frequency`), given the method's whole ε: per-class means and pooled or
+`dpsynth.privacy.releases.frequency`), given the method's whole ε: per-class means and pooled or
 per-class second moments of the images' B×B lowest 2-D DCT frequencies (features of x + 1,
 clipped to C_f), released once with Gaussian noise of std σ·√(2 + w²) (one `gaussian` event,
 `mechanism: frequency_model`), then sampled as class-conditional Gaussians in the band. It is
@@ -30,10 +30,10 @@ from dpsynth.methods.freq.generator import FreqGenerator
 from dpsynth.methods.freq.presets import NOT_OFFERED, PRESETS
 from dpsynth.methods.freq.trainer import FreqTrainer
 from dpsynth.methods.template import StagedMethod
-from dpsynth.privacy.accounting import compose_epsilon
-from dpsynth.privacy.calibration import calibrate_noise
-from dpsynth.privacy.frequency import COVARIANCES, FrequencyPlan
-from dpsynth.privacy.plan_check import IDLE_STEPS_KEY
+from dpsynth.privacy.accounting.calibration import calibrate_noise
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.plan_check import IDLE_STEPS_KEY
+from dpsynth.privacy.releases.frequency import COVARIANCES, FrequencyPlan
 
 # The run's loop: one step, which reads no Poisson batch (the release comes before it).
 LOOP_STEPS = 1

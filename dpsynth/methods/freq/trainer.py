@@ -13,8 +13,8 @@ from dpsynth.errors import DpsynthError
 from dpsynth.methods.base import PrivacyPlan, sample_truncation
 from dpsynth.methods.freq.generator import FreqGenerator
 from dpsynth.methods.template import StagedTrainer
-from dpsynth.privacy.frequency import FrequencyModel
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.frequency import FrequencyModel
 
 RELEASED = "trainer.released"
 

@@ -13,7 +13,7 @@ cell, stays within the cap (`cost.py` estimates the whole run's time for `--meth
 Differences from the paper, for sound PRV accounting and a bounded running time:
 - a fixed, data-independent schedule: `selections` measurements at one σ and one ε_s, not
   the paper's budget annealing (a data-dependent noise scale, which needs a zCDP privacy
-  filter; see `privacy/marginal_plan.py`);
+  filter; see `privacy/accounting/marginal_plan.py`);
 - the selections are spread over `rounds` estimation rounds (several per round, without
   replacement, from the same model), since each round re-fits the whole model.
 """
@@ -32,8 +32,8 @@ from dpsynth.methods.marginal.domain import TableDomain, table_domain
 from dpsynth.methods.marginal.junction import JunctionTree
 from dpsynth.methods.marginal.method import MarginalMethod, MarginalTrainer, pairs_within
 from dpsynth.methods.marginal.presets import AIM_PRESETS
-from dpsynth.privacy.calibration import default_delta
-from dpsynth.privacy.marginal_plan import gdp_mu
+from dpsynth.privacy.accounting.calibration import default_delta
+from dpsynth.privacy.accounting.marginal_plan import gdp_mu
 
 # The automatic number of selections: as many as keep a typical pair's measurement noise (its
 # expected L1 error) at about this share of N (a TVD of half of it), within [d/4, 3d]. On the

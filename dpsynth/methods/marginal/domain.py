@@ -4,8 +4,8 @@ Every used column (the features in file order, then the target) becomes an attri
 finite public domain, from the schema and the preset only, never from the data:
 - a categorical or boolean column: its levels (the one-hot block's argmax);
 - a numeric, integer, date or time column with `edges` (declared, or released with DP by
-  `dpsynth.tables`): one bin per pair of consecutive edges, left-closed (the last one closed);
-  an edge repeated twice is a point mass (a bin holding that value alone, e.g. 0);
+  `dpsynth.training.table_schema`): one bin per pair of consecutive edges, left-closed (the last one
+  closed); an edge repeated twice is a point mass (a bin holding that value alone, e.g. 0);
 - one without `edges`: bins over its public [min, max]. An integer column with at most `bins`
   values gets one bin per value (exact). Otherwise, with `bound_bins`, the bounds themselves
   are bins of their own (a point mass at min or max, common in real tables: zero incomes, top
@@ -15,7 +15,7 @@ finite public domain, from the schema and the preset only, never from the data:
 - the target: its classes.
 
 `codes_from_rows` maps the encoded rows the training loop hands a trainer (one-hot blocks,
-numbers scaled to [-1, 1], missing flags; `dpsynth.data.tabular`) to integer codes [N, d], a
+numbers scaled to [-1, 1], missing flags; `dpsynth.data.table_codec`) to integer codes [N, d], a
 per-record deterministic map; `rows_from_codes` maps sampled codes back to encoded rows,
 drawing a number uniformly inside its bin (integers among the bin's integers) with the
 sampler's public generator, so that `TableCodec.decode` writes the original columns.

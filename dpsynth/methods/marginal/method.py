@@ -2,12 +2,13 @@
 
 A marginal-based synthesizer reads the whole table in rounds, not Poisson batches: each loop
 step is one round (`reads_batch` is false; `release_whole_data` makes the round's
-measurements and selections through `dpsynth.privacy.marginals` and re-fits the model with
-mbi). The plan is a fixed schedule from public facts (`privacy/marginal_plan.py`): m
-Gaussian measurements at one σ and k exponential-mechanism selections at one ε_s, recorded
-as a `gaussian` and a `pure_dp` event; the first declares the loop's steps as reading no
-Poisson batch (`loop_steps_without_reads`). The trainer takes σ and ε_s from those events
-and refuses to measure or select more than they account for.
+measurements and selections through `dpsynth.privacy.mechanisms.marginal_measure` and re-fits the
+model with mbi). The plan is a fixed schedule from public facts
+(`privacy/accounting/marginal_plan.py`): m Gaussian measurements at one σ and k
+exponential-mechanism selections at one ε_s, recorded as a `gaussian` and a `pure_dp` event; the
+first declares the loop's steps as reading no Poisson batch (`loop_steps_without_reads`). The
+trainer takes σ and ε_s from those events and refuses to measure or select more than they account
+for.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from dpsynth.methods.marginal.junction import JunctionTree
 from dpsynth.methods.marginal.model import Measurement, Potentials, estimate
 from dpsynth.methods.marginal.sampler import MarginalGenerator
 from dpsynth.methods.marginal.state import pack_cliques, unpack_cliques
-from dpsynth.privacy.marginal_plan import (
+from dpsynth.privacy.accounting.events import NonPrivate
+from dpsynth.privacy.accounting.marginal_plan import (
     calibrate_marginal_schedule,
     gdp_mu,
     schedule_events,
 )
-from dpsynth.privacy.marginals import MarginalCounter, MarginalQueries
-from dpsynth.privacy.plan_check import IDLE_STEPS_KEY
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.accounting.plan_check import IDLE_STEPS_KEY
+from dpsynth.privacy.mechanisms.marginal_measure import MarginalCounter, MarginalQueries
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 MEASURE_PHASE = "marginal-measurements"
 # A measurement whose noise std is above this share of N carries no information: refused.
@@ -122,7 +124,7 @@ class MarginalMethod(Method):
             "expected_batch_size": float(info.n),
         }
         if not target.private:
-            event = {"type": "non_private", "sampling_rate": 1.0, "steps": steps, **annotations}
+            event = NonPrivate(annotations={"sampling_rate": 1.0, "steps": steps, **annotations})
             return PrivacyPlan(
                 private=False,
                 noise_multiplier=0.0,

@@ -5,7 +5,7 @@ marginal, fit the independent model, then choose d − 1 pairs that form a spann
 Kruskal's algorithm in which every edge is an exponential-mechanism selection (quality: the
 pair's L1 error under the independent model, sensitivity 1), measure those pairs and fit the
 tree model with mbi. The budget is split in thirds (one-ways, selection, pairs) as in the
-paper, under the fixed PRV schedule of `privacy/marginal_plan.py`.
+paper, under the fixed PRV schedule of `privacy/accounting/marginal_plan.py`.
 
 With `label_edges` (a preset choice: the target is named by the public schema) the tree
 spans the feature columns only and every edge (a, b) is measured together with the target,

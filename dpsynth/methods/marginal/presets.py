@@ -4,7 +4,7 @@ Shared keys:
 - `bins`: bins of a numeric column over its public [min, max] (an integer column with at most
   this many values gets one bin per value); `bound_bins`: the bounds are bins of their own.
 - `selection_share`: the share of the budget (in Gaussian-DP terms, see
-  `privacy/marginal_plan.py`) given to the exponential mechanism's selections.
+  `privacy/accounting/marginal_plan.py`) given to the exponential mechanism's selections.
 - `max_cells`: the largest marginal (cells) a selection may pick.
 - `iters`, `final_iters`: the most steps of the model's estimation (`mirror.py`) per round
   and at the end (fewer when the loss stops improving).

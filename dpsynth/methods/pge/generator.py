@@ -20,7 +20,7 @@ from dpsynth.methods.pge.build import (
 )
 from dpsynth.methods.pge.hmc import annealed_hmc, step_schedule
 from dpsynth.methods.pge.nets import RandomConvEncoder, ScoreUNet
-from dpsynth.privacy.frequency import FrequencyModel
+from dpsynth.privacy.releases.frequency import FrequencyModel
 
 
 class PGEGenerator(Generator):

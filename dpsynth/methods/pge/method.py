@@ -6,7 +6,7 @@ What runs (spec `pge.md` sections 2, 3.3, 4.5):
   projections per record, the residual enhancement module (a frozen, seeded random-conv
   encoder that never learns from data, masked and fed into the bottleneck through a
   zero-initialised projection), and DP-SGD: Poisson batches, per-record clipping, Gaussian
-  noise, division by the expected batch size (`dpsynth.privacy.dpsgd`);
+  noise, division by the expected batch size (`dpsynth.privacy.mechanisms.dpsgd`);
 - sampling: annealed HMC (leapfrog with the learned score as the force, momentum refreshed each
   round, path-integral energy accept/reject, box reflection, final Tweedie denoise) from
   uniform noise, with balanced labels chosen by the caller; it never touches data.

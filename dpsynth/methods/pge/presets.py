@@ -48,8 +48,8 @@ _COMMON: dict[str, Any] = {
     "image_size": 0,
     "resize": "pad",
     "micro_batch_size": 256,
-    # DP warm start (dpsynth.privacy.central): share of ε for the central images (0: off), the
-    # records' clipping norm (0: √d, the largest norm in [-1, 1], so no clipping), the counts'
+    # DP warm start (dpsynth.privacy.releases.central): share of ε for the central images (0: off),
+    # the records' clipping norm (0: √d, the largest norm in [-1, 1], so no clipping), the counts'
     # weight in the release, then the pretraining.
     "warm_start_share": 0.0,
     "warm_start_clip": 0.0,

@@ -22,9 +22,9 @@ from dpsynth.methods.pge.build import (
 from dpsynth.methods.pge.generator import PGEGenerator
 from dpsynth.methods.pge.ssm import make_record_loss, randomized_response
 from dpsynth.methods.template import StagedTrainer, seeded
-from dpsynth.privacy.central import CentralImages
-from dpsynth.privacy.frequency import FrequencyModel
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.central import CentralImages
+from dpsynth.privacy.releases.frequency import FrequencyModel
 
 
 class PGETrainer(StagedTrainer):
@@ -39,7 +39,7 @@ class PGETrainer(StagedTrainer):
         seed: int,
         randomness: PrivateRandomness | None = None,
     ) -> None:
-        from dpsynth.privacy.dpsgd import PrivateGradient
+        from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
 
         randomness = self.start(info, config, plan, device, seed, randomness)
         device = self.device

@@ -14,15 +14,15 @@ With the generator prior (`prior=dcgan`, spec §2.4, `prior.py`) S is G(z_j, y_j
 public codes, and "S ← …" becomes an Adam step on φ through S; nothing else changes.
 
 Mechanism (spec §3.2, §3.5): each of the R·T·K releases is one DP-SGD step from
-`dpsynth.privacy.dpsgd.PrivateGradient`: the training loop's Poisson batch at rate q = B/N,
-each record's gradient over ALL parameters clipped to C, ONE Gaussian draw of std σC on the
+`dpsynth.privacy.mechanisms.dpsgd.PrivateGradient`: the training loop's Poisson batch at rate q =
+B/N, each record's gradient over ALL parameters clipped to C, ONE Gaussian draw of std σC on the
 sum (from the run's secret randomness), divided by the public B. Everything after it (S, its
 momentum, θ's updates) is post-processing of the released gradients. One class-mixed batch is
 matched against the gradient of the whole of S, as the paper does (spec §3.6): per-class
 Poisson batches would need the class sizes and a rate q_c ≈ L·q. So a run is exactly one
 `poisson_gaussian` event of R·T·K steps at (σ, q), planned before the data is read; with a
 warm start (`warm_start_share` > 0) the plan adds one `gaussian` event before it, the DP class
-means (`dpsynth.privacy.central`) that S starts from, and the PRV accountant composes both.
+means (`dpsynth.privacy.releases.central`) that S starts from, and the PRV accountant composes both.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ the last; `batch_size` the expected Poisson batch B (q = B/N); `max_grad_norm` C
 SGD on θ (no momentum); `batch_train` the minibatch for θ's epochs on S; `micro_batch_size`
 the chunk of records per vmap; `augment_replicas` augment repeats at `sample` time.
 
-Warm start (`dpsynth.privacy.central`): `warm_start_share` of ε (0: off, S starts as N(0, 1))
-releases the DP class means once before the first gradient release, and S starts as each
+Warm start (`dpsynth.privacy.releases.central`): `warm_start_share` of ε (0: off, S starts as N(0,
+1)) releases the DP class means once before the first gradient release, and S starts as each
 class's mean plus `warm_start_jitter`·N(0, I) (public seed); `warm_start_clip` the L2 clip of
 each record for that release (0: √d, no clipping in [-1, 1]); `warm_start_count_weight` the
 weight of the class counts released with the sums.

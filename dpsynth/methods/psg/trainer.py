@@ -19,9 +19,9 @@ from dpsynth.methods.psg.matching import match_loss
 from dpsynth.methods.psg.model import ConvNet
 from dpsynth.methods.psg.prior import PriorGenerator
 from dpsynth.methods.template import StagedTrainer, seeded
-from dpsynth.privacy.central import CentralImages
-from dpsynth.privacy.dpsgd import PrivateGradient
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.central import CentralImages
 
 
 def public_seed(seed: int, purpose: str, index: int = 0) -> int:
@@ -39,6 +39,27 @@ def build_network(info: DataInfo, config: Mapping[str, Any]) -> ConvNet:
         depth=int(config["depth"]),
         norm=str(config["norm"]),
     )
+
+
+def public_members(
+    x: torch.Tensor, y: torch.Tensor, labels: torch.Tensor, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each member of S (its label in `labels`), a declared-public image of that class,
+    drawn with replacement from the public seed; and a mask of the members whose class the
+    public set lacks (they keep their initialisation)."""
+    rng = torch.Generator().manual_seed(public_seed(seed, "public-init"))
+    chosen = torch.zeros((len(labels), *x.shape[1:]), dtype=x.dtype)
+    found = torch.zeros(len(labels), dtype=torch.bool)
+    y, labels = y.cpu(), labels.cpu()
+    for label in labels.unique().tolist():
+        members = (labels == label).nonzero().flatten()
+        pool = (y == label).nonzero().flatten()
+        if len(pool) == 0:
+            continue
+        picks = pool[torch.randint(len(pool), (len(members),), generator=rng)]
+        chosen[members] = x[picks.to(x.device)].cpu()
+        found[members] = True
+    return chosen, found
 
 
 def synthetic_labels(num_classes: int, spc: int) -> torch.Tensor:
@@ -136,6 +157,35 @@ class PSGTrainer(StagedTrainer):
         else:
             self._fit_prior(targets, int(self.config["warm_start_steps"]))
         self.syn_optimizer.state.clear()
+
+    def public_uses(self, labelled: bool) -> tuple[str, ...]:
+        """The synthetic set S (labelled images, `public_pretrain_steps` > 0, and no DP warm
+        start, which would replace S), and the DP teacher when it can use the labels."""
+        cfg = self.config
+        replaced = float(cfg.get("frequency_share", 0)) > 0 or float(cfg["warm_start_share"]) > 0
+        start = labelled and int(cfg.get("public_pretrain_steps", 0)) > 0 and not replaced
+        uses = ("synthetic set",) if start else ()
+        return uses + (("DP teacher",) if self.teacher.uses_public(labelled) else ())
+
+    def pretrain_public(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
+        """Start S from declared-public images instead of N(0, 1): each member becomes a
+        public image of its class (drawn from the public seed; a class the set lacks keeps
+        its N(0, 1) start). With the generator prior, G takes `public_pretrain_steps` Adam
+        steps of mean squared error towards them. S's optimiser state restarts at zero; θ
+        is untouched. The DP teacher, if any, pretrains on the labelled images."""
+        if y is not None and "synthetic set" in self.public_uses(True):
+            chosen, found = public_members(x.float(), y, self.labels, self.seed)
+            found = found.to(self.device)
+            targets = torch.where(
+                found[:, None, None, None], chosen.to(self.device), self._synthetic().detach()
+            )
+            if self.prior is None:
+                with torch.no_grad():
+                    self.images.copy_(targets)
+            else:
+                self._fit_prior(targets, int(self.config["public_pretrain_steps"]))
+            self.syn_optimizer.state.clear()
+        self.teacher.pretrain_public(x, y)
 
     def _fit_prior(self, targets: torch.Tensor, steps: int) -> None:
         """`steps` optimiser steps of G's outputs towards `targets` (mean squared error)."""

@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo, to_uint8
-from dpsynth.data.tabular import block_layout
+from dpsynth.data.table_codec import block_layout
 from dpsynth.methods.base import Generator, draw_latent, sample_truncation
 from dpsynth.methods.rdpgan.nets import (
     ConvDiscriminator,

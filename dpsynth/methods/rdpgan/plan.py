@@ -10,7 +10,8 @@ from typing import Any
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyPlan, PrivacyTarget
 from dpsynth.methods.rdpgan import schedule as sched
-from dpsynth.privacy.calibration import calibrate_schedule
+from dpsynth.privacy.accounting.calibration import calibrate_schedule
+from dpsynth.privacy.accounting.events import NonPrivate, PoissonGaussian
 
 MECHANISM = "rdpgan D step: DP-SGD on the real-loss term (clip C, noise σ·C, divide by qN)"
 
@@ -64,7 +65,7 @@ def plan_rdpgan(
             steps=steps,
             max_grad_norm=math.inf,
             expected_batch_size=q * info.n,
-            events=({"type": "non_private", "sampling_rate": q, "steps": steps},),
+            events=(NonPrivate(annotations={"sampling_rate": q, "steps": steps}),),
             epsilon_bound=math.inf,
             total_epsilon_bound=math.inf,
             accountant="none (not private)",
@@ -75,20 +76,15 @@ def plan_rdpgan(
     clip = float(config["max_grad_norm"])
     events, start = [], 0
     for factor, count in segments:
-        events.append(
-            {
-                "type": "poisson_gaussian",
-                "noise_multiplier": cal.noise_multiplier * factor,
-                "sampling_rate": q,
-                "steps": count,
-                "mechanism": MECHANISM,
-                "max_grad_norm": clip,
-                "schedule": str(config["schedule"]),
-                "first_step": start,
-            }
-        )
+        about = {
+            "mechanism": MECHANISM,
+            "max_grad_norm": clip,
+            "schedule": str(config["schedule"]),
+            "first_step": start,
+        }
+        events.append(PoissonGaussian(cal.noise_multiplier * factor, q, count, annotations=about))
         start += count
-    sigmas = [e["noise_multiplier"] for e in events]
+    sigmas = [e.noise_multiplier for e in events]
     notes = [
         f"schedule {config['schedule']}: z₀ = {cal.noise_multiplier:.4g}, σ from "
         f"{max(sigmas):.4g} down to {min(sigmas):.4g} in {len(events)} ledger event(s)",

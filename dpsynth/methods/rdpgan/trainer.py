@@ -31,9 +31,9 @@ from dpsynth.methods.template import (
     module_tensors,
     seeded,
 )
-from dpsynth.privacy.central import CentralImages
-from dpsynth.privacy.dpsgd import PrivateGradient
-from dpsynth.privacy.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.central import CentralImages
 
 
 class RDPGANTrainer(StagedTrainer):
@@ -102,18 +102,18 @@ class RDPGANTrainer(StagedTrainer):
         """Each real record's term softplus(−D(x)) [b] (`_real_loss`, batched)."""
         return F.softplus(-self.net_d(x, onehot))
 
-    def _fakes(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`count` generated records with public labels (uniform, or the declared weights)."""
-        z = torch.randn(
-            count, self.net_g.latent_dim, generator=self.rng_latents, device=self.device
-        )
+    def _fakes(
+        self, count: int, rng: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`count` generated records with public labels (uniform, or the declared weights);
+        latents from the run's stream, or from `rng` (the public pretraining's)."""
+        rng = self.rng_latents if rng is None else rng
+        z = torch.randn(count, self.net_g.latent_dim, generator=rng, device=self.device)
         if self.label_weights is None:
-            labels = torch.randint(
-                self.num_classes, (count,), generator=self.rng_latents, device=self.device
-            )
+            labels = torch.randint(self.num_classes, (count,), generator=rng, device=self.device)
         else:
             labels = torch.multinomial(
-                self.label_weights.to(self.device), count, True, generator=self.rng_latents
+                self.label_weights.to(self.device), count, True, generator=rng
             )
         onehot = one_hot_labels(labels, self.num_classes)
         return self.net_g(z, onehot), onehot
@@ -181,6 +181,65 @@ class RDPGANTrainer(StagedTrainer):
         (`frequency_fit_steps`; post-processing of the release, public latents)."""
         steps = int(self.config["frequency_fit_steps"])
         fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
+
+    def public_uses(self, labelled: bool) -> tuple[str, ...]:
+        """G and D (images, labelled or not) when `public_pretrain_steps` > 0, and the DP
+        teacher when it can use the labels."""
+        steps = int(self.config.get("public_pretrain_steps", 0))
+        uses = ("generator", "discriminator") if steps > 0 and self.info.modality == "image" else ()
+        return uses + (("DP teacher",) if self.teacher.uses_public(labelled) else ())
+
+    def pretrain_public(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
+        """`public_pretrain_steps` non-private GAN steps on declared-public images before any
+        DP step: a D step on a public batch of `batch_size` (both BCE terms, exact gradients)
+        and a G step after every `n_d`-th, with their own Adam optimisers (the DP phase's start
+        fresh); batches, latents and labels from the public seed. Unlabelled images get
+        uniform random labels, so the conditioning learns nothing from them. Any frequency
+        fit of G (`warm_start`) follows; the DP teacher, if any, pretrains on labelled ones."""
+        steps = int(self.config.get("public_pretrain_steps", 0))
+        if steps > 0 and self.info.modality == "image":
+            self._public_gan(x.to(self.device, torch.float32), y, steps)
+        self.teacher.pretrain_public(x, y)
+
+    def _public_gan(self, x: torch.Tensor, y: torch.Tensor | None, steps: int) -> None:
+        """The GAN steps of `pretrain_public` (see there)."""
+        rng = torch.Generator(device=self.device).manual_seed(self.seed + 1_000_003)
+        betas = (float(self.config["beta1"]), 0.999)
+        opt_d = torch.optim.Adam(
+            self.net_d.parameters(), lr=float(self.config["lr_d"]), betas=betas
+        )
+        opt_g = torch.optim.Adam(
+            self.net_g.parameters(), lr=float(self.config["lr_g"]), betas=betas
+        )
+        labels = y.to(self.device) if y is not None else None
+        self.net_d.train()
+        self.net_g.train()
+        for step in range(steps):
+            index = torch.randint(len(x), (self.batch_size,), generator=rng, device=self.device)
+            if labels is not None:
+                real_labels = labels[index]
+            else:
+                real_labels = torch.randint(
+                    self.num_classes, (self.batch_size,), generator=rng, device=self.device
+                )
+            with torch.no_grad():
+                fakes, fake_onehot = self._fakes(self.batch_size, rng)
+            real_onehot = one_hot_labels(real_labels, self.num_classes)
+            d_loss = F.softplus(-self.net_d(x[index], real_onehot)).mean()
+            d_loss = d_loss + F.softplus(self.net_d(fakes, fake_onehot)).mean()
+            opt_d.zero_grad(set_to_none=True)
+            d_loss.backward()
+            opt_d.step()
+            if (step + 1) % self.n_d == 0:
+                fakes, fake_onehot = self._fakes(self.batch_size, rng)
+                g_loss = F.softplus(-self.net_d(fakes, fake_onehot)).mean()
+                opt_g.zero_grad(set_to_none=True)
+                self.net_d.zero_grad(set_to_none=True)
+                g_loss.backward()
+                opt_g.step()
+        # the DP phase starts with clean gradients
+        self.net_d.zero_grad(set_to_none=True)
+        self.net_g.zero_grad(set_to_none=True)
 
     def own_generator(self) -> RDPGANGenerator:
         """A sampler over a copy of the current generator weights."""

@@ -1,0 +1,157 @@
+"""A Parquet source's passes split into parts (runs of a file's row groups), counted in parallel.
+
+A part is read with pyarrow, its text columns with their Parquet dictionaries
+(`read_dictionary`: no per-row strings are made, and `chunks.raw_from_batch` takes the indices
+as they are), encoded with the one encoding (`ChunkEncoder`) and counted into int64 sums
+(`counting.CountSums`); the result is the counts, the rows and the digest's sums, never a row.
+The sums are exact integers and wrapping uint64 sums, so they add up to the same figures in
+any order: the counts and the content digest do not depend on the parts, their order or the
+number of processes.
+
+`count_parts` runs the parts in `workers` spawned processes (a fresh interpreter each: nothing
+inherited from this one's threads) and adds their results as they come; one worker counts in
+this process. The Dask engine runs the same `part_counts` on a cluster's workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpsynth.data.discrete import ChunkEncoder
+from dpsynth.data.engines.chunks import TableFiles, raw_from_batch
+from dpsynth.data.engines.counting import Clique, CountSums
+from dpsynth.errors import DataError
+
+# The rows a part reads at once, and about the rows of a part (whole row groups).
+BATCH_ROWS = 65_536
+PART_ROWS = 1_000_000
+
+# A part's result: its int64 counts per clique, its rows and its digest sums.
+Result = tuple[list[np.ndarray], int, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Part:
+    """Some consecutive row groups of one Parquet file, and their rows (from its footer)."""
+
+    path: str
+    groups: tuple[int, ...]
+    rows: int
+
+
+def default_workers() -> int:
+    """Worker processes by default: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def parquet_parts(files: TableFiles, part_rows: int = PART_ROWS) -> list[Part]:
+    """The source's files cut into parts of whole row groups, about `part_rows` rows each."""
+    import pyarrow.parquet as pq
+
+    parts = []
+    for path in files.paths:
+        metadata = pq.read_metadata(path)
+        groups: list[int] = []
+        rows = 0
+        for g in range(metadata.num_row_groups):
+            groups.append(g)
+            rows += metadata.row_group(g).num_rows
+            if rows >= part_rows:
+                parts.append(Part(path, tuple(groups), rows))
+                groups, rows = [], 0
+        if groups or metadata.num_row_groups == 0:
+            parts.append(Part(path, tuple(groups), rows))
+    return parts
+
+
+def part_counts(
+    path: str,
+    groups: Sequence[int],
+    encoder: ChunkEncoder,
+    cliques: list[Clique],
+    name: str,
+    digest: bool,
+) -> Result:
+    """One part's counts, rows and digest sums (DataError, one line, for a bad cell or file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sums = CountSums(encoder.domain.sizes, cliques, encoder.schema if digest else None)
+    try:
+        parquet = pq.ParquetFile(path)
+        text = [
+            f.name
+            for f in parquet.schema_arrow
+            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+        ]
+        parquet.close()
+        parquet = pq.ParquetFile(path, read_dictionary=text)
+        try:
+            batches = parquet.iter_batches(BATCH_ROWS, row_groups=list(groups), use_threads=False)
+            for batch in batches:
+                raw = raw_from_batch(batch, name, encoder.schema)
+                sums.add_codes(encoder(raw), raw)
+        finally:
+            parquet.close()
+    except (pa.ArrowException, OSError) as exc:
+        line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"{path}: could not read it ({line})") from None
+    return sums.totals, sums.rows, sums.hash_sums
+
+
+def count_parts(
+    parts: Sequence[Part],
+    encoder: ChunkEncoder,
+    cliques: Sequence[Clique],
+    digest: bool,
+    name: str,
+    workers: int,
+    report: Callable[[int], None],
+) -> CountSums:
+    """Every part counted (in `workers` processes) and summed: one pass. A part's DataError
+    stops the pass and is raised here as it was raised there."""
+    wanted = [tuple(c) for c in cliques]
+    sums = CountSums(encoder.domain.sizes, wanted, encoder.schema if digest else None)
+    done = 0
+    if workers <= 1 or len(parts) <= 1:
+        for part in parts:
+            counts, rows, hashes = part_counts(
+                part.path, part.groups, encoder, wanted, name, digest
+            )
+            sums.add(counts, rows, hashes if digest else None)
+            done += part.rows
+            report(done)
+        return sums
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(parts)), mp_context=context)
+    try:
+        pending = {
+            pool.submit(part_counts, p.path, p.groups, encoder, wanted, name, digest): p
+            for p in parts
+        }
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                part = pending.pop(future)
+                counts, rows, hashes = future.result()  # a part's DataError is raised here
+                sums.add(counts, rows, hashes if digest else None)
+                done += part.rows
+                report(done)
+    except BrokenProcessPool:
+        raise DataError(
+            f"{name}: a worker process counting it died (out of memory?); lower the memory "
+            "use or count on one process"
+        ) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return sums

@@ -1,0 +1,158 @@
+"""A table's schema entries read off the data, released with DP and written into the schema.
+
+`plan_release` sorts the columns to release by what they need (a category list; a range,
+edges, a missing flag and maybe a precision; a boolean's missing flag) and calibrates
+`dpsynth.privacy.releases.schema_release` for them; `apply_release` runs its two rounds on the rows
+and
+returns the schema with the released entries, each marked with its source. What becomes of a
+column whose release found too little:
+- a category list with no value above the threshold: only the `(other)` category;
+- a number with no range: ignored (written empty), and a warning to declare bounds;
+- a missing flag not released although the file has empty cells: those cells are encoded at the
+  middle of the range (a public rule, `dpsynth.data.column_values`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from dpsynth.data.column_values import RELEASED_PREFIX, column_numbers, missing_mask
+from dpsynth.data.csvtable import RawTable
+from dpsynth.data.schema import Column, Schema
+from dpsynth.privacy.releases.schema_release import (
+    NumberSpec,
+    SchemaReleasePlan,
+    plan_schema_release,
+    release_ranges,
+    release_shapes,
+)
+
+OTHER = "(other)"
+
+
+@dataclass(frozen=True)
+class ReleaseColumns:
+    """The columns a release covers, by what it releases of them."""
+
+    categorical: tuple[Column, ...]
+    numbers: tuple[Column, ...]
+    booleans: tuple[Column, ...]
+
+    @property
+    def names(self) -> list[str]:
+        """Every released column's name."""
+        return [c.name for c in (*self.categorical, *self.numbers, *self.booleans)]
+
+
+def release_columns(schema: Schema) -> ReleaseColumns:
+    """The schema's columns with entries read off the data (the target excluded: its list is
+    the label set and is declared)."""
+    derived = [c for c in schema.columns if c.data_derived and c.name != schema.target]
+    return ReleaseColumns(
+        tuple(c for c in derived if c.type == "categorical"),
+        tuple(c for c in derived if c.is_numeric),
+        tuple(c for c in derived if c.type == "boolean"),
+    )
+
+
+def _spec(column: Column) -> NumberSpec:
+    return NumberSpec(column.type, decimals=column.type == "numeric")
+
+
+def plan_release(
+    schema: Schema, rows: int, epsilon: float, delta: float
+) -> tuple[ReleaseColumns, SchemaReleasePlan]:
+    """The columns to release and the release's calibrated plan (from public facts only)."""
+    columns = release_columns(schema)
+    plan = plan_schema_release(
+        epsilon,
+        delta,
+        rows,
+        len(columns.categorical),
+        {c.name: _spec(c) for c in columns.numbers},
+        len(columns.booleans),
+    )
+    return columns, plan
+
+
+def _boolean_codes(raw: RawTable, column: Column) -> np.ndarray:
+    """0 false, 1 true, 2 missing (or anything else) for a boolean column's cells."""
+    values = np.char.lower(raw.column(column.name).astype(str))
+    false, true = (c.lower() for c in column.categories)
+    codes = np.where(values == false, 0, np.where(values == true, 1, 2))
+    return np.where(missing_mask(raw.column(column.name)), 2, codes)
+
+
+def apply_release(
+    raw: RawTable,
+    schema: Schema,
+    columns: ReleaseColumns,
+    plan: SchemaReleasePlan,
+    generator: torch.Generator,
+    source: str,
+) -> tuple[Schema, list[str]]:
+    """Run the release on the rows; the schema with the released entries, and warnings."""
+    assert source.startswith(RELEASED_PREFIX)
+    numbers = {c.name: column_numbers(raw, c, lenient=True) for c in columns.numbers}
+    categories, ranges = release_ranges(
+        {c.name: raw.column(c.name) for c in columns.categorical},
+        {c.name: (numbers[c.name], _spec(c)) for c in columns.numbers},
+        plan,
+        generator,
+    )
+    found = {name: r for name, r in ranges.items() if r is not None}
+    shapes = release_shapes(
+        {
+            c.name: (numbers[c.name], raw.column(c.name), _spec(c), found[c.name])
+            for c in columns.numbers
+            if c.name in found
+        },
+        {c.name: _boolean_codes(raw, c) for c in columns.booleans},
+        plan,
+        generator,
+    )
+    warnings: list[str] = []
+    for column in columns.categorical:
+        kept = categories[column.name]
+        other = OTHER
+        while other in kept:
+            other += "*"
+        schema = schema.replace_column(
+            replace(column, categories=(*kept, other), other=other, source=source)
+        )
+    for column in columns.numbers:
+        if column.name not in found:
+            warnings.append(
+                f"column {column.name!r}: no range cleared the noise at this ε and size, so it "
+                "is written empty: declare public bounds (min, max) to keep it"
+            )
+            schema = schema.replace_column(Column(column.name, "ignored", source=source))
+            continue
+        shape = shapes[column.name]
+        low, high = found[column.name]
+        edges = shape.edges
+        if edges is not None:
+            low, high = edges[0], edges[-1]
+        if column.type == "integer":
+            low, high = float(math.ceil(low)), float(math.floor(high))
+            high = max(high, low)
+        schema = schema.replace_column(
+            replace(
+                column,
+                min=low,
+                max=high,
+                edges=edges if edges is not None and len(edges) > 2 else None,
+                missing=shape.missing,
+                decimals=shape.decimals if column.type == "numeric" else None,
+                source=source,
+            )
+        )
+    for column in columns.booleans:
+        schema = schema.replace_column(
+            replace(column, missing=shapes[column.name].missing, source=source)
+        )
+    return schema, warnings

@@ -1,0 +1,133 @@
+"""Typed mechanism events: frozen, one class per mechanism, read from and written to the
+dicts the ledger has always stored (so old ledgers keep verifying), and composed by the same
+accountant as before."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pickle
+
+import pytest
+
+from dpsynth.errors import UsageError
+from dpsynth.ledger import Ledger
+from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.events import (
+    DpEvent,
+    Gaussian,
+    NonPrivate,
+    PoissonGaussian,
+    PureDp,
+    ThresholdDelta,
+    annotate,
+    event_from_json,
+)
+from dpsynth.privacy.accounting.plan import PrivacyPlan
+from dpsynth.privacy.mechanisms.marginal_measure import measurement_event
+from dpsynth.privacy.mechanisms.selection import selection_event
+from dpsynth.privacy.releases.central import CentralImagesPlan
+
+# Events as ledgers written before the typed classes stored them, annotations included.
+STORED = [
+    {"type": "poisson_gaussian", "noise_multiplier": 1.1, "sampling_rate": 0.01, "steps": 500},
+    {"type": "poisson_gaussian", "noise_multiplier": 2.0, "sampling_rate": 0.02, "steps": 40,
+     "mechanism": "rdpgan", "max_grad_norm": 1.0, "schedule": "exp", "first_step": 0},
+    {"type": "gaussian", "noise_multiplier": 8.0, "mechanism": "central images",
+     "clip_norm": 1.0, "count_weight": 0.5},
+    {"type": "gaussian", "noise_multiplier": 30.0, "count": 12},
+    {"type": "pure_dp", "epsilon": 0.05, "count": 3, "mechanism": "exponential mechanism"},
+    {"type": "threshold_delta", "delta": 1e-7},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("stored", STORED)
+def test_stored_dicts_round_trip_exactly(stored: dict) -> None:
+    event = event_from_json(stored)
+    assert stored["type"] == type(event).KIND
+    assert event.to_json() == stored
+    assert json.dumps(event.to_json(), sort_keys=True) == json.dumps(stored, sort_keys=True)
+    assert event == stored and dict(event) == stored  # a read-only mapping over its JSON
+    assert pickle.loads(pickle.dumps(event)) == stored
+
+
+def test_events_are_frozen_and_typed() -> None:
+    event = PoissonGaussian(1.0, 0.1, 10, annotations={"mechanism": "m"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.steps = 11  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        event["steps"] = 11  # type: ignore[index]
+    assert event["mechanism"] == "m" and event.noise_multiplier == 1.0
+    assert annotate(event, stage="x") == {**event.to_json(), "stage": "x"}
+    assert annotate(event, stage="x").composition() == event.composition()
+
+
+def test_composition_is_the_same_for_dicts_and_typed_events() -> None:
+    typed = [event_from_json(e) for e in STORED]
+    assert all(isinstance(e, DpEvent) for e in typed)
+    from_dicts = compose_epsilon(STORED, 1e-5)
+    from_typed = compose_epsilon(typed, 1e-5)
+    assert from_dicts == from_typed
+    assert 0 < from_typed.epsilon < math.inf
+
+
+def test_each_kind_composes_as_its_mechanism() -> None:
+    # q = 1 Poisson steps are plain Gaussian mechanisms; count None means once.
+    assert PoissonGaussian(2.0, 1.0, 3).composition() == (("gaussian", 2.0, 1.0), 3)
+    assert Gaussian(2.0).composition() == (("gaussian", 2.0, 1.0), 1)
+    assert PureDp(0.5, 4).composition() == (("pure_dp", 0.5, 1.0), 4)
+    assert ThresholdDelta(1e-6).composition() is None
+    assert PoissonGaussian(1.0, 0.1, 0).composition() is None
+    assert not NonPrivate().private and not PureDp(math.inf).private
+    assert not Gaussian(0.0).private and Gaussian(0.0, 0).private
+    assert compose_epsilon([NonPrivate(), Gaussian(5.0)], 1e-5).epsilon == math.inf
+    # δ of a thresholding step is taken off the δ the rest is composed at
+    alone = compose_epsilon([Gaussian(5.0)], 1e-5 - 1e-6).epsilon
+    assert compose_epsilon([Gaussian(5.0), ThresholdDelta(1e-6)], 1e-5).epsilon == alone
+
+
+def test_bad_stored_events_are_refused() -> None:
+    with pytest.raises(UsageError, match="unknown mechanism event type"):
+        event_from_json({"type": "laplace", "scale": 1.0})
+    with pytest.raises(UsageError, match="lacks a parameter"):
+        event_from_json({"type": "gaussian", "count": 2})
+    with pytest.raises(UsageError, match="threshold_delta"):
+        ThresholdDelta(1.5)
+
+
+def test_mechanisms_build_typed_events() -> None:
+    assert isinstance(selection_event(0.1, 2), PureDp)
+    assert isinstance(measurement_event(3.0, 5, round=1), Gaussian)
+    plan = CentralImagesPlan(noise_multiplier=4.0, clip_norm=1.0, count_weight=0.5)
+    assert isinstance(plan.event(), Gaussian)
+    assert CentralImagesPlan.from_event(plan.event()) == plan
+
+
+def test_plans_hold_typed_events_and_round_trip_through_json() -> None:
+    plan = PrivacyPlan(
+        private=True, target_epsilon=1.0, delta=1e-5, noise_multiplier=1.1,
+        sampling_rate=0.01, steps=500, max_grad_norm=1.0, expected_batch_size=10.0,
+        events=tuple(STORED), epsilon_bound=0.9, total_epsilon_bound=0.9, accountant="a",
+    )  # fmt: skip
+    assert all(isinstance(e, DpEvent) for e in plan.events)
+    text = json.dumps(plan.to_json())  # JSON-ready: plain dicts
+    back = PrivacyPlan.from_json(json.loads(text))
+    assert [e.to_json() for e in back.events] == STORED
+
+
+def test_a_ledger_line_is_the_same_text_from_dicts_and_typed_events(tmp_path) -> None:
+    """What a ledger stores does not depend on whether the writer passed the old dicts or
+    typed events, so ledgers written before the change verify and compose the same."""
+    lines = []
+    for name, events in (("dicts", STORED), ("typed", [event_from_json(e) for e in STORED])):
+        book = Ledger(tmp_path / f"{name}.jsonl")
+        spend = book.reserve(
+            dataset_id="d", fingerprint="f", command="c", method="m", run_id="r",
+            events=events, delta=1e-5,
+        )  # fmt: skip
+        book.complete(spend["seq"], events, run_id="r", fingerprint="f")
+        assert book.verify() is not None
+        lines.append([json.loads(line)["events"] for line in book.path.read_text().splitlines()])
+        assert book.total_epsilon("d", 1e-5) == compose_epsilon(STORED, 1e-5).epsilon
+    assert lines[0] == lines[1]
