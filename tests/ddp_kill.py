@@ -1,5 +1,6 @@
 """`dpsynth` as a torchrun worker whose rank $KILL_RANK kills itself (SIGKILL, no clean-up)
-when it draws its $KILL_AT-th Poisson batch: a rank lost mid-run (tests/test_distributed.py)."""
+when it draws its $KILL_AT-th Poisson batch: a rank lost mid-run
+(tests/training/test_distributed.py)."""
 
 from __future__ import annotations
 

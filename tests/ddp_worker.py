@@ -1,4 +1,4 @@
-"""Checks run by each of 2 gloo processes in tests/test_distributed.py, and in one process
+"""Checks run by each of 2 gloo processes in tests/training/test_distributed.py, and in one process
 without a group (the single-process reference): every function here is deterministic given
 its fixed seeds, so the two runs can be compared value by value."""
 

@@ -41,7 +41,7 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.marginal.domain import codes_from_rows, table_domain
 from dpsynth.privacy.mechanisms.marginal_measure import MarginalQueries
 from dpsynth.training import train_run
-from tests.test_messy_tables import messy_frame
+from tests.training.test_messy_tables import messy_frame
 
 runner = CliRunner()
 GERMAN = Path(__file__).resolve().parents[1] / "dpsynth" / "data" / "tables"

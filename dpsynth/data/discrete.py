@@ -229,7 +229,8 @@ def codes_from_raw(raw: RawTable, schema: Schema, domain: TableDomain) -> np.nda
     features = schema.features
     if len(features) + 1 != len(domain.attributes):
         raise ValueError("the domain was not built from this schema")
-    out = np.empty((raw.n, len(domain.attributes)), dtype=np.int64)
+    # column-major: each attribute's codes contiguous, as the counting reads them
+    out = np.empty((len(domain.attributes), raw.n), dtype=np.int64).T
     for j, (column, attribute) in enumerate(zip(features, domain.attributes, strict=False)):
         if attribute.kind == "categorical":
             out[:, j] = chunk_levels(raw, column)

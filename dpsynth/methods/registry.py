@@ -23,8 +23,8 @@ _BACKENDS: dict[str, str] = {
 
 
 # The kinds of data a backend trains on where it is not images alone: its `Method.modalities`
-# (tests/test_method_lists.py checks that they agree), kept here so that the CLI's help and the
-# docs can list the backends without importing them (a backend's import takes seconds).
+# (tests/methods/test_method_lists.py checks that they agree), kept here so that the CLI's help and
+# the docs can list the backends without importing them (a backend's import takes seconds).
 _NOT_ONLY_IMAGES: dict[str, tuple[str, ...]] = {
     "dpkernel": ("image", "table"),
     "rdpgan": ("image", "table"),

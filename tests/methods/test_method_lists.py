@@ -23,7 +23,7 @@ from dpsynth.methods.registry import (
     modalities_of,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GENERATED = re.compile(r"<!-- methods -->(.*?)<!-- /methods -->", re.S)
 TABLE_ROW = re.compile(r"^\| \[`([a-z0-9_-]+)`\]\(docs/methods/\1\.md\) \|.*\| ([a-z, ]+) \|$")
 

@@ -11,7 +11,7 @@ import pytest
 
 from dpsynth.privacy.accounting.compose import compose_epsilon
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")

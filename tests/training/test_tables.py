@@ -442,7 +442,7 @@ def test_table_flags_are_checked_before_anything_is_spent(tmp_path: Path) -> Non
 
 
 CENSUS_TEST = (
-    Path(__file__).resolve().parents[2] / "shared" / "data" / "census_income_kdd_test.csv.gz"
+    Path(__file__).resolve().parents[3] / "shared" / "data" / "census_income_kdd_test.csv.gz"
 )
 
 

@@ -270,8 +270,8 @@ def test_plan_events_phases_and_target():
 
 def test_paper_mode_and_bad_settings_are_refused():
     method = DPAFMethod()
-    # mode=paper exists only behind the explicit flag (tests/test_dpaf_paper.py), never with
-    # the strict presets' learning, and no other mode is accepted
+    # mode=paper exists only behind the explicit flag (tests/methods/dpaf/test_dpaf_paper.py), never
+    # with the strict presets' learning, and no other mode is accepted
     with pytest.raises(UsageError, match="paper"):
         method.config("small", {"mode": "paper"}, DIGITS_INFO)
     with pytest.raises(UsageError, match="mode"):

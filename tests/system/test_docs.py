@@ -17,7 +17,7 @@ import typer
 
 from dpsynth.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "commands.md"
 MARKDOWN = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SCRIPTS = [ROOT / "Makefile", *sorted((ROOT / "examples").glob("*.sh"))]

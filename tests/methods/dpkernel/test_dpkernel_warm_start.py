@@ -9,7 +9,7 @@ from dpsynth.data.sources import load_data
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting.plan import PrivacyTarget
 from dpsynth.privacy.releases.central import CentralImages
-from tests.test_central_images import _pld_epsilon
+from tests.privacy.test_central_images import _pld_epsilon
 
 
 def test_warm_start_pulls_each_class_towards_its_released_mean() -> None:

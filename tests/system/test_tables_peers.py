@@ -20,7 +20,7 @@ from dpsynth.data.sources import read_table
 from dpsynth.data.table_codec import RawTable, read_csv_table
 from dpsynth.evaluate.marginals import discretise, marginal_columns
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")

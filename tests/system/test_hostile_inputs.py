@@ -42,7 +42,7 @@ from dpsynth.data.sources import read_table
 from dpsynth.errors import UsageError
 from dpsynth.sampling import sample_run
 from dpsynth.training import train_run
-from tests.test_bad_inputs import snapshot
+from tests.system.test_bad_inputs import snapshot
 
 runner = CliRunner()
 LEDGER = "--ledger ledger.jsonl"

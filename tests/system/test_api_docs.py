@@ -12,7 +12,7 @@ import pytest
 import dpsynth
 from dpsynth.data.builtin_tables import TABLES_DIR
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 TEXT = DOC.read_text(encoding="utf-8")
 EXAMPLES = re.findall(r"^```python\n(.*?)^```", TEXT, flags=re.M | re.S)
 

@@ -23,8 +23,8 @@ from dpsynth.methods.dpaf import DPAFMethod
 from dpsynth.methods.dpaf.plan import ONCE_PHASE
 from dpsynth.privacy.mechanisms.aggregation import noisy_group_sums, renorm_rows
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from tests.methods.dpaf.test_dpaf_match import INFO, _digits, straight_and_cut_runs
 from tests.noise_checks import assert_gaussian_noise
-from tests.test_dpaf_match import INFO, _digits, straight_and_cut_runs
 
 ONCE = {
     "g_loss": "match",

@@ -14,7 +14,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods import registry
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "leaderboard.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "leaderboard.py"
 
 
 @pytest.fixture(scope="module")

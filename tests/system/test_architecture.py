@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "dpsynth"
+PACKAGE = Path(__file__).resolve().parents[2] / "dpsynth"
 SHARED_METHOD_MODULES = {"base", "template", "registry", "blocks"}
 
 

@@ -10,7 +10,7 @@ release (a weight, a noise draw, the teacher's wrapping) fails here. Float resul
 bit-exact only for the same torch build on the same kind of CPU; elsewhere the test skips.
 
 To record again after a deliberate change of a backend's numbers:
-`python tests/test_backend_template.py` prints the table below.
+`python tests/methods/test_backend_template.py` prints the table below.
 """
 
 from __future__ import annotations

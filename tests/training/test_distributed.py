@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from dpsynth.ledger import Ledger
 from dpsynth.training import train_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 BACKENDS = ("psg", "pge", "dpaf", "dpkernel")
 
