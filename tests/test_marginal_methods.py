@@ -29,9 +29,9 @@ from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.marginal.aim import AIMMethod
 from dpsynth.methods.marginal.cliquetree import CliqueTree
 from dpsynth.methods.marginal.domain import codes_from_rows, rows_from_codes, table_domain
+from dpsynth.methods.marginal.generator import TreeSampler
 from dpsynth.methods.marginal.junction import JunctionTree
 from dpsynth.methods.marginal.model import Measurement, estimate
-from dpsynth.methods.marginal.sampler import TreeSampler
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.training import train_run

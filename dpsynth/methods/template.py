@@ -18,7 +18,8 @@ step 0 (handed to `warm_start`), the teacher's training, its state in the checkp
 filter around `generator()`. A trainer writes `own_state_tensors`, `load_own_state`,
 `own_generator` and its `step`.
 
-The marginal backends (aim, mst) have no stages and keep their own factories.
+The marginal backends (aim, mst) have no stages and keep their own factories; they use the
+same file names (`method.py`, `trainer.py`, `generator.py`, `presets.py`).
 """
 
 from __future__ import annotations

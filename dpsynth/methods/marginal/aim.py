@@ -30,8 +30,9 @@ from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.marginal.cost import aim_seconds
 from dpsynth.methods.marginal.domain import TableDomain, table_domain
 from dpsynth.methods.marginal.junction import JunctionTree
-from dpsynth.methods.marginal.method import MarginalMethod, MarginalTrainer, pairs_within
+from dpsynth.methods.marginal.method import MarginalMethod, pairs_within
 from dpsynth.methods.marginal.presets import AIM_PRESETS
+from dpsynth.methods.marginal.trainer import MarginalTrainer
 from dpsynth.privacy.accounting.calibration import default_delta
 from dpsynth.privacy.accounting.marginal_plan import gdp_mu
 

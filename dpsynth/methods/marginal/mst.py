@@ -27,8 +27,9 @@ import numpy as np
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.marginal.domain import TableDomain
-from dpsynth.methods.marginal.method import MarginalMethod, MarginalTrainer, pairs_within
+from dpsynth.methods.marginal.method import MarginalMethod, pairs_within
 from dpsynth.methods.marginal.presets import MST_PRESETS
+from dpsynth.methods.marginal.trainer import MarginalTrainer
 
 
 class Forest:
