@@ -54,21 +54,7 @@ def plan_dpaf(
     q_w = window_sampling_rate(q, window)
     steps = c_steps + windows
     if not target.private:
-        return PrivacyPlan(
-            private=False,
-            target_epsilon=math.inf,
-            delta=target.delta,
-            noise_multiplier=0.0,
-            sampling_rate=q_w,
-            steps=steps,
-            max_grad_norm=math.inf,
-            expected_batch_size=q_w * info.n,
-            events=(NonPrivate(annotations={"sampling_rate": q_w, "steps": steps}),),
-            epsilon_bound=math.inf,
-            total_epsilon_bound=math.inf,
-            accountant="none (not private)",
-            notes=("NOT PRIVATE: trained without clipping or noise (--epsilon inf)",),
-        )
+        return PrivacyPlan.non_private_loop(target.delta, q_w, steps, info.n)
     if config["mode"] == "paper":
         return _paper_plan(info, target, config, q_w)
     if config["phase2_release"] == "once":

@@ -3,7 +3,6 @@ one ledger event per distinct σ, and each loop step's σ read back from those e
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +10,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyPlan, PrivacyTarget
 from dpsynth.methods.rdpgan import schedule as sched
 from dpsynth.privacy.accounting.calibration import calibrate_schedule
-from dpsynth.privacy.accounting.events import NonPrivate, PoissonGaussian
+from dpsynth.privacy.accounting.events import PoissonGaussian
 
 MECHANISM = "rdpgan D step: DP-SGD on the real-loss term (clip C, noise σ·C, divide by qN)"
 
@@ -56,21 +55,7 @@ def plan_rdpgan(
     steps = int(config["n_g"]) * int(config["n_d"])
     q = min(1.0, batch / info.n)
     if not target.private:
-        return PrivacyPlan(
-            private=False,
-            target_epsilon=math.inf,
-            delta=target.delta,
-            noise_multiplier=0.0,
-            sampling_rate=q,
-            steps=steps,
-            max_grad_norm=math.inf,
-            expected_batch_size=q * info.n,
-            events=(NonPrivate(annotations={"sampling_rate": q, "steps": steps}),),
-            epsilon_bound=math.inf,
-            total_epsilon_bound=math.inf,
-            accountant="none (not private)",
-            notes=("NOT PRIVATE: trained without clipping or noise (--epsilon inf)",),
-        )
+        return PrivacyPlan.non_private_loop(target.delta, q, steps, info.n)
     segments, ratio = noise_segments(config)
     cal = calibrate_schedule(target.epsilon, target.delta, q, segments, prior_events)
     clip = float(config["max_grad_norm"])

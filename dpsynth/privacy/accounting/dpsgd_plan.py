@@ -3,14 +3,12 @@ Poisson-subsampled Gaussian steps at rate q (the plan most image backends start 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting.calibration import calibrate_noise
 from dpsynth.privacy.accounting.compose import poisson_gaussian_event
-from dpsynth.privacy.accounting.events import NonPrivate
 from dpsynth.privacy.accounting.plan import PrivacyPlan, PrivacyTarget
 
 
@@ -34,21 +32,7 @@ def plan_poisson_gaussian(
         raise UsageError(f"steps must be at least 1, got {steps}")
     q = min(1.0, float(expected_batch_size) / n)
     if not target.private:
-        return PrivacyPlan(
-            private=False,
-            target_epsilon=math.inf,
-            delta=target.delta,
-            noise_multiplier=0.0,
-            sampling_rate=q,
-            steps=steps,
-            max_grad_norm=math.inf,
-            expected_batch_size=q * n,
-            events=(NonPrivate(annotations={"sampling_rate": q, "steps": steps}),),
-            epsilon_bound=math.inf,
-            total_epsilon_bound=math.inf,
-            accountant="none (not private)",
-            notes=("NOT PRIVATE: trained without clipping or noise (--epsilon inf)",),
-        )
+        return PrivacyPlan.non_private_loop(target.delta, q, steps, n)
     cal = calibrate_noise(target.epsilon, target.delta, q, steps, prior_events)
     return PrivacyPlan(
         private=True,

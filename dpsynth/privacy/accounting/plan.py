@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dpsynth.privacy.accounting.events import DpEvent, events_from_json
+from dpsynth.privacy.accounting.events import DpEvent, NonPrivate, events_from_json
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,28 @@ class PrivacyPlan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "events", events_from_json(self.events))
+
+    @classmethod
+    def non_private_loop(
+        cls, delta: float, sampling_rate: float, steps: int, n: int
+    ) -> PrivacyPlan:
+        """The `--epsilon inf` baseline of a loop of `steps` Poisson(q) steps over N records:
+        no clipping, no noise, ε = inf, one `NonPrivate` event."""
+        return cls(
+            private=False,
+            target_epsilon=math.inf,
+            delta=delta,
+            noise_multiplier=0.0,
+            sampling_rate=sampling_rate,
+            steps=steps,
+            max_grad_norm=math.inf,
+            expected_batch_size=sampling_rate * n,
+            events=(NonPrivate(annotations={"sampling_rate": sampling_rate, "steps": steps}),),
+            epsilon_bound=math.inf,
+            total_epsilon_bound=math.inf,
+            accountant="none (not private)",
+            notes=("NOT PRIVATE: trained without clipping or noise (--epsilon inf)",),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (inf written as the string "inf")."""
