@@ -5,7 +5,7 @@ The Python API (docs/api.md): `train`, `sample`, `evaluate`, `calibrate`, `audit
 They are imported on first use, so `import dpsynth` (and the CLI's start) does not pay for torch.
 
 `evaluate` and `audit` share their names with subpackages (`dpsynth.evaluate.report`,
-`dpsynth.audit.run`): `dpsynth.evaluate(...)` calls the API function, and attribute access
+`dpsynth.audit.planned_audit`): `dpsynth.evaluate(...)` calls the API function, and attribute access
 (`dpsynth.evaluate.report`) reaches the subpackage, so both keep working in any import order.
 """
 

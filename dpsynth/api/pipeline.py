@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from dpsynth.api.results import EvaluationReport, SampleResult, TrainResult
 
 if TYPE_CHECKING:
-    from dpsynth.audit.run import AuditResult
+    from dpsynth.audit.planned_audit import AuditResult
     from dpsynth.training import ProgressCallback, TrainRequest
 
 
@@ -221,8 +221,8 @@ def audit(
     """Audit a backend's mechanism empirically (one-run auditing, white-box): synthetic
     canaries through its planned σ, q, T and clipping give a lower bound on ε, compared with
     the claimed bound (`AuditResult.leaks`, `.verdict`). Reads no user data and no ledger.
-    Further `audit.run.run_audit` options may be given by name."""
-    from dpsynth.audit.run import run_audit
+    Further `audit.planned_audit.run_audit` options may be given by name."""
+    from dpsynth.audit.planned_audit import run_audit
 
     return run_audit(
         method, preset, epsilon, canaries=canaries, confidence=confidence, data=data, seed=seed,

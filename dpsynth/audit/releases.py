@@ -1,9 +1,12 @@
-"""One white-box run of a plan whose one-shot Gaussian releases run through their own code.
+"""One white-box run of a plan whose releases and subsampled mechanisms run through their code.
 
 A plan may put one-shot releases in front of its steps: the frequency model
 (`audit/frequency.py`, through `frequency_statistics`) and the central images
-(`audit/central.py`, through `noisy_statistics`). Each is found by its event's `mechanism`
-annotation and audited by its own scorer; the plan's other events (DP-SGD steps, the
+(`audit/central.py`, through `noisy_statistics`); and it may have subsampled mechanisms with
+code of their own: the DP classifier of a backend's teacher (`audit/teacher.py`, through
+`train_private_classifier`) and DPAF's windows (`audit/dpaf.py`, through `noisy_feature_sum`
+and `private_gradient_sum`). Each is found by its event's annotations and audited by its own
+scorer (called "releases" below); the plan's other events (DP-SGD steps, the
 functional mechanism) by `rest_scores`, all on the same canaries and the audit's one stream.
 A canary's evidence from independent mechanisms adds up: the log-likelihood ratios sum
 ("llr"), the standardised peaks take the largest ("max"), and each release's own ratio is a
@@ -21,17 +24,20 @@ from typing import Any
 
 import torch
 
-from dpsynth.audit import central, frequency
+from dpsynth.audit import central, dpaf, frequency, teacher
 from dpsynth.audit.whitebox import GuessOutcome, PartOutcome, best_guesses, draw_canaries
 from dpsynth.privacy.accounting.compose import compose_epsilon
 
-__all__ = ["RELEASE_BREAKS", "audit_with_releases", "split_releases"]
+__all__ = ["RELEASE_BREAKS", "audit_with_releases", "release_name", "split_releases"]
 
 # The scorer of each release, by its event's `mechanism`.
 _SCORERS = {
     frequency.MECHANISM: frequency.frequency_scores,
     central.MECHANISM: central.central_scores,
 }
+# Poisson-subsampled mechanisms with code of their own: the DP classifier (a backend's
+# teacher) and DPAF's windows.
+_STEP_SCORERS = {teacher.MECHANISM: teacher.classifier_scores}
 RELEASE_BREAKS = ("noise", "sensitivity")
 
 # The other events' scores for the same canaries and stream: (events, included, generator).
@@ -47,11 +53,30 @@ def split_releases(
     releases: list[dict[str, Any]] = []
     rest: list[dict[str, Any]] = []
     for event in events:
-        if event.get("mechanism") in _SCORERS and event.get("type") == "gaussian":
-            releases.append(dict(event))
-        else:
-            rest.append(dict(event))
+        (releases if _scorer(event) is not None else rest).append(dict(event))
     return releases, rest
+
+
+def _scorer(event: Mapping[str, Any]) -> Callable[..., dict[str, torch.Tensor]] | None:
+    """The scorer that runs `event` through its own code (None: the generic step audit)."""
+    if event.get("type") == "gaussian":
+        if event.get("phase") == dpaf.ONCE_PHASE:
+            return dpaf.once_scores
+        return _SCORERS.get(event.get("mechanism"))  # type: ignore[arg-type]
+    if dpaf.is_window_event(event):
+        return dpaf.window_scores
+    if event.get("type") == "poisson_gaussian":
+        return _STEP_SCORERS.get(event.get("mechanism"))  # type: ignore[arg-type]
+    return None
+
+
+def release_name(event: Mapping[str, Any]) -> str:
+    """A part's short name: the mechanism annotation, DPAF's windows as such."""
+    if dpaf.is_window_event(event):
+        return "dpaf windows"
+    if event.get("phase") == dpaf.ONCE_PHASE:
+        return "dpaf release"
+    return str(event["mechanism"]).replace("_", " ")
 
 
 def audit_with_releases(
@@ -70,11 +95,8 @@ def audit_with_releases(
     if not releases:
         raise ValueError("the plan has no release this audit runs by its own code")
     generator, included = draw_canaries(canaries, seed)
-    release_break = break_mode if break_mode in RELEASE_BREAKS else None
-    parts = [
-        _SCORERS[event["mechanism"]](event, shape, included, generator, release_break)
-        for event in releases
-    ]
+    # each scorer applies the break modes it knows and ignores the others
+    parts = [_scorer(event)(event, shape, included, generator, break_mode) for event in releases]  # type: ignore[misc]
     if rest:
         parts.append(rest_scores(rest, included, generator))
     scores = {
@@ -83,11 +105,11 @@ def audit_with_releases(
     }
     if len(parts) > 1:
         for event, part in zip(releases, parts, strict=False):
-            scores[event["mechanism"]] = part["llr"]
+            scores[release_name(event)] = part["llr"]
     split = 1.0 - (1.0 - confidence) / (1 + len(releases))
     own = [
         PartOutcome(
-            f"{event['mechanism'].replace('_', ' ')} (its own event)",
+            f"{release_name(event)} (its own event)",
             compose_epsilon([event], delta).epsilon,
             best_guesses(part, included, delta, split),
             canaries,

@@ -44,8 +44,8 @@ def audit(
         bool,
         typer.Option(
             "--black-box",
-            help="Canary rows in a built-in table through train → sample, scored from the "
-            "release only.",
+            help="Canaries in a built-in table or image set through train → sample, scored "
+            "from the release only.",
         ),
     ] = False,
     break_mode: Annotated[str | None, typer.Option("--break", hidden=True)] = None,
@@ -56,11 +56,12 @@ def audit(
 
     White-box (default): m synthetic canaries run through the backend's mechanism with its
     planned σ, q, T and clipping, and how well one can guess which canaries were in gives a
-    lower bound on ε. It never reads your data or ledger. --black-box: canary rows in a
-    built-in table, a whole train → sample run, and guesses from the synthetic rows only.
+    lower bound on ε. It never reads your data or ledger. --black-box: canaries in a
+    built-in table (rows) or image set (images), a whole train → sample run, and guesses from
+    the synthetic release only.
     Exit 0: the lower bound is at most the claimed ε; exit 1: it exceeds it.
     """
-    from dpsynth.audit.run import run_audit
+    from dpsynth.audit.planned_audit import run_audit
 
     if black_box:
         _black_box(method, preset, epsilon, canaries, confidence, data, seed, break_mode, as_json)
@@ -121,17 +122,25 @@ def _black_box(
     break_mode: str | None,
     as_json: bool,
 ) -> None:
-    """`audit --black-box`: one whole run on a built-in table with canary rows."""
+    """`audit --black-box`: one whole run on a built-in table (canary rows) or image set
+    (canary images)."""
     from dpsynth.audit.blackbox import run_blackbox
-    from dpsynth.audit.run import check_audit_values
+    from dpsynth.audit.blackbox_images import run_image_blackbox
+    from dpsynth.audit.planned_audit import check_audit_values
+    from dpsynth.methods.registry import get_method
 
     if break_mode is not None:
         raise UsageError("--break applies to the white-box audit only")
     count = 100 if canaries is None else canaries
     check_audit_values(count, confidence)
-    result = run_blackbox(
-        method, preset, epsilon, canaries=count, confidence=confidence, data=data, seed=seed
-    )
+    if "table" in get_method(method).modalities:
+        result = run_blackbox(
+            method, preset, epsilon, canaries=count, confidence=confidence, data=data, seed=seed
+        )
+    else:
+        result = run_image_blackbox(
+            method, preset, epsilon, canaries=count, confidence=confidence, data=data, seed=seed
+        )
     if as_json:
         emit_json(result.to_json())
     else:
@@ -141,7 +150,7 @@ def _black_box(
             ("empirical lower bound", f"{result.lower_bound:.4g}"),
             ("canaries m (in)", f"{result.canaries} ({result.canaries_in})"),
             ("guesses / correct", f"{result.guesses} / {result.correct}"),
-            ("synthetic rows", result.synthetic_rows),
+            ("synthetic records", result.synthetic_rows),
             ("confidence", f"{result.confidence:g}"),
             ("mode", result.mode),
             ("verdict", "FAIL" if result.leaks else "pass"),

@@ -154,11 +154,11 @@ def test_audit_wraps_the_white_box_audit() -> None:
 
 
 def test_evaluate_and_audit_stay_subpackages_for_attribute_access() -> None:
-    import dpsynth.audit.run
+    import dpsynth.audit.planned_audit
     import dpsynth.evaluate.report
 
     assert dpsynth.evaluate.report.run_evaluation is not None
-    assert dpsynth.audit.run.run_audit is not None
+    assert dpsynth.audit.planned_audit.run_audit is not None
     assert callable(dpsynth.evaluate) and "synthetic" in dpsynth.evaluate.__doc__
 
 

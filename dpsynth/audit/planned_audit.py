@@ -20,7 +20,12 @@ from typing import Any
 
 from dpsynth.audit.functional import audit_field, field_canary_scores
 from dpsynth.audit.marginal import TABLE_CANARIES, audit_marginal_plan
-from dpsynth.audit.releases import RELEASE_BREAKS, audit_with_releases, split_releases
+from dpsynth.audit.releases import (
+    RELEASE_BREAKS,
+    audit_with_releases,
+    release_name,
+    split_releases,
+)
 from dpsynth.audit.tables import is_table_data, table_info
 from dpsynth.audit.whitebox import (
     BREAK_MODES,
@@ -191,10 +196,17 @@ def audit_memory(mechanism: str, plan: PrivacyPlan, canaries: int) -> float:
     m = float(canaries)
     if mechanism == "functional":
         return 16.0 * m * m + 64.0 * m * 16
-    rates = [float(e.get("sampling_rate", 1.0)) for e in plan.events] or [1.0]
+    releases, steps = split_releases(plan.events)
+    # A one-shot release is scored in chunks of a few hundred labels (a few vectors of m);
+    # the DP classifier holds its included canaries as [m/2, m] float32 records.
+    extra = 2.0 * m * m if any(e.get("mechanism") == "dp_classifier" for e in releases) else 0.0
+    rates = [
+        float(e.get("sampling_rate", 1.0))
+        for e in (*steps, *(r for r in releases if r.get("type") == "poisson_gaussian"))
+    ] or [0.0]
     mean = max(rates) * m / 2.0
     batch = min(m, mean + 6.0 * mean**0.5 + 1.0)
-    return 8.0 * m * (16.0 + 4.0 * batch)
+    return 8.0 * m * (16.0 + 4.0 * batch) + extra
 
 
 def run_audit(
@@ -213,9 +225,10 @@ def run_audit(
 
     `auto` for either resolves as `train` would on the data set's public description: the
     recommended method for its shape and ε, then that method's recommended preset. A plan
-    with the frequency model's or the central images' release audits it through its own code,
-    together with the rest of the plan; a marginal plan (aim, mst) audits its measurements and
-    selections through `MarginalQueries`. `canaries` defaults to `IMAGE_CANARIES`, or
+    with the frequency model's or the central images' release, the DP classifier (a teacher)
+    or DPAF's windows audits them through their own code, together with the rest of the plan;
+    a marginal plan (aim, mst) audits its measurements and selections through
+    `MarginalQueries`. `canaries` defaults to `IMAGE_CANARIES`, or
     `TABLE_CANARIES` on a table (whose large δ favours fewer).
     """
     if canaries is None:
@@ -352,6 +365,6 @@ def _gradient_steps(
     outcome, own = audit_with_releases(
         plan.events, info.shape, rest, plan.delta, canaries, confidence, seed, break_mode
     )
-    names = " + ".join(e["mechanism"].replace("_", " ") for e in releases)
+    names = " + ".join(release_name(e) for e in releases)
     label = f"{names} + {mechanism}" if others else names
     return outcome, label, tuple(p.to_json() for p in own)

@@ -12,7 +12,7 @@ from scipy.stats import binom
 from typer.testing import CliRunner
 
 import dpsynth.privacy.mechanisms.per_record as per_record
-from dpsynth.audit import run as audit_run
+from dpsynth.audit import planned_audit as audit_run
 from dpsynth.audit.bound import epsilon_lower_bound, p_value
 from dpsynth.audit.functional import canary_block
 from dpsynth.audit.whitebox import mechanism_steps
@@ -171,10 +171,13 @@ def test_events_the_audit_cannot_run_are_named():
     assert mechanism_steps([poisson_gaussian_event(1.0, 0.1, 3)])[0].steps == 3
 
 
-def test_black_box_on_an_image_set_says_what_it_audits():
-    result = runner.invoke(app, ["audit", "--method", "pge", "--epsilon", "1", "--black-box"])
+def test_black_box_of_an_image_method_needs_a_built_in_image_set():
+    result = runner.invoke(
+        app,
+        ["audit", "--method", "pge", "--epsilon", "1", "--black-box", "--data", "german-credit"],
+    )
     assert result.exit_code == 2
-    assert "built-in table" in result.output
+    assert "built-in set" in result.output
 
 
 def test_target_must_be_private():

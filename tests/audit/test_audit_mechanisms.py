@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import dpsynth.audit.frequency as audit_frequency
 import dpsynth.audit.marginal as audit_marginal
 import dpsynth.sampling
-from dpsynth.audit import run as audit_run
+from dpsynth.audit import planned_audit as audit_run
 from dpsynth.audit.blackbox import canary_rows, match_scores, run_blackbox
 from dpsynth.audit.bound import p_value
 from dpsynth.cli import app
