@@ -94,7 +94,7 @@ class PoissonGaussian(DpEvent):
     steps: int
 
     def composition(self) -> tuple[CompositionKey, int] | None:
-        if self.steps <= 0:
+        if int(self.steps) <= 0:
             return None
         sigma, q = float(self.noise_multiplier), float(self.sampling_rate)
         kind = "gaussian" if q >= 1.0 else "poisson_gaussian"
@@ -102,7 +102,7 @@ class PoissonGaussian(DpEvent):
 
     @property
     def private(self) -> bool:
-        return _positive(self.noise_multiplier) or self.steps <= 0
+        return _positive(self.noise_multiplier) or int(self.steps) <= 0
 
 
 @dataclass(frozen=True, eq=False)
