@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shlex
 import sys
 import tempfile
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,8 @@ from measure import mb  # noqa: E402
 from tables_peers import cli_json  # noqa: E402
 
 RESULTS = BENCH / "results"
+# train's line per pass over the data on an engine (`cli/render.py`)
+PASS_LINE = re.compile(r"pass (\d+) \(\w+, ([^)]*)\): ([\d,]+) rows in ([\d.]+) s")
 
 
 def scale_row(
@@ -48,8 +53,11 @@ def scale_row(
     command = [
         "train", "--method", method, "--data", data, "--schema", str(schema),
         "--epsilon", args.epsilon, "--delta", repr(args.delta), "--out", str(run),
-        "--device", "cpu", "--ledger", str(ledger), "--quiet",
+        "--device", "cpu", "--ledger", str(ledger),
     ]  # fmt: skip
+    # an engine's run is not --quiet: its one line per pass (on stderr) gives the pass times
+    if not args.engine:
+        command.append("--quiet")
     if args.preset:
         command += ["--preset", args.preset]
     if args.engine:
@@ -62,11 +70,17 @@ def scale_row(
         "method": method,
         "rows": args.rows,
         "epsilon": args.epsilon,
-        "input": data.split(":")[0] + (" (partitioned)" if args.format == "parquet" else ""),
+        "input": data.split(":")[0]
+        + (" (partitioned)" if args.format == "parquet" else "")
+        + (f", {args.rows // args.repeat:,} rows × {args.repeat}" if args.repeat > 1 else ""),
     }
     limit = (args.timeout * 60, args.timeout * 60 * 3)
-    trained, train = cli_json(command, limit)
+    with GroupPeak(str(run)) as group:
+        trained, train = cli_json(command, limit)
     row["train_peak_rss_mb"] = mb(train.peak_rss_mb)
+    # the engine's worker processes too: the largest sum of the RSS of train's whole
+    # process group, sampled every second (`train_peak_rss_mb` is its largest process)
+    row["train_peak_rss_all_mb"] = mb(group.peak_mb)
     if train.timed_out:
         return row | {
             "timed_out": f"train did not finish in {args.timeout:g} {train.killed_by} min"
@@ -79,6 +93,10 @@ def scale_row(
         "train_cpu_seconds": round(train.cpu_seconds, 1),
         "engine": trained.get("engine"),
         "passes": trained.get("passes"),
+        "pass_seconds": [
+            {"pass": int(m[1]), "what": m[2], "rows": int(m[3].replace(",", "")), "s": float(m[4])}
+            for m in PASS_LINE.finditer(train.stderr)
+        ],
         "samples": [],
     }
     for n in args.n:
@@ -102,17 +120,57 @@ def scale_row(
     return row
 
 
+class GroupPeak:
+    """The peak of the summed RSS of the process group whose command line names `marker`,
+    sampled from /proc every `interval` seconds in a thread while the block runs."""
+
+    def __init__(self, marker: str, interval: float = 1.0) -> None:
+        self.marker, self.interval = marker, interval
+        self.peak_mb = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> GroupPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        group = None
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._done.wait(self.interval):
+            stats = {}
+            for folder in Path("/proc").glob("[0-9]*"):
+                try:
+                    text = (folder / "stat").read_text()
+                    if group is None and self.marker in (folder / "cmdline").read_text():
+                        group = int(text[text.rindex(")") + 2 :].split()[2])
+                except (OSError, ValueError):
+                    continue
+                fields = text[text.rindex(")") + 2 :].split()
+                stats[folder.name] = (int(fields[2]), int(fields[21]))  # pgrp, rss pages
+            if group is not None:
+                total = sum(rss for pgrp, rss in stats.values() if pgrp == group)
+                self.peak_mb = max(self.peak_mb, total * page / 2**20)
+
+
 def markdown(report: dict[str, Any]) -> str:
     """One line per (method, rows, ε): train time and memory, then each sample size's."""
     lines = [
         "| method | preset | rows × columns | input, engine (counting passes) | ε "
-        "| train wall s (CPU s) | train peak MB | sample n: wall s, peak MB |",
+        "| train wall s (CPU s) | train peak MB (largest process, all) "
+        "| sample n: wall s, peak MB |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
         shape = f"{row['rows']:,} × {report['columns']}"
         engine = f"{row.get('input', 'csv')}, {row.get('engine') or 'memory'}"
         engine += f" ({row['passes']})" if row.get("passes") is not None else ""
+        if row.get("pass_seconds"):
+            engine += ": " + ", ".join(f"{p['what']} {p['s']:.0f} s" for p in row["pass_seconds"])
         head = (
             f"| {row['method']} | {row.get('preset', '–')} | {shape} | {engine} "
             f"| {row['epsilon']} |"
@@ -128,7 +186,7 @@ def markdown(report: dict[str, Any]) -> str:
         )
         lines.append(
             f"{head} {row['train_seconds']:.0f} ({row['train_cpu_seconds']:.0f}) "
-            f"| {row['train_peak_rss_mb']} | {samples} |"
+            f"| {row['train_peak_rss_mb']}, {row.get('train_peak_rss_all_mb', '–')} | {samples} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -142,6 +200,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--n", type=int, nargs="*", default=[100_000, 1_000_000])
     parser.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="Parquet only: generate --rows / K rows and hard-link their files K times (each "
+        "row K times; the throughput of distinct rows at no disk cost)",
+    )
     parser.add_argument("--engine", default=None, help="train --engine (default: auto)")
     parser.add_argument("--memory-budget", default=None, help="train --memory-budget")
     parser.add_argument("--preset", default=None)
@@ -154,7 +219,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     command = shlex.join(["python", "bench/tables_scale.py", *(argv or sys.argv[1:])])
-    if args.format == "parquet":
+    if args.format == "parquet" and args.repeat > 1:
+        base = args.rows // args.repeat
+        once, schema = big_table.make_big_parquet(args.out / str(base), args.shared, base)
+        path = big_table.repeat_parquet(once, args.out / f"{base}x{args.repeat}", args.repeat)
+    elif args.format == "parquet":
         path, schema = big_table.make_big_parquet(args.out / str(args.rows), args.shared, args.rows)
     else:
         path, schema = big_table.make_big_table(args.out / str(args.rows), args.shared, args.rows)

@@ -136,6 +136,12 @@ def open_table_source(
     encoder = ChunkEncoder(schema, schema_domain(schema, 2, False))
     counter = open_counter(engine, files, encoder, None, budget or memory_budget())
     counter.on_pass = on_pass
+    # A pass of its own, not folded into the counting pass: the reservation needs what it
+    # gives (N sets the default δ and the plan; the keyed fingerprint of its digest composes
+    # the earlier spends on these rows under the budget cap), while the counting pass needs
+    # the trainer's binning and marginals, which are built from that plan. Counting first
+    # would mean guessing the marginals, or reserving without the fingerprint; neither is
+    # simple and clearly sound, so the passes stay two and each is parallel instead.
     try:
         digest = counter.scan()
     except BaseException:

@@ -5,7 +5,8 @@
   typed Parquet.
 - The engines count the same: memory, DuckDB (small batches, so several) and a local Dask
   cluster give identical counts, N and content digest, on a CSV, a partitioned folder and a
-  glob.
+  glob; a Parquet folder's parts counted in one process or two give them too; the blocked
+  bincounts equal one bincount per clique.
 - One secret seed gives the same mst release whichever engine counted (memory, DuckDB, the
   local Dask cluster), in one counting pass; `--engine auto` under a small memory budget goes
   out of core and releases the same; a run resumed on DuckDB finishes as an uninterrupted one.
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -32,8 +34,10 @@ from dpsynth.cli import app
 from dpsynth.data.builtin_tables import TABLE_BUILTINS, load_builtin_table
 from dpsynth.data.discrete import ChunkEncoder, codes_from_raw, schema_domain
 from dpsynth.data.engines import parse_engine, table_files
+from dpsynth.data.engines.counting import chunk_counts
 from dpsynth.data.engines.duckdb_engine import DuckDBCounter
 from dpsynth.data.engines.memory import MemoryCounter
+from dpsynth.data.engines.parts import count_parts, parquet_parts
 from dpsynth.data.schema_draft import draft_table
 from dpsynth.data.sources import read_table_file
 from dpsynth.data.table_codec import encode_table
@@ -151,6 +155,46 @@ def test_engines_count_the_same(tables: dict, cluster: str, layout: str) -> None
             np.testing.assert_array_equal(a, b)
         assert counter.passes == 2  # the check pass, then one pass for all four cliques
         counter.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_parquet_parts_count_the_same_in_any_split(tables: dict, workers: int) -> None:
+    # the single-machine engine's passes over a Parquet folder: parts of one row group each
+    # (with their dictionaries) in one process or two give the in-memory counts and digest
+    folder = tables["folder"]
+    raw = read_table_file(folder / "messy.parquet", "parquet:messy")
+    schema = _draft(raw)
+    encoder = ChunkEncoder(schema, schema_domain(schema, 8, True))
+    memory = MemoryCounter(raw, encoder)
+    files = table_files(f"parquet:{folder / 'parts'}")
+    parts = parquet_parts(files, part_rows=1)
+    assert len(parts) == 9 and sum(p.rows for p in parts) == 1500  # 3 files × 3 row groups
+    cliques = [(0,), (1, 2), (0, 3, 7), (2, 0), ()]
+    seen: list[int] = []
+    sums = count_parts(parts, encoder, cliques, True, files.name, workers, seen.append)
+    assert sums.digest() == memory.scan() and sums.rows == 1500
+    assert seen[-1] == 1500 and len(seen) == 9  # one report per part
+    for a, b in zip(memory.counts(cliques), sums.result(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_blocked_counts_equal_one_bincount_per_clique() -> None:
+    # cliques sharing all but their first attribute are counted as one joint and summed out
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        sizes = tuple(int(s) for s in rng.integers(1, 60, int(rng.integers(1, 9))))
+        n = int(rng.integers(0, 400))
+        codes = np.stack([rng.integers(0, s, n) for s in sizes], 1).reshape(n, len(sizes))
+        cliques = [()] + [
+            tuple(int(j) for j in rng.permutation(len(sizes))[: rng.integers(1, 5)])
+            for _ in range(30)
+        ]
+        for clique, counts in zip(cliques, chunk_counts(codes, sizes, cliques), strict=True):
+            shape = tuple(sizes[j] for j in clique)
+            flat = np.ravel_multi_index(tuple(codes[:, j] for j in clique), shape) if clique else 0
+            expected = np.bincount(np.broadcast_to(flat, n), minlength=math.prod(shape))
+            assert counts.dtype == np.int64
+            np.testing.assert_array_equal(counts, expected if clique else [n])
 
 
 def test_queries_count_a_round_in_one_pass(tables: dict) -> None:
@@ -287,3 +331,31 @@ def test_schema_draft_of_a_partitioned_folder_reads_a_sample(tables: dict) -> No
     assert [c["name"] for c in drafted["columns"]] == [c["name"] for c in whole["columns"]]
     ward = next(c for c in drafted["columns"] if c["name"] == "ward")
     assert ward["source"].startswith("data")  # read off the data: not public
+
+
+def test_the_memory_cap_does_not_count_rows_an_engine_holds(tables: dict) -> None:
+    """mst's refusal estimate counts the codes of the rows held in memory; an engine holds
+    none, so a cap between the two estimates refuses the in-memory run and trains on DuckDB
+    (at 100M rows the codes alone were 19 GB, which refused every engine run)."""
+    from dataclasses import replace
+
+    from dpsynth.data.sources import load_table
+    from dpsynth.errors import UsageError
+    from dpsynth.methods.marginal.domain import table_domain
+    from dpsynth.methods.registry import get_method
+
+    folder = tables["folder"]
+    method = get_method("mst")
+    info = replace(load_table("german-credit").info(""), n=1000)  # the CSV's 1,000 rows
+    config = method.config("small", {}, info)
+    domain = table_domain(info, config)
+    held, counted = method.memory_mb(domain, config, info.n), method.memory_mb(domain, config, 0)
+    assert held > counted
+    cap = {"max_memory_mb": (held + counted) / 2}
+    with pytest.raises(UsageError, match="max_memory_mb"):
+        method.validate_config({**config, **cap}, info)
+    method.validate_config({**config, **cap}, info, rows_in_memory=False)
+    with pytest.raises(UsageError, match="max_memory_mb"):
+        _release(folder, "cap-memory", engine="memory", overrides=cap)
+    summary, _ = _release(folder, "cap-duckdb", engine="duckdb", overrides=cap)
+    assert summary["engine"] == "duckdb"

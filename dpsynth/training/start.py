@@ -120,7 +120,10 @@ def start_run(
     # Everything that can fail for a reason known before the first private read fails here,
     # before the spend is reserved: the config's values, then the plan, then building the
     # trainer and the batch sampler (weights from the seed, never from the data).
-    backend.validate_config(config, info)
+    if isinstance(records, TableSource):  # the engine counts: no rows are held here
+        backend.validate_config(config, info, rows_in_memory=False)  # type: ignore[call-arg]
+    else:
+        backend.validate_config(config, info)
     target = PrivacyTarget(target_epsilon, float(delta))
     # Budgets follow the data: spends linked by dataset id or fingerprint are composed in.
     # Without a key no spend holds a keyed fingerprint; the plain digest (in memory only)

@@ -2,7 +2,8 @@
 
 - `memory`: the table read whole and encoded in memory (today's path; the default for what
   fits);
-- `duckdb`: DuckDB reads CSV or Parquet out of core in record batches (`duckdb_engine.py`);
+- `duckdb`: out of core on this machine: DuckDB reads a CSV in record batches, and a Parquet
+  source's parts are counted in one process per CPU (`duckdb_engine.py`, `parts.py`);
 - `dask://host:port`: a Dask cluster's workers count their parts (`dask_engine.py`);
 - `auto` (the default): memory when the table's estimated in-memory size fits the memory
   budget (`dpsynth.data.limits`), else DuckDB.

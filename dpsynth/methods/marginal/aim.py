@@ -77,13 +77,15 @@ class AIMMethod(MarginalMethod):
         "badly fitted marginals, Gaussian measurement and graphical-model estimation; tables only"
     )
 
-    def validate_config(self, config: Mapping[str, Any], info: DataInfo) -> None:
+    def validate_config(
+        self, config: Mapping[str, Any], info: DataInfo, *, rows_in_memory: bool = True
+    ) -> None:
         """AIM's own keys, then the shared checks."""
         if int(config["rounds"]) < 0 or int(config["selections"]) < 0:
             raise UsageError("--set rounds and selections must be at least 0 (0: automatic)")
         if float(config["max_model_mb"]) <= 0:
             raise UsageError("--set max_model_mb: must be positive")
-        super().validate_config(config, info)
+        super().validate_config(config, info, rows_in_memory=rows_in_memory)
 
     def counts(
         self,

@@ -59,8 +59,12 @@ class MarginalMethod(Method):
         """`small`: its round count and bins already follow N, the columns and ε."""
         return "small"
 
-    def validate_config(self, config: Mapping[str, Any], info: DataInfo) -> None:
-        """Ranges of the keys, then the memory estimate of the domain (UsageError, exit 2)."""
+    def validate_config(
+        self, config: Mapping[str, Any], info: DataInfo, *, rows_in_memory: bool = True
+    ) -> None:
+        """Ranges of the keys, then the memory estimate of the domain (UsageError, exit 2);
+        `rows_in_memory` false when an engine counts the rows (`--engine`), which this
+        process then never holds."""
         super().validate_config(config, info)
         for key in ("bins", "max_cells", "iters", "final_iters"):
             if int(config[key]) < (2 if key == "bins" else 1):
@@ -71,7 +75,7 @@ class MarginalMethod(Method):
         if info.modality != "table":
             return  # the training loop refuses images before this matters
         domain = table_domain(info, config)
-        need = self.memory_mb(domain, config, info.n)
+        need = self.memory_mb(domain, config, info.n if rows_in_memory else 0)
         cap = float(config["max_memory_mb"])
         if need > cap:
             raise UsageError(
@@ -82,8 +86,8 @@ class MarginalMethod(Method):
 
     def memory_mb(self, domain: TableDomain, config: Mapping[str, Any], n: int) -> float:
         """The memory the run's marginals need, from the public domain: the exact counts of
-        every candidate marginal (kept while training), their model estimates, the codes
-        and the model itself."""
+        every candidate marginal (kept while training), their model estimates, the codes of
+        the `n` rows held in memory (0 when an engine counts them) and the model itself."""
         candidates = self.candidate_cliques(domain, config)
         cells = sum(domain.cells(p) for p in candidates) + sum(domain.sizes)
         model = float(config.get("max_model_mb", 0.0))
