@@ -30,7 +30,7 @@ def load_recorded(
     engine = data_cfg.get("engine")
     if data_cfg.get("modality") == "table" and engine not in (None, "memory"):
         from dpsynth.data.engines import parse_engine
-        from dpsynth.tables_scale import open_table_source
+        from dpsynth.training.table_source import open_table_source
 
         schema = parse_schema(data_cfg["schema"], f"{name} schema")
         return open_table_source(

@@ -266,8 +266,8 @@ def _load_table(
     planned from public facts, the training plan after it is checked to fit, and only then is
     the release spent."""
     from dpsynth.data.engines import EngineChoice, parse_engine
-    from dpsynth.tables_scale import prepare_table_source, table_engine
     from dpsynth.training.table_schema import read_table_input, release_table_schema
+    from dpsynth.training.table_source import prepare_table_source, table_engine
 
     if backend is not None:
         check_modality(backend, "table")

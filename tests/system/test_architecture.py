@@ -86,7 +86,6 @@ FLOORS = (
     )),
     ("dpsynth.methods", 2),
     ("dpsynth.training", 3),
-    ("dpsynth.tables_scale", 3),
     ("dpsynth.sampling", 4),
     ("dpsynth.evaluate", 5),
     ("dpsynth.audit", 5),

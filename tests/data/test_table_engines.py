@@ -48,7 +48,7 @@ from dpsynth.training import train_run
 from tests.training.test_messy_tables import messy_frame
 
 runner = CliRunner()
-GERMAN = Path(__file__).resolve().parents[1] / "dpsynth" / "data" / "tables"
+GERMAN = Path(__file__).resolve().parents[2] / "dpsynth" / "data" / "tables"
 BINNINGS = ((8, True), (16, False), (3, True))
 
 
