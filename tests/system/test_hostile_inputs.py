@@ -540,7 +540,7 @@ CASES = [
     case(f"{AUDIT} --data csv:g.csv", 2, "takes image data"),
     case(f"{AUDIT} --preset huge", 2, "unknown preset"),
     case(AUDIT.replace("pge", "nope"), 2, "unknown method"),
-    case(f"{AUDIT} --black-box", 2, "takes image data only"),
+    case(f"{AUDIT} --black-box --data csv:g.csv", 2, "audits a built-in set"),
     # --- ledger ------------------------------------------------------------------------------
     case("ledger verify --ledger locked/ledger.jsonl", 2, "lock file"),
     case("ledger verify --against user-files-only --ledger ledger.jsonl", 2, "user-files-only"),
