@@ -70,6 +70,39 @@ class BlackBoxResult:
         out["verdict"] = "FAIL" if self.leaks else "pass"
         return out
 
+    @classmethod
+    def of_run(
+        cls,
+        trained: dict[str, Any],
+        data: str,
+        epsilon: float,
+        scores: dict[str, Any],
+        included: torch.Tensor,
+        confidence: float,
+        synthetic_rows: int,
+        **mode: str,
+    ) -> BlackBoxResult:
+        """The result of a trained run (`train_run`'s summary) whose canaries scored
+        `scores`: the best guesses' lower bound at the run's δ beside its claimed ε."""
+        delta = float(trained["delta"])
+        outcome: GuessOutcome = best_guesses(scores, included, delta, confidence)
+        return cls(
+            method=str(trained["method"]),
+            preset=str(trained["preset"]),
+            data=data,
+            target_epsilon=float(epsilon),
+            claimed_epsilon=float(trained["epsilon"]),
+            delta=delta,
+            lower_bound=outcome.lower_bound,
+            canaries=len(included),
+            canaries_in=int(included.sum()),
+            guesses=outcome.guesses,
+            correct=outcome.correct,
+            confidence=confidence,
+            synthetic_rows=synthetic_rows,
+            **mode,
+        )
+
 
 def _draw(column: Column, count: int, rng: np.random.Generator) -> list[str]:
     """`count` values of one column drawn uniformly from its public domain, as CSV text."""
@@ -164,20 +197,6 @@ def run_blackbox(
         sample_table(work / "run", count, work / "synthetic.csv", ledger_path=ledger, device="cpu")
         synthetic = pd.read_csv(work / "synthetic.csv", dtype=str, keep_default_na=False)
     scores = match_scores(schema, rows, synthetic)
-    delta = float(trained["delta"])
-    outcome: GuessOutcome = best_guesses({"matches": scores}, included, delta, confidence)
-    return BlackBoxResult(
-        method=str(trained["method"]),
-        preset=str(trained["preset"]),
-        data=data,
-        target_epsilon=float(epsilon),
-        claimed_epsilon=float(trained["epsilon"]),
-        delta=delta,
-        lower_bound=outcome.lower_bound,
-        canaries=canaries,
-        canaries_in=int(included.sum()),
-        guesses=outcome.guesses,
-        correct=outcome.correct,
-        confidence=confidence,
-        synthetic_rows=count,
+    return BlackBoxResult.of_run(
+        trained, data, epsilon, {"matches": scores}, included, confidence, count
     )

@@ -18,52 +18,20 @@ Only public data (the built-in set) and synthetic canaries are read.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from dpsynth.audit.whitebox import best_guesses, draw_canaries
+from dpsynth.audit.blackbox import BlackBoxResult
+from dpsynth.audit.whitebox import draw_canaries
 from dpsynth.data.builtin import BUILTINS, load_builtin
 from dpsynth.errors import UsageError
 from dpsynth.methods.registry import get_method
 
-__all__ = ["ImageBlackBoxResult", "canary_images", "nearest_scores", "run_image_blackbox"]
+__all__ = ["canary_images", "nearest_scores", "run_image_blackbox"]
 
 MODE = "black-box (train → sample, score from the released images)"
-
-
-@dataclass(frozen=True)
-class ImageBlackBoxResult:
-    """The run's claimed ε beside the black-box lower bound, and how it was measured."""
-
-    method: str
-    preset: str
-    data: str
-    target_epsilon: float
-    claimed_epsilon: float
-    delta: float
-    lower_bound: float
-    canaries: int
-    canaries_in: int
-    guesses: int
-    correct: int
-    confidence: float
-    synthetic_rows: int
-    mode: str = MODE
-
-    @property
-    def leaks(self) -> bool:
-        """True when the lower bound exceeds the claimed ε."""
-        return self.lower_bound > self.claimed_epsilon
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict with the verdict."""
-        out = dict(self.__dict__)
-        out["verdict"] = "FAIL" if self.leaks else "pass"
-        return out
 
 
 def canary_images(
@@ -103,7 +71,7 @@ def run_image_blackbox(
     seed: int | None = None,
     synthetic_images: int | None = None,
     workdir: Path | str | None = None,
-) -> ImageBlackBoxResult:
+) -> BlackBoxResult:
     """One black-box run: canaries into the built-in image set's training split, `train` and
     `sample` through the library, guesses from the released images → a lower bound."""
     from dpsynth.sampling.images import sample_run
@@ -150,20 +118,6 @@ def run_image_blackbox(
         with np.load(work / "synthetic" / "samples.npz") as release:
             released, released_labels = release["x"], release["y"]
     scores = nearest_scores(pixels, labels, released, released_labels)
-    delta = float(trained["delta"])
-    outcome = best_guesses({"nearest": scores}, included, delta, confidence)
-    return ImageBlackBoxResult(
-        method=str(trained["method"]),
-        preset=str(trained["preset"]),
-        data=data,
-        target_epsilon=float(epsilon),
-        claimed_epsilon=float(trained["epsilon"]),
-        delta=delta,
-        lower_bound=outcome.lower_bound,
-        canaries=canaries,
-        canaries_in=int(included.sum()),
-        guesses=outcome.guesses,
-        correct=outcome.correct,
-        confidence=confidence,
-        synthetic_rows=count,
+    return BlackBoxResult.of_run(
+        trained, data, epsilon, {"nearest": scores}, included, confidence, count, mode=MODE
     )
