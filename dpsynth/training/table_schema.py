@@ -261,7 +261,9 @@ def read_table_input(
     if weights_plan is not None:  # placeholder weights, so the config is checked with weights
         k = len(schema.classes)
         drafted = schema.replace_column(replace(schema.target_column, weights=(1.0 / k,) * k))
-    release = plan_release(schema, raw.n, schema_epsilon, delta) if schema_epsilon else None
+    release = (
+        plan_release(schema, raw.n, schema_epsilon, delta) if schema_epsilon is not None else None
+    )
     return replace(
         table,
         release=release,
