@@ -21,7 +21,6 @@ from dpsynth.privacy.accounting.events import (
     PoissonGaussian,
     PureDp,
     ThresholdDelta,
-    annotate,
     event_from_json,
 )
 from dpsynth.privacy.accounting.plan import PrivacyPlan
@@ -59,8 +58,9 @@ def test_events_are_frozen_and_typed() -> None:
     with pytest.raises(TypeError):
         event["steps"] = 11  # type: ignore[index]
     assert event["mechanism"] == "m" and event.noise_multiplier == 1.0
-    assert annotate(event, stage="x") == {**event.to_json(), "stage": "x"}
-    assert annotate(event, stage="x").composition() == event.composition()
+    # annotations describe an event and never change its ε
+    described = event_from_json({**event.to_json(), "stage": "x"})
+    assert described["stage"] == "x" and described.composition() == event.composition()
 
 
 def test_composition_is_the_same_for_dicts_and_typed_events() -> None:

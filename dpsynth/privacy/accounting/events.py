@@ -210,11 +210,6 @@ def events_from_json(objs: Iterable[Mapping[str, Any]]) -> tuple[DpEvent, ...]:
     return tuple(event_from_json(obj) for obj in objs)
 
 
-def annotate(event: DpEvent, **annotations: Any) -> DpEvent:
-    """The same event with more annotations (which never change its ε)."""
-    return event_from_json({**event.to_json(), **annotations})
-
-
 def _positive(sigma: float) -> bool:
     sigma = float(sigma)
     return sigma > 0 and not math.isnan(sigma)
