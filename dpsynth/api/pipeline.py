@@ -212,19 +212,21 @@ def audit(
     epsilon: float,
     *,
     preset: str = "tiny",
-    canaries: int = 5000,
+    canaries: int | None = None,
+    runs: int = 1,
     confidence: float = 0.95,
     data: str = "digits",
     seed: int | None = None,
     **audit_options: Any,
 ) -> AuditResult:
-    """Audit a backend's mechanism empirically (one-run auditing, white-box): synthetic
-    canaries through its planned σ, q, T and clipping give a lower bound on ε, compared with
-    the claimed bound (`AuditResult.leaks`, `.verdict`). Reads no user data and no ledger.
-    Further `audit.planned_audit.run_audit` options may be given by name."""
+    """Audit a backend's mechanism empirically (white-box): synthetic canaries through its
+    planned σ, q, T and clipping, in `runs` independent runs of `canaries` each (default 5,000
+    on images, 20,000 on a table), give a lower bound on ε, compared with the claimed bound
+    (`AuditResult.leaks`, `.verdict`). Reads no user data and no ledger. Further
+    `audit.planned_audit.run_audit` options may be given by name."""
     from dpsynth.audit.planned_audit import run_audit
 
     return run_audit(
         method, preset, epsilon, canaries=canaries, confidence=confidence, data=data, seed=seed,
-        **audit_options,
+        runs=runs, **audit_options,
     )  # fmt: skip

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpsynth.audit.whitebox import GuessOutcome, best_guesses, draw_canaries
+from dpsynth.audit.guesses import GuessOutcome, best_guesses, draw_canaries
 from dpsynth.data.builtin_tables import TABLE_BUILTINS, TABLES_DIR, load_builtin_table
 from dpsynth.data.schema import Column, Schema
 from dpsynth.errors import UsageError

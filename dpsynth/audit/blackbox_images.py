@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from dpsynth.audit.blackbox import BlackBoxResult
-from dpsynth.audit.whitebox import draw_canaries
+from dpsynth.audit.guesses import draw_canaries
 from dpsynth.data.builtin import BUILTINS, load_builtin
 from dpsynth.errors import UsageError
 from dpsynth.methods.registry import get_method

@@ -10,8 +10,8 @@ record is the unit vector u = (1, …, 1)/√d when its norm √d exceeds C; can
 label i (Δ does not depend on K), so its class sum u and its count w lie on coordinates of its
 own: an included canary moves the release by exactly Δ. Chunks of `_CHUNK` labels touch
 disjoint coordinates (the same release in distribution). `break_mode` (test only): "noise"
-divides σ by `BREAK_FACTOR`, "sensitivity" makes `CentralImagesPlan.sensitivity` that many
-times too small.
+divides σ by F ("noise:F", `audit/breaks.py`), "sensitivity:F" makes
+`CentralImagesPlan.sensitivity` F times too small.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from dpsynth.audit.frequency import BREAK_FACTOR, plan_under
+from dpsynth.audit.breaks import read_break
+from dpsynth.audit.frequency import plan_under
 from dpsynth.privacy.releases.central import MECHANISM, CentralImagesPlan, noisy_statistics
 
 __all__ = ["CENTRAL_BREAKS", "MECHANISM", "central_scores"]
@@ -34,12 +35,14 @@ _CHUNK = 256
 
 @dataclass(frozen=True)
 class _UnderstatedSensitivity(CentralImagesPlan):
-    """A CentralImagesPlan whose Δ is `BREAK_FACTOR` too small (the deliberate error)."""
+    """A CentralImagesPlan whose Δ is `understatement` times too small (the deliberate error)."""
+
+    understatement: float = 1.0
 
     @property
     def sensitivity(self) -> float:
-        """Δ ÷ BREAK_FACTOR: the noise std σΔ shrinks with it."""
-        return super().sensitivity / BREAK_FACTOR
+        """Δ ÷ understatement: the noise std σΔ shrinks with it."""
+        return super().sensitivity / self.understatement
 
 
 def central_scores(
@@ -52,8 +55,8 @@ def central_scores(
     """Each canary's {"llr", "max"} (float64 [m]) after one release through
     `noisy_statistics`, its noise drawn from `generator` (the audit's seeded stream)."""
     nominal = CentralImagesPlan.from_event(event)
-    mode = break_mode if break_mode in CENTRAL_BREAKS else None
-    plan = plan_under(CentralImagesPlan.from_event(event), mode, _UnderstatedSensitivity)
+    mode, factor = read_break(break_mode, CENTRAL_BREAKS)
+    plan = plan_under(CentralImagesPlan.from_event(event), mode, _UnderstatedSensitivity, factor)
     d = int(math.prod(int(s) for s in shape))
     image = torch.ones(*(int(s) for s in shape))
     unit = min(1.0, math.sqrt(d) / nominal.clip_norm)  # ‖x̄‖/C: 1 when the clip binds

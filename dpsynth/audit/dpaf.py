@@ -21,8 +21,8 @@ With `phase2_release=once` phase 2 is one Gaussian release of the per-class feat
 (`noisy_group_sums`, rows renormed to Δ): canary i is alone in its group i, so an included
 canary moves its group's sum by Δ (`once_scores`).
 
-`break_mode` (test only): "noise" divides σ_agg and σ_conv2 by `BREAK_FACTOR`; "clip" or
-"sensitivity" renorms and clips `BREAK_FACTOR` times too loosely with the noise unchanged.
+`break_mode` (test only, `audit/breaks.py`): "noise:F" divides σ_agg and σ_conv2 by F; "clip:F"
+or "sensitivity:F" renorms and clips F times too loosely with the noise unchanged.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dpsynth.audit.breaks import read_break
 from dpsynth.audit.whitebox import mixture_log_ratio
 from dpsynth.privacy.mechanisms.aggregation import (
     noisy_feature_sum,
@@ -44,7 +45,6 @@ from dpsynth.privacy.mechanisms.aggregation import (
 from dpsynth.privacy.mechanisms.poisson import PoissonSampler
 
 __all__ = [
-    "BREAK_FACTOR",
     "DPAF_BREAKS",
     "ONCE_PHASE",
     "is_window_event",
@@ -57,7 +57,6 @@ __all__ = [
 ONCE_PHASE = "dpaf-phase2-once"
 
 DPAF_BREAKS = ("noise", "clip", "sensitivity")
-BREAK_FACTOR = 4.0
 _CANARY_NORM = 4.0
 # The presets' top-k fraction; a canary's gradient has one non-zero entry, which top-k keeps.
 _KEEP_FRACTION = 0.9
@@ -90,12 +89,12 @@ def window_scores(
     agg_sigma = float(event["agg_noise_multiplier"])
     conv2 = event.get("conv2_noise_multiplier")
     conv2_sigma = None if conv2 is None else float(conv2)
-    mode = break_mode if break_mode in DPAF_BREAKS else None
-    noise_cut = BREAK_FACTOR if mode == "noise" else 1.0
-    loose = BREAK_FACTOR if mode in ("clip", "sensitivity") else 1.0
+    mode, factor = read_break(break_mode, DPAF_BREAKS)
+    noise_cut = factor if mode == "noise" else 1.0
+    loose = factor if mode in ("clip", "sensitivity") else 1.0
     members = torch.nonzero(included).flatten()
     sampler = PoissonSampler(int(members.numel()), q_w, generator)
-    magnitude = max(_CANARY_NORM, 2.0 * BREAK_FACTOR)
+    magnitude = max(_CANARY_NORM, 2.0 * factor)
     scores = torch.zeros(m, dtype=torch.float64)
     peak = torch.full((m,), -math.inf, dtype=torch.float64)
     for _ in range(int(event["steps"])):
@@ -138,12 +137,12 @@ def once_scores(
     event's), canary i alone in group i with its row along one coordinate → {"llr", "max"}."""
     m = int(included.numel())
     sigma = float(event["noise_multiplier"])
-    mode = break_mode if break_mode in DPAF_BREAKS else None
-    noise_cut = BREAK_FACTOR if mode == "noise" else 1.0
-    loose = BREAK_FACTOR if mode in ("clip", "sensitivity") else 1.0
+    mode, factor = read_break(break_mode, DPAF_BREAKS)
+    noise_cut = factor if mode == "noise" else 1.0
+    loose = factor if mode in ("clip", "sensitivity") else 1.0
     members = torch.nonzero(included).flatten()
     rows = torch.zeros(int(members.numel()), 2, dtype=torch.float64)
-    rows[:, 0] = max(_CANARY_NORM, 2.0 * BREAK_FACTOR)
+    rows[:, 0] = max(_CANARY_NORM, 2.0 * factor)
     sums = noisy_group_sums(rows, members, m, loose, sigma / noise_cut / loose, generator)
     ratio, value = _evidence(sums[:, 0], sigma, 1.0)
     return {"llr": ratio, "max": value}

@@ -12,8 +12,8 @@ not an approximation); points and canaries live in one dimension, canary i at di
 its point, where r* maximises its gradient against the noise. A canary's score is the
 log-likelihood ratio of "in" vs "out" of its point's released value under the nominal
 mechanism summed over steps, and its largest standardised whitened projection over the steps
-(as in `whitebox`). `break_mode` (test only): "noise" divides σ by 4; "clip" lets a
-canary's field be 4× what the sensitivity allows (the functional analogue of no clipping).
+(as in `whitebox`). `break_mode` (test only, `audit/breaks.py`): "noise:F" divides σ by F;
+"clip:F" lets a canary's field be F× what the sensitivity allows (a clipping F times too loose).
 """
 
 from __future__ import annotations
@@ -24,16 +24,14 @@ from typing import Any
 
 import torch
 
+from dpsynth.audit.breaks import check_break, read_break
+from dpsynth.audit.guesses import GuessOutcome, best_guesses, pooled_runs
 from dpsynth.audit.whitebox import (
     BREAK_MODES,
-    GuessOutcome,
     MechanismStep,
-    best_guesses,
-    draw_canaries,
     mechanism_steps,
     mixture_log_ratio,
 )
-from dpsynth.errors import UsageError
 from dpsynth.privacy.mechanisms.functional import (
     derivative_kernel_covariance,
     privatize_embedding_gradient,
@@ -42,7 +40,6 @@ from dpsynth.privacy.mechanisms.poisson import PoissonSampler
 
 __all__ = ["audit_field", "canary_block", "field_canary_scores"]
 
-_BREAK_FACTOR = 4.0
 _POINTS = 16
 _SPACING = 1.5
 
@@ -88,20 +85,20 @@ def field_canary_scores(
 ) -> dict[str, torch.Tensor]:
     """Each canary's scores after one run of `steps`: {"llr": summed log-likelihood ratio,
     "max": the largest standardised whitened projection over the steps}, float64 [m] each."""
-    if break_mode is not None and break_mode not in BREAK_MODES:
-        raise UsageError(f"--break must be one of {', '.join(BREAK_MODES)}, got {break_mode!r}")
+    check_break(break_mode, BREAK_MODES)
+    mode, factor = read_break(break_mode, BREAK_MODES)
     m = int(included.numel())
     members = torch.nonzero(included).flatten()
     block_points, field, whitened = canary_block(bandwidths)
     n = int(block_points.shape[0])
     points = block_points.repeat(m, 1)  # [m·n, 1]
     labels = torch.arange(m).repeat_interleave(n)
-    contribution = field * (_BREAK_FACTOR if break_mode == "clip" else 1.0)
+    contribution = field * (factor if mode in ("clip", "sensitivity") else 1.0)
     scores = torch.zeros(m, dtype=torch.float64)
     peak = torch.full((m,), -math.inf, dtype=torch.float64)
     strength = float(field @ whitened)  # fieldᵀ C⁻¹ field
     for step in steps:
-        sigma = step.noise_multiplier / (_BREAK_FACTOR if break_mode == "noise" else 1.0)
+        sigma = step.noise_multiplier / (factor if mode == "noise" else 1.0)
         sampler = PoissonSampler(int(members.numel()), step.sampling_rate, generator)
         # Nominal mechanism: released·B = field (if sampled) + N(0, (σΔ)² C); the score is
         # the log-likelihood ratio of the mixture (1 − q)·N(0) + q·N(field) against N(0).
@@ -140,11 +137,16 @@ def audit_field(
     seed: int | None = None,
     break_mode: str | None = None,
     jitter: float = 1e-8,
+    runs: int = 1,
 ) -> GuessOutcome:
-    """One white-box run of the functional mechanism for the plan's events → the best guess."""
+    """`runs` white-box runs of the functional mechanism for the plan's events → the best
+    guess."""
     steps = mechanism_steps(events)
-    generator, included = draw_canaries(canaries, seed)
-    scores = field_canary_scores(
-        steps, sensitivity, normalizer, bandwidths, included, generator, break_mode, jitter
-    )
-    return best_guesses(scores, included, delta, confidence)
+
+    def score_run(inside: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        return field_canary_scores(
+            steps, sensitivity, normalizer, bandwidths, inside, generator, break_mode, jitter
+        )
+
+    scores, included = pooled_runs(canaries, runs, seed, score_run)
+    return best_guesses(scores, included, delta, confidence, independent=True)

@@ -22,10 +22,10 @@ the public domain by the trainer's own `codes_from_rows` (checked to land where 
 Each part is a one-run audit of its own event against that event's own proven bound, at
 confidence 1 − β/2 so that both hold together at 1 − β: the measurements' (ε, δ) from the
 accountant at the plan's δ, the selections' pure ε (count·ε_s) with the pure-DP test (δ = 0).
-A table's δ is large (1e-4 for N = 800) and the one-run p-value adds 2·m·δ, so table audits
-use fewer canaries (`TABLE_CANARIES`).
-`break_mode` (test only): "noise" divides σ by `BREAK_FACTOR` and multiplies ε_s by it;
-"sensitivity" counts every record `BREAK_FACTOR` times (a counter that overcounts, as a wrong
+A table's δ is large (1e-4 for N = 800) and the one-run p-value adds 2·m·δ, so the one-run
+test is weak on a table; `TABLE_CANARIES` is enough for the trials test to judge.
+`break_mode` (test only, `audit/breaks.py`): "noise:F" divides σ by F and multiplies ε_s by F;
+"sensitivity:F" counts every record F times (a counter that overcounts, as a wrong
 `MarginalCounter` would), so a record moves a count, and a quality, by that much.
 """
 
@@ -38,51 +38,60 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpsynth.audit.whitebox import PartOutcome, best_guesses, draw_canaries
+from dpsynth.audit.breaks import check_break, read_break
+from dpsynth.audit.guesses import PartOutcome, best_guesses, pooled_runs
 from dpsynth.errors import DpsynthError, UsageError
 from dpsynth.methods.marginal.domain import TableDomain, codes_from_rows, rows_from_codes
 from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.privacy.mechanisms.marginal_measure import CodesCounter, MarginalQueries
 
 __all__ = [
-    "BREAK_FACTOR",
     "TABLE_BREAKS",
     "TABLE_CANARIES",
     "audit_marginal_plan",
+    "canary_capacity",
     "canary_codes",
 ]
 
-# 8: the measurement audit catches it at ε = 1 on german-credit (lower bound about 1.5 against
-# its own claim 0.80; δ = 1e-4 there limits a one-run bound, whose p-value carries 2·m·δ);
-# the selections alone need 16 (1.4-1.7 against their pure claim 0.79).
-BREAK_FACTOR = 8.0
-TABLE_CANARIES = 1000
+TABLE_CANARIES = 20_000
 TABLE_BREAKS = ("noise", "sensitivity")
 # The public estimate of a canary's partner's cell: at least what an overcounting break makes
-# of one record (BREAK_FACTOR), so that |count − estimate| moves by the whole count.
+# of one record (its factor), so that |count − estimate| moves by the whole count.
 _ESTIMATE = 8.0
 # The largest clique the measurement audit counts (cells): 16 M float64 is 128 MiB.
 _MAX_CELLS = 1 << 24
 
 
 class _Overcounting:
-    """A `MarginalCounter` that counts every record `BREAK_FACTOR` times (the sensitivity
-    break: a record then moves a cell by that much, not by 1)."""
+    """A `MarginalCounter` that counts every record `factor` times (the sensitivity break: a
+    record then moves a cell by that much, not by 1)."""
 
-    def __init__(self, codes: np.ndarray, sizes: Sequence[int]) -> None:
+    def __init__(self, codes: np.ndarray, sizes: Sequence[int], factor: float) -> None:
         self._inner = CodesCounter(codes, sizes)
+        self.factor = factor
         self.sizes = self._inner.sizes
         self.record_count = self._inner.record_count
 
     def counts(self, cliques: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
-        """The true counts times BREAK_FACTOR."""
-        return [BREAK_FACTOR * c for c in self._inner.counts(cliques)]
+        """The true counts times the factor."""
+        return [self.factor * c for c in self._inner.counts(cliques)]
 
 
 def _queries(codes: np.ndarray, sizes: Sequence[int], break_mode: str | None) -> MarginalQueries:
-    if break_mode == "sensitivity":
-        return MarginalQueries(_Overcounting(codes, sizes))
+    mode, factor = read_break(break_mode, TABLE_BREAKS)
+    if mode == "sensitivity":
+        return MarginalQueries(_Overcounting(codes, sizes, factor))
     return MarginalQueries(codes, sizes)
+
+
+def canary_capacity(domain: TableDomain) -> int:
+    """The most canaries this table's domain gives distinct cells of one marginal."""
+    cells = 1
+    for size in domain.sizes:
+        cells *= int(size)
+        if cells >= _MAX_CELLS:
+            return _MAX_CELLS
+    return cells
 
 
 def canary_clique(domain: TableDomain, canaries: int) -> tuple[int, ...]:
@@ -133,7 +142,8 @@ def measurement_scores(
     queries = _queries(codes[included.numpy()], domain.sizes, break_mode)
     sigma = float(event["noise_multiplier"])
     count = int(event["count"])
-    used = sigma / BREAK_FACTOR if break_mode == "noise" else sigma
+    mode, factor = read_break(break_mode, TABLE_BREAKS)
+    used = sigma / factor if mode == "noise" else sigma
     cell = np.ravel_multi_index(
         tuple(codes[:, j] for j in clique), [domain.sizes[j] for j in clique]
     )
@@ -159,10 +169,12 @@ def selection_scores(
     clique = canary_clique(domain, 2)
     codes = canary_codes(domain, clique, 2)
     cells = domain.cells(clique)
+    mode, factor = read_break(break_mode, TABLE_BREAKS)
+    estimate = max(_ESTIMATE, factor)
     first, second = np.zeros(cells), np.zeros(cells)
-    first[1] = _ESTIMATE  # candidate 0's public estimate: rows on canary b's cell
-    second[0] = _ESTIMATE  # candidate 1's: on canary a's cell
-    epsilon = float(event["epsilon"]) * (BREAK_FACTOR if break_mode == "noise" else 1.0)
+    first[1] = estimate  # candidate 0's public estimate: rows on canary b's cell
+    second[0] = estimate  # candidate 1's: on canary a's cell
+    epsilon = float(event["epsilon"]) * (factor if mode == "noise" else 1.0)
     chosen = torch.zeros(m, dtype=torch.float64)
     inside = included.numpy()
     for pair in range(m // 2):
@@ -183,28 +195,39 @@ def audit_marginal_plan(
     confidence: float,
     seed: int | None = None,
     break_mode: str | None = None,
+    runs: int = 1,
 ) -> list[PartOutcome]:
-    """The measurement and selection audits of a marginal plan's events (one run each)."""
-    if break_mode is not None and break_mode not in TABLE_BREAKS:
-        raise UsageError(f"--break must be one of {', '.join(TABLE_BREAKS)}, got {break_mode!r}")
+    """The measurement and selection audits of a marginal plan's events (`runs` runs each)."""
+    check_break(break_mode, TABLE_BREAKS)
     part_confidence = 1.0 - (1.0 - confidence) / 2.0
-    generator, included = draw_canaries(canaries, seed)
     parts: list[PartOutcome] = []
     for event in events:
         if event.get("type") == "gaussian":
             claim, part_delta = compose_epsilon([dict(event)], delta).epsilon, delta
-            scores = measurement_scores(domain, event, included, generator, break_mode)
-            name, m, inside = "marginal measurements (Gaussian)", canaries, included
+            scorer, m = measurement_scores, canaries
+            name = "marginal measurements (Gaussian)"
         elif event.get("type") == "pure_dp":
-            m = canaries - canaries % 2
-            inside = included[:m]
-            scores = selection_scores(domain, event, inside, generator, break_mode)
+            scorer, m = selection_scores, canaries - canaries % 2
             name = "marginal selections (exponential mechanism, pure DP)"
             # The pure-DP audit (δ = 0, no 2·m·δ term) against the pure claim: `count`
             # selections at ε_s compose to count·ε_s (basic composition, proven).
             claim, part_delta = int(event["count"]) * float(event["epsilon"]), 0.0
         else:
             raise UsageError(f"the marginal audit cannot run a {event.get('type')!r} event")
-        outcome = best_guesses(scores, inside, part_delta, part_confidence)
-        parts.append(PartOutcome(name, claim, outcome, m))
+        scores, included = pooled_runs(
+            m,
+            runs,
+            seed,
+            lambda inside, generator, scorer=scorer, event=event: scorer(
+                domain, event, inside, generator, break_mode
+            ),
+        )
+        # The measurements' canaries are independent trials (distinct cells, independent
+        # noise); a selection pair's two canaries compete, so one of each pair is a trial.
+        total = int(included.numel())
+        pairs = torch.arange(total) % 2 == 0 if event.get("type") == "pure_dp" else None
+        outcome = best_guesses(
+            scores, included, part_delta, part_confidence, independent=True, trial_mask=pairs
+        )
+        parts.append(PartOutcome(name, claim, outcome, total))
     return parts

@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dpsynth.audit.breaks import break_mode_of, check_break
 from dpsynth.audit.functional import audit_field, field_canary_scores
-from dpsynth.audit.marginal import TABLE_CANARIES, audit_marginal_plan
+from dpsynth.audit.guesses import GuessOutcome
+from dpsynth.audit.marginal import TABLE_CANARIES, audit_marginal_plan, canary_capacity
 from dpsynth.audit.releases import (
     RELEASE_BREAKS,
     audit_with_releases,
@@ -30,7 +32,6 @@ from dpsynth.audit.tables import is_table_data, table_info
 from dpsynth.audit.whitebox import (
     BREAK_MODES,
     CANARY_NORM_FACTOR,
-    GuessOutcome,
     audit_events,
     canary_scores,
     mechanism_steps,
@@ -84,6 +85,11 @@ class AuditResult:
     # Audits of single events against their own claims (a marginal plan's measurements and
     # selections): each part's verdict counts.
     parts: tuple[dict[str, Any], ...] = ()
+    # The test that judged ("one-run": the guesses above; "trials": the region in `trials`).
+    trials: dict[str, Any] | None = None
+    test: str = "one-run"
+    # Independent runs of the mechanism, each on `canaries` canaries of its own.
+    runs: int = 1
 
     @property
     def leaks(self) -> bool:
@@ -175,10 +181,13 @@ def resolve_auto(
     return method_name, resolve_preset(get_method(method_name), preset, info, float(epsilon))
 
 
-def check_audit_values(canaries: int, confidence: float) -> None:
-    """UsageError for a canary count or confidence the audit cannot use, before any work."""
+def check_audit_values(canaries: int, confidence: float, runs: int = 1) -> None:
+    """UsageError for a canary count, run count or confidence the audit cannot use, before any
+    work."""
     if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 2:
         raise UsageError(f"--canaries must be an integer of at least 2, got {canaries!r}")
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise UsageError(f"--runs must be a positive integer, got {runs!r}")
     if not 0.0 < confidence < 1.0:
         raise UsageError(
             f"--confidence must be strictly between 0 and 1 (e.g. 0.95), got {confidence:g}"
@@ -220,6 +229,7 @@ def run_audit(
     seed: int | None = None,
     break_mode: str | None = None,
     schema: str | None = None,
+    runs: int = 1,
 ) -> AuditResult:
     """Audit `method_name`'s mechanism as planned for `preset` at ε (one white-box run).
 
@@ -228,12 +238,14 @@ def run_audit(
     with the frequency model's or the central images' release, the DP classifier (a teacher)
     or DPAF's windows audits them through their own code, together with the rest of the plan;
     a marginal plan (aim, mst) audits its measurements and selections through
-    `MarginalQueries`. `canaries` defaults to `IMAGE_CANARIES`, or
-    `TABLE_CANARIES` on a table (whose large δ favours fewer).
+    `MarginalQueries`. `canaries` (per run) defaults to `IMAGE_CANARIES`, or `TABLE_CANARIES`
+    on a table; `runs` independent runs pool their canaries (the multiple-run audit: memory of
+    one run, trials of all).
     """
+    requested = canaries
     if canaries is None:
         canaries = TABLE_CANARIES if is_table_data(data) else IMAGE_CANARIES
-    check_audit_values(canaries, confidence)
+    check_audit_values(canaries, confidence, runs)
     method_name, preset = resolve_auto(method_name, preset, epsilon, data, schema)
     method = get_method(method_name)
     mechanism = getattr(method, "audit_mechanism", "dpsgd")
@@ -256,13 +268,13 @@ def run_audit(
     parts: tuple[dict[str, Any], ...] = ()
     canary_norm = plan.max_grad_norm
     if mechanism == "marginal":
-        outcome, parts = _marginal(
-            method, preset, info, plan, canaries, confidence, seed, break_mode
+        outcome, parts, canaries = _marginal(
+            method, preset, info, plan, requested, confidence, seed, break_mode, runs
         )
         label = "marginal"
     else:
         outcome, label, parts = _gradient_steps(
-            method, mechanism, preset, info, plan, canaries, confidence, seed, break_mode
+            method, mechanism, preset, info, plan, canaries, confidence, seed, break_mode, runs
         )
         if mechanism == "dpsgd":
             canary_norm = CANARY_NORM_FACTOR * plan.max_grad_norm
@@ -287,6 +299,9 @@ def run_audit(
         canary_norm=canary_norm,
         note=TABLE_NOTE if mechanism == "marginal" else DATA_NOTE,
         parts=parts,
+        trials=None if outcome.trials is None else outcome.trials.to_json(),
+        test=outcome.test,
+        runs=runs,
     )
 
 
@@ -295,21 +310,26 @@ def _marginal(
     preset: str,
     info: DataInfo,
     plan: PrivacyPlan,
-    canaries: int,
+    canaries: int | None,
     confidence: float,
     seed: int | None,
     break_mode: str | None,
-) -> tuple[GuessOutcome, tuple[dict[str, Any], ...]]:
-    """A marginal plan's parts; the headline is the part with the largest lower bound (each
-    holds at 1 − β/2, so it is a lower bound on the whole plan's ε at 1 − β)."""
+    runs: int,
+) -> tuple[GuessOutcome, tuple[dict[str, Any], ...], int]:
+    """A marginal plan's parts and the canaries per run (by default `TABLE_CANARIES`, or as
+    many as the table's cells allow); the headline is the part with the largest lower bound
+    (each holds at 1 − β/2, so it is a lower bound on the whole plan's ε at 1 − β)."""
     from dpsynth.methods.marginal.domain import table_domain
 
     domain = table_domain(info, method.config(preset, {}, info))
+    if canaries is None:
+        canaries = min(TABLE_CANARIES, canary_capacity(domain))
     parts = audit_marginal_plan(
-        domain, plan.events, plan.delta, canaries, confidence, seed=seed, break_mode=break_mode
-    )
+        domain, plan.events, plan.delta, canaries, confidence, seed=seed, break_mode=break_mode,
+        runs=runs,
+    )  # fmt: skip
     best = max(parts, key=lambda p: p.outcome.lower_bound)
-    return best.outcome, tuple(p.to_json() for p in parts)
+    return best.outcome, tuple(p.to_json() for p in parts), canaries
 
 
 def _gradient_steps(
@@ -322,17 +342,15 @@ def _gradient_steps(
     confidence: float,
     seed: int | None,
     break_mode: str | None,
+    runs: int,
 ) -> tuple[GuessOutcome, str, tuple[dict[str, Any], ...]]:
     """DP-SGD or the functional mechanism for the plan's steps; a one-shot release in the
     plan (frequency model, central images) runs through its own code beside them."""
     releases, others = split_releases(plan.events)
     release = releases or None
-    allowed = BREAK_MODES + (
-        tuple(b for b in RELEASE_BREAKS if b not in BREAK_MODES) if releases else ()
-    )
-    if break_mode is not None and break_mode not in allowed:
-        raise UsageError(f"--break must be one of {', '.join(allowed)}, got {break_mode!r}")
-    step_break = break_mode if break_mode in BREAK_MODES else None
+    allowed = BREAK_MODES + tuple(b for b in RELEASE_BREAKS if b not in BREAK_MODES)
+    check_break(break_mode, allowed)
+    step_break = break_mode if break_mode_of(break_mode) in BREAK_MODES else None
     if mechanism == "functional":
         config = method.config(preset, {}, info)
         bandwidths = tuple(float(b) for b in config["bandwidths"])
@@ -341,6 +359,7 @@ def _gradient_steps(
             outcome = audit_field(
                 plan.events, plan.max_grad_norm, plan.expected_batch_size, bandwidths,
                 plan.delta, canaries, confidence, seed=seed, break_mode=break_mode, jitter=jitter,
+                runs=runs,
             )  # fmt: skip
             return outcome, mechanism, ()
 
@@ -353,7 +372,7 @@ def _gradient_steps(
         if release is None:
             outcome = audit_events(
                 plan.events, plan.max_grad_norm, plan.delta, canaries, confidence,
-                seed=seed, break_mode=break_mode,
+                seed=seed, break_mode=break_mode, runs=runs,
             )  # fmt: skip
             return outcome, mechanism, ()
 
@@ -363,7 +382,7 @@ def _gradient_steps(
             )
 
     outcome, own = audit_with_releases(
-        plan.events, info.shape, rest, plan.delta, canaries, confidence, seed, break_mode
+        plan.events, info.shape, rest, plan.delta, canaries, confidence, seed, break_mode, runs
     )
     names = " + ".join(release_name(e) for e in releases)
     label = f"{names} + {mechanism}" if others else names

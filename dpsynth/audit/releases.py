@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from dpsynth.audit import central, dpaf, frequency, teacher
-from dpsynth.audit.whitebox import GuessOutcome, PartOutcome, best_guesses, draw_canaries
+from dpsynth.audit.guesses import GuessOutcome, PartOutcome, best_guesses, pooled_runs
 from dpsynth.privacy.accounting.compose import compose_epsilon
 
 __all__ = ["RELEASE_BREAKS", "audit_with_releases", "release_name", "split_releases"]
@@ -88,32 +88,49 @@ def audit_with_releases(
     confidence: float,
     seed: int | None = None,
     break_mode: str | None = None,
+    runs: int = 1,
 ) -> tuple[GuessOutcome, list[PartOutcome]]:
-    """One run: each release through its scorer, the other events through `rest_scores`;
+    """`runs` runs: each release through its scorer, the other events through `rest_scores`;
     the headline guess over the whole plan and one part per release."""
     releases, rest = split_releases(events)
     if not releases:
         raise ValueError("the plan has no release this audit runs by its own code")
-    generator, included = draw_canaries(canaries, seed)
-    # each scorer applies the break modes it knows and ignores the others
-    parts = [_scorer(event)(event, shape, included, generator, break_mode) for event in releases]  # type: ignore[misc]
-    if rest:
-        parts.append(rest_scores(rest, included, generator))
-    scores = {
-        "llr": torch.stack([p["llr"] for p in parts]).sum(0),
-        "max": torch.stack([p["max"] for p in parts]).max(0).values,
-    }
-    if len(parts) > 1:
-        for event, part in zip(releases, parts, strict=False):
-            scores[release_name(event)] = part["llr"]
+
+    def score_run(included: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        # each scorer applies the break modes it knows and ignores the others
+        parts = [
+            _scorer(event)(event, shape, included, generator, break_mode)  # type: ignore[misc]
+            for event in releases
+        ]
+        if rest:
+            parts.append(rest_scores(rest, included, generator))
+        scores = {
+            "llr": torch.stack([p["llr"] for p in parts]).sum(0),
+            "max": torch.stack([p["max"] for p in parts]).max(0).values,
+        }
+        for index, part in enumerate(parts[: len(releases)]):
+            scores[f"{index}:llr"], scores[f"{index}:max"] = part["llr"], part["max"]
+        return scores
+
+    pooled, included = pooled_runs(canaries, runs, seed, score_run)
+    headline = {"llr": pooled["llr"], "max": pooled["max"]}
+    if len(releases) > 1 or rest:
+        for index, event in enumerate(releases):
+            headline[release_name(event)] = pooled[f"{index}:llr"]
     split = 1.0 - (1.0 - confidence) / (1 + len(releases))
     own = [
         PartOutcome(
             f"{release_name(event)} (its own event)",
             compose_epsilon([event], delta).epsilon,
-            best_guesses(part, included, delta, split),
-            canaries,
+            best_guesses(
+                {"llr": pooled[f"{index}:llr"], "max": pooled[f"{index}:max"]},
+                included,
+                delta,
+                split,
+                independent=True,
+            ),
+            int(included.numel()),
         )
-        for event, part in zip(releases, parts, strict=False)
+        for index, event in enumerate(releases)
     ]
-    return best_guesses(scores, included, delta, split), own
+    return best_guesses(headline, included, delta, split, independent=True), own

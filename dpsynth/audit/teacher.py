@@ -18,8 +18,8 @@ log-likelihood ratio under the nominal σ, q, C, and the largest standardised va
 Augmentation multiplicity is left off: it averages a record's copies before clipping, so the
 sensitivity (C) and the mechanism are the same.
 
-`break_mode` (test only): "noise" divides σ by `BREAK_FACTOR`; "clip" or "sensitivity" lets
-each record move the sum by `BREAK_FACTOR`·C while the noise stays σC (a clipping norm too
+`break_mode` (test only, `audit/breaks.py`): "noise:F" divides σ by F; "clip:F" or
+"sensitivity:F" lets each record move the sum by F·C while the noise stays σC (a clipping norm too
 large for the noise).
 """
 
@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dpsynth.audit.breaks import read_break
 from dpsynth.audit.whitebox import mixture_log_ratio
 from dpsynth.privacy.releases.classifier import (
     MECHANISM,
@@ -41,10 +42,9 @@ from dpsynth.privacy.releases.classifier import (
     train_private_classifier,
 )
 
-__all__ = ["BREAK_FACTOR", "MECHANISM", "TEACHER_BREAKS", "classifier_scores"]
+__all__ = ["MECHANISM", "TEACHER_BREAKS", "classifier_scores"]
 
 TEACHER_BREAKS = ("noise", "clip", "sensitivity")
-BREAK_FACTOR = 4.0
 # A canary's gradient norm in units of C (the probe halves the pixel: softmax₀ = 1/2).
 _CANARY_NORM = 4.0
 # Adam moves each weight by about lr per step: w·x stays ~1e-6 over 10⁴ steps.
@@ -89,11 +89,11 @@ def classifier_scores(
     training on the included canaries, its batches and noise drawn from `generator`."""
     m = int(included.numel())
     nominal = ClassifierPlan.from_event(event, m)
-    mode = break_mode if break_mode in TEACHER_BREAKS else None
-    plan = _plan_under(nominal, mode, BREAK_FACTOR)
+    mode, factor = read_break(break_mode, TEACHER_BREAKS)
+    plan = _plan_under(nominal, mode, factor)
     clip = nominal.max_grad_norm
     members = torch.nonzero(included).flatten()
-    pixel = 2.0 * max(_CANARY_NORM, 2.0 * BREAK_FACTOR) * clip
+    pixel = 2.0 * max(_CANARY_NORM, 2.0 * factor) * clip
     x = torch.zeros(int(members.numel()), 1, 1, m)
     x[torch.arange(int(members.numel())), 0, 0, members] = pixel
     y = torch.zeros(int(members.numel()), dtype=torch.long)

@@ -10,27 +10,28 @@ probability 1/2. After each step the released noisy sum's coordinate i is canary
 it has two scores, both fixed before the run: the log-likelihood ratio of "in" against "out"
 under the plan's nominal (σ, q, C) summed over the steps (best when a canary is sampled often),
 and the largest standardised value over the steps (best when it is sampled once or twice, or
-when the mechanism is not the nominal one). Top scores are guessed "in", bottom scores "out"
-(the rest abstain), and `bound.epsilon_lower_bound` turns the correct guesses into an ε lower
-bound; the confidence is split over every (score, guess count) rule tried (a union bound).
+when the mechanism is not the nominal one). `guesses.best_guesses` turns them into an ε lower
+bound: the one-run test and, since each canary's evidence is its own coordinate (its own
+Poisson draws, independent noise), the independent-trials test.
 
 No other record shares the sum: that is the worst case for privacy (the most an auditor can
 see), and it involves no user data at all. `break_mode` is a test-only switch that breaks the
-mechanism inside the audit's own run ("clip": no clipping; "noise": σ/4) to show the audit's
-power; it never touches a real train.
+mechanism inside the audit's own run (`audit/breaks.py`; "clip:F": a clipping norm F·C with the
+noise σC; "noise:F": σ/F) to show the audit's power; it never touches a real train.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from dpsynth.audit.bound import epsilon_lower_bound
+from dpsynth.audit.breaks import check_break, read_break
+from dpsynth.audit.guesses import GuessOutcome, best_guesses, pooled_runs
 from dpsynth.errors import UsageError
 from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
 from dpsynth.privacy.mechanisms.poisson import PoissonSampler
@@ -38,24 +39,17 @@ from dpsynth.privacy.mechanisms.poisson import PoissonSampler
 __all__ = [
     "BREAK_MODES",
     "CANARY_NORM_FACTOR",
-    "GuessOutcome",
     "MechanismStep",
-    "PartOutcome",
     "audit_events",
-    "best_guesses",
     "canary_scores",
-    "draw_canaries",
     "mechanism_steps",
 ]
 
-BREAK_MODES = ("clip", "noise")
+# "sensitivity" is "clip" here: a DP-SGD step's sensitivity is its clipping norm.
+BREAK_MODES = ("clip", "noise", "sensitivity")
 # A canary's gradient norm in units of C: above 1 so that clipping is exercised; 4 makes
 # "no clipping" as strong a break as σ/4.
 CANARY_NORM_FACTOR = 4.0
-_NOISE_BREAK_DIVISOR = 4.0
-# Guess counts tried, as fractions of m: each (k_in, k_out) is one test, and the confidence of
-# each is raised (Bonferroni) so that the best of them still holds at the stated confidence.
-_GUESS_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25)
 
 
 @dataclass(frozen=True)
@@ -65,49 +59,6 @@ class MechanismStep:
     noise_multiplier: float
     sampling_rate: float
     steps: int
-
-
-@dataclass(frozen=True)
-class GuessOutcome:
-    """The best guessing rule's result: guesses made, correct ones and the ε lower bound."""
-
-    guesses_in: int
-    guesses_out: int
-    correct: int
-    lower_bound: float
-
-    @property
-    def guesses(self) -> int:
-        """All guesses made (abstentions excluded)."""
-        return self.guesses_in + self.guesses_out
-
-
-@dataclass(frozen=True)
-class PartOutcome:
-    """One event's audit: its own claimed ε beside the lower bound, and the guesses."""
-
-    mechanism: str
-    claimed_epsilon: float
-    outcome: GuessOutcome
-    canaries: int
-
-    @property
-    def leaks(self) -> bool:
-        """True when the lower bound exceeds this event's own claim."""
-        return self.outcome.lower_bound > self.claimed_epsilon
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return {
-            "mechanism": self.mechanism,
-            "claimed_epsilon": self.claimed_epsilon,
-            "lower_bound": self.outcome.lower_bound,
-            "canaries": self.canaries,
-            "guesses_in": self.outcome.guesses_in,
-            "guesses_out": self.outcome.guesses_out,
-            "correct": self.outcome.correct,
-            "verdict": "FAIL" if self.leaks else "pass",
-        }
 
 
 def mechanism_steps(events: Sequence[dict[str, Any]]) -> list[MechanismStep]:
@@ -154,20 +105,19 @@ def canary_scores(
     `included` (bool [m]) says which canaries are in the audited data set. The run draws its
     Poisson batches and noise from `generator`.
     """
-    if break_mode is not None and break_mode not in BREAK_MODES:
-        raise UsageError(f"--break must be one of {', '.join(BREAK_MODES)}, got {break_mode!r}")
+    check_break(break_mode, BREAK_MODES)
+    mode, factor = read_break(break_mode, BREAK_MODES)
     m = int(included.numel())
     members = torch.nonzero(included).flatten()
     clip = float(max_grad_norm)
-    canary_norm = CANARY_NORM_FACTOR * clip
+    # above every clipping norm the audit tries, so that a loose clip lets it all through
+    canary_norm = max(CANARY_NORM_FACTOR, factor) * clip
     model = nn.Module()
     model.w = nn.Parameter(torch.zeros(m, dtype=torch.float64))
     scores = torch.zeros(m, dtype=torch.float64)
     peak = torch.full((m,), -math.inf, dtype=torch.float64)
     for step in steps:
-        gradient = _private_gradient(
-            model, step.noise_multiplier, clip, canary_norm, generator, break_mode
-        )
+        gradient = _private_gradient(model, step.noise_multiplier, clip, generator, mode, factor)
         sampler = PoissonSampler(int(members.numel()), step.sampling_rate, generator)
         # What the nominal mechanism would show: +C on an included canary's coordinate, noise
         # of std σC on every coordinate; the score is the mixture's log-likelihood ratio.
@@ -187,9 +137,9 @@ def _private_gradient(
     model: nn.Module,
     sigma: float,
     clip: float,
-    canary_norm: float,
     generator: torch.Generator,
     break_mode: str | None,
+    factor: float,
 ) -> PrivateGradient:
     """The privacy layer's DP-SGD gradient, or its test-only broken variant.
 
@@ -197,10 +147,10 @@ def _private_gradient(
     so the audit reads the sum itself.
     """
     if break_mode == "noise":
-        sigma = sigma / _NOISE_BREAK_DIVISOR
-    if break_mode == "clip":
-        # A clipping norm far above every canary's norm clips nothing; the noise std σ·C stays.
-        loose = 10.0 * canary_norm
+        sigma = sigma / factor
+    if break_mode in ("clip", "sensitivity"):
+        # A clipping norm F·C: a canary moves the sum by F·C; the noise std σ·C stays.
+        loose = factor * clip
         return PrivateGradient(
             model,
             _linear_loss,
@@ -236,61 +186,6 @@ def mixture_log_ratio(log_ratio: Tensor, q: float) -> Tensor:
     return torch.logaddexp(torch.full_like(log_ratio, math.log1p(-q)), log_ratio + math.log(q))
 
 
-def best_guesses(
-    scores: Mapping[str, Tensor], included: Tensor, delta: float, confidence: float
-) -> GuessOutcome:
-    """Guess "in" for the top scores and "out" for the bottom ones; the best bound over a fixed
-    grid of (score, guess counts) rules, each tested at 1 − (1 − confidence)/(number of rules)
-    (a union bound, so the best of them holds at `confidence`)."""
-    m = int(included.numel())
-    counts = sorted({max(1, round(f * m)) for f in _GUESS_FRACTIONS})
-    rules = [(k, 0) for k in counts] + [(k, k) for k in counts if 2 * k <= m]
-    per_test = 1.0 - (1.0 - confidence) / (len(rules) * len(scores))
-    best: GuessOutcome | None = None
-    for score in scores.values():
-        outcome = _best_rule(score, included, rules, delta, per_test)
-        if best is None or outcome.lower_bound > best.lower_bound:
-            best = outcome
-    assert best is not None
-    return best
-
-
-def _best_rule(
-    score: Tensor,
-    included: Tensor,
-    rules: Sequence[tuple[int, int]],
-    delta: float,
-    per_test: float,
-) -> GuessOutcome:
-    """The best (k_in, k_out) rule for one score, each at confidence `per_test`."""
-    m = int(score.numel())
-    ranked_in = included[torch.argsort(score, descending=True, stable=True)]
-    best: GuessOutcome | None = None
-    for k_in, k_out in rules:
-        correct = int(ranked_in[:k_in].sum())
-        if k_out:
-            correct += int((~ranked_in[m - k_out :]).sum())
-        bound = epsilon_lower_bound(m, k_in + k_out, correct, delta, per_test)
-        outcome = GuessOutcome(k_in, k_out, correct, bound)
-        if best is None or outcome.lower_bound > best.lower_bound:
-            best = outcome
-    assert best is not None
-    return best
-
-
-def draw_canaries(canaries: int, seed: int | None) -> tuple[torch.Generator, Tensor]:
-    """The audit's generator (seeded, or fresh from the OS) and which canaries are in (p = 1/2)."""
-    if canaries < 2:
-        raise UsageError(f"--canaries must be at least 2, got {canaries}")
-    generator = torch.Generator()
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(int(seed))
-    included = torch.rand(canaries, generator=generator) < 0.5
-    return generator, included
-
-
 def audit_events(
     events: Sequence[dict[str, Any]],
     max_grad_norm: float,
@@ -299,9 +194,17 @@ def audit_events(
     confidence: float,
     seed: int | None = None,
     break_mode: str | None = None,
+    runs: int = 1,
 ) -> GuessOutcome:
-    """One white-box run of the plan's events with `canaries` Dirac canaries → the best guess."""
+    """`runs` white-box runs of the plan's events with `canaries` Dirac canaries each → the
+    best guess."""
     steps = mechanism_steps(events)
-    generator, included = draw_canaries(canaries, seed)
-    scores = canary_scores(steps, max_grad_norm, included, generator, break_mode)
-    return best_guesses(scores, included, delta, confidence)
+    scores, included = pooled_runs(
+        canaries,
+        runs,
+        seed,
+        lambda inside, generator: canary_scores(
+            steps, max_grad_norm, inside, generator, break_mode
+        ),
+    )
+    return best_guesses(scores, included, delta, confidence, independent=True)

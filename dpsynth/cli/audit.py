@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dpsynth.cli.app import DebugOpt, JsonOpt, app, handle_errors
 from dpsynth.cli.render import emit_json, fmt_eps, print_kv, stderr
 from dpsynth.errors import UsageError
+
+if TYPE_CHECKING:
+    from dpsynth.audit.planned_audit import AuditResult
 
 
 @app.command()
@@ -23,8 +26,18 @@ def audit(
     ] = "tiny",
     canaries: Annotated[
         int | None,
-        typer.Option(help="Number of canaries m [default: 5000; 1000 on a table; 100 black-box]."),
+        typer.Option(
+            help="Canaries m per run [default: 5000; on a table 20000 or as many as its "
+            "cells allow; 100 black-box]."
+        ),
     ] = None,
+    runs: Annotated[
+        int,
+        typer.Option(
+            help="Independent runs of the mechanism, each on --canaries canaries of its own "
+            "(white-box; the trials test pools them)."
+        ),
+    ] = 1,
     confidence: Annotated[
         float, typer.Option(help="Confidence of the lower bound (1 − β).")
     ] = 0.95,
@@ -52,11 +65,12 @@ def audit(
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Audit a backend's privacy mechanism empirically (one-run auditing).
+    """Audit a backend's privacy mechanism empirically.
 
     White-box (default): m synthetic canaries run through the backend's mechanism with its
     planned σ, q, T and clipping, and how well one can guess which canaries were in gives a
-    lower bound on ε. It never reads your data or ledger. --black-box: canaries in a
+    lower bound on ε: the one-run test, and the independent-trials test on canaries whose
+    evidence is independent. It never reads your data or ledger. --black-box: canaries in a
     built-in table (rows) or image set (images), a whole train → sample run, and guesses from
     the synthetic release only.
     Exit 0: the lower bound is at most the claimed ε; exit 1: it exceeds it.
@@ -64,6 +78,8 @@ def audit(
     from dpsynth.audit.planned_audit import run_audit
 
     if black_box:
+        if runs != 1:
+            raise UsageError("--runs applies to the white-box audit only")
         _black_box(method, preset, epsilon, canaries, confidence, data, seed, break_mode, as_json)
         return
     result = run_audit(
@@ -76,6 +92,7 @@ def audit(
         seed=seed,
         break_mode=break_mode,
         schema=schema,
+        runs=runs,
     )
     if as_json:
         emit_json(result.to_json())
@@ -83,13 +100,12 @@ def audit(
         rows = [
             ("method / preset", f"{result.method} / {result.preset} (planned on {result.data})"),
             ("claimed ε (accountant)", f"{fmt_eps(result.claimed_epsilon)} at δ={result.delta:g}"),
-            ("empirical lower bound", f"{result.lower_bound:.4g}"),
-            ("canaries m", result.canaries),
+            ("empirical lower bound", f"{result.lower_bound:.4g} (the {result.test} test)"),
             (
-                "guesses (in + out)",
-                f"{result.guesses} ({result.guesses_in} + {result.guesses_out})",
+                "canaries m",
+                f"{result.canaries}" + (f" × {result.runs} runs" if result.runs > 1 else ""),
             ),
-            ("correct", result.correct),
+            *_test_row(result),
             ("confidence", f"{result.confidence:g}"),
             (
                 "mode",
@@ -109,6 +125,27 @@ def audit(
         stderr.print(f"note: {result.note}", highlight=False)
     if result.leaks:
         raise typer.Exit(1)
+
+
+def _test_row(result: AuditResult) -> list[tuple[str, str]]:
+    """What the judging test saw: the guesses (one-run) or the judged region (trials)."""
+    trials = result.trials
+    if trials is None:
+        return [
+            (
+                "one-run test: guesses (in + out)",
+                f"{result.guesses} ({result.guesses_in} + {result.guesses_out}), "
+                f"{result.correct} correct",
+            )
+        ]
+    side = "≥" if trials["direction"] == "high" else "≤"
+    return [
+        (
+            "trials test: region",
+            f"{trials['score']} {side} {trials['threshold']:.4g}: {trials['hits_in']} of "
+            f"{trials['trials_in']} in, {trials['hits_out']} of {trials['trials_out']} out",
+        )
+    ]
 
 
 def _black_box(

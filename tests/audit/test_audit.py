@@ -109,7 +109,7 @@ def test_sound_pge_tiny_passes():
     assert "no user data is read" in out["note"]
 
 
-@pytest.mark.parametrize("broken", ["noise", "clip"])
+@pytest.mark.parametrize("broken", ["noise:4", "clip:4"])
 def test_broken_pge_tiny_fails(broken):
     code, out = _audit("--canaries", "3000", "--seed", "12", "--break", broken)
     assert code == 1
@@ -190,7 +190,9 @@ def test_target_must_be_private():
 def test_dpkernel_is_audited_through_its_functional_mechanism():
     """DP-Kernel's released gradient field with σ/4 inside the audit is caught (the sound run
     passes in the registry test above)."""
-    broken = audit_run.run_audit("dpkernel", "tiny", 1.0, canaries=3000, seed=0, break_mode="noise")
+    broken = audit_run.run_audit(
+        "dpkernel", "tiny", 1.0, canaries=3000, seed=0, break_mode="noise:4"
+    )
     assert broken.mode == "white-box (functional)"
     assert broken.lower_bound > broken.claimed_epsilon
 

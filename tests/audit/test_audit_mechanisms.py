@@ -46,7 +46,7 @@ def test_the_frequency_release_runs_through_frequency_statistics(monkeypatch):
     assert result.verdict == "pass" and result.lower_bound <= result.claimed_epsilon
 
 
-@pytest.mark.parametrize("broken", ["noise", "sensitivity"])
+@pytest.mark.parametrize("broken", ["noise:8", "sensitivity:8"])
 def test_a_wrong_noise_or_sensitivity_in_the_frequency_model_is_caught(broken):
     result = audit_run.run_audit("freq", "small", 1.0, canaries=3000, seed=2, break_mode=broken)
     assert result.broken == broken
@@ -71,7 +71,7 @@ def test_a_plan_with_a_frequency_stage_audits_it_beside_its_steps():
     assert honest.mode == "white-box (frequency model + dpsgd)"
     assert honest.lower_bound <= honest.claimed_epsilon
     broken = audit_run.run_audit(
-        "pge", "mnist", 1.0, canaries=3000, seed=4, data="mnist-5k", break_mode="sensitivity"
+        "pge", "mnist", 1.0, canaries=3000, seed=4, data="mnist-5k", break_mode="sensitivity:8"
     )
     assert broken.lower_bound > broken.claimed_epsilon
 
@@ -85,9 +85,15 @@ def test_a_frequency_canary_meets_the_sensitivity_exactly():
     assert float(stats.norm()) == pytest.approx(plan.sensitivity, rel=1e-9)
 
 
-def test_sensitivity_break_needs_a_frequency_stage():
-    with pytest.raises(UsageError, match="--break must be one of clip, noise"):
-        audit_run.run_audit("pge", "tiny", 1.0, canaries=100, seed=0, break_mode="sensitivity")
+def test_a_sensitivity_break_of_dpsgd_steps_is_their_clip_break():
+    """A DP-SGD step's sensitivity is its clipping norm: both breaks give the same run."""
+    clip, sensitivity = (
+        audit_run.run_audit("pge", "tiny", 1.0, canaries=1000, seed=0, break_mode=mode)
+        for mode in ("clip:4", "sensitivity:4")
+    )
+    assert clip.lower_bound == sensitivity.lower_bound > clip.claimed_epsilon
+    with pytest.raises(UsageError, match="--break must be one of clip, noise, sensitivity"):
+        audit_run.run_audit("pge", "tiny", 1.0, canaries=100, seed=0, break_mode="delta")
 
 
 # ----------------------------------------------------------------- tables
@@ -106,7 +112,7 @@ def test_mst_on_german_credit_passes_both_parts():
     assert "no row is read" in result.note
 
 
-@pytest.mark.parametrize("broken", ["noise", "sensitivity"])
+@pytest.mark.parametrize("broken", ["noise:8", "sensitivity:8"])
 def test_mst_breaks_are_caught(broken):
     result = _mst(canaries=1000, seed=6, break_mode=broken)
     assert result.verdict == "FAIL"
@@ -114,10 +120,9 @@ def test_mst_breaks_are_caught(broken):
     assert measurement["lower_bound"] > measurement["claimed_epsilon"]
 
 
-def test_the_selection_audit_alone_catches_a_larger_error(monkeypatch):
+def test_the_selection_audit_alone_catches_a_larger_error():
     """The pure-DP selection part, against its own claim, catches ε_s × 16."""
-    monkeypatch.setattr(audit_marginal, "BREAK_FACTOR", 16.0)
-    result = _mst(canaries=1000, seed=7, break_mode="noise")
+    result = _mst(canaries=1000, seed=7, break_mode="noise:16")
     selection = result.parts[1]
     assert "pure DP" in selection["mechanism"]
     assert selection["lower_bound"] > selection["claimed_epsilon"]
@@ -231,7 +236,7 @@ def test_central_images_run_through_noisy_statistics_and_a_wrong_delta_is_caught
     assert calls and honest.mode == "white-box (central images + dpsgd)"
     assert honest.verdict == "pass" and honest.parts[0]["verdict"] == "pass"
     broken = audit_run.run_audit(
-        "psg", "small", 1.0, canaries=3000, seed=10, break_mode="sensitivity"
+        "psg", "small", 1.0, canaries=3000, seed=10, break_mode="sensitivity:8"
     )
     own = broken.parts[0]
     assert "central images" in own["mechanism"] and own["claimed_epsilon"] < broken.claimed_epsilon

@@ -42,7 +42,7 @@ def test_the_teacher_is_trained_by_its_own_function_on_the_canaries(monkeypatch)
     assert result.verdict == "pass" and _part(result, "dp classifier")["verdict"] == "pass"
 
 
-@pytest.mark.parametrize("broken", ["noise", "clip"])
+@pytest.mark.parametrize("broken", ["noise:4", "clip:4"])
 def test_a_wrong_noise_or_clip_in_the_teacher_is_caught(broken):
     method, preset, data = TEACHER
     result = audit_run.run_audit(
@@ -91,7 +91,7 @@ def test_dpaf_small_passes():
     assert result.verdict == "pass" and result.lower_bound <= result.claimed_epsilon
 
 
-@pytest.mark.parametrize("broken", ["noise", "sensitivity"])
+@pytest.mark.parametrize("broken", ["noise:4", "sensitivity:4"])
 def test_a_wrong_noise_or_bound_in_dpaf_aggregation_is_caught(broken):
     result = audit_run.run_audit("dpaf", "small", 1.0, canaries=1000, seed=2, break_mode=broken)
     part = _part(result, "dpaf windows")
@@ -112,7 +112,7 @@ def test_dpaf_released_once_runs_through_noisy_group_sums_and_a_loose_bound_is_c
     assert len(calls) == 1 and 0 < calls[0][0] < 3000 and calls[0][1] == 3000
     assert sound.mode == "white-box (dpaf release + dpsgd)" and sound.verdict == "pass"
     broken = audit_run.run_audit(
-        "dpaf", "mnist", 1.0, canaries=3000, seed=0, data="mnist-5k", break_mode="sensitivity"
+        "dpaf", "mnist", 1.0, canaries=3000, seed=0, data="mnist-5k", break_mode="sensitivity:4"
     )
     part = _part(broken, "dpaf release")
     assert part["lower_bound"] > part["claimed_epsilon"] and broken.verdict == "FAIL"

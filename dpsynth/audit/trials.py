@@ -1,0 +1,158 @@
+"""The independent-trials audit: canaries whose evidence is independent → an ε lower bound.
+
+The white-box audits design their canaries so that each one's evidence lies on coordinates no
+other canary touches, with the mechanism's own independent noise there and its own Poisson
+draws: given which canaries are in, their scores are independent. Each canary is then one
+trial of the neighbouring pair "this canary in / out", as in a multiple-run audit (Jagielski,
+Ullman and Oprea 2020; Nasr et al. 2021 and 2023), with m trials from one run of the mechanism.
+
+For any region S of scores fixed before the trials it is judged on, an (ε, δ)-DP mechanism has
+P_in(S) ≤ e^ε·P_out(S) + δ and P_out(S) ≤ e^ε·P_in(S) + δ. With a one-sided Clopper-Pearson
+lower bound on the left rate and an upper bound on the right one (each at 1 − β/2), ε ≥
+log((rate_lb − δ) / rate_ub) holds at confidence 1 − β.
+
+S is a threshold region of one score, {s ≥ t} ("high": the in-rate over the out-rate) or
+{s ≤ t} ("low": the out-rate over the in-rate). It is chosen on every `SELECTION_STRIDE`-th
+canary (a public split, independent of the run) and judged on the others, so the choice costs
+no confidence. The one-run test (`bound.py`, Steinke, Nasr and Jagielski 2023) needs no
+independence but cannot tell ε = 1 from ε = 2 in one run; this test can, with enough canaries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from scipy.stats import beta as beta_distribution
+
+from dpsynth.errors import UsageError
+
+__all__ = ["SELECTION_STRIDE", "TrialsOutcome", "rate_bounds", "region_bound", "trials_bound"]
+
+# Every 8th canary chooses the region (a few dozen candidates need few); the others judge it.
+SELECTION_STRIDE = 8
+# Candidate regions: the top (or bottom) fraction of the selection canaries' scores.
+_TAIL_FRACTIONS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+_DIRECTIONS = ("high", "low")
+
+
+@dataclass(frozen=True)
+class TrialsOutcome:
+    """The judged region and the ε lower bound it gives.
+
+    `score` and `direction` name the region ({score ≥ threshold} for "high", ≤ for "low");
+    `hits_in` of `trials_in` included canaries and `hits_out` of `trials_out` excluded ones fell
+    in it (judging canaries only).
+    """
+
+    score: str
+    direction: str
+    threshold: float
+    trials_in: int
+    trials_out: int
+    hits_in: int
+    hits_out: int
+    lower_bound: float
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def rate_bounds(hits: int, trials: int, confidence: float) -> tuple[float, float]:
+    """One-sided Clopper-Pearson bounds on a rate from `hits` of `trials`: (lower, upper),
+    each holding at `confidence` on its own."""
+    if not 0 <= hits <= trials:
+        raise UsageError(f"need 0 ≤ hits ≤ trials, got {hits} and {trials}")
+    beta = 1.0 - confidence
+    lower = 0.0 if hits == 0 else float(beta_distribution.ppf(beta, hits, trials - hits + 1))
+    upper = (
+        1.0 if hits == trials else float(beta_distribution.ppf(1 - beta, hits + 1, trials - hits))
+    )
+    return lower, upper
+
+
+def region_bound(
+    hits_for: int, trials_for: int, hits_against: int, trials_against: int, delta: float,
+    confidence: float,
+) -> float:  # fmt: skip
+    """log((lower bound of the `for` rate − δ) / upper bound of the `against` rate), at least 0,
+    holding at `confidence` (each rate bound at 1 − β/2)."""
+    if trials_for == 0 or trials_against == 0:
+        return 0.0
+    each = 1.0 - (1.0 - confidence) / 2.0
+    low, _ = rate_bounds(hits_for, trials_for, each)
+    _, high = rate_bounds(hits_against, trials_against, each)
+    if low - delta <= 0.0 or high <= 0.0:
+        return 0.0
+    return max(0.0, math.log((low - delta) / high))
+
+
+def _counts(
+    score: torch.Tensor, included: torch.Tensor, direction: str, threshold: float
+) -> tuple[int, int, int, int]:
+    """(hits_in, trials_in, hits_out, trials_out) of the region on these canaries."""
+    inside = score >= threshold if direction == "high" else score <= threshold
+    trials_in = int(included.sum())
+    return (
+        int((inside & included).sum()),
+        trials_in,
+        int((inside & ~included).sum()),
+        int(included.numel()) - trials_in,
+    )
+
+
+def _bound(
+    counts: tuple[int, int, int, int], direction: str, delta: float, confidence: float
+) -> float:
+    hits_in, trials_in, hits_out, trials_out = counts
+    if direction == "high":
+        return region_bound(hits_in, trials_in, hits_out, trials_out, delta, confidence)
+    return region_bound(hits_out, trials_out, hits_in, trials_in, delta, confidence)
+
+
+def trials_bound(
+    scores: Mapping[str, torch.Tensor], included: torch.Tensor, delta: float, confidence: float
+) -> TrialsOutcome:
+    """The ε lower bound of the region chosen on the selection canaries, judged on the rest.
+
+    Valid when the canaries' scores are independent given `included` (bool [m]); each score is
+    float64 [m], larger meaning "more likely in".
+    """
+    m = int(included.numel())
+    if m < 2 * SELECTION_STRIDE:
+        raise UsageError(f"the trials test needs at least {2 * SELECTION_STRIDE} canaries")
+    choose = torch.arange(m) % SELECTION_STRIDE == 0
+    best: tuple[float, str, str, float] | None = None
+    for name, score in scores.items():
+        picked = score[choose]
+        finite = picked[torch.isfinite(picked)]
+        if finite.numel() == 0:
+            continue
+        for direction in _DIRECTIONS:
+            for fraction in _TAIL_FRACTIONS:
+                level = 1.0 - fraction if direction == "high" else fraction
+                threshold = float(torch.quantile(finite, level))
+                counts = _counts(picked, included[choose], direction, threshold)
+                found = _bound(counts, direction, delta, confidence)
+                if best is None or found > best[0]:
+                    best = (found, name, direction, threshold)
+    if best is None:
+        raise UsageError("the trials test got no finite score")
+    _, name, direction, threshold = best
+    judge = ~choose
+    counts = _counts(scores[name][judge], included[judge], direction, threshold)
+    hits_in, trials_in, hits_out, trials_out = counts
+    return TrialsOutcome(
+        score=name,
+        direction=direction,
+        threshold=threshold,
+        trials_in=trials_in,
+        trials_out=trials_out,
+        hits_in=hits_in,
+        hits_out=hits_out,
+        lower_bound=_bound(counts, direction, delta, confidence),
+    )
