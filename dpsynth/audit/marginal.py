@@ -12,16 +12,25 @@ the public domain by the trainer's own `codes_from_rows` (checked to land where 
   adaptive choice; the plan fixes only σ and the count), so canary i's evidence is the sum of
   its cell's noisy counts: N(count·b_i, count·σ²), a Gaussian of exactly the composed
   sensitivity.
-- Selections. Canaries in pairs (a, b), each pair its own table (disjoint data: parallel
-  composition), each running the plan's `count` selections between two candidates of one
-  clique whose public estimates put `_ESTIMATE` rows on the other canary's cell: the L1 errors
-  are b_a + 8 − b_b and b_b + 8 − b_a, so adding a canary moves each quality by 1 (the
-  sensitivity) and their difference by 2, the case where the exponential mechanism's ε is
-  tight. A canary's score is how often it was chosen.
+- Selections. One selection per canary, each canary its own table (itself or nothing: the
+  mechanism run on a neighbouring pair, fresh randomness each time), through the event's
+  per-selection ε_s, between two candidates of one clique: candidate 0's public estimate puts
+  `_ESTIMATE` rows on an empty cell and a public offset lowers its quality by G, candidate 1's
+  estimate sits on the canary's cell. The qualities are b + 8 − G and 8 − b, so adding the
+  canary moves each by 1 (the sensitivity) and their difference by 2, and the log-odds of
+  choosing candidate 0 is ε_s·(b − G/2). With G = 2R/ε_s candidate 0 is rare, where the
+  ratio P_in / P_out of choosing it nears e^ε_s: the exponential mechanism's ε is tight there.
+  Each canary draws its rarity R from `_RARITIES` (i.i.d., public): R = 1 suits an error near
+  2×, R = 1/8 (a fifth of the canaries) a much larger one, which would make the R = 1
+  candidate vanish. A canary's score is 0, or 1 + the index of its R when candidate 0 was
+  chosen, so that a region can keep one kind. The part is judged against ε_s
+  with the pure-DP test (δ = 0): the event composes `count` such selections by basic
+  composition, a bound no audit of the composed event could approach (its all-k tail is too
+  rare to observe), so the audit checks the selection the composition is made of.
 
-Each part is a one-run audit of its own event against that event's own proven bound, at
-confidence 1 − β/2 so that both hold together at 1 − β: the measurements' (ε, δ) from the
-accountant at the plan's δ, the selections' pure ε (count·ε_s) with the pure-DP test (δ = 0).
+Each part is an audit of its own event against that event's own proven bound, at confidence
+1 − β/2 so that both hold together at 1 − β: the measurements' (ε, δ) from the accountant at
+the plan's δ, the selection's pure ε_s with the pure-DP test (δ = 0).
 A table's δ is large (1e-4 for N = 800) and the one-run p-value adds 2·m·δ, so the one-run
 test is weak on a table; `TABLE_CANARIES` is enough for the trials test to judge.
 `break_mode` (test only, `audit/breaks.py`): "noise:F" divides σ by F and multiplies ε_s by F;
@@ -55,9 +64,13 @@ __all__ = [
 
 TABLE_CANARIES = 20_000
 TABLE_BREAKS = ("noise", "sensitivity")
-# The public estimate of a canary's partner's cell: at least what an overcounting break makes
-# of one record (its factor), so that |count − estimate| moves by the whole count.
+# The public estimates' rows: at least what an overcounting break makes of one record (its
+# factor), so that |count − estimate| moves by the whole count.
 _ESTIMATE = 8.0
+# Candidate 0's log-odds without the canary, −R at the nominal ε_s: rare enough that the ratio
+# of its rates nears e^ε_s, common enough to be counted (R = 1 for an error near 2×).
+_RARITIES = (0.125, 1.0)
+_COMMON_SHARE = 0.2  # the share of canaries with the first (commoner) rarity
 # The largest clique the measurement audit counts (cells): 16 M float64 is 128 MiB.
 _MAX_CELLS = 1 << 24
 
@@ -163,28 +176,31 @@ def selection_scores(
     generator: torch.Generator,
     break_mode: str | None = None,
 ) -> dict[str, torch.Tensor]:
-    """How often each canary was chosen in its pair's `count` selections through
-    `MarginalQueries.select` (float64 [m]; m even)."""
-    m = int(included.numel())
+    """Each canary's one selection through `MarginalQueries.select` at the event's ε_s, on a
+    table of itself or of nothing: 1.0 where the rare candidate was chosen (float64 [m])."""
     clique = canary_clique(domain, 2)
     codes = canary_codes(domain, clique, 2)
     cells = domain.cells(clique)
     mode, factor = read_break(break_mode, TABLE_BREAKS)
-    estimate = max(_ESTIMATE, factor)
-    first, second = np.zeros(cells), np.zeros(cells)
-    first[1] = estimate  # candidate 0's public estimate: rows on canary b's cell
-    second[0] = estimate  # candidate 1's: on canary a's cell
-    epsilon = float(event["epsilon"]) * (factor if mode == "noise" else 1.0)
-    chosen = torch.zeros(m, dtype=torch.float64)
-    inside = included.numpy()
-    for pair in range(m // 2):
-        queries = _queries(codes[inside[2 * pair : 2 * pair + 2]], domain.sizes, break_mode)
-        for _ in range(int(event["count"])):
-            pick = queries.select(
-                [clique, clique], [first, second], [0.0, 0.0], [1.0, 1.0], epsilon, generator
-            )
-            chosen[2 * pair + pick] += 1.0
-    return {"llr": chosen}
+    nominal = float(event["epsilon"])
+    epsilon = nominal * (factor if mode == "noise" else 1.0)
+    rare, common = np.zeros(cells), np.zeros(cells)
+    rare[1] = max(_ESTIMATE, factor)  # rows on an empty cell (the second canary's, never in)
+    common[0] = max(_ESTIMATE, factor)  # rows on the canary's cell
+    draws = torch.rand(int(included.numel()), generator=generator, dtype=torch.float64)
+    kinds = (draws >= _COMMON_SHARE).to(torch.int64)
+    tables = {
+        True: _queries(codes[:1], domain.sizes, break_mode),
+        False: _queries(codes[:0], domain.sizes, break_mode),
+    }
+    chosen = torch.zeros(int(included.numel()), dtype=torch.float64)
+    for i, (inside, kind) in enumerate(zip(included.tolist(), kinds.tolist(), strict=True)):
+        offsets = [2.0 * _RARITIES[kind] / nominal, 0.0]  # public: G lowers candidate 0
+        pick = tables[bool(inside)].select(
+            [clique, clique], [rare, common], offsets, [1.0, 1.0], epsilon, generator
+        )
+        chosen[i] = 1.0 + kind if pick == 0 else 0.0
+    return {"chosen": chosen}
 
 
 def audit_marginal_plan(
@@ -207,11 +223,11 @@ def audit_marginal_plan(
             scorer, m = measurement_scores, canaries
             name = "marginal measurements (Gaussian)"
         elif event.get("type") == "pure_dp":
-            scorer, m = selection_scores, canaries - canaries % 2
-            name = "marginal selections (exponential mechanism, pure DP)"
-            # The pure-DP audit (δ = 0, no 2·m·δ term) against the pure claim: `count`
-            # selections at ε_s compose to count·ε_s (basic composition, proven).
-            claim, part_delta = int(event["count"]) * float(event["epsilon"]), 0.0
+            scorer, m = selection_scores, canaries
+            name = "marginal selection (exponential mechanism, pure DP, per selection)"
+            # The pure-DP test (δ = 0) against one selection's ε_s: the event is `count` of
+            # them, composed by basic composition (proven).
+            claim, part_delta = float(event["epsilon"]), 0.0
         else:
             raise UsageError(f"the marginal audit cannot run a {event.get('type')!r} event")
         scores, included = pooled_runs(
@@ -222,12 +238,8 @@ def audit_marginal_plan(
                 domain, event, inside, generator, break_mode
             ),
         )
-        # The measurements' canaries are independent trials (distinct cells, independent
-        # noise); a selection pair's two canaries compete, so one of each pair is a trial.
-        total = int(included.numel())
-        pairs = torch.arange(total) % 2 == 0 if event.get("type") == "pure_dp" else None
-        outcome = best_guesses(
-            scores, included, part_delta, part_confidence, independent=True, trial_mask=pairs
-        )
-        parts.append(PartOutcome(name, claim, outcome, total))
+        # Independent trials: the measurements' canaries have distinct cells and independent
+        # noise; each selection is its own run.
+        outcome = best_guesses(scores, included, part_delta, part_confidence, independent=True)
+        parts.append(PartOutcome(name, claim, outcome, int(included.numel())))
     return parts

@@ -120,12 +120,27 @@ def test_mst_breaks_are_caught(broken):
     assert measurement["lower_bound"] > measurement["claimed_epsilon"]
 
 
-def test_the_selection_audit_alone_catches_a_larger_error():
-    """The pure-DP selection part, against its own claim, catches ε_s × 16."""
-    result = _mst(canaries=1000, seed=7, break_mode="noise:16")
-    selection = result.parts[1]
-    assert "pure DP" in selection["mechanism"]
-    assert selection["lower_bound"] > selection["claimed_epsilon"]
+@pytest.mark.parametrize("broken", [None, "noise:2", "sensitivity:2", "noise:16"])
+def test_the_selection_audit_catches_its_error_and_passes_a_sound_selection(broken):
+    """One selection through `MarginalQueries.select` at ε_s = 0.5, against ε_s with the pure-DP
+    test: sound passes; ε_s × 2, a quality moved 2× by a record, and ε_s × 16 are caught
+    (40,000 canaries: the trials test)."""
+    domain = _german_domain()
+    event = {"type": "pure_dp", "epsilon": 0.5, "count": 1}
+    (part,) = audit_marginal.audit_marginal_plan(
+        domain, [event], 1e-4, 40_000, 0.95, seed=7, break_mode=broken
+    )
+    assert "pure DP" in part.mechanism and part.claimed_epsilon == 0.5
+    assert part.outcome.test == "trials"
+    assert part.leaks == (broken is not None)
+
+
+def _german_domain():
+    from dpsynth.methods.marginal.domain import table_domain
+    from dpsynth.methods.registry import get_method
+
+    info = audit_run.describe("german-credit")
+    return table_domain(info, get_method("mst").config("small", {}, info))
 
 
 def test_aim_passes_and_table_breaks_are_named():

@@ -42,6 +42,27 @@ def test_the_teacher_is_trained_by_its_own_function_on_the_canaries(monkeypatch)
     assert result.verdict == "pass" and _part(result, "dp classifier")["verdict"] == "pass"
 
 
+def test_the_teacher_audit_runs_ghost_clipping(monkeypatch):
+    """The DP classifier's gradients go through ghost clipping (`auto` picks it for the probe's
+    linear layer), so the teacher row audits that path; the DP-SGD row audits the vmap one."""
+    import dpsynth.privacy.mechanisms.dpsgd as dpsgd
+
+    modes = []
+    original = dpsgd.PrivateGradient.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        modes.append(self.active_mode)
+
+    monkeypatch.setattr(dpsgd.PrivateGradient, "__init__", spy)
+    method, preset, data = TEACHER
+    audit_run.run_audit(method, preset, 1.0, canaries=300, seed=0, data=data)
+    assert modes == ["ghost"]
+    modes.clear()
+    audit_run.run_audit("pge", "tiny", 1.0, canaries=300, seed=0)
+    assert modes and set(modes) == {"vmap"}
+
+
 @pytest.mark.parametrize("broken", ["noise:4", "clip:4"])
 def test_a_wrong_noise_or_clip_in_the_teacher_is_caught(broken):
     method, preset, data = TEACHER
