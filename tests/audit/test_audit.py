@@ -273,3 +273,29 @@ def test_full_batch_events_score_without_a_math_domain_error():
     assert torch.equal(mixture_log_ratio(ratio, 1.0), ratio)
     half = mixture_log_ratio(ratio, 0.5)
     assert torch.allclose(half, torch.log(0.5 + 0.5 * torch.exp(ratio)))
+
+
+def test_runs_pool_into_the_trials_test_and_a_two_fold_error_is_caught():
+    """2,500 canaries × 8 runs = 20,000 trials: the trials test judges; pge tiny with σ/2 at
+    ε = 1 fails and the sound run passes, from the CLI."""
+    code, out = _audit("--canaries", "2500", "--runs", "8", "--seed", "3", "--break", "noise:2")
+    assert code == 1 and out["test"] == "trials" and out["runs"] == 8
+    assert out["trials"]["trials_in"] + out["trials"]["trials_out"] == 20_000 - 20_000 // 8
+    code, out = _audit("--canaries", "2500", "--runs", "8", "--seed", "3")
+    assert code == 0 and out["test"] == "trials" and out["lower_bound"] <= out["claimed_epsilon"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--runs", "0"), "--runs must be a positive integer"),
+        (("--break", "noise:one"), "the factor must be a number"),
+        (("--break", "noise:0.5"), "the factor must be a finite number above 1"),
+        (("--break", "delta:2"), "--break must be one of"),
+    ],
+)
+def test_bad_runs_and_break_factors_are_refused(args, message):
+    result = runner.invoke(
+        app, ["audit", "--method", "pge", "--preset", "tiny", "--epsilon", "1", *args]
+    )
+    assert result.exit_code == 2 and message in result.output
