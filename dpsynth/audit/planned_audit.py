@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dpsynth.audit.breaks import break_mode_of, check_break
-from dpsynth.audit.functional import audit_field, field_canary_scores
+from dpsynth.audit.functional import FIELD_POINTS, audit_field, field_canary_scores
 from dpsynth.audit.guesses import GuessOutcome
 from dpsynth.audit.marginal import TABLE_CANARIES, audit_marginal_plan, canary_capacity
 from dpsynth.audit.releases import (
@@ -199,12 +199,12 @@ def audit_memory(mechanism: str, plan: PrivacyPlan, canaries: int) -> float:
 
     DP-SGD: a few float64 vectors of length m, and per step the batch's records and their
     per-record gradients, [b, m] each, b the largest Poisson batch expected (q·m/2 plus six
-    standard deviations). Functional: the canaries' field and noise over m·16 points, measured
-    at about 11 bytes per m² (16 here).
+    standard deviations). Functional: per step, the canaries' m releases of the field at one
+    block of points and the draws behind their noise, about a dozen float64 arrays [m, points].
     """
     m = float(canaries)
     if mechanism == "functional":
-        return 16.0 * m * m + 64.0 * m * 16
+        return 8.0 * 12.0 * m * FIELD_POINTS
     releases, steps = split_releases(plan.events)
     # A one-shot release is scored in chunks of a few hundred labels (a few vectors of m);
     # the DP classifier holds its included canaries as [m/2, m] float32 records.

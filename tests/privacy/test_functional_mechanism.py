@@ -158,3 +158,36 @@ def test_privatize_adds_exactly_scaled_derivative_noise():
             normalizer=1.0,
             generator=gen,
         )
+
+
+def test_a_batch_of_releases_draws_one_independent_path_each():
+    gen = torch.Generator().manual_seed(4)
+    points = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    batch = torch.randn(7, 5, 3, generator=gen, dtype=torch.float64)
+    state = gen.get_state()
+    released = privatize_embedding_gradient(
+        batch, points, None, BANDWIDTHS, noise_multiplier=0.9, sum_sensitivity=2.0,
+        normalizer=4.0, generator=gen,
+    )  # fmt: skip
+    gen.set_state(state)
+    eta = sample_derivative_noise(points, None, BANDWIDTHS, gen, num_samples=7)
+    assert torch.allclose(released, batch + 0.9 * 2.0 / 4.0 * eta)
+    # Each release has its own draw: the noises differ across the batch.
+    noise = released - batch
+    assert (noise[0] - noise[1]).abs().min() > 0
+    # Law: S releases of one block have the dense covariance per release, none across.
+    n = 30_000
+    draws = privatize_embedding_gradient(
+        torch.zeros(n, 5, 3, dtype=torch.float64), points, None, (1.0, 2.0),
+        noise_multiplier=1.0, sum_sensitivity=1.0, normalizer=1.0, generator=gen,
+    ).reshape(n, -1)  # fmt: skip
+    dense = derivative_kernel_covariance(points, None, (1.0, 2.0))
+    tol = 5 * math.sqrt(2.0 / n) * float(dense.diagonal().max())
+    assert (draws.T @ draws / n - dense).abs().max() < tol
+    across = draws[0::2].T @ draws[1::2] / (n // 2)
+    assert across.abs().max() < 2 * tol
+    with pytest.raises(UsageError):
+        privatize_embedding_gradient(
+            batch, points, None, BANDWIDTHS, noise_multiplier=0.9, sum_sensitivity=2.0,
+            normalizer=4.0, generator=gen, across_ranks=True,
+        )  # fmt: skip

@@ -23,14 +23,15 @@ WARM_START_DEFAULTS: dict[str, Any] = {
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # The tests and quick checks: seconds on the CPU on digits.
+    # The tests and quick checks: seconds on the CPU on digits. The exact add/remove sensitivity
+    # √n_L, as every recommended preset (the paper's √(2 n_L) is √2 more noise for the same ε).
     "tiny": {
         "batch_size": 16,
         "generated_points": 16,
         "steps": 20,
         "bandwidths": (4.0, 8.0, 16.0),
-        "sensitivity": "paper",
-        "max_grad_norm": functional_sensitivity(3, "paper"),
+        "sensitivity": "add_remove",
+        "max_grad_norm": functional_sensitivity(3, "add_remove"),
         "arch": "conv",
         "width": 8,
         "latent_dim": 10,
@@ -183,8 +184,8 @@ TABLE_PRESETS: dict[str, dict[str, Any]] = {
         "generated_points": 32,
         "steps": 300,
         "bandwidths": (2.0,),
-        "sensitivity": "paper",
-        "max_grad_norm": functional_sensitivity(1, "paper"),
+        "sensitivity": "add_remove",
+        "max_grad_norm": functional_sensitivity(1, "add_remove"),
         "arch": "table",
         "head": "soft",
         "number_bins": 0,

@@ -213,6 +213,8 @@ def privatize_embedding_gradient(
 
     `embedding_gradient` [M, d] is ∇f_S at `points` with f_S normalised by the public B =
     `normalizer`; σ = `noise_multiplier`, Δ = `sum_sensitivity` / B. Returns float64 [M, d].
+    A batch [S, M, d] is S independent releases at the same points, each with its own GP draw
+    (one covariance factorisation for all; the white-box audit runs its canaries so).
     `across_ranks` (data-parallel, see `dpsynth.privacy.mechanisms.distributed`):
     `embedding_gradient` is this rank's share of the sum over the batch (it is linear in the
     records); the shares are all-reduced and only rank 0's carries the one GP draw, which every rank
@@ -220,10 +222,16 @@ def privatize_embedding_gradient(
     """
     if noise_multiplier <= 0 or not math.isfinite(noise_multiplier):
         raise UsageError(f"noise multiplier must be positive and finite, got {noise_multiplier}")
-    eta = sample_derivative_noise(points, labels, bandwidths, generator, jitter=jitter)[0]
+    batched = embedding_gradient.dim() == 3
+    if batched and across_ranks:
+        raise UsageError("a batch of releases is not split across ranks")
+    releases = int(embedding_gradient.shape[0]) if batched else 1
+    eta = sample_derivative_noise(
+        points, labels, bandwidths, generator, jitter=jitter, num_samples=releases
+    )
     scale = noise_scale(noise_multiplier, sum_sensitivity, normalizer)
     partial = embedding_gradient.to(torch.float64)
-    noisy = partial + scale * eta
+    noisy = partial + scale * (eta if batched else eta[0])
     if across_ranks:
         return all_reduce_sum({"gradient": noisy_partial(partial, noisy)})["gradient"]
     return noisy

@@ -117,7 +117,7 @@ def test_plan_events_are_within_target_under_dp_accounting():
     for epsilon in (1.0, 10.0):
         plan = _plan(epsilon, config["steps"])
         assert plan.sampling_rate == pytest.approx(config["batch_size"] / DIGITS_INFO.n)
-        assert plan.max_grad_norm == pytest.approx(math.sqrt(2 * 3))
+        assert plan.max_grad_norm == pytest.approx(math.sqrt(3))  # √n_L: exact add/remove
         (event,) = plan.events
         assert event["type"] == "poisson_gaussian"
         assert event["noise_multiplier"] == plan.noise_multiplier
