@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -259,21 +260,45 @@ class TableData:
     def info(self, fingerprint: str = "") -> DataInfo:
         """The public description: N, (D,), classes, identity (`fingerprint`: the ledger's
         keyed one) and the public schema."""
-        return DataInfo(
-            spec=self.spec,
-            kind=self.kind,
-            n=self.n,
-            shape=self.shape,  # type: ignore[arg-type]
-            classes=tuple(self.classes),
-            fingerprint=fingerprint,
-            dataset_id=self.dataset_id,
-            modality="table",
-            schema=self.schema.to_json(),
-        )
+        return table_info(self, fingerprint)
 
     def as_float(self) -> torch.Tensor:
         """The encoded rows (already floats on the generator's scale)."""
         return self.x
+
+
+class DescribedTable(Protocol):
+    """What a table's public description is made of (`TableData`, an engine's `TableSource`)."""
+
+    spec: str
+    kind: str
+    dataset_id: str
+    schema: Schema
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def shape(self) -> tuple[int]: ...
+
+    @property
+    def classes(self) -> Sequence[str]: ...
+
+
+def table_info(table: DescribedTable, fingerprint: str = "") -> DataInfo:
+    """A table's public description: N, (D,), classes, identity (`fingerprint`: the ledger's
+    keyed one) and the public schema; the same for rows in memory and rows an engine counts."""
+    return DataInfo(
+        spec=table.spec,
+        kind=table.kind,
+        n=table.n,
+        shape=table.shape,  # type: ignore[arg-type]
+        classes=tuple(table.classes),
+        fingerprint=fingerprint,
+        dataset_id=table.dataset_id,
+        modality="table",
+        schema=table.schema.to_json(),
+    )
 
 
 def encode_table(

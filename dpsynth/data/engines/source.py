@@ -18,7 +18,7 @@ from dpsynth.data.discrete import ChunkEncoder, TableDomain
 from dpsynth.data.engines.base import TableCounter
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Schema
-from dpsynth.data.table_codec import TableCodec
+from dpsynth.data.table_codec import TableCodec, table_info
 
 
 @dataclass
@@ -55,17 +55,7 @@ class TableSource:
 
     def info(self, fingerprint: str = "") -> DataInfo:
         """The public description, as `TableData.info` gives it."""
-        return DataInfo(
-            spec=self.spec,
-            kind=self.kind,
-            n=self.n,
-            shape=self.shape,  # type: ignore[arg-type]
-            classes=tuple(self.classes),
-            fingerprint=fingerprint,
-            dataset_id=self.dataset_id,
-            modality="table",
-            schema=self.schema.to_json(),
-        )
+        return table_info(self, fingerprint)
 
     def as_float(self) -> torch.Tensor:
         """No rows: the engine counts them (a trainer that needs rows is refused first)."""
