@@ -32,6 +32,9 @@ ROWS: dict[str, tuple[str, str, str, int, int]] = {
     "frequency-pooled": ("freq", "small", "digits", 20000, 5),
     "frequency-class": ("freq", "mnist", "mnist-5k", 20000, 5),
     "central-images": ("psg", "small", "digits", 5000, 20),
+    # psg's 8×8 ε ≤ 1 preset gives the central images half of ε: their own part audited near
+    # ε = 1 at --epsilon 2.
+    "central-images-half": ("psg", "small-eps1", "digits", 5000, 20),
     "teacher": ("freq", "mnist-teacher", "mnist-5k", 5000, 20),
     "dpaf-windows": ("dpaf", "small", "digits", 5000, 20),
     "dpaf-once": ("dpaf", "mnist", "mnist-5k", 5000, 20),
