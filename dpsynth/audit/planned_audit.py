@@ -15,6 +15,7 @@ Nothing reads a user's data or ledger: the canaries are synthetic and no spend i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -90,6 +91,8 @@ class AuditResult:
     test: str = "one-run"
     # Independent runs of the mechanism, each on `canaries` canaries of its own.
     runs: int = 1
+    # `train`'s `--set` values the plan was made with ("key=value").
+    overrides: tuple[str, ...] = ()
 
     @property
     def leaks(self) -> bool:
@@ -150,9 +153,11 @@ def _wrong_modality(method_name: str, modalities: tuple[str, ...]) -> UsageError
 
 
 def plan_for(
-    method_name: str, preset: str, epsilon: float, data: str, schema: str | None = None
-) -> PrivacyPlan:
-    """The backend's own plan for `preset` at ε (δ: the data set's default) on public facts."""
+    method_name: str, preset: str, epsilon: float, data: str, schema: str | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> PrivacyPlan:  # fmt: skip
+    """The backend's own plan for `preset` (with `train`'s `--set` overrides) at ε (δ: the data
+    set's default) on public facts."""
     method = get_method(method_name)
     # an image method given a table spec (or the reverse): say so before the data's own checks
     if ("table" if is_table_data(data) else "image") not in method.modalities:
@@ -160,7 +165,7 @@ def plan_for(
     info = describe(data, schema)
     if info.modality not in method.modalities:
         raise _wrong_modality(method_name, method.modalities)
-    config = method.config(preset, {}, info)
+    config = method.config(preset, dict(overrides or {}), info)
     method.validate_config(config, info)
     target = PrivacyTarget(epsilon=float(epsilon), delta=default_delta(info.n))
     if not target.private:
@@ -230,6 +235,7 @@ def run_audit(
     break_mode: str | None = None,
     schema: str | None = None,
     runs: int = 1,
+    overrides: Mapping[str, str] | None = None,
 ) -> AuditResult:
     """Audit `method_name`'s mechanism as planned for `preset` at ε (one white-box run).
 
@@ -240,7 +246,7 @@ def run_audit(
     a marginal plan (aim, mst) audits its measurements and selections through
     `MarginalQueries`. `canaries` (per run) defaults to `IMAGE_CANARIES`, or `TABLE_CANARIES`
     on a table; `runs` independent runs pool their canaries (the multiple-run audit: memory of
-    one run, trials of all).
+    one run, trials of all). `overrides` are `train`'s `--set` values: audit what you train.
     """
     requested = canaries
     if canaries is None:
@@ -260,8 +266,9 @@ def run_audit(
             f"--method {method_name} audits tables: pass --data german-credit or "
             "--data csv:PATH --schema FILE"
         )
-    plan = plan_for(method_name, preset, epsilon, data, schema)
+    plan = plan_for(method_name, preset, epsilon, data, schema, overrides)
     info = describe(data, schema)
+    config = method.config(preset, dict(overrides or {}), info)
     problem = over_budget(audit_memory(mechanism, plan, canaries))
     if problem:
         raise UsageError(f"--canaries {canaries}: the audit {problem}; use fewer canaries")
@@ -269,12 +276,12 @@ def run_audit(
     canary_norm = plan.max_grad_norm
     if mechanism == "marginal":
         outcome, parts, canaries = _marginal(
-            method, preset, info, plan, requested, confidence, seed, break_mode, runs
+            config, info, plan, requested, confidence, seed, break_mode, runs
         )
         label = "marginal"
     else:
         outcome, label, parts = _gradient_steps(
-            method, mechanism, preset, info, plan, canaries, confidence, seed, break_mode, runs
+            mechanism, config, info, plan, canaries, confidence, seed, break_mode, runs
         )
         if mechanism == "dpsgd":
             canary_norm = CANARY_NORM_FACTOR * plan.max_grad_norm
@@ -302,12 +309,12 @@ def run_audit(
         trials=None if outcome.trials is None else outcome.trials.to_json(),
         test=outcome.test,
         runs=runs,
+        overrides=tuple(f"{k}={v}" for k, v in (overrides or {}).items()),
     )
 
 
 def _marginal(
-    method: Any,
-    preset: str,
+    config: Mapping[str, Any],
     info: DataInfo,
     plan: PrivacyPlan,
     canaries: int | None,
@@ -321,7 +328,7 @@ def _marginal(
     (each holds at 1 − β/2, so it is a lower bound on the whole plan's ε at 1 − β)."""
     from dpsynth.methods.marginal.domain import table_domain
 
-    domain = table_domain(info, method.config(preset, {}, info))
+    domain = table_domain(info, config)
     if canaries is None:
         canaries = min(TABLE_CANARIES, canary_capacity(domain))
     parts = audit_marginal_plan(
@@ -333,9 +340,8 @@ def _marginal(
 
 
 def _gradient_steps(
-    method: Any,
     mechanism: str,
-    preset: str,
+    config: Mapping[str, Any],
     info: DataInfo,
     plan: PrivacyPlan,
     canaries: int,
@@ -352,7 +358,6 @@ def _gradient_steps(
     check_break(break_mode, allowed)
     step_break = break_mode if break_mode_of(break_mode) in BREAK_MODES else None
     if mechanism == "functional":
-        config = method.config(preset, {}, info)
         bandwidths = tuple(float(b) for b in config["bandwidths"])
         jitter = float(config.get("jitter", 1e-8))
         if release is None:

@@ -8,6 +8,7 @@ import typer
 
 from dpsynth.cli.app import DebugOpt, JsonOpt, app, handle_errors
 from dpsynth.cli.render import emit_json, fmt_eps, print_kv, stderr
+from dpsynth.cli.train import parse_sets
 from dpsynth.errors import UsageError
 
 if TYPE_CHECKING:
@@ -53,6 +54,13 @@ def audit(
     seed: Annotated[
         int | None, typer.Option(help="Seed of the audit's own randomness (default: a fresh one).")
     ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override a preset value as train does (key=value): audit the plan you train.",
+        ),
+    ] = None,
     black_box: Annotated[
         bool,
         typer.Option(
@@ -80,6 +88,8 @@ def audit(
     if black_box:
         if runs != 1:
             raise UsageError("--runs applies to the white-box audit only")
+        if set_:
+            raise UsageError("--set applies to the white-box audit only")
         _black_box(method, preset, epsilon, canaries, confidence, data, seed, break_mode, as_json)
         return
     result = run_audit(
@@ -93,12 +103,18 @@ def audit(
         break_mode=break_mode,
         schema=schema,
         runs=runs,
+        overrides=parse_sets(set_),
     )
     if as_json:
         emit_json(result.to_json())
     else:
         rows = [
-            ("method / preset", f"{result.method} / {result.preset} (planned on {result.data})"),
+            (
+                "method / preset",
+                f"{result.method} / {result.preset}"
+                + "".join(f" --set {item}" for item in result.overrides)
+                + f" (planned on {result.data})",
+            ),
             ("claimed ε (accountant)", f"{fmt_eps(result.claimed_epsilon)} at δ={result.delta:g}"),
             ("empirical lower bound", f"{result.lower_bound:.4g} (the {result.test} test)"),
             (

@@ -50,7 +50,8 @@ def _stage_rows(stages: dict[str, float] | None) -> list[tuple[str, str]]:
     return [("ε split", ", ".join(parts))]
 
 
-def _parse_sets(items: list[str] | None) -> dict[str, str]:
+def parse_sets(items: list[str] | None) -> dict[str, str]:
+    """`--set key=value` items as a dict (UsageError for an item without "=")."""
     out: dict[str, str] = {}
     for item in items or []:
         if "=" not in item:
@@ -221,7 +222,7 @@ def train(
         device=device,
         seed=seed,
         resume=resume,
-        overrides=_parse_sets(set_),
+        overrides=parse_sets(set_),
         image_size=image_size,
         dataset_id=dataset_id,
         public_size=public_size,

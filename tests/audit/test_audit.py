@@ -300,3 +300,26 @@ def test_bad_runs_and_break_factors_are_refused(args, message):
         app, ["audit", "--method", "pge", "--preset", "tiny", "--epsilon", "1", *args]
     )
     assert result.exit_code == 2 and message in result.output
+
+
+def test_set_audits_the_plan_you_train():
+    """`--set` reaches the plan as `train --set` does: a central-images share adds that release
+    (audited through its own code, judged against its own claim), and the JSON says so."""
+    result = runner.invoke(
+        app,
+        ["audit", "--method", "dpkernel", "--epsilon", "1", "--canaries", "500", "--seed", "0",
+         "--set", "warm_start_share=0.5", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["overrides"] == ["warm_start_share=0.5"]
+    assert payload["mode"] == "white-box (central images + functional)"
+    (part,) = payload["parts"]
+    assert part["claimed_epsilon"] < payload["claimed_epsilon"]
+    plain = audit_run.run_audit("dpkernel", "tiny", 1.0, canaries=500, seed=0)
+    assert plain.mode == "white-box (functional)" and plain.overrides == ()
+    refused = runner.invoke(
+        app, ["audit", "--method", "mst", "--epsilon", "1", "--data", "german-credit",
+              "--black-box", "--set", "degree=2"],
+    )  # fmt: skip
+    assert refused.exit_code == 2 and "white-box" in refused.output
