@@ -13,10 +13,9 @@ log((rate_lb − δ) / rate_ub) holds at confidence 1 − β.
 
 S is a threshold region of one score, {s ≥ t} ("high": the in-rate over the out-rate) or
 {s ≤ t} ("low": the out-rate over the in-rate). It is chosen on every `SELECTION_STRIDE`-th
-canary (a public split, independent of the run), for the bound its rates there would give at
-the judging canaries' numbers, and judged on the others, so the choice costs no confidence.
-The one-run test (`bound.py`, Steinke, Nasr and Jagielski 2023) needs no independence but
-cannot tell ε = 1 from ε = 2 in one run; this test can, with enough canaries.
+canary (a public split, independent of the run) and judged on the others, so the choice costs
+no confidence. The one-run test (`bound.py`, Steinke, Nasr and Jagielski 2023) needs no
+independence but cannot tell ε = 1 from ε = 2 in one run; this test can, with enough canaries.
 """
 
 from __future__ import annotations
@@ -106,16 +105,6 @@ def _counts(
     )
 
 
-def _at_scale(counts: tuple[int, int, int, int], scale: float) -> tuple[int, int, int, int]:
-    """The counts with every trial and hit multiplied by `scale` (rounded)."""
-    return (
-        round(counts[0] * scale),
-        round(counts[1] * scale),
-        round(counts[2] * scale),
-        round(counts[3] * scale),
-    )
-
-
 def _bound(
     counts: tuple[int, int, int, int], direction: str, delta: float, confidence: float
 ) -> float:
@@ -137,11 +126,6 @@ def trials_bound(
     if m < 2 * SELECTION_STRIDE:
         raise UsageError(f"the trials test needs at least {2 * SELECTION_STRIDE} canaries")
     choose = torch.arange(m) % SELECTION_STRIDE == 0
-    # A region is chosen for the bound it would give at the judging canaries' numbers: its
-    # rates as measured here, its confidence margins as they will be there (a rarer region's
-    # margins shrink more when the trials grow sevenfold, so comparing at the selection's own
-    # size would favour the commoner region).
-    scale = float((~choose).sum()) / float(choose.sum())
     best: tuple[float, str, str, float] | None = None
     for name, score in scores.items():
         picked = score[choose]
@@ -153,7 +137,7 @@ def trials_bound(
                 level = 1.0 - fraction if direction == "high" else fraction
                 threshold = float(torch.quantile(finite, level))
                 counts = _counts(picked, included[choose], direction, threshold)
-                found = _bound(_at_scale(counts, scale), direction, delta, confidence)
+                found = _bound(counts, direction, delta, confidence)
                 if best is None or found > best[0]:
                     best = (found, name, direction, threshold)
     if best is None:

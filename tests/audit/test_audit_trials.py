@@ -97,27 +97,3 @@ def test_a_trial_mask_keeps_one_canary_of_each_pair():
     assert outcome.trials is not None
     kept = TRIALS_FROM - TRIALS_FROM // SELECTION_STRIDE
     assert outcome.trials.trials_in + outcome.trials.trials_out == kept
-
-
-def test_the_region_is_chosen_for_its_bound_at_the_judging_numbers():
-    """A rare region of ratio 2 (2% in, 1% out) and a common one of ratio 1.5 (30%, 20%), the
-    same in every fold: on the selection canaries' own numbers the common region's narrower
-    margins win, on the judging canaries' (7× more) the rare one gives the larger bound, and
-    that is the one the test must choose."""
-    m = 96_000
-    block = torch.arange(m) // SELECTION_STRIDE  # every fold sees every block once
-    included = block % 2 == 0
-    rank = (block // 2) % 100
-    rare = torch.where(included, rank < 2, rank < 1)
-    common = torch.where(included, rank < 30, rank < 20)
-    score = torch.where(rare, 2.0, torch.where(common, 1.0, 0.0)).to(torch.float64)
-    outcome = trials_bound({"s": score}, included, 0.0, 0.95)
-    assert (outcome.threshold, outcome.direction) == (2.0, "high")
-    judge = torch.arange(m) % SELECTION_STRIDE != 0
-    inside, outside = included[judge], ~included[judge]
-    hits = score[judge] >= 1.0
-    mixed = region_bound(
-        int((hits & inside).sum()), int(inside.sum()), int((hits & outside).sum()),
-        int(outside.sum()), 0.0, 0.95,
-    )  # fmt: skip
-    assert outcome.lower_bound > mixed > 0
