@@ -58,8 +58,8 @@ format: $(STAMP)
 	$(BIN)/ruff format dpsynth tests bench
 
 bench: $(STAMP)
-	$(BIN)/python bench/calibrate.py
-	$(BIN)/python bench/dpsgd.py
+	$(BIN)/python -m bench.calibrate
+	$(BIN)/python -m bench.dpsgd
 
 clean:
 	rm -rf $(DEMO) .pytest_cache .ruff_cache

@@ -1,1 +1,1 @@
-"""The benchmarks: scripts run as `python bench/NAME.py` or `python -m bench.NAME`."""
+"""The benchmarks: scripts run from the repository root as `python -m bench.NAME`."""

@@ -1,11 +1,11 @@
 """A large table for the scale goal (issue 29): 1M rows × 50 columns built from Census-Income.
 
-    python bench/big_table.py --out /tmp/dpsynth-scale [--rows 1000000] [--seed 0] [--parquet]
+    python -m bench.big_table --out /tmp/dpsynth-scale [--rows 1000000] [--seed 0] [--parquet]
 
 Writes `big.csv.gz` (or, with `--parquet`, the same rows as a partitioned Parquet folder
 `big.parquet/` of 1M-row files, for the out-of-core engines of issue 47) and `big.schema.json`
 under `--out` (a temporary folder: generated, never
-committed). The 50 columns: the 41 used columns of `bench/results/census.schema.json` (its 40
+committed). The 50 columns: the 41 used columns of `bench/census.schema.json` (its 40
 features and the `income` target; `instance_weight` is dropped) with their public bounds and
 categories, and 9 extra columns with public domains (5 numbers on [0, 1000], 4 categorical
 columns of 3, 8, 20 and 50 categories). Each row is a census training row drawn uniformly with
@@ -34,7 +34,7 @@ from dpsynth.data.table_codec import read_csv_table
 from dpsynth.evaluate.marginals import category_codes, marginal_columns
 
 BENCH = Path(__file__).resolve().parent
-CENSUS_SCHEMA = BENCH / "results" / "census.schema.json"
+CENSUS_SCHEMA = BENCH / "census.schema.json"
 NUMBER_NOISE = 0.05
 CATEGORY_FLIP = 0.02
 CHUNK = 100_000

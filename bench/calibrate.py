@@ -10,7 +10,7 @@ ran, each row also gives its σ's gap to PLD's σ. `--repeat N` times each call 
 reports the median. Prints a table and writes JSON (default bench/results/calibrate.json) with
 the machine and the date.
 
-    OMP_NUM_THREADS=1 python bench/calibrate.py [--quick] [--long] [--repeat N]
+    OMP_NUM_THREADS=1 python -m bench.calibrate [--quick] [--long] [--repeat N]
         [--tools dpsynth,dpsynth-cli,opacus-prv,opacus-rdp,pld] [--json PATH]
 """
 
@@ -30,11 +30,11 @@ from pathlib import Path
 import dp_accounting
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
-from machine import describe
 from opacus.accountants.utils import get_noise_multiplier
 from rich.console import Console
 from rich.table import Table
 
+from bench.machine import describe
 from dpsynth.privacy.accounting import calibration
 from dpsynth.privacy.accounting import compose as accounting
 

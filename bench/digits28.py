@@ -1,7 +1,7 @@
 """Unseen 28×28 data for issue 28's goal 5: the built-in 8×8 digits upscaled to 28×28.
 
-    python bench/digits28.py --out /tmp/digits28
-    python bench/leaderboard.py --data npz:/tmp/digits28/train.npz \
+    python -m bench.digits28 --out /tmp/digits28
+    python -m bench.leaderboard --data npz:/tmp/digits28/train.npz \
         --test npz:/tmp/digits28/test.npz --methods pge rdpgan --epsilon 1 10 --no-fid
 
 The 28×28 presets were designed on mnist-5k; this data set has the same record size (784

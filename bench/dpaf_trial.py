@@ -1,6 +1,6 @@
 """A fast in-process DPAF trial (digits by default, CPU): train, sample, CNN accuracy.
 
-    python bench/dpaf_trial.py --epsilon 10 --set windows=300 --seeds 1
+    python -m bench.dpaf_trial --epsilon 10 --set windows=300 --seeds 1
 
 Not the leaderboard (no CLI, no ledger, no run dir); the same method code, Poisson batches
 at the plan's rate, the same CNN evaluation. For tuning on the public digits set only.

@@ -1,6 +1,6 @@
 """Benchmark the DP-Kernel backend: speed, peak memory and downstream quality.
 
-Usage: python bench/dpkernel.py [--quick] [--threads 1] [--paper-steps 20] [--paper-only]
+Usage: python -m bench.dpkernel [--quick] [--threads 1] [--paper-steps 20] [--paper-only]
                                 [--json bench/results/dpkernel.json]
 
 Runs, each in a fresh process (so peak memory is its own):
@@ -27,17 +27,15 @@ from pathlib import Path
 
 import torch
 
+from bench.machine import describe
+from dpsynth.data.sources import load_data
+from dpsynth.evaluate.downstream import accuracy_over_seeds
+from dpsynth.methods.base import PrivacyTarget
+from dpsynth.methods.dpkernel.method import DPKernelMethod
+from dpsynth.privacy.accounting.calibration import default_delta
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from machine import describe  # noqa: E402
-
-from dpsynth.data.sources import load_data  # noqa: E402
-from dpsynth.evaluate.downstream import accuracy_over_seeds  # noqa: E402
-from dpsynth.methods.base import PrivacyTarget  # noqa: E402
-from dpsynth.methods.dpkernel.method import DPKernelMethod  # noqa: E402
-from dpsynth.privacy.accounting.calibration import default_delta  # noqa: E402
-from dpsynth.privacy.mechanisms.poisson import PoissonSampler  # noqa: E402
 
 SYNTHETIC = 2000
 
@@ -111,8 +109,9 @@ def real_baseline(data: str, threads: int) -> dict:
 
 
 def _child(args: argparse.Namespace, job: dict) -> dict:
-    command = [sys.executable, __file__, "--child", json.dumps(job), "--threads", str(args.threads)]
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    command = [sys.executable, "-m", "bench.dpkernel", "--child", json.dumps(job)]
+    command += ["--threads", str(args.threads)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

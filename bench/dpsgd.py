@@ -1,6 +1,6 @@
 """Benchmark one DP-SGD step: non-private vs dpsynth's modes vs Opacus's modes.
 
-Usage: python bench/dpsgd.py [--model smallcnn|psg|rdpgan-d|dpaf-c] [--device auto|cpu|cuda]
+Usage: python -m bench.dpsgd [--model smallcnn|psg|rdpgan-d|dpaf-c] [--device auto|cpu|cuda]
                              [--batch-size B] [--steps 30] [--variants a,b,...] [--compile]
                              [--json bench/results/dpsgd-MODEL-DEVICE.json]
 
@@ -59,14 +59,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from bench.dpsgd_models import SmallCNN
+from bench.machine import describe
+from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO))
-
-from dpsgd_models import SmallCNN  # noqa: E402
-from machine import describe  # noqa: E402
-
-from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient  # noqa: E402
 
 NOISE_MULTIPLIER = 1.0
 MAX_GRAD_NORM = 1.0
@@ -412,13 +409,13 @@ def measure_memory(variant: str, args: argparse.Namespace, device: torch.device)
 
 def memory_in_fresh_process(variant: str, args: argparse.Namespace) -> float:
     """Measure one variant's memory in its own process, so that peaks and caches do not mix."""
-    cmd = [sys.executable, __file__, "--only", variant, "--device", args.device]
+    cmd = [sys.executable, "-m", "bench.dpsgd", "--only", variant, "--device", args.device]
     cmd += ["--model", args.model]
     for flag in ("batch_size", "channels", "threads", "memory_steps"):
         cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if args.norm_before_pool:
         cmd.append("--norm-before-pool")
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
     return float(json.loads(done.stdout.strip().splitlines()[-1])["peak_memory_mib"])
 
 

@@ -6,7 +6,7 @@ batch sizes 50 and 100, then the FID of `--n` synthetic vs `--n` real MNIST-size
 10,000 the 10,000-image time is extrapolated (feature time scales linearly in n, the statistics
 and the square root are measured at full size) and the output says so.
 
-    python bench/evaluate.py [--n 1000] [--device cpu] [--json bench/results/evaluate.json]
+    python -m bench.evaluate [--n 1000] [--device cpu] [--json bench/results/evaluate.json]
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from machine import describe
 
+from bench.machine import describe
 from dpsynth.evaluate import fid
 
 TARGET_N = 10_000

@@ -1,7 +1,7 @@
 """The leaderboard: every registered method, trained, sampled and evaluated the same way.
 
-    python bench/leaderboard.py --data digits --epsilon 1 10 --device cpu [--no-fid]
-    python bench/leaderboard.py --data mnist-5k --epsilon 1 10 --device cuda
+    python -m bench.leaderboard --data digits --epsilon 1 10 --device cpu [--no-fid]
+    python -m bench.leaderboard --data mnist-5k --epsilon 1 10 --device cuda
 
 For each method (default: every method in `dpsynth.methods.registry` that takes images, so a
 new backend joins by its registry entry) and each ε, through the `dpsynth` CLI with `--json`
@@ -26,9 +26,9 @@ Writes `bench/results/leaderboard-<data>.json` (rows, date, the commit of the ch
 
 Tables (a built-in table such as `german-credit`, or `csv:FILE`):
 
-    python bench/leaderboard.py --data german-credit
-    python bench/leaderboard.py --data csv:../shared/data/census_income_kdd_train.csv.gz \
-        --test csv:../shared/data/census_income_kdd_test.csv.gz --schema census.schema.json \
+    python -m bench.leaderboard --data german-credit
+    python -m bench.leaderboard --data csv:../shared/data/census_income_kdd_train.csv.gz \
+        --test csv:../shared/data/census_income_kdd_test.csv.gz --schema bench/census.schema.json \
         --schema-public
 
 The methods are those whose `modalities` include "table" (again by the registry alone); the
@@ -60,10 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-try:  # python -m bench.leaderboard
-    from bench.machine import describe
-except ImportError:  # python bench/leaderboard.py: bench/ is the script's folder on sys.path
-    from machine import describe
+from bench.machine import describe
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -707,7 +704,7 @@ def main(argv: list[str] | None = None) -> None:
         "data": args.data,
         "date": machine["date"],
         "machine": machine,
-        "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
+        "command": shlex.join(["python", "-m", "bench.leaderboard", *(argv or sys.argv[1:])]),
         "synthetic_n": n,
         "test": test_spec(args),
         "seeds": args.seeds,
@@ -767,7 +764,7 @@ def main_tables(args: argparse.Namespace, argv: list[str] | None) -> None:
         "test": test_spec(args),
         "date": machine["date"],
         "machine": machine,
-        "command": shlex.join(["python", "bench/leaderboard.py", *(argv or sys.argv[1:])]),
+        "command": shlex.join(["python", "-m", "bench.leaderboard", *(argv or sys.argv[1:])]),
         "synthetic_n": n,
         "seeds": args.seeds,
         "runs": args.runs,

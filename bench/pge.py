@@ -1,6 +1,6 @@
 """Benchmark the PGE backend: training speed, peak memory, sampling speed, downstream quality.
 
-Usage: python bench/pge.py [--preset small] [--data digits] [--epsilon 1 10]
+Usage: python -m bench.pge [--preset small] [--data digits] [--epsilon 1 10]
                            [--device cpu|cuda|auto] [--steps N] [--threads 2] [--synthetic 2000]
                            [--json bench/results/pge.json]
 
@@ -15,7 +15,7 @@ images with balanced labels from the EMA score network (annealed HMC). Reported:
   pixels), beside the same classifiers trained on the real train split.
 `--steps` shortens the run (timing only; the quality then is not the preset's).
 `paper` on `mnist-5k` needs a GPU:
-    python bench/pge.py --preset paper --data mnist-5k --device cuda --epsilon 1 10
+    python -m bench.pge --preset paper --data mnist-5k --device cuda --epsilon 1 10
 """
 
 from __future__ import annotations
@@ -23,24 +23,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from bench.machine import describe
+from dpsynth.data.sources import load_data
+from dpsynth.evaluate.downstream import accuracy_over_seeds
+from dpsynth.methods.base import PrivacyTarget
+from dpsynth.methods.pge.method import PGEMethod
+from dpsynth.privacy.accounting.calibration import default_delta
+from dpsynth.privacy.mechanisms.poisson import PoissonSampler
+from dpsynth.privacy.releases.central import central_plan_in, release_central_images
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from machine import describe  # noqa: E402
-
-from dpsynth.data.sources import load_data  # noqa: E402
-from dpsynth.evaluate.downstream import accuracy_over_seeds  # noqa: E402
-from dpsynth.methods.base import PrivacyTarget  # noqa: E402
-from dpsynth.methods.pge.method import PGEMethod  # noqa: E402
-from dpsynth.privacy.accounting.calibration import default_delta  # noqa: E402
-from dpsynth.privacy.mechanisms.poisson import PoissonSampler  # noqa: E402
-from dpsynth.privacy.releases.central import central_plan_in, release_central_images  # noqa: E402
 
 
 def _rss_kib(field: str) -> int:

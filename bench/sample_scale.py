@@ -1,8 +1,8 @@
 """Sampling at scale (issue 47, part 3): a table run sampled to a partitioned Parquet release by
 worker processes, with its rows per second and the peak memory of the parent and each worker.
 
-    python bench/sample_scale.py --n 10000000 --workers 2          # 10M rows, 2 workers
-    python bench/sample_scale.py --rows 20000 --n 200000 --preset tiny     # a smoke run
+    python -m bench.sample_scale --n 10000000 --workers 2          # 10M rows, 2 workers
+    python -m bench.sample_scale --rows 20000 --n 200000 --preset tiny     # a smoke run
 
 The training table is bench/big_table.py's census-like table (`--rows` rows × 50 columns,
 generated once under `--out` and reused); `--method` (mst) trains on it through the CLI in a
@@ -33,16 +33,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import big_table, leaderboard, machine
+from bench.measure import mb
+from bench.tables_peers import cli_json
+from dpsynth.sampling.partitions import DATASET_BATCH
+
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-
-import big_table  # noqa: E402
-import leaderboard  # noqa: E402
-import machine  # noqa: E402
-from measure import mb  # noqa: E402
-from tables_peers import cli_json  # noqa: E402
-
-from dpsynth.sampling.partitions import DATASET_BATCH  # noqa: E402
 
 RESULTS = BENCH / "results"
 POLL_S = 0.5
@@ -137,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shared", type=Path, default=BENCH.parents[1] / "shared" / "data")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    command = shlex.join(["python", "bench/sample_scale.py", *(argv or sys.argv[1:])])
+    command = shlex.join(["python", "-m", "bench.sample_scale", *(argv or sys.argv[1:])])
     host = machine.describe("cpu")
     csv, schema = big_table.make_big_table(args.out / f"table-{args.rows}", args.shared, args.rows)
     columns = len(json.loads(schema.read_text())["columns"])

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from measure import run_measured
 
+from bench.measure import run_measured
 from dpsynth.data.schema import Schema
 from dpsynth.data.table_codec import RawTable
 from dpsynth.evaluate.marginals import BINS, category_codes, marginal_columns, numeric_codes

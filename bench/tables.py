@@ -1,6 +1,6 @@
 """Benchmark DP-Kernel on tables: train → sample → evaluate, logistic-regression ROC-AUC.
 
-Usage: python bench/tables.py [--data german|census] [--eps 1,10] [--preset small]
+Usage: python -m bench.tables [--data german|census] [--eps 1,10] [--preset small]
                               [--set key=value ...] [--n 2000] [--json OUT]
                               [--weights declared|none|dp] [--weights-share 0.02]
                               [--sample-labels weights,balanced]
@@ -23,19 +23,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from dpsynth.data.schema_draft import draft_schema
+from dpsynth.data.table_codec import read_csv_table
+from dpsynth.evaluate.table_report import run_table_evaluation
+from dpsynth.sampling import sample_table
+from dpsynth.training import train_run
 
-from dpsynth.data.schema_draft import draft_schema  # noqa: E402
-from dpsynth.data.table_codec import read_csv_table  # noqa: E402
-from dpsynth.evaluate.table_report import run_table_evaluation  # noqa: E402
-from dpsynth.sampling import sample_table  # noqa: E402
-from dpsynth.training import train_run  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 CENSUS = REPO.parent / "shared" / "data"
 

@@ -1,13 +1,13 @@
 """Benchmark AIM and MST on tables: train → sample → ML metric and 2-way TVD, time and memory.
 
-Usage: python bench/tables_aim.py [--data german,census] [--eps 1,10] [--methods aim,mst]
+Usage: python -m bench.tables_aim [--data german,census] [--eps 1,10] [--methods aim,mst]
                                   [--runs 1] [--preset small] [--set key=value ...]
                                   [--n ROWS] [--labels model] [--json OUT]
 
 - german: the built-in `german-credit` (800 train rows, δ = 1e-4), tested on
   `german-credit:test`.
 - census: Census-Income KDD train (199,523 rows, δ = 1e-5) under
-  `bench/results/census.schema.json`, tested on the real test file (99,762 rows); the data
+  `bench/census.schema.json`, tested on the real test file (99,762 rows); the data
   folder is `$DPSYNTH_DATA` or `../shared/data` beside the repository (or `/work/shared/data`).
 Each run trains in its own process (`dpsynth train`), so that its wall time and peak RSS
 (VmHWM) are its own; then `sample` writes as many rows as the training set (labels drawn from
@@ -32,14 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.machine import describe
+from dpsynth.data.schema import Schema
+from dpsynth.data.schema_file import read_schema
+from dpsynth.data.table_codec import read_csv_table
+from dpsynth.evaluate.table_report import run_table_evaluation
 
-from bench.machine import describe  # noqa: E402
-from dpsynth.data.schema import Schema  # noqa: E402
-from dpsynth.data.schema_file import read_schema  # noqa: E402
-from dpsynth.data.table_codec import read_csv_table  # noqa: E402
-from dpsynth.evaluate.table_report import run_table_evaluation  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DELTA = {"german": 1e-4, "census": 1e-5}
 
@@ -60,7 +59,7 @@ def specs(name: str) -> tuple[str, str, Path | None]:
     return (
         f"csv:{folder / 'census_income_kdd_train.csv.gz'}",
         f"csv:{folder / 'census_income_kdd_test.csv.gz'}",
-        REPO / "bench" / "results" / "census.schema.json",
+        REPO / "bench" / "census.schema.json",
     )
 
 

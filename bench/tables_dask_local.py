@@ -1,12 +1,12 @@
 """mst through the Dask engine on a local cluster (issue 47): the cluster path, measured.
 
 Starts a `LocalCluster` of `--workers` processes with one thread each, runs `dpsynth train
---engine dask://…` on a Parquet table made by `bench/big_table.py --parquet` (its folder holds
-`big.parquet/` and `big.schema.json`), and writes JSON with the date, machine, commit, command,
-the per-pass times the CLI prints, the wall time and the peak memory of the client (from
+--engine dask://…` on a Parquet table made by `python -m bench.big_table --parquet` (its folder
+holds `big.parquet/` and `big.schema.json`), and writes JSON with the date, machine, commit,
+command, the per-pass times the CLI prints, the wall time and the peak memory of the client (from
 `/usr/bin/time -v`) and of the workers.
 
-    python bench/tables_dask_local.py --table /tmp/dpsynth-scale/10000000 --json out.json
+    python -m bench.tables_dask_local --table /tmp/dpsynth-scale/10000000 --json out.json
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import describe
+from bench.machine import describe
 
 
 def _peak_rss_mb() -> float:

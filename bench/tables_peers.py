@@ -1,15 +1,15 @@
 """dpsynth's table methods beside SmartNoise-Synth's MST and AIM (issue 29): marginal fidelity,
 downstream ROC-AUC, time and memory, side by side on the same rows.
 
-    OMP_NUM_THREADS=1 python bench/tables_peers.py                  # every cell (hours)
-    OMP_NUM_THREADS=1 python bench/tables_peers.py --data german-credit --epsilon 1 10
-    OMP_NUM_THREADS=1 python bench/tables_peers.py --data census --methods dpkernel \
+    OMP_NUM_THREADS=1 python -m bench.tables_peers                  # every cell (hours)
+    OMP_NUM_THREADS=1 python -m bench.tables_peers --data german-credit --epsilon 1 10
+    OMP_NUM_THREADS=1 python -m bench.tables_peers --data census --methods dpkernel \
         smartnoise-mst --timeout 20
-    python bench/tables_peers.py --quick                            # smoke: minutes
+    python -m bench.tables_peers --quick                            # smoke: minutes
 
 Data: `german-credit` (the built-in: 800 train / 200 test rows, its bundled schema, δ = 1e-4)
 and `census` (Census-Income KDD from `--shared`: 199,523 train / 99,762 test rows, the schema
-`bench/results/census.schema.json`, δ = 1e-5). For each data set, ε (`--epsilon`, default 1
+`bench/census.schema.json`, δ = 1e-5). For each data set, ε (`--epsilon`, default 1
 and 10), tool (`--methods`, default every dpsynth table method in the registry, then
 `smartnoise-mst` and `smartnoise-aim`) and run (`--runs`, default 2), in a fresh temporary
 folder and ledger:
@@ -51,13 +51,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+from bench import leaderboard, machine, smartnoise_peer
+from bench.measure import Finished, mb, run_measured
 
-import leaderboard  # noqa: E402
-import machine  # noqa: E402
-import smartnoise_peer  # noqa: E402
-from measure import Finished, mb, run_measured  # noqa: E402
+BENCH = Path(__file__).resolve().parent
 
 REPO = BENCH.parent
 RESULTS = BENCH / "results"
@@ -84,7 +81,7 @@ def tables(shared: Path) -> dict[str, Table]:
             "census",
             f"csv:{shared / 'census_income_kdd_train.csv.gz'}",
             f"csv:{shared / 'census_income_kdd_test.csv.gz'}",
-            RESULTS / "census.schema.json",
+            BENCH / "census.schema.json",
             1e-5,
         ),
     }
@@ -354,7 +351,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run the cells, merging them into the day's results, and print the table."""
     args = parse_args(argv)
-    command = shlex.join(["python", "bench/tables_peers.py", *(argv or sys.argv[1:])])
+    command = shlex.join(["python", "-m", "bench.tables_peers", *(argv or sys.argv[1:])])
     methods = args.methods or [*leaderboard.table_methods(), *smartnoise_peer.PEERS]
     json_path = args.json or RESULTS / f"tables-peers-{datetime.now(UTC):%Y-%m-%d}.json"
     meta: dict[str, Any] = {

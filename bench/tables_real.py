@@ -1,11 +1,11 @@
 """Real public tables through the CLI's safe path, as a user runs it (issue 44): empty cells in
 numbers, dates and datetimes, identifiers, free text.
 
-    python bench/tables_real.py                          # every table, mst and aim, ε 1, 10
-    python bench/tables_real.py --data german-credit --methods mst --epsilon 1     # quick
-    python bench/tables_real.py --data penguins-raw cars --source /tmp/dpsynth-head
-    python bench/tables_real.py --prepare-only                    # only write the CSV splits
-    python bench/tables_real.py --rescore --data cars --json F     # metrics again, no training
+    python -m bench.tables_real                          # every table, mst and aim, ε 1, 10
+    python -m bench.tables_real --data german-credit --methods mst --epsilon 1     # quick
+    python -m bench.tables_real --data penguins-raw cars --source /tmp/dpsynth-head
+    python -m bench.tables_real --prepare-only                    # only write the CSV splits
+    python -m bench.tables_real --rescore --data cars --json F     # metrics again, no training
 
 Data (bench/real_tables.py lists them: package, loader, what is messy, target): penguins-raw,
 cars, loans, mpls-stops (and seattle-pets on request), read from pip packages that bundle them
@@ -16,7 +16,7 @@ german-credit and census. Each is split 80/20 (fixed seed, stratified on the tar
 WORK/NAME/{train,holdout}.csv (census: its own train and test files).
 
 Per table: `dpsynth data schema csv:TRAIN --target T > schema.json` (census: the declared
-bench/results/census.schema.json instead); then per method (`--methods`, default mst aim) and
+bench/census.schema.json instead); then per method (`--methods`, default mst aim) and
 ε (`--epsilon`, default 1 10), in a fresh folder and ledger, one at a time:
 `dpsynth train --method M --data csv:TRAIN --schema schema.json --epsilon E --out RUN --json`
 with the schema's flags (`--schema-flags`: `auto`, the default, tries the command without any
@@ -57,13 +57,11 @@ from typing import Any
 
 import pandas as pd
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+from bench import machine, real_tables
+from bench import real_metrics as rm
+from bench.measure import mb, run_measured
 
-import machine  # noqa: E402
-import real_metrics as rm  # noqa: E402
-import real_tables  # noqa: E402
-from measure import mb, run_measured  # noqa: E402
+BENCH = Path(__file__).resolve().parent
 
 RESULTS = BENCH / "results"
 # -P: the children's working folder is not put on sys.path (only PYTHONPATH and the install
@@ -577,7 +575,7 @@ def main(argv: list[str] | None = None) -> None:
         "dpsynth": cli.where(),
         "source": str(args.source) if args.source else None,
         "label": args.label,
-        "commands": [shlex.join(["python", "bench/tables_real.py", *(argv or sys.argv[1:])])],
+        "commands": [shlex.join(["python", "-m", "bench.tables_real", *(argv or sys.argv[1:])])],
         "settings": {k: str(v) for k, v in vars(args).items()},
         "split": {"seed": real_tables.SPLIT_SEED, "holdout_share": real_tables.HOLDOUT_SHARE},
         "tables": {},

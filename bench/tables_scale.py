@@ -1,10 +1,10 @@
 """The scale goal of issue 29: `train` and `sample` of a table method on 1M rows × 50 columns,
 timed, with each command's peak memory.
 
-    OMP_NUM_THREADS=1 python bench/tables_scale.py --methods dpkernel --epsilon 1
-    OMP_NUM_THREADS=1 python bench/tables_scale.py --methods mst --rows 10000000 \
+    OMP_NUM_THREADS=1 python -m bench.tables_scale --methods dpkernel --epsilon 1
+    OMP_NUM_THREADS=1 python -m bench.tables_scale --methods mst --rows 10000000 \
         --format parquet --engine duckdb --n          # issue 47: out of core, no sampling
-    python bench/tables_scale.py --rows 20000 --n 2000 20000 --preset tiny     # a smoke run
+    python -m bench.tables_scale --rows 20000 --n 2000 20000 --preset tiny     # a smoke run
 
 The table is bench/big_table.py's (census rows resampled with public noise plus 9 extra public
 columns; generated once under `--out`, reused while its rows and seed are the same). For each
@@ -31,14 +31,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+from bench import big_table, leaderboard, machine
+from bench.measure import mb
+from bench.tables_peers import cli_json
 
-import big_table  # noqa: E402
-import leaderboard  # noqa: E402
-import machine  # noqa: E402
-from measure import mb  # noqa: E402
-from tables_peers import cli_json  # noqa: E402
+BENCH = Path(__file__).resolve().parent
 
 RESULTS = BENCH / "results"
 # train's line per pass over the data on an engine (`cli/render.py`)
@@ -218,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shared", type=Path, default=BENCH.parents[1] / "shared" / "data")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    command = shlex.join(["python", "bench/tables_scale.py", *(argv or sys.argv[1:])])
+    command = shlex.join(["python", "-m", "bench.tables_scale", *(argv or sys.argv[1:])])
     if args.format == "parquet" and args.repeat > 1:
         base = args.rows // args.repeat
         once, schema = big_table.make_big_parquet(args.out / str(base), args.shared, base)

@@ -1,9 +1,9 @@
 """Training time of the marginal table methods on census (issue 44, item 4), with the utility.
 
-    python bench/tables_speed.py --methods aim mst --epsilon 10 [--runs 1] [--set key=value]
+    python -m bench.tables_speed --methods aim mst --epsilon 10 [--runs 1] [--set key=value]
 
 For each method, ε and run: `dpsynth train` on Census-Income KDD train (199,523 rows, δ = 1e-5,
-the declared schema bench/results/census.schema.json, preset `small`) in a fresh process with
+the declared schema bench/census.schema.json, preset `small`) in a fresh process with
 dpsynth's default threads (the environment's OMP_NUM_THREADS, unset unless the caller sets
 it), timed (wall and CPU seconds, peak RSS) with the machine's load average before and after;
 then `sample` of `--n` rows (default 20,000, the labels from the model) and `evaluate
@@ -26,15 +26,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+from bench import leaderboard, machine
+from bench.measure import mb, run_measured
 
-import leaderboard  # noqa: E402
-import machine  # noqa: E402
-from measure import mb, run_measured  # noqa: E402
+BENCH = Path(__file__).resolve().parent
 
 RESULTS = BENCH / "results"
-SCHEMA = RESULTS / "census.schema.json"
+SCHEMA = BENCH / "census.schema.json"
 
 
 def data_folder(given: Path | None) -> Path:
@@ -115,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shared", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    command = shlex.join(["python", "bench/tables_speed.py", *(argv or sys.argv[1:])])
+    command = shlex.join(["python", "-m", "bench.tables_speed", *(argv or sys.argv[1:])])
     path = args.json or RESULTS / f"tables-speed-{datetime.now(UTC):%Y-%m-%d}.json"
     report: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),

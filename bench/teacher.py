@@ -1,6 +1,6 @@
 """How good is a run's DP teacher, and would another DP-SGD schedule do better at the same ε?
 
-Usage: python bench/teacher.py RUN [--data mnist-5k] [--test mnist-5k:test] [--seeds 2]
+Usage: python -m bench.teacher RUN [--data mnist-5k] [--test mnist-5k:test] [--seeds 2]
                                [--variant NAME:key=value,key=value ...]
                                [--json bench/results/teacher-....json]
 
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from machine import describe
 
+from bench.machine import describe
 from dpsynth.data.sources import load_data
 from dpsynth.methods.blocks.teacher import TeacherNet, balanced_samples, fit_to_samples
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness

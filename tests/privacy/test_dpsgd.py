@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from dpsgd_models import ScoreMLP, SmallCNN
 from torch import Tensor, nn
 from torch.func import functional_call, jvp
 from torch.func import grad as func_grad
 
+from bench.dpsgd_models import ScoreMLP, SmallCNN
 from dpsynth.privacy.mechanisms.dpsgd import (
     PrivateGradient,
     add_noise,

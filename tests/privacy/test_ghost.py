@@ -14,11 +14,11 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from dpsgd_models import ScoreMLP, SmallCNN
 from test_dpsgd import assert_grads_close, loop_grads, mnist_batch  # noqa: F401 (fixture)
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from bench.dpsgd_models import ScoreMLP, SmallCNN
 from dpsynth.errors import UsageError
 from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient, add_noise
 from dpsynth.privacy.mechanisms.ghost import ghost_clipped_sum, unsupported_reasons

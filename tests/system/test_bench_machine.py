@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import subprocess
 from pathlib import Path
 
@@ -13,10 +13,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 @pytest.fixture(scope="module")
 def machine():
-    spec = importlib.util.spec_from_file_location("bench_machine", BENCH / "machine.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.machine")
 
 
 def _git(*args: str) -> str:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,14 +15,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 @pytest.fixture(scope="module")
 def teacher_bench():
-    sys.path.insert(0, str(BENCH))  # the script imports its sibling `machine`
-    try:
-        spec = importlib.util.spec_from_file_location("bench_teacher", BENCH / "teacher.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCH))
+    return importlib.import_module("bench.teacher")
 
 
 def test_variants_override_only_their_keys(teacher_bench):

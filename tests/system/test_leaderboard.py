@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "leaderboard.py"
 
 @pytest.fixture(scope="module")
 def leaderboard():
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling `machine`
-    try:
-        spec = importlib.util.spec_from_file_location("leaderboard", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    return importlib.import_module("bench.leaderboard")
 
 
 def _row(method: str, epsilon, cnn: float, fid=None, precision=None, recall=None) -> dict:
@@ -50,7 +42,7 @@ def _report(rows: list[dict]) -> dict:
         "data": "digits",
         "date": "2026-01-01T00:00:00+00:00",
         "machine": {"cpu": "Test CPU", "cpu_cores": 2, "torch": "2.x", "gpu": None},
-        "command": "python bench/leaderboard.py --data digits",
+        "command": "python -m bench.leaderboard --data digits",
         "synthetic_n": 2000,
         "seeds": 3,
         "fid": False,
@@ -146,7 +138,7 @@ def test_write_results_json_and_markdown(leaderboard, tmp_path):
     assert json.loads((tmp_path / "lb.json").read_text()) == report
     page = (tmp_path / "lb.md").read_text()
     assert "Test CPU, 2 cores" in page and "not measured (--no-fid)" in page
-    assert "`python bench/leaderboard.py --data digits`" in page
+    assert "`python -m bench.leaderboard --data digits`" in page
     assert "| dpkernel | small | 1 |" in page
 
 
@@ -222,9 +214,7 @@ def test_images_take_their_held_out_split_from_test(leaderboard, tmp_path, monke
     args = leaderboard.parse_args(["--data", "npz:train.npz", "--test", "npz:test.npz"])
     assert leaderboard.test_spec(args) == "npz:test.npz"
     assert leaderboard.test_spec(leaderboard.parse_args(["--data", "digits"])) == "digits:test"
-    digits28 = importlib.util.spec_from_file_location("digits28", SCRIPT.parent / "digits28.py")
-    module = importlib.util.module_from_spec(digits28)
-    digits28.loader.exec_module(module)
+    module = importlib.import_module("bench.digits28")
     x, y, classes = module.upscaled("digits:test")
     assert x.shape == (360, 1, 28, 28) and x.dtype.name == "uint8" and len(y) == 360
     assert list(classes) == [str(c) for c in range(10)]

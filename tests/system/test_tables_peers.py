@@ -25,14 +25,10 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield {
-            name: importlib.import_module(name)
-            for name in ("tables_peers", "smartnoise_peer", "big_table", "measure")
-        }
-    finally:
-        sys.path.remove(str(BENCH))
+    return {
+        name: importlib.import_module(f"bench.{name}")
+        for name in ("tables_peers", "smartnoise_peer", "big_table", "measure")
+    }
 
 
 def test_child_time_limits_cpu_time_and_peak_memory(bench) -> None:

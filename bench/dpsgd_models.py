@@ -1,4 +1,4 @@
-"""Small networks shared by the DP-SGD tests and `bench/dpsgd.py`."""
+"""Small networks shared by the DP-SGD tests and `python -m bench.dpsgd`."""
 
 from __future__ import annotations
 
