@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,6 +18,9 @@ from dpsynth.cli.app import (
     resolve_ledger_path,
 )
 from dpsynth.cli.render import emit_json, print_kv, print_remarks, print_rows, stdout
+
+if TYPE_CHECKING:
+    from dpsynth.data.schema import Schema
 
 data_app = typer.Typer(help="List built-in data sets and inspect data specs.")
 app.add_typer(data_app, name="data", no_args_is_help=True)
@@ -144,7 +147,32 @@ def data_schema(
     raw, sampled = draft_rows(spec)
     drafted, remarks = draft_table(raw.header, raw.columns, target or raw.header[-1])
     remarks = [*([sampled] if sampled else []), *remarks]
+    if not sampled:  # a sample's size is not the table's: a large table needs no remark
+        remarks += _release_remark(drafted, raw.n)
     # The draft is JSON either way (for `> schema.json`); --json is accepted for uniformity.
     del as_json
     print_remarks(remarks)
     emit_json(drafted.to_json())
+
+
+# A draft whose DP release needs more than this ε gets a remark (the default release spends a
+# quarter of --epsilon: at ε = 1 it has 0.25).
+_COSTLY_RELEASE = 0.25
+
+
+def _release_remark(drafted: Schema, rows: int) -> list[str]:
+    """One remark when `train`'s default DP release of the drafted entries would need a large
+    ε at this size (a small table): what it needs, and the cheaper way (public entries)."""
+    from dpsynth.privacy.accounting.calibration import default_delta
+    from dpsynth.training.schema_entries import epsilon_needed
+
+    needed = epsilon_needed(drafted, rows, default_delta(rows))
+    if needed is None or needed <= _COSTLY_RELEASE:
+        return []
+    reach = f"--schema-epsilon {needed:.2g}" if needed != float("inf") else "no ε"
+    return [
+        f"{rows:,} rows: a DP release of the marked entries keeps the values held by a tenth "
+        f"of the rows from {reach} at the default δ (train spends a quarter of --epsilon on "
+        "it by default and refuses a release too small to keep anything): declare the entries "
+        "you know from public sources (category lists, min and max) to spend less"
+    ]

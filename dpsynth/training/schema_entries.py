@@ -23,11 +23,14 @@ import torch
 from dpsynth.data.column_values import RELEASED_PREFIX, column_numbers, missing_mask
 from dpsynth.data.csvtable import RawTable
 from dpsynth.data.schema import Column, Schema
+from dpsynth.errors import UsageError
 from dpsynth.privacy.releases.schema_release import (
     NumberSpec,
     SchemaReleasePlan,
+    epsilon_for_reach,
     plan_schema_release,
     release_ranges,
+    release_reach,
     release_shapes,
 )
 
@@ -77,6 +80,81 @@ def plan_release(
         len(columns.booleans),
     )
     return columns, plan
+
+
+# A release is refused (before anything is spent) when a category value or a range bin would
+# need more than this share of the rows to clear the noise: every list would be `(other)` or
+# one value, every number empty. `epsilon_for_reach` then names the ε at which a value held
+# by ADVICE_SHARE of the rows gets through.
+REFUSE_SHARE = 0.5
+ADVICE_SHARE = 0.1
+
+
+def epsilon_needed(schema: Schema, rows: int, delta: float) -> float | None:
+    """The ε at which `train`'s DP release of the schema's entries read off the data keeps the
+    values held by ADVICE_SHARE of `rows` (inf: none does; None: nothing to release)."""
+    columns = release_columns(schema)
+    if not columns.names:
+        return None
+    return epsilon_for_reach(
+        ADVICE_SHARE * rows,
+        delta,
+        rows,
+        len(columns.categorical),
+        {c.name: _spec(c) for c in columns.numbers},
+        len(columns.booleans),
+    )
+
+
+def check_reach(
+    columns: ReleaseColumns, plan: SchemaReleasePlan, epsilon: float, default_share: float | None
+) -> None:
+    """UsageError when the planned release could not keep anything of some kind of column at
+    this size (public facts only: nothing is read or spent). `default_share`: the share of the
+    run's ε the release takes by default (None: the user gave its ε)."""
+    specs = {c.name: _spec(c) for c in columns.numbers}
+    reach = release_reach(plan, len(columns.categorical), specs)
+    rows = plan.rows
+    lost = []
+    if reach.category_rows is not None and reach.category_rows > REFUSE_SHARE * rows:
+        lost.append(
+            f"a category value needs about {reach.category_rows:,.0f} rows "
+            f"({len(columns.categorical)} list(s) would be '(other)' alone)"
+        )
+    if reach.range_rows is not None and reach.range_rows > REFUSE_SHARE * rows:
+        lost.append(
+            f"a number's range needs about {reach.range_rows:,.0f} rows in one bin of its grid "
+            f"({len(columns.numbers)} number(s) would be written empty)"
+        )
+    if not lost:
+        return
+    needed = epsilon_for_reach(
+        ADVICE_SHARE * rows,
+        plan.delta,
+        rows,
+        len(columns.categorical),
+        specs,
+        len(columns.booleans),
+    )
+    which = (
+        f"the default {{schema_epsilon}} ({epsilon:.3g}, {default_share:.0%} of {{epsilon}})"
+        if default_share is not None
+        else f"{{schema_epsilon}} {epsilon:g}"
+    )
+    advice = (
+        "a DP release of them keeps the values held by a tenth of the rows from "
+        f"{{schema_epsilon}} {needed:.2g}"
+        if math.isfinite(needed)
+        else "no ε releases them usefully at this size"
+    )
+    raise UsageError(
+        f"{which} is too small to release the schema entries read off the data from "
+        f"{rows:,} rows: to clear the noise, {' and '.join(lost)}. Nothing was spent. Declare "
+        "what you know from public sources (category lists, min and max) in the schema and "
+        "delete their 'source' marks, or give {schema_public} if every marked entry is "
+        f"public; {advice}",
+        parameters=("schema_epsilon", "epsilon", "schema_public"),
+    )
 
 
 def _boolean_codes(raw: RawTable, column: Column) -> np.ndarray:

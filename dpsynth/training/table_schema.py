@@ -54,7 +54,12 @@ from dpsynth.privacy.mechanisms.histograms import (
 )
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from dpsynth.privacy.releases.schema_release import SchemaReleasePlan
-from dpsynth.training.schema_entries import ReleaseColumns, apply_release, plan_release
+from dpsynth.training.schema_entries import (
+    ReleaseColumns,
+    apply_release,
+    check_reach,
+    plan_release,
+)
 
 PUBLIC_SOURCE = "declared public by the user (--schema-public)"
 NON_PRIVATE_SOURCE = "read off the data (non-private run, --epsilon inf)"
@@ -264,6 +269,8 @@ def read_table_input(
     release = (
         plan_release(schema, raw.n, schema_epsilon, delta) if schema_epsilon is not None else None
     )
+    if release is not None and release[0].names:
+        check_reach(*release, schema_epsilon, None if given else SCHEMA_SHARE)
     return replace(
         table,
         release=release,

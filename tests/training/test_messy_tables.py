@@ -27,8 +27,11 @@ from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.privacy.releases.schema_release import (
     RANGE_NOISE_FACTOR,
     NumberSpec,
+    epsilon_for_reach,
     fine_grid,
     plan_schema_release,
+    release_ranges,
+    release_reach,
 )
 
 runner = CliRunner()
@@ -290,6 +293,30 @@ def test_schema_release_plan_is_one_sensitivity_one_gaussian_per_round() -> None
     accountant.compose(dp_event.GaussianDpEvent(sigma), 2)
     reference = accountant.get_epsilon(1e-6 - plan.threshold_delta)
     assert compose_epsilon(plan.events, 1e-6).epsilon == pytest.approx(reference, rel=0.02)
+
+
+def test_release_reach_is_what_a_value_needs_to_clear_and_its_epsilon_is_the_smallest() -> None:
+    numbers = {"a": NumberSpec("numeric"), "b": NumberSpec("date")}
+    plan = plan_schema_release(0.5, 1e-6, 400, 3, numbers, booleans=1)
+    reach = release_reach(plan, 3, numbers)
+    assert reach.category_rows == plan.category_threshold
+    assert reach.range_rows == max(plan.range_cut("numeric"), plan.range_cut("date"))
+    # empirically: a category held by `reach` rows clears about half the time, by 0.7× rarely
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    for share, low, high in ((1.0, 0.4, 0.6), (0.7, 0.0, 0.05)):
+        held = round(share * reach.category_rows)
+        values = np.array(["a"] * held + ["b"] * (400 - held), dtype=object)
+        kept = [
+            "a" in release_ranges({"c": values}, {}, plan, generator)[0]["c"] for _ in range(400)
+        ]
+        assert low <= np.mean(kept) <= high, (share, np.mean(kept))
+    # the ε for a reach of 40 rows: reached there, not 5% below it
+    epsilon = epsilon_for_reach(40.0, 1e-6, 400, 3, numbers, 1)
+    at = plan_schema_release(epsilon, 1e-6, 400, 3, numbers, booleans=1)
+    below = plan_schema_release(epsilon / 1.05, 1e-6, 400, 3, numbers, booleans=1)
+    assert release_reach(at, 3, numbers).worst() <= 40.0 < release_reach(below, 3, numbers).worst()
 
 
 def test_fine_grid_is_public_and_follows_the_type() -> None:

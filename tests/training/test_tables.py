@@ -155,8 +155,10 @@ def test_draft_marks_every_data_derived_entry(tmp_path: Path) -> None:
     assert many.columns[0].type == "integer" and many.columns[0].max == 29
 
 
-def _train(tmp_path: Path, *extra: str, data: str = "german-credit", out: str = "run") -> object:
-    args = ["train", "--method", "dpkernel", "--data", data, "--epsilon", "2"]
+def _train(
+    tmp_path: Path, *extra: str, data: str = "german-credit", out: str = "run", epsilon: str = "2"
+) -> object:
+    args = ["train", "--method", "dpkernel", "--data", data, "--epsilon", epsilon]
     args += ["--preset", "tiny", "--set", "steps=10", "--out", str(tmp_path / out)]
     args += ["--ledger", str(tmp_path / "ledger.jsonl"), "--device", "cpu", "--json", *extra]
     return runner.invoke(app, args)
@@ -179,14 +181,21 @@ def test_unreviewed_schema_is_released_with_dp_by_default_or_declared_public(
     path, schema = _german_subset(tmp_path)
     missing = _train(tmp_path, data=f"csv:{path}")
     assert missing.exit_code == 2 and "--schema" in missing.output
-    # the safe default: the drafted entries are released with DP out of --epsilon
+    # the safe default: the drafted entries are released with DP out of --epsilon (a quarter
+    # of 20 is enough for 300 rows: see the refusal test below)
     (tmp_path / "default").mkdir()
-    released = _train(tmp_path / "default", "--schema", str(schema), data=f"csv:{path}")
+    released = _train(
+        tmp_path / "default", "--schema", str(schema), data=f"csv:{path}", epsilon="20"
+    )
     assert released.exit_code == 0, released.output
     entries = Ledger(tmp_path / "default" / "ledger.jsonl").entries()
     assert entries[0]["command"] == "schema-release"
     report = json.loads(released.stdout)
-    assert report["schema_release"]["epsilon"] == pytest.approx(0.25 * 2, rel=0.02)
+    assert report["schema_release"]["epsilon"] == pytest.approx(0.25 * 20, rel=0.02)
+    config = json.loads((tmp_path / "default" / "run" / "config.json").read_text())
+    kept = {c["name"]: c for c in config["data"]["schema"]["columns"]}
+    assert len(kept["purpose"]["categories"]) > 3  # the release kept values, not (other) alone
+    assert kept["credit_amount"]["type"] == "integer" and kept["credit_amount"]["max"] > 0
     config = json.loads((tmp_path / "default" / "run" / "config.json").read_text())
     sources = {c["name"]: c.get("source", "") for c in config["data"]["schema"]["columns"]}
     assert all(s.startswith("released with DP") for n, s in sources.items() if n != "credit_risk")
@@ -195,6 +204,36 @@ def test_unreviewed_schema_is_released_with_dp_by_default_or_declared_public(
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     sources = {c.get("source") for c in config["data"]["schema"]["columns"]}
     assert sources == {"declared public by the user (--schema-public)"}
+
+
+def test_a_schema_release_too_small_to_keep_anything_is_refused_before_any_spend(
+    tmp_path: Path,
+) -> None:
+    """300 rows at ε = 2: the default release (0.5) would need ~180 rows per category value
+    and per range bin, so every list would be '(other)' and every number empty."""
+    path, schema = _german_subset(tmp_path)
+    for extra in ((), ("--schema-epsilon", "0.5")):
+        result = _train(tmp_path, "--schema", str(schema), *extra, data=f"csv:{path}")
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert "too small to release the schema entries" in text and "300 rows" in text
+        assert "Nothing was spent" in text and "--schema-public" in text
+        needed = float(text.rsplit("--schema-epsilon ", 1)[1].split()[0])
+        assert 1.0 < needed < 20.0
+        ledger = tmp_path / "ledger.jsonl"
+        assert not ledger.exists() or not Ledger(ledger).entries()
+    assert "the default --schema-epsilon (0.5, 25% of --epsilon)" in " ".join(
+        _train(tmp_path, "--schema", str(schema), data=f"csv:{path}").output.split()
+    )
+
+
+def test_data_schema_says_what_a_small_tables_release_needs(tmp_path: Path) -> None:
+    path, _ = _german_subset(tmp_path)
+    drafted = runner.invoke(app, ["data", "schema", f"csv:{path}"])
+    assert drafted.exit_code == 0
+    text = " ".join(drafted.stderr.split())
+    assert "300 rows: a DP release of the marked entries keeps" in text
+    assert "--schema-epsilon" in text
 
 
 def test_image_only_methods_refuse_tables(tmp_path: Path) -> None:

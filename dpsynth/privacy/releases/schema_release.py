@@ -76,6 +76,12 @@ def year_edges() -> np.ndarray:
     return np.concatenate([[-np.inf], years, [np.inf]])
 
 
+def range_grid(kind: str) -> np.ndarray:
+    """The public grid a number's rough range is read on: calendar years for dates and times,
+    0 and ±2^(j/2) otherwise."""
+    return year_edges() if kind in ("datetime", "date") else numeric_bin_edges()
+
+
 @dataclass(frozen=True)
 class NumberSpec:
     """What the release needs of a number or time column: its kind and whether to release its
@@ -106,6 +112,14 @@ class SchemaReleasePlan:
     epsilon: float
     delta: float
     events: tuple[dict[str, Any], ...]
+
+    def range_cut(self, kind: str) -> float:
+        """The noisy count a bin of a number's public range grid must clear (`kind`: the
+        column's type; dates and times use the calendar grid)."""
+        # a false bin anywhere on the grid about 1% of the time: not a privacy threshold (the
+        # grid is public), a guard against a range stretched by noise alone
+        bins = len(range_grid(kind))
+        return 1.0 + self.range_noise_std * float(norm.isf(0.05 / bins))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -165,6 +179,54 @@ def plan_schema_release(
     )
 
 
+@dataclass(frozen=True)
+class ReleaseReach:
+    """What a planned release can resolve, from public facts: the rows a category value needs
+    to clear the threshold and a number's range grid bin needs to clear its cut (about even
+    odds at those counts; None: no column of that kind is released)."""
+
+    category_rows: float | None
+    range_rows: float | None
+
+    def worst(self) -> float:
+        """The larger of the two (0 when nothing is released)."""
+        return max((r for r in (self.category_rows, self.range_rows) if r is not None), default=0)
+
+
+def release_reach(
+    plan: SchemaReleasePlan, categorical: int, numbers: Mapping[str, NumberSpec]
+) -> ReleaseReach:
+    """The counts `plan` needs a category value and a range bin to hold (`ReleaseReach`)."""
+    return ReleaseReach(
+        plan.category_threshold if categorical else None,
+        max((plan.range_cut(spec.kind) for spec in numbers.values()), default=None),
+    )
+
+
+def epsilon_for_reach(
+    rows_needed: float,
+    delta: float,
+    rows: int,
+    categorical: int,
+    numbers: Mapping[str, NumberSpec],
+    booleans: int,
+) -> float:
+    """The smallest ε (to 2%) at which the release of these columns needs no more than
+    `rows_needed` rows in a category value or a range bin (public facts only)."""
+
+    def reach(epsilon: float) -> float:
+        plan = plan_schema_release(epsilon, delta, rows, categorical, numbers, booleans)
+        return release_reach(plan, categorical, numbers).worst()
+
+    low, high = 1e-3, 1e3
+    if reach(high) > rows_needed:
+        return math.inf
+    while high / low > 1.02:  # the reach falls as ε grows
+        middle = math.sqrt(low * high)
+        low, high = (low, middle) if reach(middle) <= rows_needed else (middle, high)
+    return high
+
+
 def release_ranges(
     categorical: Mapping[str, np.ndarray],
     numbers: Mapping[str, tuple[np.ndarray, NumberSpec]],
@@ -181,10 +243,8 @@ def release_ranges(
         categories[name] = [c for c, keep in zip(candidates, kept, strict=True) if keep]
     ranges: dict[str, tuple[float, float] | None] = {}
     for name, (values, spec) in numbers.items():
-        edges = year_edges() if spec.kind in ("datetime", "date") else numeric_bin_edges()
-        # a false bin anywhere on the grid about 1% of the time: not a privacy threshold (the
-        # grid is public), a guard against a range stretched by noise alone
-        cut = 1.0 + plan.range_noise_std * float(norm.isf(0.05 / len(edges)))
+        edges = range_grid(spec.kind)
+        cut = plan.range_cut(spec.kind)
         present = values[np.isfinite(values)]
         counts = numeric_counts(present, edges)
         above = np.flatnonzero(noisy(counts, plan.range_noise_std, generator) > cut)
