@@ -70,6 +70,7 @@ CLI = [sys.executable, "-P", "-m", "dpsynth.cli"]
 REFUSED = re.compile(r"schema-epsilon|schema-public", re.I)
 REFUSED_TARGET = re.compile(r"target .*(label set|declare it public)", re.I)
 DECLARED_TARGET = "schema-target-declared.json"
+TOO_SMALL = re.compile(r"too small to release the schema entries", re.I)
 
 
 def uptime() -> str:
@@ -237,6 +238,12 @@ def run_cell(
             break
         # auto: each refusal of the drafted entries gets the step the CLI asks of a user
         refusal = trained["stderr"] if auto and not trained["timed_out"] else ""
+        if TOO_SMALL.search(refusal):  # the user's step is to declare entries: not automatic
+            return cell | {
+                "error": failure("train", trained, args.timeout),
+                "refused_before_spend": True,
+                "train_seconds": trained["seconds"],
+            }
         if REFUSED_TARGET.search(refusal) and schema_path.name != DECLARED_TARGET:
             schema_path = declare_target(schema_path, table.target)
         elif REFUSED.search(refusal) and not extra:

@@ -158,6 +158,14 @@ def plan_for(
 ) -> PrivacyPlan:  # fmt: skip
     """The backend's own plan for `preset` (with `train`'s `--set` overrides) at ε (δ: the data
     set's default) on public facts."""
+    return planned(method_name, preset, epsilon, data, schema, overrides)[2]
+
+
+def planned(
+    method_name: str, preset: str, epsilon: float, data: str, schema: str | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> tuple[DataInfo, dict[str, Any], PrivacyPlan]:  # fmt: skip
+    """The data's public description, the run's checked configuration and `plan_for`'s plan."""
     method = get_method(method_name)
     # an image method given a table spec (or the reverse): say so before the data's own checks
     if ("table" if is_table_data(data) else "image") not in method.modalities:
@@ -170,7 +178,7 @@ def plan_for(
     target = PrivacyTarget(epsilon=float(epsilon), delta=default_delta(info.n))
     if not target.private:
         raise UsageError("--epsilon must be finite: a non-private run has nothing to audit")
-    return method.plan(info, target, config, ())
+    return info, config, method.plan(info, target, config, ())
 
 
 def resolve_auto(
@@ -266,9 +274,7 @@ def run_audit(
             f"--method {method_name} audits tables: pass --data german-credit or "
             "--data csv:PATH --schema FILE"
         )
-    plan = plan_for(method_name, preset, epsilon, data, schema, overrides)
-    info = describe(data, schema)
-    config = method.config(preset, dict(overrides or {}), info)
+    info, config, plan = planned(method_name, preset, epsilon, data, schema, overrides)
     problem = over_budget(audit_memory(mechanism, plan, canaries))
     if problem:
         raise UsageError(f"--canaries {canaries}: the audit {problem}; use fewer canaries")

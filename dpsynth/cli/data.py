@@ -173,6 +173,6 @@ def _release_remark(drafted: Schema, rows: int) -> list[str]:
     return [
         f"{rows:,} rows: a DP release of the marked entries keeps the values held by a tenth "
         f"of the rows from {reach} at the default δ (train spends a quarter of --epsilon on "
-        "it by default and refuses a release too small to keep anything): declare the entries "
+        "it by default and refuses a release too small to keep much): declare the entries "
         "you know from public sources (category lists, min and max) to spend less"
     ]

@@ -223,3 +223,12 @@ def test_every_module_has_a_floor_and_imports_only_below_it(path: Path) -> None:
     assert floor is not None, f"{importer} is on no floor: add it to FLOORS and ARCHITECTURE.md"
     above = sorted(n for n in _imports(path) if (_floor(n) or 0) > floor)
     assert not above, f"{importer} (floor {floor}) imports {above} from a floor above it"
+
+
+MAX_MODULE_LINES = 400  # small modules with one idea each (ARCHITECTURE.md)
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    sizes = {_module_name(p): len(p.read_text().splitlines()) for p in _sources()}
+    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"

@@ -24,14 +24,14 @@ from dpsynth.data.timecols import format_time_series, guess_time_format, time_se
 from dpsynth.ledger import Ledger
 from dpsynth.methods.marginal.domain import Attribute, codes_from_rows, rows_from_codes
 from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.releases.schema_grids import fine_grid
+from dpsynth.privacy.releases.schema_reach import epsilon_for_reach, release_reach
 from dpsynth.privacy.releases.schema_release import (
     RANGE_NOISE_FACTOR,
     NumberSpec,
-    epsilon_for_reach,
-    fine_grid,
     plan_schema_release,
     release_ranges,
-    release_reach,
+    supported_bins,
 )
 
 runner = CliRunner()
@@ -317,6 +317,27 @@ def test_release_reach_is_what_a_value_needs_to_clear_and_its_epsilon_is_the_sma
     at = plan_schema_release(epsilon, 1e-6, 400, 3, numbers, booleans=1)
     below = plan_schema_release(epsilon / 1.05, 1e-6, 400, 3, numbers, booleans=1)
     assert release_reach(at, 3, numbers).worst() <= 40.0 < release_reach(below, 3, numbers).worst()
+
+
+def test_a_range_is_not_stretched_by_one_false_bin() -> None:
+    counts = np.array([0.0, 30.0, 0.0, 0.0, 12.0, 13.0, 0.0, 11.0, 0.0])
+    # 30 clears the strict cut alone; 12 and 13 are neighbours over the loose one; 11 is alone
+    assert supported_bins(counts, cut=10.0, alone_cut=20.0).tolist() == [1, 4, 5]
+    # a column of latitudes (one grid bin, [32, 45.25]) at ε = 10: its range is stretched
+    # past the next bins in about one release in a thousand (FALSE_ALONE), not one in twenty
+    # as when any bin over the loose cut counted (2026-11-29: 32 … 5.5e7)
+    import torch
+
+    plan = plan_schema_release(2.5, 1e-6, 41_536, 8, {"lat": NumberSpec("numeric")}, booleans=3)
+    values = np.random.default_rng(0).uniform(44.89, 45.05, 41_536)
+    generator = torch.Generator().manual_seed(1)
+    ranges = [
+        release_ranges({}, {"lat": (values, NumberSpec("numeric"))}, plan, generator)[1]["lat"]
+        for _ in range(3000)
+    ]
+    assert all(r is not None for r in ranges)
+    stretched = [r for r in ranges if r[0] < 22.6 or r[1] > 64.1]
+    assert len(stretched) <= 15, stretched  # 0.5%; expected 3
 
 
 def test_fine_grid_is_public_and_follows_the_type() -> None:

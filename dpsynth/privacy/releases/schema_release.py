@@ -9,7 +9,9 @@ by a
    thresholded histogram over the data's own values (the `threshold_delta` event: a value in
    one table only is released with probability ≤ its share of δ), and the rough range of each
    number over a public grid (0 and ±2^(j/2); for dates and times the calendar years
-   1900–2100): the first and last bins whose noisy count clears a false-alarm cut.
+   1900–2100): the first and last bins whose noisy count clears a false-alarm cut (on the
+   numbers' grid beside a neighbour that clears it too, or a stricter cut alone:
+   `supported_bins`).
 2. **Shapes** (`release_shapes`), inside those ranges, for each number or time: one histogram
    over [missing | exactly zero (numbers whose range holds 0) | fine bins], a public grid (linear,
    or geometric for a positive range spanning orders of magnitude; whole numbers for integers
@@ -32,7 +34,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -47,9 +48,9 @@ from dpsynth.privacy.mechanisms.histograms import (
     THRESHOLD_DELTA_SHARE,
     category_counts,
     noisy,
-    numeric_bin_edges,
     numeric_counts,
 )
+from dpsynth.privacy.releases.schema_grids import FINE_BINS, fine_grid, range_grid
 
 # A precision (decimals) is taken as real when its noisy count clears this many deviations; a
 # missing bin when it clears MISSING_SIGNIFICANCE (a bin too many only costs a value the model
@@ -57,10 +58,17 @@ from dpsynth.privacy.mechanisms.histograms import (
 SIGNIFICANCE = 3.0
 MISSING_SIGNIFICANCE = 1.5
 # Fine bins of the shape histogram (the quantiles are read off it): as many as keep about
-# FINE_BIN_DEVIATIONS noise deviations of rows in a bin on average, within [8, 64].
-FINE_BINS = 64
+# FINE_BIN_DEVIATIONS noise deviations of rows in a bin on average, within [8, FINE_BINS].
 FINE_BIN_DEVIATIONS = 8.0
 MAX_DECIMALS = 6
+# A range (round 1) or a trimmed span (round 2) is the first to the last bin that clears the
+# noise, and on the numbers' grid (±2^(j/2)) one false bin stretches it by orders of
+# magnitude (latitudes released as 32 … 5.5e7). So a bin counts when it clears the cut of a
+# false alarm in FALSE_ALARM of the histograms and has a neighbour that does too (rows
+# spread over adjacent bins: amounts), or alone when it clears the cut of FALSE_ALONE (rows
+# in one bin: latitudes of a city). Noise alone then stretches about one range in a thousand.
+FALSE_ALARM = 0.05
+FALSE_ALONE = 1e-3
 _GRID_LIMIT = 2.0**40
 
 
@@ -68,18 +76,6 @@ def quantile_bins(rows: int) -> int:
     """The number of bins K the edges cut a number into: about log2(N), within [6, 16]
     (coarser for small tables, whose 2-way marginals could not resolve finer bins)."""
     return int(min(16, max(6, round(math.log2(max(rows, 2))))))
-
-
-def year_edges() -> np.ndarray:
-    """The public grid of time ranges: 1 January of 1900 … 2101 (seconds), with overflow bins."""
-    years = [datetime(y, 1, 1, tzinfo=UTC).timestamp() for y in range(1900, 2102)]
-    return np.concatenate([[-np.inf], years, [np.inf]])
-
-
-def range_grid(kind: str) -> np.ndarray:
-    """The public grid a number's rough range is read on: calendar years for dates and times,
-    0 and ±2^(j/2) otherwise."""
-    return year_edges() if kind in ("datetime", "date") else numeric_bin_edges()
 
 
 @dataclass(frozen=True)
@@ -113,13 +109,13 @@ class SchemaReleasePlan:
     delta: float
     events: tuple[dict[str, Any], ...]
 
-    def range_cut(self, kind: str) -> float:
+    def range_cut(self, kind: str, alone: bool = False) -> float:
         """The noisy count a bin of a number's public range grid must clear (`kind`: the
-        column's type; dates and times use the calendar grid)."""
-        # a false bin anywhere on the grid about 1% of the time: not a privacy threshold (the
-        # grid is public), a guard against a range stretched by noise alone
+        column's type; dates and times use the calendar grid) beside a neighbour that clears
+        it too, or `alone` (see FALSE_ALARM). Not a privacy threshold (the grid is public)."""
         bins = len(range_grid(kind))
-        return 1.0 + self.range_noise_std * float(norm.isf(0.05 / bins))
+        rate = FALSE_ALONE if alone else FALSE_ALARM
+        return 1.0 + self.range_noise_std * float(norm.isf(rate / bins))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -179,54 +175,6 @@ def plan_schema_release(
     )
 
 
-@dataclass(frozen=True)
-class ReleaseReach:
-    """What a planned release can resolve, from public facts: the rows a category value needs
-    to clear the threshold and a number's range grid bin needs to clear its cut (about even
-    odds at those counts; None: no column of that kind is released)."""
-
-    category_rows: float | None
-    range_rows: float | None
-
-    def worst(self) -> float:
-        """The larger of the two (0 when nothing is released)."""
-        return max((r for r in (self.category_rows, self.range_rows) if r is not None), default=0)
-
-
-def release_reach(
-    plan: SchemaReleasePlan, categorical: int, numbers: Mapping[str, NumberSpec]
-) -> ReleaseReach:
-    """The counts `plan` needs a category value and a range bin to hold (`ReleaseReach`)."""
-    return ReleaseReach(
-        plan.category_threshold if categorical else None,
-        max((plan.range_cut(spec.kind) for spec in numbers.values()), default=None),
-    )
-
-
-def epsilon_for_reach(
-    rows_needed: float,
-    delta: float,
-    rows: int,
-    categorical: int,
-    numbers: Mapping[str, NumberSpec],
-    booleans: int,
-) -> float:
-    """The smallest ε (to 2%) at which the release of these columns needs no more than
-    `rows_needed` rows in a category value or a range bin (public facts only)."""
-
-    def reach(epsilon: float) -> float:
-        plan = plan_schema_release(epsilon, delta, rows, categorical, numbers, booleans)
-        return release_reach(plan, categorical, numbers).worst()
-
-    low, high = 1e-3, 1e3
-    if reach(high) > rows_needed:
-        return math.inf
-    while high / low > 1.02:  # the reach falls as ε grows
-        middle = math.sqrt(low * high)
-        low, high = (low, middle) if reach(middle) <= rows_needed else (middle, high)
-    return high
-
-
 def release_ranges(
     categorical: Mapping[str, np.ndarray],
     numbers: Mapping[str, tuple[np.ndarray, NumberSpec]],
@@ -244,10 +192,16 @@ def release_ranges(
     ranges: dict[str, tuple[float, float] | None] = {}
     for name, (values, spec) in numbers.items():
         edges = range_grid(spec.kind)
-        cut = plan.range_cut(spec.kind)
         present = values[np.isfinite(values)]
         counts = numeric_counts(present, edges)
-        above = np.flatnonzero(noisy(counts, plan.range_noise_std, generator) > cut)
+        released = noisy(counts, plan.range_noise_std, generator)
+        cut = plan.range_cut(spec.kind)
+        if spec.kind in ("datetime", "date"):
+            # bounded grid (a false year stretches to 1900 or 2100 at worst; round 2 trims it)
+            # over which a time's rows spread thin
+            above = np.flatnonzero(released > cut)
+        else:
+            above = supported_bins(released, cut, plan.range_cut(spec.kind, alone=True))
         if len(above) == 0:
             ranges[name] = None
             continue
@@ -260,32 +214,6 @@ def release_ranges(
 def fine_bins(rows: int, noise_std: float) -> int:
     """How many fine bins the shape histogram has (public: N and the noise)."""
     return int(min(FINE_BINS, max(8, rows // max(FINE_BIN_DEVIATIONS * noise_std, 1.0))))
-
-
-def _skewed(low: float, high: float) -> bool:
-    """A positive range over orders of magnitude (incomes, amounts): binned geometrically."""
-    return low >= 0 and high > 0 and high / max(low, high * 1e-6) > 100
-
-
-def fine_grid(low: float, high: float, kind: str, bins: int = FINE_BINS) -> np.ndarray:
-    """The public edges of the shape histogram inside [low, high] (see the module docstring)."""
-    if kind == "integer" and _skewed(low, high) and high - low + 1 > bins:
-        first, last = math.ceil(low), math.floor(high)
-        geometric = np.round(np.geomspace(max(first, 1), last + 1, bins))
-        return np.unique(np.concatenate([[first], geometric])).astype(np.float64)
-    if kind == "integer" or kind == "date":
-        unit = 86400.0 if kind == "date" else 1.0
-        first, last = math.ceil(low / unit), math.floor(high / unit)
-        last = max(last, first)
-        step = max(1, math.ceil((last - first + 1) / bins))
-        return np.arange(first, last + step + 1, step, dtype=np.float64) * unit
-    if high <= low:
-        return np.array([low, low + 1.0])
-    if _skewed(low, high):
-        floor = max(low, high * 1e-4)
-        geometric = np.geomspace(floor, high, bins)
-        return np.unique(np.concatenate([[low], geometric]))
-    return np.linspace(low, high, bins + 1)
 
 
 def _decimals(texts: np.ndarray) -> np.ndarray:
@@ -309,16 +237,29 @@ class ReleasedShape:
     decimals: int | None
 
 
+def supported_bins(counts: np.ndarray, cut: float, alone_cut: float) -> np.ndarray:
+    """Indices of noisy `counts` over `cut` beside a neighbour over it, or over `alone_cut`."""
+    clears = counts > cut
+    neighbour = np.zeros_like(clears)
+    neighbour[1:] |= clears[:-1]
+    neighbour[:-1] |= clears[1:]
+    return np.flatnonzero((clears & neighbour) | (counts > alone_cut))
+
+
 def trimmed_span(counts: np.ndarray, noise_std: float) -> tuple[int, int] | None:
     """The first and last fine bins whose noisy count clears a false-alarm cut (post-processing).
 
     Round 1's range is coarse (its public grid steps by √2), so it often runs past the data:
     months released as 1–17, minutes as 0–65. Inside it the fine histogram tells where the
-    rows really end; a bin of noise alone clears this cut about 5% of the time per histogram.
+    rows really end (`supported_bins`: noise alone stretches about one span in a thousand).
     None when no bin clears it (the whole range is kept).
     """
-    cut = noise_std * float(norm.isf(0.05 / max(len(counts), 1)))
-    above = np.flatnonzero(counts > cut)
+    bins = max(len(counts), 1)
+    above = supported_bins(
+        counts,
+        noise_std * float(norm.isf(FALSE_ALARM / bins)),
+        noise_std * float(norm.isf(FALSE_ALONE / bins)),
+    )
     if len(above) == 0:
         return None
     return int(above[0]), int(above[-1])

@@ -1,0 +1,52 @@
+"""The public grids of the DP schema release: where a number's or a time's rough range is read
+(round 1) and the fine bins its shape is counted in (round 2). Public: they depend on the
+column's type and the released range only, never on the rows."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import numpy as np
+
+from dpsynth.privacy.mechanisms.histograms import numeric_bin_edges
+
+FINE_BINS = 64
+
+
+def year_edges() -> np.ndarray:
+    """The public grid of time ranges: 1 January of 1900 … 2101 (seconds), with overflow bins."""
+    years = [datetime(y, 1, 1, tzinfo=UTC).timestamp() for y in range(1900, 2102)]
+    return np.concatenate([[-np.inf], years, [np.inf]])
+
+
+def range_grid(kind: str) -> np.ndarray:
+    """The public grid a number's rough range is read on: calendar years for dates and times,
+    0 and ±2^(j/2) otherwise."""
+    return year_edges() if kind in ("datetime", "date") else numeric_bin_edges()
+
+
+def _skewed(low: float, high: float) -> bool:
+    """A positive range over orders of magnitude (incomes, amounts): binned geometrically."""
+    return low >= 0 and high > 0 and high / max(low, high * 1e-6) > 100
+
+
+def fine_grid(low: float, high: float, kind: str, bins: int = FINE_BINS) -> np.ndarray:
+    """The public edges of the shape histogram inside [low, high] (see the module docstring)."""
+    if kind == "integer" and _skewed(low, high) and high - low + 1 > bins:
+        first, last = math.ceil(low), math.floor(high)
+        geometric = np.round(np.geomspace(max(first, 1), last + 1, bins))
+        return np.unique(np.concatenate([[first], geometric])).astype(np.float64)
+    if kind == "integer" or kind == "date":
+        unit = 86400.0 if kind == "date" else 1.0
+        first, last = math.ceil(low / unit), math.floor(high / unit)
+        last = max(last, first)
+        step = max(1, math.ceil((last - first + 1) / bins))
+        return np.arange(first, last + step + 1, step, dtype=np.float64) * unit
+    if high <= low:
+        return np.array([low, low + 1.0])
+    if _skewed(low, high):
+        floor = max(low, high * 1e-4)
+        geometric = np.geomspace(floor, high, bins)
+        return np.unique(np.concatenate([[low], geometric]))
+    return np.linspace(low, high, bins + 1)
