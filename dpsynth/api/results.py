@@ -65,6 +65,9 @@ class TrainResult(_Result):
     privacy_label: str | None = None
     preview: Path | None = None
     warnings: tuple[str, ...] = ()
+    # what the plan applies, one line per mechanism (`noise_multiplier` and `sampling_rate`
+    # are the main loop's; a marginal method's is its measurements' σ at q = 1)
+    mechanisms: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -96,6 +99,7 @@ class TrainResult(_Result):
             privacy_label=summary.get("privacy_label"),
             preview=_path(summary.get("preview")),
             warnings=tuple(summary.get("warnings") or ()),
+            mechanisms=tuple(summary.get("mechanisms") or ()),
             summary=summary,
         )
 

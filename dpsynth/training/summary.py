@@ -62,6 +62,8 @@ def run_summary(
         "noise_multiplier": plan.noise_multiplier,
         "sampling_rate": plan.sampling_rate,
         "max_grad_norm": json_eps(plan.max_grad_norm),
+        # what the plan applies, one line per mechanism (σ and q above are the main loop's)
+        "mechanisms": [event.describe() for event in plan.events],
         "delta": plan.delta,
         "epsilon": json_eps(plan.epsilon_bound),
         "dataset_total_epsilon": spend.get("total_epsilon"),

@@ -131,3 +131,17 @@ def test_a_ledger_line_is_the_same_text_from_dicts_and_typed_events(tmp_path) ->
         lines.append([json.loads(line)["events"] for line in book.path.read_text().splitlines()])
         assert book.total_epsilon("d", 1e-5) == compose_epsilon(STORED, 1e-5).epsilon
     assert lines[0] == lines[1]
+
+
+def test_each_event_describes_what_ran_with_its_noise() -> None:
+    steps = PoissonGaussian(3.5551, 0.128, 2000)
+    assert steps.describe() == "2,000 Poisson-subsampled Gaussian steps (σ 3.56, q 0.128)"
+    marginals = Gaussian(24.8, 40, annotations={"mechanism": "Gaussian marginal counts (L2 1)"})
+    assert marginals.describe() == "Gaussian marginal counts: 40 Gaussian releases (σ 24.8)"
+    selections = PureDp(0.0414, 19, annotations={"mechanism": "exponential mechanism (ε-DP)"})
+    assert selections.describe() == "exponential mechanism: 19 pure ε-DP releases (ε 0.0414 each)"
+    assert Gaussian(0.9, annotations={"mechanism": "frequency_model"}).describe() == (
+        "frequency_model: 1 Gaussian release (σ 0.9)"
+    )
+    assert "not private" in NonPrivate().describe()
+    assert "1e-07" in ThresholdDelta(1e-7).describe()

@@ -66,6 +66,16 @@ class DpEvent(Mapping[str, Any]):
         of its own (nothing ran, or a thresholding step's δ)."""
         return None
 
+    def describe(self) -> str:
+        """One line for a person: what ran, how often and with what noise, after the name its
+        `mechanism` annotation gives (up to its first colon or parenthesis)."""
+        what = self._what()
+        name = str(dict(self.annotations).get("mechanism", "")).split(" (")[0].split(":")[0]
+        return f"{name.strip()}: {what}" if name.strip() else what
+
+    def _what(self) -> str:
+        return self.KIND
+
     @property
     def private(self) -> bool:
         """False when this event alone makes the composition ε = inf."""
@@ -104,6 +114,10 @@ class PoissonGaussian(DpEvent):
     def private(self) -> bool:
         return _positive(self.noise_multiplier) or int(self.steps) <= 0
 
+    def _what(self) -> str:
+        sigma, q = float(self.noise_multiplier), float(self.sampling_rate)
+        return f"{int(self.steps):,} Poisson-subsampled Gaussian steps (σ {sigma:.3g}, q {q:.3g})"
+
 
 @dataclass(frozen=True, eq=False)
 class Gaussian(DpEvent):
@@ -126,6 +140,10 @@ class Gaussian(DpEvent):
     @property
     def private(self) -> bool:
         return _positive(self.noise_multiplier) or self.times <= 0
+
+    def _what(self) -> str:
+        plural = "s" if self.times != 1 else ""
+        return f"{self.times:,} Gaussian release{plural} (σ {float(self.noise_multiplier):.3g})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,6 +171,10 @@ class PureDp(DpEvent):
         epsilon = float(self.epsilon)
         return self.times <= 0 or epsilon == 0.0 or (epsilon > 0 and math.isfinite(epsilon))
 
+    def _what(self) -> str:
+        plural = "s" if self.times != 1 else ""
+        return f"{self.times:,} pure ε-DP release{plural} (ε {float(self.epsilon):.3g} each)"
+
 
 @dataclass(frozen=True, eq=False)
 class NonPrivate(DpEvent):
@@ -164,6 +186,9 @@ class NonPrivate(DpEvent):
     @property
     def private(self) -> bool:
         return False
+
+    def _what(self) -> str:
+        return "no noise: not private"
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,6 +204,9 @@ class ThresholdDelta(DpEvent):
         value = float(self.delta)
         if not (0.0 <= value < 1.0) or math.isnan(value):
             raise UsageError(f"a threshold_delta event needs δ in [0, 1), got {value}")
+
+    def _what(self) -> str:
+        return f"a threshold that fails with probability ≤ {float(self.delta):.3g} (off δ)"
 
 
 EVENT_KINDS: dict[str, type[DpEvent]] = {

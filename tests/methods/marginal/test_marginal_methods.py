@@ -64,6 +64,12 @@ def test_cli_train_sample_evaluate_verify(tmp_path: Path, method: str, one_torch
     assert spend["status"] == "completed"
     types = sorted(e["type"] for e in spend["events"])
     assert types == ["gaussian", "pure_dp"]
+    # the summary names the marginal mechanisms, not a DP-SGD loop's σ and q
+    mechanisms = summary["mechanisms"]
+    assert [m.split(":")[0] for m in mechanisms] == [
+        "Gaussian marginal counts", "exponential mechanism"
+    ]  # fmt: skip
+    assert "Gaussian releases (σ" in mechanisms[0] and "pure ε-DP" in mechanisms[1]
     # The ledger's events recompose to the printed bound.
     assert compose_epsilon(spend["events"], spend["delta"]).epsilon == pytest.approx(
         float(spend["epsilon"])
