@@ -94,8 +94,11 @@ def epsilon_needed(schema: Schema, rows: int, delta: float) -> float | None:
     """The ε at which `train`'s DP release of the schema's entries read off the data keeps the
     values held by ADVICE_SHARE of `rows` (inf: none does; None: nothing to release)."""
     columns = release_columns(schema)
-    if not columns.names:
-        return None
+    return _advised_epsilon(columns, rows, delta) if columns.names else None
+
+
+def _advised_epsilon(columns: ReleaseColumns, rows: int, delta: float) -> float:
+    """The ε at which a release of `columns` keeps the values held by ADVICE_SHARE of `rows`."""
     return epsilon_for_reach(
         ADVICE_SHARE * rows,
         delta,
@@ -129,14 +132,7 @@ def check_reach(
         )
     if not lost:
         return
-    needed = epsilon_for_reach(
-        ADVICE_SHARE * rows,
-        plan.delta,
-        rows,
-        len(columns.categorical),
-        specs,
-        len(columns.booleans),
-    )
+    needed = _advised_epsilon(columns, rows, plan.delta)
     which = (
         f"the default {{schema_epsilon}} ({epsilon:.3g}, {default_share:.0%} of {{epsilon}})"
         if default_share is not None

@@ -269,7 +269,7 @@ def read_table_input(
     release = (
         plan_release(schema, raw.n, schema_epsilon, delta) if schema_epsilon is not None else None
     )
-    if release is not None and release[0].names:
+    if release is not None:
         check_reach(*release, schema_epsilon, None if given else SCHEMA_SHARE)
     return replace(
         table,
