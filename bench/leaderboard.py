@@ -261,7 +261,8 @@ def dpsgd_row(
         "cnn_mean": float(np.mean(accuracies)),
         "cnn_std": float(np.std(accuracies, ddof=1)) if seeds > 1 else 0.0,
         "cnn_per_seed": accuracies,
-        "fid": None,
+        # a classifier releases no images: FID, precision and recall do not apply to this row
+        "fidelity": "not applicable: a DP classifier, not a generator",
     }
 
 
