@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -40,16 +40,6 @@ _STAGE_NAMES = {
     "central_images": "the central images",
     "dp_teacher": "the DP teacher",
 }
-
-
-def _mechanism_rows(mechanisms: list[str] | None, result: dict[str, Any]) -> list[tuple[str, str]]:
-    """One row per mechanism of the plan (a run written before they were listed: σ and q)."""
-    if mechanisms is None:
-        return [
-            ("noise multiplier σ", f"{result['noise_multiplier']:.4f}"),
-            ("sampling rate q", f"{result['sampling_rate']:.4g}"),
-        ]
-    return [("mechanisms", "; ".join(mechanisms))]
 
 
 def _stage_rows(stages: dict[str, float] | None) -> list[tuple[str, str]]:
@@ -279,7 +269,7 @@ def train(
         ("method / preset", f"{result['method']} / {result['preset']}"),
         ("privacy", privacy),
         ("steps", f"{result['steps']} of {result['total_steps']}"),
-        *_mechanism_rows(result.get("mechanisms"), result),
+        ("mechanisms", "; ".join(result["mechanisms"])),
         ("dataset total ε", fmt_eps(result["dataset_total_epsilon"])),
         ("accountant", result["accountant"]),
         *_stage_rows(result.get("stages")),
