@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from dpsynth.data.sources import load_data
 from dpsynth.methods.dpkernel.kernel import raw_embedding_gradient
 from dpsynth.methods.registry import get_method
-from dpsynth.privacy.accounting.plan import PrivacyPlan
+from dpsynth.privacy.accounting.plan import ClippedGaussianSum, PrivacyPlan
 from dpsynth.privacy.mechanisms.aggregation import noisy_feature_sum, private_gradient_sum
 from dpsynth.privacy.mechanisms.distributed import shard
 from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
@@ -133,15 +133,14 @@ def _trainer_steps(method: str, overrides: dict[str, Any], steps: int) -> dict[s
         private=True,
         target_epsilon=10.0,
         delta=1e-5,
-        noise_multiplier=1.0,
         sampling_rate=batch / info.n,
         steps=steps,
-        max_grad_norm=float(config.get("max_grad_norm", 1.0)),
         expected_batch_size=batch,
         events=(),
         epsilon_bound=10.0,
         total_epsilon_bound=10.0,
         accountant="fixed for the test",
+        gaussian_sum=ClippedGaussianSum(1.0, float(config.get("max_grad_norm", 1.0))),
     )
     randomness = PrivateRandomness(SECRET)
     trainer = backend.trainer(info, config, plan, torch.device("cpu"), 3, randomness)

@@ -21,6 +21,10 @@ def _epsilon(value: Any) -> float:
     return math.inf if value is None or value == "inf" else float(value)
 
 
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def _path(value: Any) -> Path | None:
     return None if value in (None, "") else Path(str(value))
 
@@ -56,7 +60,9 @@ class TrainResult(_Result):
     dataset_total_epsilon: float | None
     steps: int
     total_steps: int
-    noise_multiplier: float
+    # σ of the loop's clipped Gaussian sum; None for a plan without one (mst, aim), whose
+    # noise `mechanisms` lists
+    noise_multiplier: float | None
     sampling_rate: float
     accountant: str
     ledger: Path | None
@@ -65,8 +71,7 @@ class TrainResult(_Result):
     privacy_label: str | None = None
     preview: Path | None = None
     warnings: tuple[str, ...] = ()
-    # what the plan applies, one line per mechanism (`noise_multiplier` and `sampling_rate`
-    # are the main loop's; a marginal method's is its measurements' σ at q = 1)
+    # what the plan applies, one line per mechanism
     mechanisms: tuple[str, ...] = ()
 
     @property
@@ -90,7 +95,7 @@ class TrainResult(_Result):
             dataset_total_epsilon=None if total is None else _epsilon(total),
             steps=int(summary["steps"]),
             total_steps=int(summary["total_steps"]),
-            noise_multiplier=float(summary["noise_multiplier"]),
+            noise_multiplier=_optional_float(summary.get("noise_multiplier")),
             sampling_rate=float(summary["sampling_rate"]),
             accountant=str(summary["accountant"]),
             ledger=ledger,

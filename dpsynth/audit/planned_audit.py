@@ -195,8 +195,7 @@ def resolve_auto(
 
 
 def check_audit_values(canaries: int, confidence: float, runs: int = 1) -> None:
-    """UsageError for a canary count, run count or confidence the audit cannot use, before any
-    work."""
+    """UsageError, before any work, for a canary or run count or confidence it cannot use."""
     if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 2:
         raise UsageError(f"--canaries must be an integer of at least 2, got {canaries!r}")
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
@@ -257,8 +256,8 @@ def run_audit(
     one run, trials of all). `overrides` are `train`'s `--set` values: audit what you train.
     """
     requested = canaries
-    if canaries is None:
-        canaries = TABLE_CANARIES if is_table_data(data) else IMAGE_CANARIES
+    default = TABLE_CANARIES if is_table_data(data) else IMAGE_CANARIES
+    canaries = default if canaries is None else canaries
     check_audit_values(canaries, confidence, runs)
     method_name, preset = resolve_auto(method_name, preset, epsilon, data, schema)
     method = get_method(method_name)
@@ -279,7 +278,8 @@ def run_audit(
     if problem:
         raise UsageError(f"--canaries {canaries}: the audit {problem}; use fewer canaries")
     parts: tuple[dict[str, Any], ...] = ()
-    canary_norm = plan.max_grad_norm
+    # Without a clipped Gaussian sum (a marginal plan) a record moves each marginal's cell by 1.
+    canary_norm = sensitivity = 1.0 if plan.gaussian_sum is None else plan.max_grad_norm
     if mechanism == "marginal":
         outcome, parts, canaries = _marginal(
             config, info, plan, requested, confidence, seed, break_mode, runs
@@ -308,7 +308,7 @@ def run_audit(
         mode=f"{MODE} ({label})",
         broken=break_mode,
         events=tuple(dict(e) for e in plan.events),
-        max_grad_norm=plan.max_grad_norm,
+        max_grad_norm=sensitivity,
         canary_norm=canary_norm,
         note=TABLE_NOTE if mechanism == "marginal" else DATA_NOTE,
         parts=parts,

@@ -27,13 +27,20 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import DpsynthError, UsageError
-from dpsynth.privacy.accounting.plan import PrivacyPlan, PrivacyTarget
+from dpsynth.privacy.accounting.plan import ClippedGaussianSum, PrivacyPlan, PrivacyTarget
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from dpsynth.privacy.releases.central import CentralImages
 
 # The plan types live in the privacy layer (which depends on nothing above it); they are part
 # of this interface, so they are re-exported here for backends.
-__all__ = ["Generator", "Method", "PrivacyPlan", "PrivacyTarget", "Trainer"]
+__all__ = [
+    "ClippedGaussianSum",
+    "Generator",
+    "Method",
+    "PrivacyPlan",
+    "PrivacyTarget",
+    "Trainer",
+]
 
 # The public thresholds of every `recommended_preset` and of `--method auto`: a record of at
 # least this many values is 28×28-sized (the `mnist*` presets), and a target ε at or below

@@ -84,8 +84,9 @@ class EpsilonCurve:
         if step <= 0:
             return 0.0
         mark = next((m for m in self.marks if m >= step), self.plan.steps)
-        if mark >= self.plan.steps:
-            # The plan's certified (fine-mesh) bound for the whole run.
+        if mark >= self.plan.steps or self.plan.gaussian_sum is None:
+            # The plan's certified (fine-mesh) bound for the whole run; a plan without a loop
+            # Gaussian sum (mst, aim) counts all its events from the first step on.
             return self.plan.epsilon_bound
         if mark not in self.cache:
             # ε grows with the number of steps, so the whole run's bound caps every prefix.

@@ -76,7 +76,7 @@ def resume_run(
     check_plan_parameters(
         plan.events,
         private=plan.private,
-        noise_multiplier=plan.noise_multiplier,
+        noise_multiplier=None if plan.gaussian_sum is None else plan.noise_multiplier,
         sampling_rate=plan.sampling_rate,
         steps=plan.steps,
         run_name=name,

@@ -50,6 +50,7 @@ def run_summary(
 ) -> dict[str, Any]:
     seq = int(run_config["ledger"]["spend_seq"])
     spend = ledger.spend(seq)
+    loop = plan.gaussian_sum
     return {
         "run": str(run.path),
         "run_id": run_config["run_id"],
@@ -59,10 +60,11 @@ def run_summary(
         "private": plan.private,
         "steps": step,
         "total_steps": plan.steps,
-        "noise_multiplier": plan.noise_multiplier,
+        # the loop's clipped Gaussian sum (σ, C), None for a plan without one (mst, aim)
+        "noise_multiplier": None if loop is None else loop.noise_multiplier,
         "sampling_rate": plan.sampling_rate,
-        "max_grad_norm": json_eps(plan.max_grad_norm),
-        # what the plan applies, one line per mechanism (σ and q above are the main loop's)
+        "max_grad_norm": None if loop is None else json_eps(loop.max_grad_norm),
+        # what the plan applies, one line per mechanism
         "mechanisms": [event.describe() for event in plan.events],
         "delta": plan.delta,
         "epsilon": json_eps(plan.epsilon_bound),

@@ -139,7 +139,7 @@ def test_resume_refuses_another_ledger_and_leaves_it_untouched(tmp_path: Path) -
 def test_resume_refuses_an_edited_noise_multiplier(tmp_path: Path) -> None:
     train(tmp_path, stop_after_steps=3)
     run = tmp_path / "run"
-    edit_config(run, lambda c: c["privacy"].update(noise_multiplier=0.05))
+    edit_config(run, lambda c: c["privacy"]["gaussian_sum"].update(noise_multiplier=0.05))
     with pytest.raises(AnchorError, match="does not match its mechanism events"):
         resume(tmp_path)
     # Editing the events in config.json too does not help: the ledger's events differ.
@@ -148,6 +148,15 @@ def test_resume_refuses_an_edited_noise_multiplier(tmp_path: Path) -> None:
         resume(tmp_path)
     spends = [e for e in Ledger(tmp_path / "ledger.jsonl").entries() if e["kind"] != "spend"]
     assert spends == []  # nothing was closed
+
+
+def test_resume_refuses_a_plan_whose_gaussian_sum_was_removed(tmp_path: Path) -> None:
+    """A DP-SGD run whose config.json claims no loop noise (as an mst plan has none) reads
+    Poisson batches that nothing accounts for: refused before any data is read."""
+    train(tmp_path, stop_after_steps=3)
+    edit_config(tmp_path / "run", lambda c: c["privacy"].update(gaussian_sum=None))
+    with pytest.raises(AnchorError, match="read data but no noise"):
+        resume(tmp_path)
 
 
 def test_resume_refuses_edited_settings_bound_by_the_spend(tmp_path: Path) -> None:

@@ -432,7 +432,7 @@ BACKEND_GRADIENTS = {  # backend, tiny-preset overrides, the trainer's PrivateGr
 def _backend_steps(case: str, force_vmap: bool) -> tuple[str, dict[str, Tensor]]:
     from dpsynth.data.sources import load_data
     from dpsynth.methods.registry import get_method
-    from dpsynth.privacy.accounting.plan import PrivacyPlan
+    from dpsynth.privacy.accounting.plan import ClippedGaussianSum, PrivacyPlan
     from dpsynth.privacy.mechanisms.poisson import PoissonSampler
     from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
@@ -446,11 +446,10 @@ def _backend_steps(case: str, force_vmap: bool) -> tuple[str, dict[str, Tensor]]
         private=True,
         target_epsilon=10.0,
         delta=1e-5,
-        noise_multiplier=1.0,
         sampling_rate=batch / info.n,
         steps=2,
-        max_grad_norm=float(config.get("max_grad_norm", 1.0)),
         expected_batch_size=batch,
+        gaussian_sum=ClippedGaussianSum(1.0, float(config.get("max_grad_norm", 1.0))),
         events=(
             {
                 "type": "poisson_gaussian",

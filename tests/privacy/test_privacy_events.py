@@ -23,7 +23,7 @@ from dpsynth.privacy.accounting.events import (
     ThresholdDelta,
     event_from_json,
 )
-from dpsynth.privacy.accounting.plan import PrivacyPlan
+from dpsynth.privacy.accounting.plan import ClippedGaussianSum, PrivacyPlan
 from dpsynth.privacy.mechanisms.marginal_measure import measurement_event
 from dpsynth.privacy.mechanisms.selection import selection_event
 from dpsynth.privacy.releases.central import CentralImagesPlan
@@ -106,14 +106,47 @@ def test_mechanisms_build_typed_events() -> None:
 
 def test_plans_hold_typed_events_and_round_trip_through_json() -> None:
     plan = PrivacyPlan(
-        private=True, target_epsilon=1.0, delta=1e-5, noise_multiplier=1.1,
-        sampling_rate=0.01, steps=500, max_grad_norm=1.0, expected_batch_size=10.0,
-        events=tuple(STORED), epsilon_bound=0.9, total_epsilon_bound=0.9, accountant="a",
+        private=True, target_epsilon=1.0, delta=1e-5, sampling_rate=0.01, steps=500,
+        expected_batch_size=10.0, events=tuple(STORED), epsilon_bound=0.9,
+        total_epsilon_bound=0.9, accountant="a", gaussian_sum=ClippedGaussianSum(1.1, 1.0),
     )  # fmt: skip
     assert all(isinstance(e, DpEvent) for e in plan.events)
     text = json.dumps(plan.to_json())  # JSON-ready: plain dicts
     back = PrivacyPlan.from_json(json.loads(text))
     assert [e.to_json() for e in back.events] == STORED
+    assert back == plan
+    assert (back.noise_multiplier, back.max_grad_norm) == (1.1, 1.0)
+
+
+def test_a_marginal_plan_has_no_gaussian_sum_and_says_so() -> None:
+    """mst and aim plans carry their noise in their events only: asking them for a DP-SGD σ
+    is an error, not a made-up number, and the JSON round trip keeps it absent."""
+    plan = PrivacyPlan(
+        private=True, target_epsilon=1.0, delta=1e-5, sampling_rate=1.0, steps=3,
+        expected_batch_size=800.0, events=(selection_event(0.1, 2),), epsilon_bound=0.9,
+        total_epsilon_bound=0.9, accountant="a", gaussian_sum=None,
+    )  # fmt: skip
+    with pytest.raises(AttributeError, match="no clipped Gaussian sum"):
+        _ = plan.noise_multiplier
+    with pytest.raises(AttributeError, match="no clipped Gaussian sum"):
+        plan.with_noise_multiplier(1.0)
+    back = PrivacyPlan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert back.gaussian_sum is None and back == plan
+
+
+def test_a_plan_written_before_the_split_still_reads() -> None:
+    """Runs trained by 0.2 keep their plan flat (σ and C beside T and q) in config.json."""
+    flat = {
+        "private": False, "target_epsilon": "inf", "delta": 1e-5, "noise_multiplier": 0.0,
+        "sampling_rate": 0.05, "steps": 4, "max_grad_norm": float("inf"),
+        "expected_batch_size": 71.85, "events": [{"type": "non_private"}],
+        "epsilon_bound": "inf", "total_epsilon_bound": "inf", "accountant": "none",
+        "notes": ["NOT PRIVATE"],
+    }  # fmt: skip
+    plan = PrivacyPlan.from_json(json.loads(json.dumps(flat)))
+    assert plan.gaussian_sum == ClippedGaussianSum(0.0, math.inf)
+    assert (plan.steps, plan.sampling_rate, plan.notes) == (4, 0.05, ("NOT PRIVATE",))
+    assert plan.to_json()["gaussian_sum"] == {"noise_multiplier": 0.0, "max_grad_norm": "inf"}
 
 
 def test_a_ledger_line_is_the_same_text_from_dicts_and_typed_events(tmp_path) -> None:

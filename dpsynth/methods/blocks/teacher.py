@@ -57,11 +57,9 @@ TEACHER_FILTERS = ("rank", "relabel")
 
 # The teacher of the 28×28 presets above ε = 3 (issue 28): the backend plans for 30% of ε and
 # the teacher's σ fills the rest; it starts from a fit to 10,000 of the backend's samples and
-# labels the release. On mnist-5k at ε = 10 it lifted rdpgan 0.886 → 0.922, pge 0.883 → 0.91
-# and psg 0.84–0.87 → 0.922, and on the unseen digits28 rdpgan 0.875 → 0.933; at ε ≤ 3 on
-# digits28's 1,437 records it cost 0.12–0.20 (bench/results/2026-11-23-tuning-logs/tuning-28.md), so
-# no preset for small ε has it; dpkernel's and dpaf's 28×28 releases did not gain (0.853 → 0.838,
-# 0.867 → 0.860), so theirs have none.
+# labels the release. It raises CNN accuracy through its labels, not the images' look, so only
+# the `mnist-teacher` presets (ε > 3) use it
+# (measured in bench/results/2026-11-23-tuning-logs/tuning-28.md).
 RELABELLING_TEACHER: dict[str, Any] = {
     "teacher_share": 0.7,
     "teacher_filter": "relabel",

@@ -9,7 +9,7 @@ from typing import Any
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import PrivacyPlan, PrivacyTarget
+from dpsynth.methods.base import ClippedGaussianSum, PrivacyPlan, PrivacyTarget
 from dpsynth.privacy.accounting.calibration import calibrate_noise, gaussian_sigma_for_share
 from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.privacy.accounting.events import DpEvent, Gaussian, NonPrivate, PoissonGaussian
@@ -94,15 +94,14 @@ def plan_dpaf(
         private=True,
         target_epsilon=float(target.epsilon),
         delta=target.delta,
-        noise_multiplier=sigma_w,
         sampling_rate=q_w,
         steps=steps,
-        max_grad_norm=float(config["clip_conv2"]),
         expected_batch_size=q_w * info.n,
         events=tuple(events),
         epsilon_bound=cal.epsilon,
         total_epsilon_bound=cal.total_epsilon,
         accountant=cal.accountant,
+        gaussian_sum=ClippedGaussianSum(sigma_w, float(config["clip_conv2"])),
         notes=notes,
     )
 
@@ -146,15 +145,14 @@ def _once_plan(
         private=True,
         target_epsilon=float(target.epsilon),
         delta=delta,
-        noise_multiplier=sigma_c,
         sampling_rate=q,
         steps=c_steps + windows,
-        max_grad_norm=float(config["clip_c"]),
         expected_batch_size=q * info.n,
         events=tuple(events),
         epsilon_bound=alone.epsilon,
         total_epsilon_bound=total.epsilon,
         accountant=alone.accountant,
+        gaussian_sum=ClippedGaussianSum(sigma_c, float(config["clip_c"])),
         notes=(
             f"phase 2 released once: per-class feature sums, Gaussian σ = {sigma_once:.4g}"
             + (f"; phase-1 σ = {sigma_c:.4g} (q = {q:.4g}, {c_steps} steps)" if c_steps else "")
@@ -219,15 +217,14 @@ def _paper_plan(
         private=False,
         target_epsilon=math.inf,
         delta=delta,
-        noise_multiplier=0.0,
         sampling_rate=q_w,
         steps=steps,
-        max_grad_norm=float(config["clip_conv2"]),
         expected_batch_size=q_w * info.n,
         events=(loop, label),
         epsilon_bound=math.inf,
         total_epsilon_bound=math.inf,
         accountant=f"none ({NOT_DP_LABEL})",
+        gaussian_sum=ClippedGaussianSum(0.0, float(config["clip_conv2"])),
         notes=(
             f"WARNING: mode=paper is {NOT_DP_LABEL}: the paper's claim ε = {claimed:.4g} "
             "(independent streams) is not a proven bound; recorded as NOT PRIVATE",

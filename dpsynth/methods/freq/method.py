@@ -24,7 +24,13 @@ from typing import Any
 from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import over_budget
 from dpsynth.errors import DpsynthError, UsageError
-from dpsynth.methods.base import SMALL_EPSILON, PrivacyPlan, PrivacyTarget, is_large_image
+from dpsynth.methods.base import (
+    SMALL_EPSILON,
+    ClippedGaussianSum,
+    PrivacyPlan,
+    PrivacyTarget,
+    is_large_image,
+)
 from dpsynth.methods.blocks import check_teacher_config, frequency_plan
 from dpsynth.methods.freq.generator import FreqGenerator
 from dpsynth.methods.freq.presets import NOT_OFFERED, PRESETS
@@ -78,7 +84,6 @@ def plan_frequency_release(
         "delta": target.delta,
         "sampling_rate": 1.0,
         "steps": LOOP_STEPS,
-        "max_grad_norm": float(release.clip_norm),
         "expected_batch_size": float(info.n),
     }
     if not target.private:
@@ -86,7 +91,7 @@ def plan_frequency_release(
         return PrivacyPlan(
             private=False,
             target_epsilon=math.inf,
-            noise_multiplier=0.0,
+            gaussian_sum=ClippedGaussianSum(0.0, float(release.clip_norm)),
             events=(event,),
             epsilon_bound=math.inf,
             total_epsilon_bound=math.inf,
@@ -105,7 +110,7 @@ def plan_frequency_release(
     return PrivacyPlan(
         private=True,
         target_epsilon=float(target.epsilon),
-        noise_multiplier=sigma,
+        gaussian_sum=ClippedGaussianSum(sigma, float(release.clip_norm)),
         events=(event,),
         epsilon_bound=alone.epsilon,
         total_epsilon_bound=total.epsilon,

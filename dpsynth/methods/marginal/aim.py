@@ -37,12 +37,9 @@ from dpsynth.privacy.accounting.calibration import default_delta
 from dpsynth.privacy.accounting.marginal_plan import gdp_mu
 
 # The automatic number of selections: as many as keep a typical pair's measurement noise (its
-# expected L1 error) at about this share of N (a TVD of half of it), within [d/4, 3d]. On the
-# public german-credit at ε = 1 (800 rows, 21 columns; 2-way TVD against its held-out rows,
-# bench/results/2026-11-23-tuning-logs/tuning-tables.md): 63 selections (share 0.5) 0.152–0.154, 22
-# (0.35) 0.138–0.157 over 5 runs (mean 0.147), 10 0.138–0.141, 4 0.134–0.142 over 6 runs (mean
-# 0.138), all with 16 bins; 0.25 gives the floor d/4 = 6 there (also with the 12 bins of
-# today: 0.123–0.133). At ε = 10 there, and on larger tables, the cap 3d still binds.
+# expected L1 error) at about this share of N (a TVD of half of it), within [d/4, 3d]. Fewer,
+# cleaner measurements win on small tables at small ε; on larger tables the cap 3d binds (the
+# shares compared: bench/results/2026-11-23-tuning-logs/tuning-tables.md).
 _TARGET_NOISE_SHARE = 0.25
 _MIN_PER_COLUMN, _MAX_PER_COLUMN = 0.25, 3.0
 # The automatic number of rounds: about this many attribute-rounds in all, within [2, 8].

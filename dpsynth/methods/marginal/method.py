@@ -121,14 +121,13 @@ class MarginalMethod(Method):
             "delta": target.delta,
             "sampling_rate": 1.0,
             "steps": steps,
-            "max_grad_norm": 1.0,  # each marginal's L2 sensitivity
             "expected_batch_size": float(info.n),
         }
         if not target.private:
             event = NonPrivate(annotations={"sampling_rate": 1.0, "steps": steps, **annotations})
             return PrivacyPlan(
                 private=False,
-                noise_multiplier=0.0,
+                gaussian_sum=None,
                 events=(event,),
                 epsilon_bound=math.inf,
                 total_epsilon_bound=math.inf,
@@ -157,7 +156,7 @@ class MarginalMethod(Method):
         )
         return PrivacyPlan(
             private=True,
-            noise_multiplier=sigma,
+            gaussian_sum=None,  # the noise is in the marginal and selection events
             events=tuple(events),
             epsilon_bound=schedule.epsilon,
             total_epsilon_bound=schedule.total_epsilon,

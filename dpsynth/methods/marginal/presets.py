@@ -29,12 +29,8 @@ from typing import Any
 # own (`bins` 12). The 10-bin grid is the one the marginal metric scores (`dpsynth.evaluate.
 # marginals`) and the one the SmartNoise bench gets; a grid that does not line up with it
 # spreads a spiky integer column (german-credit's durations at 12, 24, 36 months) across the
-# metric's bins (the representation alone: 2-way TVD 0.119 against the 0.106 of the real rows).
-# german-credit at ε = 1, aim, 2-way TVD over 6 runs each
-# (bench/results/2026-11-23-tuning-logs/tuning-tables.md): 12 bins 0.119–0.127 (mean 0.123); 16
-# (before) 0.137–0.151 (0.142); 22 0.124–0.138; 70 (ages and durations exact) 0.138–0.153; without
-# the bound bins, 10, 12 or 20 bins: means 0.129–0.132. At ε = 10 (aim 0.110–0.111 against
-# 0.118–0.122) and on census (mst 0.033–0.034 against 0.038) 12 is ahead too.
+# metric's bins. How 12 was chosen over 10, 16, 22 and 70 bins:
+# bench/results/2026-11-23-tuning-logs/tuning-tables.md.
 _COMMON: dict[str, Any] = {
     "bins": 12,
     "bound_bins": True,
@@ -59,11 +55,9 @@ AIM_PRESETS: dict[str, dict[str, Any]] = {
         "selections": 0,
         "rounds": 0,
         "selection_share": 0.1,
-        # census at ε = 10 (41 columns, 199,523 rows;
-        # bench/results/2026-11-23-tuning-logs/tuning-tables.md, 2026-11-28): 16 MB (2.1M cells) and
-        # 150 / 400 steps train in about 100 s for a 2-way TVD of 0.019 (LR ROC-AUC 0.86); 32 MB
-        # 0.025 in 150 s, 8 MB 0.021 (LR 0.83) in 63 s; 1,000 final steps instead of 400 gave the
-        # same marginals (0.019) in 180 s.
+        # A model of at most 16 MB and 150 / 400 estimation steps: about 100 s on census's
+        # 41 columns on a 2-core CPU (the sizes compared:
+        # bench/results/2026-11-23-tuning-logs/tuning-tables.md).
         "max_model_mb": 16.0,
         "iters": 150,
         "final_iters": 400,
@@ -83,11 +77,9 @@ MST_PRESETS: dict[str, dict[str, Any]] = {
         **_COMMON,
         "selection_share": 1.0 / 3.0,
         # The tree spans the features and each edge is measured with the target (tree-
-        # augmented naive Bayes, `mst.py`). bench/results/2026-11-23-tuning-logs/tuning-tables.md,
-        # 2026-11-27: census (2 runs per ε) 2-way TVD 0.032 against 0.033–0.034, logreg ROC-AUC
-        # 0.919 against 0.82–0.84 (GBM 0.92); german-credit at ε = 10 (3 runs) 0.113–0.115 against
-        # 0.110–0.112, logreg 0.75–0.77 against 0.73–0.74; at ε = 1 0.152–0.158 against
-        # 0.135–0.143 (where `auto` picks aim).
+        # augmented naive Bayes, `mst.py`): better marginals and classifiers on census and
+        # german-credit than a plain tree
+        # (bench/results/2026-11-23-tuning-logs/tuning-tables.md).
         "label_edges": True,
         "iters": 300,
         "final_iters": 3000,

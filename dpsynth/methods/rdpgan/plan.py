@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import PrivacyPlan, PrivacyTarget
+from dpsynth.methods.base import ClippedGaussianSum, PrivacyPlan, PrivacyTarget
 from dpsynth.methods.rdpgan import schedule as sched
 from dpsynth.privacy.accounting.calibration import calibrate_schedule
 from dpsynth.privacy.accounting.events import PoissonGaussian
@@ -84,14 +84,13 @@ def plan_rdpgan(
         private=True,
         target_epsilon=float(target.epsilon),
         delta=target.delta,
-        noise_multiplier=min(sigmas),
         sampling_rate=q,
         steps=steps,
-        max_grad_norm=clip,
         expected_batch_size=q * info.n,
         events=tuple(events),
         epsilon_bound=cal.epsilon,
         total_epsilon_bound=cal.total_epsilon,
         accountant=cal.accountant,
+        gaussian_sum=ClippedGaussianSum(min(sigmas), clip),
         notes=(*notes, *cal.notes),
     )

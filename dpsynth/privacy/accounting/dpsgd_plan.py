@@ -9,7 +9,7 @@ from typing import Any
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting.calibration import calibrate_noise
 from dpsynth.privacy.accounting.compose import poisson_gaussian_event
-from dpsynth.privacy.accounting.plan import PrivacyPlan, PrivacyTarget
+from dpsynth.privacy.accounting.plan import ClippedGaussianSum, PrivacyPlan, PrivacyTarget
 
 
 def plan_poisson_gaussian(
@@ -38,14 +38,13 @@ def plan_poisson_gaussian(
         private=True,
         target_epsilon=float(target.epsilon),
         delta=target.delta,
-        noise_multiplier=cal.noise_multiplier,
         sampling_rate=q,
         steps=steps,
-        max_grad_norm=float(max_grad_norm),
         expected_batch_size=q * n,
         events=(poisson_gaussian_event(cal.noise_multiplier, q, steps),),
         epsilon_bound=cal.epsilon,
         total_epsilon_bound=cal.total_epsilon,
         accountant=cal.accountant,
+        gaussian_sum=ClippedGaussianSum(cal.noise_multiplier, float(max_grad_norm)),
         notes=cal.notes,
     )

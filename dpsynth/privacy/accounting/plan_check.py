@@ -108,7 +108,7 @@ def check_plan_parameters(
     events: Sequence[Mapping[str, Any]],
     *,
     private: bool,
-    noise_multiplier: float,
+    noise_multiplier: float | None,
     sampling_rate: float,
     steps: int,
     run_name: str,
@@ -117,8 +117,16 @@ def check_plan_parameters(
 
     The loop runs with the plan's σ, q and T; the ledger knows only the events. An edited σ in
     `config.json` that left the events alone would otherwise run at another noise than the one
-    accounted for.
+    accounted for. A plan without a loop Gaussian sum (`noise_multiplier` None: mst, aim) must
+    declare every loop step as reading no Poisson batch.
     """
+    if noise_multiplier is None:
+        if int(steps) - idle_loop_steps(events) != 0:
+            raise AnchorError(
+                f"{run_name}: the plan in config.json has loop steps that read data but no "
+                "noise for them; config.json was edited"
+            )
+        return
     if private and not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
         raise AnchorError(f"{run_name}: the plan in config.json has no valid noise multiplier")
     # Loop steps that read no data (DPAF's generator steps after its one release) are declared

@@ -167,7 +167,7 @@ def test_huge_noise_makes_the_update_independent_of_the_batch():
     for sigma, should_match in ((1e9, True), (plan.noise_multiplier, False)):
         params = []
         for batch in (slice(0, 100), slice(100, 200)):
-            noisy = dataclasses.replace(plan, noise_multiplier=sigma)
+            noisy = plan.with_noise_multiplier(sigma)
             trainer = method.trainer(
                 DIGITS_INFO, config, noisy, torch.device("cpu"), 0, PrivateRandomness(11)
             )
