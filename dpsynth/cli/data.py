@@ -139,7 +139,7 @@ def data_schema(
     """Draft a schema (JSON on stdout) for you to review: every bound, edge, category list and
     missing flag it read off the data is marked "source": "data (not private: review or
     replace)". One line on stderr per column typed as an identifier, free text, a shortened
-    category list or an empty column."""
+    category list, a clock (HHMM times of day) or an empty column."""
     from dpsynth.data.engines.sample import draft_rows
     from dpsynth.data.schema_draft import draft_table
 

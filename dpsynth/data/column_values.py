@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from dpsynth.data.clock import hhmm_to_minutes
 from dpsynth.data.csvtable import MAX_SHOWN, RawTable
 from dpsynth.data.schema import MISSING_TOKENS, Column, Schema
 from dpsynth.data.timecols import time_seconds
@@ -72,6 +73,8 @@ def column_numbers(raw: RawTable, column: Column, lenient: bool | None = None) -
         numbers = time_seconds(values, column, raw.source)
     else:
         numbers = parse_numbers(values, column, raw.source)
+        if column.clock is not None:
+            numbers = hhmm_to_minutes(numbers, column, raw.source)
     if not column.missing and not (is_released(column) if lenient is None else lenient):
         absent = np.flatnonzero(np.isnan(numbers))
         if len(absent):

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth.data.clock import hhmm_to_minutes
 from dpsynth.data.column_values import check_header, column_numbers, is_released, level_codes
 from dpsynth.data.csvtable import RawTable
 from dpsynth.data.images import DataInfo
@@ -217,7 +218,7 @@ def chunk_numbers(raw: RawTable, column: Column, lenient: bool | None = None) ->
                 f"{raw.source}: column {column.name!r} row {int(absent[0]) + 2} is missing, but "
                 'its schema has no missing cells (set "missing": true on the column)'
             )
-    return typed
+    return typed if column.clock is None else hhmm_to_minutes(typed, column, raw.source)
 
 
 def codes_from_raw(raw: RawTable, schema: Schema, domain: TableDomain) -> np.ndarray:

@@ -8,6 +8,7 @@ A schema is a JSON file (`--schema FILE.json`):
        {"name": "admitted", "type": "datetime", "min": "2019-01-01T00:00:00",
         "max": "2024-12-31T23:59:59", "format": "%Y-%m-%d %H:%M", "missing": false},
        {"name": "age", "type": "integer", "min": 0, "max": 110, "missing": true},
+       {"name": "dep_time", "type": "integer", "clock": "hhmm", "min": 0, "max": 1440},
        {"name": "bmi", "type": "numeric", "min": 12, "max": 60, "decimals": 1,
         "edges": [12, 19.8, 22.1, 24.0, 26.3, 29.5, 60], "missing": true},
        {"name": "smoker", "type": "boolean", "true": "yes", "false": "no", "missing": true},
@@ -20,7 +21,10 @@ Types:
 - `numeric` (float) and `integer`: public `min` ≤ `max`; optional `missing` (empty cells get a
   bin of their own, released like any other value), `decimals` (digits written after the
   point: the source's precision), `edges` (bin edges inside [min, max], ascending, a value
-  repeated twice marks a point mass such as 0; declared or released with DP).
+  repeated twice marks a point mass such as 0; declared or released with DP). An `integer`
+  column with `"clock": "hhmm"` holds times of day written as HHMM integers (517 is 05:17,
+  2400 midnight at the day's end): inside, and in `min`, `max` and `edges`, they are minutes
+  since midnight (0–1440), so every value written back is a real time of day.
 - `datetime` and `date`: the same on a time axis. `min`/`max` are ISO 8601 in the schema
   (seconds since 1970-01-01 UTC inside), `format` is the strftime format the file uses (it is
   written back in it), `timezone` the UTC offset ("+01:00") when the values carry one.
@@ -74,6 +78,10 @@ MISSING_TOKENS = frozenset(
 )
 # The most decimals a numeric column writes (float32 encodes about 7 significant digits).
 MAX_DECIMALS = 6
+# How an integer column may spell a time of day ("hhmm": 517 is 05:17), and the minutes in a
+# day, the most such a column holds inside (2400, the day's end, is 1440).
+CLOCK_FORMATS = ("hhmm",)
+MINUTES_PER_DAY = 1440
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,8 @@ class Column:
     format: str | None = None
     timezone: str | None = None
     prefix: str = DEFAULT_ID_PREFIX
+    # An integer column of times of day as the file spells them (`CLOCK_FORMATS`), or None.
+    clock: str | None = None
 
     @property
     def weights_derived(self) -> bool:
@@ -156,6 +166,8 @@ class Column:
                 out["edges"] = [self._bound_json(e) for e in self.edges]
             if self.decimals is not None:
                 out["decimals"] = self.decimals
+            if self.clock is not None:
+                out["clock"] = self.clock
             if self.is_time:
                 if self.format is not None:
                     out["format"] = self.format

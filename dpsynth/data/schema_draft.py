@@ -6,8 +6,11 @@ the draft is a starting point, not a public declaration. Per column, in this ord
 - numbers: integers with at most DRAFT_MAX_INTEGER_LEVELS values → categorical codes; a
   column of distinct, densely packed integers or one named like an identifier (`id`, `key`,
   `uuid`, ...) with one value per row → `id`; other integers → `integer`; other numbers →
-  `numeric` with the precision (`decimals`) the file writes. Empty cells (and the usual
-  missing-value tokens, `schema.MISSING_TOKENS`) give `missing: true`, never a categorical;
+  `numeric` with the precision (`decimals`) the file writes; integers that are all HHMM times
+  of day, some past 01:00, in a column named for a time (`dep_time`) → `integer` with
+  `"clock": "hhmm"` (minutes since midnight inside, `dpsynth.data.clock`). Empty cells (and
+  the usual missing-value tokens, `schema.MISSING_TOKENS`) give `missing: true`, never a
+  categorical;
 - yes/no, true/false, t/f, y/n in any case → `boolean`;
 - dates and times of one format (ISO 8601 and what pandas recognises) → `date` or `datetime`,
   with their `format` and UTC offset;
@@ -16,7 +19,7 @@ the draft is a starting point, not a public declaration. Per column, in this ord
   N / 20 of them) and an `other` category for the rest; otherwise `categorical`.
 The draft never lists a value held by a single row as a category unless the column has few
 values. `draft_table` also returns one remark per column it typed as an identifier, free
-text, a shortened category list or an empty column, for the CLI to print.
+text, a shortened category list, a clock or an empty column, for the CLI to print.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dpsynth.data.clock import hhmm_to_minutes, looks_like_clock
 from dpsynth.data.schema import (
     DATA_SOURCE,
     MAX_DECIMALS,
@@ -154,6 +158,22 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
             )
         if not missing and _is_identifier(name, _numbers(list(present)), len(present)):
             return _identifier(name)
+        if integral and looks_like_clock(name, numbers):
+            minutes = hhmm_to_minutes(numbers, Column(name, "integer"), "draft")
+            clock = Column(
+                name,
+                "integer",
+                float(minutes.min()),
+                float(minutes.max()),
+                source=DATA_SOURCE,
+                missing=missing,
+                clock="hhmm",
+            )
+            remark = (
+                f"{name}: times of day written as HHMM → a clock: minutes since midnight "
+                'inside, written back as HHMM (remove "clock" if it counts something else)'
+            )
+            return DraftedColumn(clock, remark)
         kind = "integer" if integral else "numeric"
         return DraftedColumn(
             Column(

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from dpsynth.data.schema import (
+    CLOCK_FORMATS,
     DEFAULT_ID_PREFIX,
     FORMAT,
     MAX_DECIMALS,
+    MINUTES_PER_DAY,
     NUMERIC_TYPES,
     TIME_TYPES,
     TYPES,
@@ -112,6 +114,16 @@ def _numeric_column(obj: Mapping[str, Any], name: str, kind: str, source: Any) -
             f"{where}: 'decimals' must be a whole number from 0 to {MAX_DECIMALS}, on a "
             "numeric column"
         )
+    clock = obj.get("clock")
+    if clock is not None and (kind != "integer" or clock not in CLOCK_FORMATS):
+        raise UsageError(
+            f"{where}: 'clock' must be one of {', '.join(CLOCK_FORMATS)}, on an integer column"
+        )
+    if clock is not None and not 0 <= low <= high <= MINUTES_PER_DAY:
+        raise UsageError(
+            f"{where}: a clock column's min and max are minutes since midnight, from 0 to "
+            f"{MINUTES_PER_DAY}"
+        )
     return Column(
         name,
         kind,
@@ -120,6 +132,7 @@ def _numeric_column(obj: Mapping[str, Any], name: str, kind: str, source: Any) -
         source=source,
         missing=_flag(obj, "missing", where),
         decimals=decimals,
+        clock=clock,
         edges=edges,
         format=_optional_text(obj, "format", where) if kind in TIME_TYPES else None,
         timezone=_optional_text(obj, "timezone", where) if kind in TIME_TYPES else None,

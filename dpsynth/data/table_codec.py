@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dpsynth.data.clock import minutes_to_hhmm
 from dpsynth.data.column_values import (
     check_header,
     check_values,
@@ -159,6 +160,8 @@ class TableCodec:
         if column.is_time:
             return time_series(numbers, column)
         if column.type == "integer":
+            if column.clock is not None:  # minutes since midnight back to HHMM
+                numbers = minutes_to_hhmm(numbers)
             # NaN becomes <NA> in the nullable float, which then casts to nullable integers
             return pd.array(numbers, dtype="Float64").astype("Int64")
         if column.decimals is not None:

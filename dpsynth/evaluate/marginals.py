@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpsynth.data.clock import minutes_or_nan
 from dpsynth.data.column_values import column_numbers, level_codes, missing_mask
 from dpsynth.data.schema import Column, Schema
 from dpsynth.data.table_codec import RawTable
@@ -89,6 +90,8 @@ def _lenient_numbers(values: np.ndarray, column: Column) -> tuple[np.ndarray, np
             stamps = pd.to_datetime(pd.Series(values), errors="coerce", utc=True)
             return ((stamps - _EPOCH) / pd.Timedelta(seconds=1)).to_numpy(np.float64), missing
     numbers = pd.to_numeric(pd.Series(values, copy=False), errors="coerce").to_numpy(np.float64)
+    if column.clock is not None:  # HHMM as written: minutes, as the schema's bounds are
+        numbers = minutes_or_nan(numbers)
     return numbers, missing
 
 

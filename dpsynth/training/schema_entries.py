@@ -15,6 +15,7 @@ column whose release found too little:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -22,7 +23,7 @@ import torch
 
 from dpsynth.data.column_values import RELEASED_PREFIX, column_numbers, missing_mask
 from dpsynth.data.csvtable import RawTable
-from dpsynth.data.schema import Column, Schema
+from dpsynth.data.schema import MINUTES_PER_DAY, Column, Schema
 from dpsynth.errors import UsageError
 from dpsynth.privacy.releases.schema_reach import epsilon_for_reach, release_reach
 from dpsynth.privacy.releases.schema_release import (
@@ -212,6 +213,10 @@ def apply_release(
         edges = shape.edges
         if edges is not None:
             low, high = edges[0], edges[-1]
+        if column.clock is not None:
+            # a time of day lies in [00:00, 24:00] whatever the noise says (public knowledge)
+            low, high = _within_day(low), _within_day(high)
+            edges = None if edges is None else _edges_within_day(edges)
         if column.type == "integer":
             low, high = float(math.ceil(low)), float(math.floor(high))
             high = max(high, low)
@@ -231,3 +236,16 @@ def apply_release(
             replace(column, missing=shapes[column.name].missing, source=source)
         )
     return schema, warnings
+
+
+def _within_day(minutes: float) -> float:
+    return min(max(float(minutes), 0.0), float(MINUTES_PER_DAY))
+
+
+def _edges_within_day(edges: Sequence[float]) -> tuple[float, ...]:
+    """Released bin edges clipped to the day, no value more than twice (a point mass)."""
+    out: list[float] = []
+    for edge in (_within_day(e) for e in edges):
+        if not (len(out) >= 2 and out[-1] == out[-2] == edge):
+            out.append(edge)
+    return tuple(out)
