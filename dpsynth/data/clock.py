@@ -43,8 +43,7 @@ def hhmm_to_minutes(values: np.ndarray, column: Column, source: str) -> np.ndarr
             f'{values[row]:g}, which is not a time of day; fix the cell, or remove "clock" '
             "from the column's schema"
         )
-    hours, minutes = np.divmod(values, 100.0)
-    return hours * 60.0 + minutes
+    return minutes_or_nan(values)
 
 
 def minutes_or_nan(values: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dpsynth.data.clock import hhmm_to_minutes, looks_like_clock
+from dpsynth.data.clock import looks_like_clock, minutes_or_nan
 from dpsynth.data.schema import (
     DATA_SOURCE,
     MAX_DECIMALS,
@@ -159,7 +159,7 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
         if not missing and _is_identifier(name, _numbers(list(present)), len(present)):
             return _identifier(name)
         if integral and looks_like_clock(name, numbers):
-            minutes = hhmm_to_minutes(numbers, Column(name, "integer"), "draft")
+            minutes = minutes_or_nan(numbers)  # every value is a time: looks_like_clock
             clock = Column(
                 name,
                 "integer",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from dpsynth.privacy.accounting.events import DpEvent, NonPrivate, events_from_json
@@ -101,12 +101,6 @@ class PrivacyPlan:
                 f"({', '.join(sorted({str(e.get('type')) for e in self.events}))})"
             )
         return self.gaussian_sum
-
-    def with_noise_multiplier(self, noise_multiplier: float) -> PrivacyPlan:
-        """This plan with the Gaussian sum's σ replaced (the audit's deliberate breaks)."""
-        return replace(
-            self, gaussian_sum=replace(self._gaussian_sum(), noise_multiplier=noise_multiplier)
-        )
 
     @classmethod
     def non_private_loop(

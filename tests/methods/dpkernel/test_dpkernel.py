@@ -14,7 +14,7 @@ import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import PrivacyTarget
+from dpsynth.methods.base import ClippedGaussianSum, PrivacyTarget
 from dpsynth.methods.dpkernel import (
     DPKernelGenerator,
     DPKernelMethod,
@@ -167,7 +167,9 @@ def test_huge_noise_makes_the_update_independent_of_the_batch():
     for sigma, should_match in ((1e9, True), (plan.noise_multiplier, False)):
         params = []
         for batch in (slice(0, 100), slice(100, 200)):
-            noisy = plan.with_noise_multiplier(sigma)
+            noisy = dataclasses.replace(
+                plan, gaussian_sum=ClippedGaussianSum(sigma, plan.max_grad_norm)
+            )
             trainer = method.trainer(
                 DIGITS_INFO, config, noisy, torch.device("cpu"), 0, PrivateRandomness(11)
             )

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import PrivacyTarget
+from dpsynth.methods.base import ClippedGaussianSum, PrivacyTarget
 from dpsynth.methods.psg import PSGMethod
 from dpsynth.methods.psg.generator import PSGGenerator
 from dpsynth.methods.psg.matching import layer_distance, match_loss
@@ -87,7 +87,7 @@ def test_per_example_gradients_match_a_loop_and_clip_flat_to_c():
             assert torch.allclose(batched[name][i], p.grad, atol=1e-6, rtol=1e-4), name
     # The mechanism with its noise switched off releases exactly Σ clip(g_i) / B, with the
     # clip over ALL parameters flattened together (biases and norm affines included).
-    silent = plan.with_noise_multiplier(0.0)
+    silent = dataclasses.replace(plan, gaussian_sum=ClippedGaussianSum(0.0, plan.max_grad_norm))
     _, _, quiet = _trainer(10.0, plan=silent)
     quiet.private_gradient.compute(x, y)
     released = [p.grad.clone() for p in quiet.net.parameters()]
