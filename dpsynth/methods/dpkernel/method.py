@@ -124,6 +124,13 @@ class DPKernelMethod(StagedMethod):
                 f"--set number_bins: 0 (numbers as values) or a bin count up to "
                 f"{_MAX_NUMBER_BINS}, got {config['number_bins']}"
             )
+        if "kernel_frequencies" in config:
+            pixels = math.prod(info.shape[1:]) if info.modality == "image" else 0
+            if not 0 <= int(config["kernel_frequencies"]) <= pixels:
+                raise UsageError(
+                    f"--set kernel_frequencies: 0 (every pixel) or up to {pixels} (the image's "
+                    f"pixels a channel), got {config['kernel_frequencies']}"
+                )
         choices = {
             "arch": ("conv", "mlp", "table"),
             "norm": ("batch", "group", "none"),

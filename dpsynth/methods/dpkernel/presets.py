@@ -171,6 +171,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 for _preset in PRESETS.values():
     for _key, _value in {**WARM_START_DEFAULTS, **FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
         _preset.setdefault(_key, _value)
+    # The kernel sees every pixel (0), or the K lowest DCT frequencies (basis.py).
+    _preset.setdefault("kernel_frequencies", 0)
 
 
 # Tables (german-credit and the like): an MLP ending in `methods.blocks.TableHead`. One

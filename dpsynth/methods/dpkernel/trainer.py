@@ -14,6 +14,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.errors import MechanismFailure, UsageError
 from dpsynth.methods.base import PrivacyPlan, sample_truncation
 from dpsynth.methods.blocks import fit_generator_to_model
+from dpsynth.methods.dpkernel.basis import kernel_view
 from dpsynth.methods.dpkernel.binning import number_bins
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator, one_hot_or_none
 from dpsynth.methods.dpkernel.kernel import generated_kernel_mean, raw_embedding_gradient
@@ -69,6 +70,10 @@ class DPKernelTrainer(StagedTrainer):
         self.ema = copy.deepcopy(self.net).requires_grad_(False) if self.ema_decay else None
         self.start_stages(randomness)
         self.bins = number_bins(info, config)
+        # What the kernel sees: every pixel, or the lowest DCT frequencies (basis.py).
+        self.view = kernel_view(
+            info.shape, int(config.get("kernel_frequencies", 0)), info.modality, self.device
+        )
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One update from a Poisson batch; the batch is only forwarded to the private read."""
@@ -92,6 +97,8 @@ class DPKernelTrainer(StagedTrainer):
         x, y = shard(x, y)
         if self.bins is not None:  # a public per-record map (see binning.py)
             x = self.bins.encode(x)
+        # The kernel's view (a public per-record map, basis.py); the identity by default.
+        x, points = self.view(x.flatten(1).to(points.dtype)), self.view(points)
         batch_labels = y if labels is not None else None
         gradient = raw_embedding_gradient(
             x, batch_labels, points, dev_labels, self.bandwidths, self.normalizer
@@ -150,7 +157,11 @@ class DPKernelTrainer(StagedTrainer):
             )
         try:
             sample_derivative_noise(
-                points, dev_labels, self.bandwidths, public, jitter=float(self.config["jitter"])
+                self.view(points),
+                dev_labels,
+                self.bandwidths,
+                public,
+                jitter=float(self.config["jitter"]),
             )
         except MechanismFailure as exc:
             raise UsageError(
@@ -201,10 +212,12 @@ class DPKernelTrainer(StagedTrainer):
         self.net.train()
         for step in range(steps if self.info.modality == "image" else 0):
             index = torch.randint(0, len(x), (count,), generator=rng)
-            records = x[index.to(x.device)].flatten(1)
+            records = self.view(x[index.to(x.device)].flatten(1).float())
             labels = balanced_labels(count, self.num_classes, step).to(self.device)
             z = torch.randn(count, self.net.latent_dim, generator=rng)
-            points = self.net(z.to(self.device), one_hot_or_none(labels, self.num_classes))
+            points = self.view(
+                self.net(z.to(self.device), one_hot_or_none(labels, self.num_classes))
+            )
             if y is None:  # unlabelled: the unconditional kernel
                 target = raw_embedding_gradient(
                     records, None, points, None, self.bandwidths, float(count)
@@ -233,7 +246,7 @@ class DPKernelTrainer(StagedTrainer):
             # the model's samples (a frequency release), else mean[y] + jitter·N(0, I)
             records = central.records(labels, jitter, self.rng).flatten(1).to(self.device)
             z = torch.randn(count, self.net.latent_dim, generator=self.rng, device=self.rng.device)
-            points = self.net(z.to(self.device), onehot)
+            records, points = self.view(records), self.view(self.net(z.to(self.device), onehot))
             target = raw_embedding_gradient(
                 records, labels, points, labels, self.bandwidths, float(count)
             )
