@@ -3,7 +3,7 @@ generated points (the only read of private data) and the generated points' own M
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -15,18 +15,23 @@ def raw_embedding_gradient(
     gen_labels: torch.Tensor | None,
     bandwidths: Sequence[float],
     normalizer: float,
+    view: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """∇_w f_S(w_j) at the generated points: the ONLY code that reads the private batch.
 
     f_S(w, y) = (1/B) Σ_{i∈S} [y_i = y] Σ_ℓ exp(−‖x_i − w‖²/(2ℓ²)) with B = `normalizer`, the
     public expected batch size (never the realised size). `batch_x` [b, ...] is flattened to
     vectors; `batch_y` [b] and `gen_labels` [M] are None for unconditional use. b may be 0.
+    `view`: a public per-record map of the flattened records (the kernel's view, basis.py),
+    under which `gen_points` are already given; None: the kernel sees the records as they are.
     Returns float64 [M, d], not yet private: it must go through
     `dpsynth.privacy.mechanisms.functional.privatize_embedding_gradient` before anything else sees
     it.
     """
     w = gen_points.detach().to(torch.float64)
-    x = batch_x.reshape(batch_x.shape[0], w.shape[1]).to(device=w.device, dtype=torch.float64)
+    x = batch_x.flatten(1).to(device=w.device, dtype=torch.float64)
+    if view is not None:
+        x = view(x)
     sq = (x.pow(2).sum(1)[:, None] + w.pow(2).sum(1)[None, :] - 2.0 * x @ w.T).clamp_min(0.0)
     widths = torch.tensor(list(bandwidths), dtype=torch.float64, device=w.device)
     # ∇_w exp(−‖x − w‖²/(2ℓ²)) = exp(·)·(x − w)/ℓ²

@@ -97,11 +97,12 @@ class DPKernelTrainer(StagedTrainer):
         x, y = shard(x, y)
         if self.bins is not None:  # a public per-record map (see binning.py)
             x = self.bins.encode(x)
-        # The kernel's view (a public per-record map, basis.py); the identity by default.
-        x, points = self.view(x.flatten(1).to(points.dtype)), self.view(points)
+        # The kernel's view (a public per-record map, basis.py; the identity by default): the
+        # generated points here, the records inside the private read.
+        points = self.view(points)
         batch_labels = y if labels is not None else None
         gradient = raw_embedding_gradient(
-            x, batch_labels, points, dev_labels, self.bandwidths, self.normalizer
+            x, batch_labels, points, dev_labels, self.bandwidths, self.normalizer, self.view
         )
         if self.plan.private:
             released = privatize_embedding_gradient(
@@ -212,7 +213,7 @@ class DPKernelTrainer(StagedTrainer):
         self.net.train()
         for step in range(steps if self.info.modality == "image" else 0):
             index = torch.randint(0, len(x), (count,), generator=rng)
-            records = self.view(x[index.to(x.device)].flatten(1).float())
+            records = x[index.to(x.device)].flatten(1)
             labels = balanced_labels(count, self.num_classes, step).to(self.device)
             z = torch.randn(count, self.net.latent_dim, generator=rng)
             points = self.view(
@@ -220,13 +221,19 @@ class DPKernelTrainer(StagedTrainer):
             )
             if y is None:  # unlabelled: the unconditional kernel
                 target = raw_embedding_gradient(
-                    records, None, points, None, self.bandwidths, float(count)
+                    records, None, points, None, self.bandwidths, float(count), self.view
                 )
                 self._descend(points, None, target, optimizer)
             else:
                 record_labels = y[index.to(y.device)]
                 target = raw_embedding_gradient(
-                    records, record_labels, points, labels, self.bandwidths, float(count)
+                    records,
+                    record_labels,
+                    points,
+                    labels,
+                    self.bandwidths,
+                    float(count),
+                    self.view,
                 )
                 self._descend(points, labels, target, optimizer)
         if steps > 0 and self.ema is not None:
@@ -246,9 +253,9 @@ class DPKernelTrainer(StagedTrainer):
             # the model's samples (a frequency release), else mean[y] + jitter·N(0, I)
             records = central.records(labels, jitter, self.rng).flatten(1).to(self.device)
             z = torch.randn(count, self.net.latent_dim, generator=self.rng, device=self.rng.device)
-            records, points = self.view(records), self.view(self.net(z.to(self.device), onehot))
+            points = self.view(self.net(z.to(self.device), onehot))
             target = raw_embedding_gradient(
-                records, labels, points, labels, self.bandwidths, float(count)
+                records, labels, points, labels, self.bandwidths, float(count), self.view
             )
             self._descend(points, labels, target)
 
