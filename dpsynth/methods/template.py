@@ -129,7 +129,9 @@ class StagedTrainer(Trainer):
         self.teacher = Teacher(
             self.info, self.config, self.plan, self.device, self.seed, randomness
         )
-        self.frequency = FrequencyStart(self.info, self.plan, randomness)
+        self.frequency = FrequencyStart(
+            self.info, self.plan, randomness, str(self.config.get("frequency_denoise", "clip"))
+        )
 
     @abstractmethod
     def own_generator(self) -> Generator:

@@ -18,6 +18,7 @@ from dpsynth.privacy.releases.central import CentralImages
 from dpsynth.privacy.releases.classifier import plan_with_classifier
 from dpsynth.privacy.releases.frequency import (
     FrequencyPlan,
+    check_denoise,
     frequency_plan_in,
     plan_with_frequency,
     release_frequency_model,
@@ -32,6 +33,9 @@ FREQUENCY_DEFAULTS: dict[str, Any] = {
     "frequency_clip": 0.0,
     "frequency_covariance": "pooled",
     "frequency_count_weight": 0.5,
+    # The released covariances' post-processing: `clip` (negative eigenvalues to 0) or
+    # `spiked` (also the noise's own eigenvalues to 0, those above debiased; frequency.py).
+    "frequency_denoise": "clip",
     # With `train --public` (declared-public images): the backend's own non-private
     # pretraining steps on them before loop step 0 (pge's score network, dpkernel's generator;
     # `Trainer.pretrain_public`). Kept with the shared stages so that every preset has it.
@@ -63,6 +67,7 @@ def stage_shares(config: Mapping[str, Any]) -> dict[str, float]:
 
 def frequency_plan(info: Any, config: Mapping[str, Any]) -> FrequencyPlan | None:
     """The frequency-model release the config asks for (σ set by the plan), or None."""
+    check_denoise(str(config.get("frequency_denoise", "clip")))
     if float(config.get("frequency_share", 0.0)) == 0:
         return None
     if info.modality != "image":
@@ -121,8 +126,11 @@ class FrequencyStart:
     same noise, so the release the plan accounted for.
     """
 
-    def __init__(self, info: Any, plan: PrivacyPlan, randomness: PrivateRandomness) -> None:
+    def __init__(
+        self, info: Any, plan: PrivacyPlan, randomness: PrivateRandomness, denoise: str = "clip"
+    ) -> None:
         self.plan = frequency_plan_in(plan.events)
+        self.denoise = denoise
         self.num_classes = len(info.classes)
         self.stream = randomness.generator("frequency/noise") if self.plan else None
 
@@ -131,7 +139,9 @@ class FrequencyStart:
         if self.plan is None or step != 0:
             return None
         assert self.stream is not None
-        model = release_frequency_model(x.cpu(), y.cpu(), self.num_classes, self.plan, self.stream)
+        model = release_frequency_model(
+            x.cpu(), y.cpu(), self.num_classes, self.plan, self.stream, self.denoise
+        )
         return CentralImages(model.mean_images(), model.counts.to(torch.float32), model)
 
 

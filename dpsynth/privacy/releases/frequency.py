@@ -38,6 +38,8 @@ from dpsynth.privacy.mechanisms.aggregation import renorm_rows
 
 MECHANISM = "frequency_model"
 COVARIANCES = ("pooled", "class")
+# The covariance post-processing (`model_from_release`).
+DENOISERS = ("clip", "spiked")
 # The background value of images in [-1, 1] (public): features are of x + 1.
 _SHIFT = 1.0
 
@@ -235,14 +237,38 @@ def _psd_roots(covariances: torch.Tensor) -> torch.Tensor:
     return vectors @ torch.diag_embed(values.clamp_min(0).sqrt()) @ vectors.transpose(1, 2)
 
 
+def check_denoise(denoise: str) -> None:
+    """UsageError unless `denoise` names a covariance post-processing (`DENOISERS`)."""
+    if denoise not in DENOISERS:
+        raise UsageError(f"--set frequency_denoise: one of {', '.join(DENOISERS)}, got {denoise!r}")
+
+
+def spiked_eigenvalues(values: torch.Tensor, entry_std: torch.Tensor, d: int) -> torch.Tensor:
+    """The covariance eigenvalues under symmetric noise of std `entry_std` a entry (one per
+    matrix, [K]): those inside the noise's spectrum (below its edge 2s√d) are set to 0, and
+    each one above is replaced by the θ of a spike that noise would push to it, the root
+    θ ≥ s√d of λ = θ + s²d/θ (the spiked Wigner model's eigenvalue shift). Post-processing:
+    s comes from the plan's public noise and the released counts."""
+    s = entry_std.to(values.dtype)[:, None]
+    edge = 2.0 * s * math.sqrt(d)
+    root = (values.pow(2) - edge.pow(2)).clamp_min(0.0).sqrt()
+    return torch.where(values > edge, 0.5 * (values + root), torch.zeros_like(values))
+
+
 def model_from_release(
     released: torch.Tensor,
     num_classes: int,
     shape: Sequence[int],
     plan: FrequencyPlan,
+    denoise: str = "clip",
 ) -> FrequencyModel:
-    """Post-processing of the noisy vector: means, PSD covariances (negative eigenvalues of
-    the noisy estimate set to 0), counts (floored at 1)."""
+    """Post-processing of the noisy vector: means, PSD covariances, counts (floored at 1).
+
+    `denoise`: `clip` sets the noisy estimate's negative eigenvalues to 0; `spiked` also drops
+    the eigenvalues the release's noise alone would produce and debiases those above them
+    (`spiked_eigenvalues`), so that samples vary along the data's directions, not the
+    noise's."""
+    check_denoise(denoise)
     channels, height, width = (int(s) for s in shape)
     d = channels * min(plan.band, height) * min(plan.band, width)
     k = num_classes
@@ -265,6 +291,11 @@ def model_from_release(
     else:
         covariances = moments / safe[:, None, None] - torch.einsum("ki,kj->kij", means, means)
     values, vectors = torch.linalg.eigh(covariances)
+    if denoise == "spiked":
+        # The noise std of a second moment is the vector's, times C²; the moments are divided
+        # by the class count (the total for the pooled one).
+        divisor = safe.sum().expand(k) if plan.covariance == "pooled" else safe
+        values = spiked_eigenvalues(values, plan.noise_std * plan.clip_norm**2 / divisor, d)
     covariances = vectors @ torch.diag_embed(values.clamp_min(0)) @ vectors.transpose(1, 2)
     return FrequencyModel(means, covariances, counts, (channels, height, width), plan.band)
 
@@ -275,18 +306,20 @@ def release_frequency_model(
     num_classes: int,
     plan: FrequencyPlan,
     generator: torch.Generator,
+    denoise: str = "clip",
 ) -> FrequencyModel:
     """The DP release of the frequency model of x [N, C, H, W] (in [-1, 1]) by labels y [N].
 
     The ONLY code that reads the records for this release; the noise comes from the run's
-    secret `generator` (σ = 0: exact, for non-private runs). The rest is post-processing.
+    secret `generator` (σ = 0: exact, for non-private runs). The rest is post-processing
+    (`denoise`: see `model_from_release`).
     """
     stats = frequency_statistics(x, y, num_classes, plan)
     noise = torch.randn(
         stats.shape, generator=generator, dtype=torch.float64, device=generator.device
     )
     released = stats + plan.noise_std * noise.to(stats.device)
-    return model_from_release(released.cpu(), num_classes, x.shape[1:], plan)
+    return model_from_release(released.cpu(), num_classes, x.shape[1:], plan, denoise)
 
 
 def plan_with_frequency(
