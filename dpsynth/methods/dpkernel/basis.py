@@ -14,18 +14,9 @@ per-record map, like the table binning: the mechanism sees the records Px.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-
-def dct_matrix(size: int) -> torch.Tensor:
-    """The orthonormal 1-D DCT-II matrix [size, size] (row u is the u-th cosine)."""
-    n = torch.arange(size, dtype=torch.float64)
-    u = n[:, None]
-    matrix = torch.cos(math.pi * (2.0 * n[None, :] + 1.0) * u / (2.0 * size))
-    matrix[0] /= math.sqrt(2.0)
-    return matrix * math.sqrt(2.0 / size)
+from dpsynth.privacy.releases.frequency import dct_matrix
 
 
 def low_frequency_basis(shape: tuple[int, int, int], count: int) -> torch.Tensor:

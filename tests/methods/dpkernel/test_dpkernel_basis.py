@@ -10,10 +10,11 @@ import torch
 from dpsynth.data.sources import load_data
 from dpsynth.errors import UsageError
 from dpsynth.methods.dpkernel import trainer as trainer_module
-from dpsynth.methods.dpkernel.basis import KernelView, dct_matrix, low_frequency_basis
+from dpsynth.methods.dpkernel.basis import KernelView, low_frequency_basis
 from dpsynth.methods.dpkernel.kernel import raw_embedding_gradient
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting.plan import PrivacyTarget
+from dpsynth.privacy.releases.frequency import dct_matrix
 from tests.methods.dpkernel.test_dpkernel import _digits
 
 
