@@ -8,6 +8,8 @@ Keys (the shared stage's, `methods.blocks.FREQUENCY_DEFAULTS`, less its share an
   entry) or `class` (one per class);
 - `frequency_count_weight` w: the weight of the class counts in the release (sensitivity
   √(2 + w²));
+- `frequency_denoise`: the covariances' post-processing, `clip` or `spiked`
+  (`dpsynth.privacy.releases.frequency.model_from_release`);
 - the DP teacher's keys (`methods.blocks.TEACHER_DEFAULTS`; off unless `teacher_share` > 0);
 - `sample_truncation`: the scale of the sampled deviations from the class means
   (`Generator.truncation`; post-processing, no privacy cost).
@@ -43,11 +45,22 @@ PRESETS: dict[str, dict[str, Any]] = {
     # pooled covariance, which 1,437 records need. Seconds on the CPU, as every freq preset.
     "small": {**_COMMON, "frequency_band": 8},
     # 28×28 images such as mnist-5k above ε = 3: the 10×10 lowest frequencies (d = 100) and one
-    # covariance per class, as rdpgan's and pge's `mnist` presets release it.
-    "mnist": {**_COMMON, "frequency_band": 10, "frequency_covariance": "class"},
+    # covariance per class, as rdpgan's and pge's `mnist` presets release it; the covariances
+    # without the noise's own eigenvalues (`spiked`), so that samples read as digits.
+    "mnist": {
+        **_COMMON,
+        "frequency_band": 10,
+        "frequency_covariance": "class",
+        "frequency_denoise": "spiked",
+    },
 }
 # 28×28 at ε ≤ 3: the pooled within-class covariance (K times less noise per entry).
 PRESETS["mnist-eps1"] = {**PRESETS["mnist"], "frequency_covariance": "pooled"}
 # `mnist` with the DP teacher of the other backends' 28×28 presets above ε = 3: 70% of ε to a
 # DP-SGD classifier started from a fit to 10,000 of the model's samples, which relabels them.
-PRESETS["mnist-teacher"] = {**PRESETS["mnist"], **RELABELLING_TEACHER}
+# (Measured with the clipped covariances, which it keeps; `spiked` under it is not measured.)
+PRESETS["mnist-teacher"] = {
+    **PRESETS["mnist"],
+    **RELABELLING_TEACHER,
+    "frequency_denoise": "clip",
+}
