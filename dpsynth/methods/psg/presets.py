@@ -110,6 +110,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "warm_start_share": 0.0,
         "frequency_share": 0.5,  # the other half of ε for the gradient matching
         "frequency_covariance": "pooled",
+        # As `mnist`: FID 244 against 265, CNN 0.679 against 0.703 (within its spread).
+        "frequency_denoise": "spiked",
     },
     # The paper's budget variant for one GPU (spec §9.4 `quick`): 10,000 releases.
     "quick": {**_PAPER_COMMON, "runs": 100},
