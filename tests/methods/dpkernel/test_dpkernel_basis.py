@@ -67,7 +67,7 @@ def test_the_embedding_gradient_in_the_view_is_the_projected_pixel_gradient() ->
     torch.testing.assert_close(seen, view(pixel))
 
 
-def _mnist_like_trainer(frequencies: int):
+def _digits_trainer(frequencies: int):
     method = get_method("dpkernel")
     info = load_data("digits").info()
     config = method.config("tiny", {"kernel_frequencies": frequencies}, info)
@@ -89,8 +89,8 @@ def test_a_step_releases_the_gradient_in_the_view_with_the_kernels_sensitivity(
         return real(gradient, points, labels, bandwidths, **kwargs)
 
     monkeypatch.setattr(trainer_module, "privatize_embedding_gradient", spy)
-    _, config, plan, trainer = _mnist_like_trainer(10)
-    _, _, pixel_plan, _ = _mnist_like_trainer(0)
+    _, config, plan, trainer = _digits_trainer(10)
+    _, _, pixel_plan, _ = _digits_trainer(0)
     x, y = _digits(64)
     trainer.step(x, y)
     generated = int(config["generated_points"])
