@@ -39,7 +39,7 @@ from dpsynth.privacy.mechanisms.aggregation import renorm_rows
 MECHANISM = "frequency_model"
 COVARIANCES = ("pooled", "class")
 # The covariance post-processing (`model_from_release`).
-DENOISERS = ("clip", "spiked")
+DENOISERS = ("clip", "spiked", "spiked-pooled")
 # The background value of images in [-1, 1] (public): features are of x + 1.
 _SHIFT = 1.0
 
@@ -267,7 +267,11 @@ def model_from_release(
     `denoise`: `clip` sets the noisy estimate's negative eigenvalues to 0; `spiked` also drops
     the eigenvalues the release's noise alone would produce and debiases those above them
     (`spiked_eigenvalues`), so that samples vary along the data's directions, not the
-    noise's."""
+    noise's. `spiked-pooled` (per-class covariances) keeps each class's own spikes and fills
+    the rest of the space from the pooled within-class covariance, derived from the same
+    class moments (K times less noise a entry) and denoised the same way
+    (`_with_pooled_bulk`): a small class keeps the variation all classes share (slant,
+    thickness) instead of collapsing onto its mean."""
     check_denoise(denoise)
     channels, height, width = (int(s) for s in shape)
     d = channels * min(plan.band, height) * min(plan.band, width)
@@ -290,14 +294,42 @@ def model_from_release(
         covariances = (moments[0] / total - between).expand(k, d, d).clone()
     else:
         covariances = moments / safe[:, None, None] - torch.einsum("ki,kj->kij", means, means)
-    values, vectors = torch.linalg.eigh(covariances)
-    if denoise == "spiked":
-        # The noise std of a second moment is the vector's, times C²; the moments are divided
-        # by the class count (the total for the pooled one).
-        divisor = safe.sum().expand(k) if plan.covariance == "pooled" else safe
-        values = spiked_eigenvalues(values, plan.noise_std * plan.clip_norm**2 / divisor, d)
-    covariances = vectors @ torch.diag_embed(values.clamp_min(0)) @ vectors.transpose(1, 2)
+    # The noise std of a second moment is the vector's, times C²; the moments are divided by
+    # the class count (the total for the pooled one).
+    moment_std = plan.noise_std * plan.clip_norm**2
+    divisor = safe.sum().expand(k) if plan.covariance == "pooled" else safe
+    if denoise == "spiked-pooled" and plan.covariance == "class":
+        covariances = _with_pooled_bulk(covariances, safe, moment_std, d)
+    else:
+        values, vectors = torch.linalg.eigh(covariances)
+        if denoise != "clip":
+            values = spiked_eigenvalues(values, moment_std / divisor, d)
+        covariances = vectors @ torch.diag_embed(values.clamp_min(0)) @ vectors.transpose(1, 2)
     return FrequencyModel(means, covariances, counts, (channels, height, width), plan.band)
+
+
+def _with_pooled_bulk(
+    covariances: torch.Tensor, counts: torch.Tensor, moment_std: float, d: int
+) -> torch.Tensor:
+    """Per-class noisy covariances [K, d, d] → each class's spikes V_k Θ_k V_kᵀ plus the
+    denoised pooled covariance P restricted to the rest: (I − V_k V_kᵀ) P (I − V_k V_kᵀ).
+
+    P = Σ_k n_k C_k / N is a post-processing of the same release; its noise a entry is
+    √(Σ_k (n_k/N)² (s/n_k)²) = s√K / N, K times below a class's s/n_k at equal counts."""
+    k = covariances.shape[0]
+    total = counts.sum()
+    pooled = torch.einsum("k,kij->ij", counts / total, covariances)
+    pooled_values, pooled_vectors = torch.linalg.eigh(pooled)
+    pooled_std = (moment_std * math.sqrt(k) / total).reshape(1)
+    pooled_values = spiked_eigenvalues(pooled_values[None], pooled_std, d)[0]
+    pooled = pooled_vectors @ torch.diag(pooled_values) @ pooled_vectors.T
+    values, vectors = torch.linalg.eigh(covariances)
+    values = spiked_eigenvalues(values, moment_std / counts, d)
+    kept = (values > 0).to(values.dtype)  # the class's own spikes
+    own = vectors @ torch.diag_embed(values) @ vectors.transpose(1, 2)
+    span = vectors @ torch.diag_embed(kept) @ vectors.transpose(1, 2)
+    rest = torch.eye(d, dtype=covariances.dtype, device=covariances.device) - span
+    return own + rest @ pooled @ rest
 
 
 def release_frequency_model(
