@@ -217,6 +217,9 @@ class Method(ABC):
     # A warning `train` gives when this backend trains on a table and another table method is
     # measurably better (None: no advice).
     table_advice: ClassVar[str | None] = None
+    # A warning `train` gives for a preset whose measured release fails the rule the others
+    # are held to (e.g. worse FID than the frequency model alone), by preset name.
+    preset_advice: ClassVar[Mapping[str, str]] = {}
 
     def presets_for(self, info: DataInfo) -> Mapping[str, Mapping[str, Any]]:
         """The presets that apply to this data: `table_presets` for a table when given."""

@@ -116,6 +116,8 @@ def start_run(
             "whole record with that probability; use a smaller --delta"
         )
     preset = resolve_preset(backend, preset, info, target_epsilon)
+    if preset in backend.preset_advice and info.modality == "image":
+        warnings.append(backend.preset_advice[preset])
     config = backend.config(preset, dict(request.overrides), info)
     # Everything that can fail for a reason known before the first private read fails here,
     # before the spend is reserved: the config's values, then the plan, then building the

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
@@ -68,6 +68,14 @@ class DPAFMethod(StagedMethod):
     presets = PRESETS
     trainer_class = DPAFTrainer
     generator_class = DPAFGenerator
+    preset_advice: ClassVar[Mapping[str, str]] = {
+        "mnist-freq-eps1": (
+            "dpaf's mnist-freq-eps1 fails the rule every 28×28 preset is held to: on mnist-5k "
+            "at ε = 1 its generator collapsed onto one noisy image per class (FID 389 against "
+            "273 for the frequency model alone, CNN accuracy 0.39); at ε ≤ 3 prefer --method "
+            "freq or dpkernel (docs/leaderboard.md)"
+        )
+    }
     description = (
         "DPAF (noisy aggregation of SIN features in the discriminator's forward pass), strict "
         "mode: Poisson sampling, DP-SGD phase 1, conv2* at the released aggregates"
@@ -80,6 +88,8 @@ class DPAFMethod(StagedMethod):
         Public facts only (shape, ε). On mnist-5k DPAF's own phases plateau below 0.84 even
         without noise (`mnist`), while the DP frequency model's fit followed by a short, slow
         match to DPAF's one release reaches 0.87 at ε = 10 and 0.76 at ε = 1 (tuning-28.md).
+        Measured since with FID, `mnist-freq-eps1` collapses (docs/leaderboard.md): `train`
+        says so (`preset_advice`) until a preset replaces it.
         """
         if is_large_image(info):
             return "mnist-freq-eps1" if epsilon <= SMALL_EPSILON else "mnist-freq"
