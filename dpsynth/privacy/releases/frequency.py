@@ -297,12 +297,12 @@ def model_from_release(
     # The noise std of a second moment is the vector's, times C²; the moments are divided by
     # the class count (the total for the pooled one).
     moment_std = plan.noise_std * plan.clip_norm**2
-    divisor = safe.sum().expand(k) if plan.covariance == "pooled" else safe
     if denoise == "spiked-pooled" and plan.covariance == "class":
         covariances = _with_pooled_bulk(covariances, safe, moment_std, d)
     else:
         values, vectors = torch.linalg.eigh(covariances)
         if denoise != "clip":
+            divisor = safe.sum().expand(k) if plan.covariance == "pooled" else safe
             values = spiked_eigenvalues(values, moment_std / divisor, d)
         covariances = vectors @ torch.diag_embed(values.clamp_min(0)) @ vectors.transpose(1, 2)
     return FrequencyModel(means, covariances, counts, (channels, height, width), plan.band)
