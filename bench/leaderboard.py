@@ -43,6 +43,8 @@ Times are wall clock of the whole CLI command (start-up, calibration, data loadi
 writing included), so images/s understates the generator's own speed for small n.
 `--quick` is a smoke run: no FID and one classifier seed. Any preset value can be overridden
 for every method with `--set key=value` (a method rejects keys it does not know).
+`--variant NAME:key=value,…` adds a row per method and ε with those settings; `--ablation`
+adds the rows of `bench/ablation.py` (the preset, the method alone, with the DP teacher, both).
 `--public SPEC` passes `train --public SPEC` (declared-public pretraining images, no ε) to every
 method row; the rows' preset column then reads `PRESET + public`.
 """
@@ -60,6 +62,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.ablation import ABLATION_VARIANTS, distinct_variants
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -309,6 +312,25 @@ def settings_for(method: str, info: Any, preset: str, wanted: list[str]) -> list
 
     known = get_method(method).presets_for(info)[preset]
     return [item for item in wanted if item.split("=", 1)[0] in known]
+
+
+def requested_variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """`--ablation`'s variants (bench/ablation.py), then each `--variant`."""
+    return [*(ABLATION_VARIANTS if args.ablation else []), *(args.variant or [])]
+
+
+def method_variants(
+    method: str, epsilon: str, args: argparse.Namespace, info: Any
+) -> list[tuple[str, list[str]] | None]:
+    """The rows of one (method, ε): `--variant`s, with `--ablation`'s first; None (the preset
+    alone) without either. A variant that changes nothing the preset has beyond what an
+    earlier one changed is dropped (e.g. `alone` for `freq`)."""
+    variants = requested_variants(args)
+    if not variants:
+        return [None]
+    preset = preset_for(method, info, epsilon, args.preset)
+    effective = [settings_for(method, info, preset, items) for _, items in variants]
+    return list(distinct_variants(variants, effective))
 
 
 def save_sample_grid(folder: Path, path: Path, per_class: int = 10) -> None:
@@ -660,6 +682,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "has); repeat for ablations",
     )
     parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help="rows preset, alone, teacher and both per method and ε (bench/ablation.py)",
+    )
+    parser.add_argument(
         "--grids", type=Path, default=RESULTS / "grids", help="where sample grids are kept"
     )
     parser.add_argument("--no-real", action="store_true", help="skip the real-trained row")
@@ -711,7 +738,7 @@ def main(argv: list[str] | None = None) -> None:
         "seeds": args.seeds,
         "fid": not args.no_fid,
         "fid_n": args.fid_n,
-        "variants": {name: items for name, items in args.variant or []},
+        "variants": dict(requested_variants(args)),
         "public": args.public,
         "real": None,
         "dpsgd": [],
@@ -728,10 +755,9 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 print(json.dumps(report["dpsgd"][-1]), file=sys.stderr, flush=True)
                 write_results(report, json_path, markdown_path)
-    variants: list[tuple[str, list[str]] | None] = list(args.variant or [None])
     for method in methods:
         for epsilon in args.epsilon:
-            for variant in variants:
+            for variant in method_variants(method, epsilon, args, info):
                 try:
                     row = method_row(method, epsilon, args, args.seeds, n, info, variant)
                 except RuntimeError as exc:  # one failing method must not lose the others

@@ -230,3 +230,26 @@ def test_images_take_their_held_out_split_from_test(leaderboard, tmp_path, monke
         leaderboard.dpsgd_row(
             f"npz:{tmp_path / 'train.npz'}", "10", 1, "cpu", f"npz:{tmp_path / 'missing.npz'}"
         )
+
+
+def test_ablation_rows_measure_each_stage_once(leaderboard):
+    """`--ablation`: the preset, the method alone, with the teacher and both, each with the
+    settings the method's preset has; a variant that changes nothing new is not run twice."""
+    digits = DataInfo("digits", "builtin", 1437, (1, 8, 8), tuple("0123456789"), "f", "digits")
+    mnist = dataclasses.replace(digits, spec="mnist-5k", n=4000, shape=(1, 28, 28))
+    args = leaderboard.parse_args(["--data", "mnist-5k", "--ablation", "--variant", "x:steps=7"])
+    pge = dict(leaderboard.method_variants("pge", "10", args, mnist))
+    assert list(pge) == ["preset", "alone", "teacher", "both", "x"]
+    assert pge["preset"] == []
+    assert {"frequency_share=0", "warm_start_share=0"} <= set(pge["alone"])
+    assert "teacher_share=0.5" in pge["teacher"] and "frequency_share=0" in pge["teacher"]
+    assert "teacher_share=0.5" in pge["both"] and "frequency_share=0" not in pge["both"]
+    # freq's release is the frequency model: alone is its preset, both is its teacher row,
+    # and it has no `steps` for x to change.
+    freq = leaderboard.method_variants("freq", "10", args, mnist)
+    assert [name for name, _ in freq] == ["preset", "teacher"]
+    assert leaderboard.parse_args(["--data", "mnist-5k"]).ablation is False
+    plain = leaderboard.parse_args(["--data", "mnist-5k"])
+    assert leaderboard.method_variants("pge", "10", plain, mnist) == [None]
+    report_variants = dict(leaderboard.requested_variants(args))
+    assert set(report_variants) == {"preset", "alone", "teacher", "both", "x"}
