@@ -116,7 +116,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 28×28 images above ε = 3 (the recommended one): half of ε on the DP frequency model
     # (per-class covariances), which G first learns to reproduce (3,000 regression steps,
     # latent 100); the other half on `mnist`'s phases, whose 500 generator steps at lr 1e-4
-    # refine that fit without undoing it. Minutes on the CPU (8 on digits28's 1,437 images).
+    # refine that fit without undoing it. 11.6 minutes on an idle 2-core CPU for mnist-5k;
+    # 10,000 images sample in 13 s.
     "mnist-freq": {
         **_SMALL,
         "windows": 500,

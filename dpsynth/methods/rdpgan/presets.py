@@ -92,7 +92,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 # 28×28 images (mnist-5k) above ε = 3 (the recommended one): half of ε on the DP frequency
 # model (per-class covariances), which G (latent 100) first learns to reproduce in 3,000
-# regression steps; the DP GAN then trains with the other half. About 12 minutes on the CPU.
+# regression steps; the DP GAN then trains with the other half. 3.1 minutes on an idle 2-core
+# CPU for mnist-5k; 10,000 images sample in 10 s.
 PRESETS["mnist"] = {
     **PRESETS["small"],
     "latent_dim": 100,
