@@ -145,16 +145,26 @@ def test_train_advises_against_a_table_method_that_is_far_behind(
     assert any("prefer --method mst or aim" in w for w in warnings) is advised
 
 
-@pytest.mark.parametrize("preset, advised", [("mnist-freq-eps1", True), ("small", False)])
+_DPAF_SHRINK = ["c_steps=2", "windows=2", "frequency_fit_steps=2", "width=4", "fc_hidden=8"]
+_PGE_SHRINK = ["steps=2", "warm_start_steps=2", "sampler_rounds=1", "sampler_steps=1", "nf=4"]
+
+
+@pytest.mark.parametrize(
+    "method, preset, advised, shrink",
+    [
+        ("dpaf", "mnist-freq-eps1", True, _DPAF_SHRINK),
+        ("dpaf", "small", False, _DPAF_SHRINK),
+        ("pge", "mnist-eps1", True, _PGE_SHRINK),
+    ],
+)
 def test_train_advises_against_an_image_preset_that_fails_the_baseline(
-    tmp_path: Path, preset: str, advised: bool, one_torch_thread
+    tmp_path: Path, method: str, preset: str, advised: bool, shrink: list[str], one_torch_thread
 ) -> None:
-    """dpaf's ε ≤ 3 28×28 preset measured worse than the frequency model alone: `train` says
-    so in its warnings (shrunk here to seconds; the advice is by preset name)."""
-    shrink = ["c_steps=2", "windows=2", "frequency_fit_steps=2", "width=4", "fc_hidden=8"]
+    """dpaf's and pge's ε ≤ 3 28×28 presets measured worse than the frequency model alone:
+    `train` says so in its warnings (shrunk here to seconds; the advice is by preset name)."""
     result = runner.invoke(
         app,
-        ["train", "--method", "dpaf", "--data", "digits", "--epsilon", "1", "--preset", preset,
+        ["train", "--method", method, "--data", "digits", "--epsilon", "1", "--preset", preset,
          "--out", str(tmp_path / "r"), "--ledger", str(tmp_path / "l.jsonl"), "--json",
          "--device", "cpu", *[a for item in shrink for a in ("--set", item)]],
     )  # fmt: skip
