@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, TEACHER_DEFAULTS
+from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, RELABELLING_TEACHER, TEACHER_DEFAULTS
 from dpsynth.privacy.mechanisms.functional import functional_sensitivity
 
 _PAPER_BANDWIDTHS = (1.0, 2.0, 4.0, 8.0, 16.0)
@@ -170,6 +170,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         "jitter": 1e-8,
         "ema": 0.0,
     },
+}
+# 28×28 above ε = 3 with the DP teacher (a named option, not picked by `auto`): `mnist`'s
+# functional mechanism on half of ε from a random start (no frequency model), the relabelling
+# teacher on the other half. On mnist-5k at ε = 10 the most accurate release whose images read
+# as digits (CNN 0.899 against `mnist`'s 0.857), at a worse FID (144 against 89).
+PRESETS["mnist-teacher"] = {
+    **PRESETS["mnist"],
+    "frequency_share": 0.0,
+    **RELABELLING_TEACHER,
+    "teacher_share": 0.5,
 }
 for _preset in PRESETS.values():
     for _key, _value in {**WARM_START_DEFAULTS, **FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
