@@ -460,23 +460,29 @@ def test_sample_truncation_scales_the_latent_and_narrows_the_samples():
             method.config("tiny", {"sample_truncation": bad}, DIGITS_INFO)
 
 
-def test_mnist_teacher_is_the_measured_row_and_composes_its_stages_within_epsilon():
-    """`mnist-teacher` names the ablation row it was chosen on (`mnist` with the relabelling
-    teacher on half of ε: docs/leaderboard.md), and its plan gives the frequency model and the
-    DP-MMD steps half of ε between them and the teacher's DP-SGD the rest, composed within
-    the target."""
+@pytest.mark.parametrize(
+    "teacher_preset, base, epsilon",
+    [("mnist-teacher", "mnist", 10.0), ("mnist-eps1-teacher", "mnist-eps1", 1.0)],
+)
+def test_teacher_presets_are_the_measured_rows_and_compose_their_stages_within_epsilon(
+    teacher_preset: str, base: str, epsilon: float
+):
+    """The teacher presets name the ablation rows they were chosen on (the base preset with the
+    relabelling teacher on half of ε: docs/leaderboard.md), `auto` never picks them, and each
+    plan gives the frequency model and the DP-MMD steps half of ε between them and the
+    teacher's DP-SGD the rest, composed within the target."""
     from dpsynth.privacy.accounting.compose import compose_epsilon
 
     method = DPKernelMethod()
-    named = method.config("mnist-teacher", {}, MNIST_INFO)
+    named = method.config(teacher_preset, {}, MNIST_INFO)
     measured = method.config(
-        "mnist",
+        base,
         {"teacher_share": 0.5, "teacher_filter": "relabel", "teacher_pretrain": 10000},
         MNIST_INFO,
     )
-    assert {**named, "preset": "mnist"} == measured
-    assert method.recommended_preset(MNIST_INFO, 10.0) != "mnist-teacher"
-    plan = method.plan(MNIST_INFO, PrivacyTarget(10.0, 1e-5), named)
+    assert {**named, "preset": base} == measured
+    assert teacher_preset not in {method.recommended_preset(MNIST_INFO, e) for e in (1.0, 10.0)}
+    plan = method.plan(MNIST_INFO, PrivacyTarget(epsilon, 1e-5), named)
     teacher = [e for e in plan.events if e.get("mechanism") == "dp_classifier"]
     frequency = [e for e in plan.events if e.get("mechanism") == "frequency_model"]
     rest = [e for e in plan.events if e.get("mechanism") != "dp_classifier"]
@@ -484,7 +490,7 @@ def test_mnist_teacher_is_the_measured_row_and_composes_its_stages_within_epsilo
     # The backend's stages are planned for half of ε alone (the frequency model for half of
     # that); the teacher's DP-SGD fills the rest up to ε under PRV composition, so alone it
     # bounds more than half (composition is sub-additive).
-    assert compose_epsilon(rest, 1e-5).epsilon == pytest.approx(5.0, rel=0.02)
-    assert compose_epsilon(frequency, 1e-5).epsilon == pytest.approx(2.5, rel=0.02)
-    assert 5.0 < compose_epsilon(teacher, 1e-5).epsilon < 10.0
-    assert plan.epsilon_bound <= 10.0 + 1e-9
+    assert compose_epsilon(rest, 1e-5).epsilon == pytest.approx(epsilon / 2, rel=0.02)
+    assert compose_epsilon(frequency, 1e-5).epsilon == pytest.approx(epsilon / 4, rel=0.02)
+    assert epsilon / 2 < compose_epsilon(teacher, 1e-5).epsilon < epsilon
+    assert plan.epsilon_bound <= epsilon + 1e-9
