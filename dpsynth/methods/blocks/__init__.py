@@ -32,6 +32,7 @@ from dpsynth.methods.blocks.stages import (
     stage_shares,
 )
 from dpsynth.methods.blocks.teacher import (
+    HALF_BUDGET_TEACHER,
     NO_TEACHER,
     RELABELLING_TEACHER,
     TEACHER_DEFAULTS,
@@ -46,6 +47,7 @@ from dpsynth.methods.blocks.teacher_filter import TeacherFilter
 
 __all__ = [
     "FREQUENCY_DEFAULTS",
+    "HALF_BUDGET_TEACHER",
     "NO_TEACHER",
     "RELABELLING_TEACHER",
     "TEACHER_DEFAULTS",

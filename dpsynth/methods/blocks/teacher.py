@@ -58,13 +58,16 @@ TEACHER_FILTERS = ("rank", "relabel")
 # The teacher of the 28×28 presets above ε = 3 (issue 28): the backend plans for 30% of ε and
 # the teacher's σ fills the rest; it starts from a fit to 10,000 of the backend's samples and
 # labels the release. It raises CNN accuracy through its labels, not the images' look, so only
-# the `mnist-teacher` presets (ε > 3) use it
+# the teacher presets use it
 # (measured in bench/results/2026-11-23-tuning-logs/tuning-28.md).
 RELABELLING_TEACHER: dict[str, Any] = {
     "teacher_share": 0.7,
     "teacher_filter": "relabel",
     "teacher_pretrain": 10000,
 }
+# The same teacher on half of ε (the rest to the backend's stages): dpkernel's teacher presets
+# and the ablation rows of bench/ablation.py, which keep half of ε for what they compare.
+HALF_BUDGET_TEACHER: dict[str, Any] = {**RELABELLING_TEACHER, "teacher_share": 0.5}
 # What a preset derived from one with `RELABELLING_TEACHER` sets to have no teacher.
 NO_TEACHER: dict[str, Any] = {key: TEACHER_DEFAULTS[key] for key in RELABELLING_TEACHER}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, RELABELLING_TEACHER, TEACHER_DEFAULTS
+from dpsynth.methods.blocks import FREQUENCY_DEFAULTS, HALF_BUDGET_TEACHER, TEACHER_DEFAULTS
 from dpsynth.privacy.mechanisms.functional import functional_sensitivity
 
 _PAPER_BANDWIDTHS = (1.0, 2.0, 4.0, 8.0, 16.0)
@@ -177,14 +177,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 # `mnist`'s fidelity (CNN 0.900, FID 90.7, against 0.857 and 88.6); without the frequency
 # model (the teacher and the functional mechanism alone) 0.899 at FID 143.5. 10.0 minutes on
 # an idle 2-core CPU for mnist-5k; 10,000 images sample in 18 s.
-PRESETS["mnist-teacher"] = {**PRESETS["mnist"], **RELABELLING_TEACHER, "teacher_share": 0.5}
+PRESETS["mnist-teacher"] = {**PRESETS["mnist"], **HALF_BUDGET_TEACHER}
 # The same at ε ≤ 3: `mnist-eps1` with the teacher on half of ε. On mnist-5k at ε = 1 the most
 # accurate release measured (CNN 0.796, FID 206.9, against `mnist-eps1`'s 0.711 and 178.5).
-PRESETS["mnist-eps1-teacher"] = {
-    **PRESETS["mnist-eps1"],
-    **RELABELLING_TEACHER,
-    "teacher_share": 0.5,
-}
+PRESETS["mnist-eps1-teacher"] = {**PRESETS["mnist-eps1"], **HALF_BUDGET_TEACHER}
 for _preset in PRESETS.values():
     for _key, _value in {**WARM_START_DEFAULTS, **FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
         _preset.setdefault(_key, _value)
