@@ -9,7 +9,8 @@ Each command's wall clock, CPU seconds of its process group and peak RSS come fr
 bench/measure.py; the 1-minute load average is read before and after it, so a run on a busy
 machine says so. Nothing is evaluated here (the leaderboard does that). Writes
 `bench/results/preset-times-<data>.json` and `.md` (or `--json`/`--markdown`) and prints each
-entry as it finishes.
+entry as it finishes. `--threads N` passes the CLI's `--threads N` to both commands, to compare
+torch's default with one thread on a machine other work keeps busy.
 """
 
 from __future__ import annotations
@@ -57,30 +58,32 @@ def time_preset(method: str, preset: str, args: argparse.Namespace) -> dict[str,
         ]  # fmt: skip
         for item in args.set or []:
             train += ["--set", item]
-        trained = _timed(train)
+        threads = ["--threads", str(args.threads)] if args.threads else []
+        trained = _timed([*train, *threads])
         sampled = _timed(
             ["sample", str(root / "run"), "--n", str(args.n), "--out", str(root / "synth"),
-             "--device", "cpu", "--ledger", ledger, "--quiet"]
+             "--device", "cpu", "--ledger", ledger, "--quiet", *threads]
         )  # fmt: skip
     return {"method": method, "preset": preset, "epsilon": float(args.epsilon), "n": args.n,
-            "overrides": args.set or [], "train": trained, "sample": sampled}  # fmt: skip
+            "threads": args.threads or "default", "overrides": args.set or [],
+            "train": trained, "sample": sampled}  # fmt: skip
 
 
 def markdown(report: dict[str, Any]) -> str:
     """The entries as a Markdown table (minutes for training, seconds for sampling)."""
     lines = [
         f"Preset times on {report['machine']['cpu']} ({report['machine']['cpu_cores']} cores), "
-        f"{report['machine']['date']} at {report['machine']['commit']}, torch's default threads: "
-        f"`{report['command']}`",
+        f"{report['machine']['date']} at {report['machine']['commit']}: `{report['command']}`",
         "",
-        "| method | preset | ε | train (min) | train CPU (min) | load before/after | "
+        "| method | preset | ε | threads | train (min) | train CPU (min) | load before/after | "
         f"sample {report['n']} (s) | sample load before/after |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for e in report["entries"]:
         t, s = e["train"], e["sample"]
         lines.append(
-            f"| {e['method']} | {e['preset']} | {e['epsilon']:g} | {t['wall_s'] / 60:.1f} | "
+            f"| {e['method']} | {e['preset']} | {e['epsilon']:g} | {e.get('threads', 'default')} | "
+            f"{t['wall_s'] / 60:.1f} | "
             f"{t['cpu_s'] / 60:.1f} | {t['load_before']}/{t['load_after']} | {s['wall_s']:.0f} | "
             f"{s['load_before']}/{s['load_after']} |"
         )
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", nargs="+", required=True, help="METHOD:PRESET ...")
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--set", action="append", help="key=value for every run")
+    parser.add_argument("--threads", type=int, help="the CLI's --threads [default: torch's]")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)

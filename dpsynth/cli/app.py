@@ -109,6 +109,30 @@ LedgerOpt = Annotated[
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
+
+
+def _apply_threads(value: int | None) -> int | None:
+    """`--threads` takes effect as soon as it is parsed, before the command imports its work."""
+    if value is not None:
+        from dpsynth.threads import limit_threads
+
+        limit_threads(value)
+    return value
+
+
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        metavar="N",
+        envvar="DPSYNTH_THREADS",
+        min=1,
+        callback=_apply_threads,
+        show_default=False,
+        help="CPU threads for the numeric work [default: $DPSYNTH_THREADS, else torch's one a "
+        "core]; on a machine busy with other jobs, 1 is often several times faster.",
+    ),
+]
 ClassesOpt = Annotated[
     str | None,
     typer.Option(

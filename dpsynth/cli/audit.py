@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dpsynth.cli.app import DebugOpt, JsonOpt, app, handle_errors
+from dpsynth.cli.app import DebugOpt, JsonOpt, ThreadsOpt, app, handle_errors
 from dpsynth.cli.render import emit_json, fmt_eps, print_kv, stderr
 from dpsynth.cli.train import parse_sets
 from dpsynth.errors import UsageError
@@ -70,6 +70,7 @@ def audit(
         ),
     ] = False,
     break_mode: Annotated[str | None, typer.Option("--break", hidden=True)] = None,
+    threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:

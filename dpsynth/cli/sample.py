@@ -9,7 +9,16 @@ from typing import Annotated
 
 import typer
 
-from dpsynth.cli.app import DebugOpt, DeviceOpt, JsonOpt, LedgerOpt, QuietOpt, app, handle_errors
+from dpsynth.cli.app import (
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    LedgerOpt,
+    QuietOpt,
+    ThreadsOpt,
+    app,
+    handle_errors,
+)
 from dpsynth.cli.render import emit_json, progress_bar, show_progress, stderr, stdout
 from dpsynth.errors import UsageError
 
@@ -123,6 +132,7 @@ def sample(
         ),
     ] = None,
     device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,

@@ -16,6 +16,7 @@ from dpsynth.cli.app import (
     JsonOpt,
     LedgerOpt,
     QuietOpt,
+    ThreadsOpt,
     app,
     handle_errors,
     resolve_ledger_path,
@@ -48,6 +49,18 @@ def _stage_rows(stages: dict[str, float] | None) -> list[tuple[str, str]]:
         return []
     parts = [f"{_STAGE_NAMES.get(name, name)} {share:.0%}" for name, share in stages.items()]
     return [("ε split", ", ".join(parts))]
+
+
+def _thread_advice(device: str) -> list[str]:
+    """Advice to use one thread when training on a CPU that other work already keeps busy."""
+    import torch
+
+    from dpsynth.threads import busy_machine_advice
+
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return []
+    advice = busy_machine_advice(torch.get_num_threads())
+    return [advice] if advice else []
 
 
 def parse_sets(items: list[str] | None) -> dict[str, str]:
@@ -192,6 +205,7 @@ def train(
     ] = None,
     checkpoint_every: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 120.0,
     device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -241,6 +255,8 @@ def train(
     # Under torchrun only rank 0 shows progress and the result; the other ranks are quiet.
     main_rank = is_main_process()
     show = show_progress(quiet, as_json) and main_rank
+    if main_rank and not as_json:
+        print_remarks(_thread_advice(device))
     with progress_bar(show, "train") as bar:
         # The bar, and (unless --quiet) a line on stderr as soon as a first signal asks for a
         # stop: the loop honours it only after the step in progress.

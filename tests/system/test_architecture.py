@@ -82,7 +82,7 @@ FLOORS = (
     ("dpsynth.errors", 0),
     *((name, 1) for name in (
         "dpsynth.privacy", "dpsynth.ledger", "dpsynth.data", "dpsynth.rundir", "dpsynth.outdir",
-        "dpsynth.distributed",
+        "dpsynth.distributed", "dpsynth.threads",
     )),
     ("dpsynth.methods", 2),
     ("dpsynth.training", 3),
