@@ -253,3 +253,30 @@ def test_ablation_rows_measure_each_stage_once(leaderboard):
     assert leaderboard.method_variants("pge", "10", plain, mnist) == [None]
     report_variants = dict(leaderboard.requested_variants(args))
     assert set(report_variants) == {"preset", "alone", "teacher", "both", "x"}
+
+
+def test_the_dpsgd_reference_pretrains_on_declared_public_images(
+    leaderboard, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `--public`, the reference classifier first fits the public images, as the DP teacher
+    does; at an ε whose noise leaves a CNN at chance, that is what it then knows."""
+    import numpy as np
+
+    from dpsynth.data.sources import load_data
+
+    digits = load_data("digits")
+    x, y = digits.x.numpy(), digits.y.numpy()
+    classes = np.asarray(digits.classes)
+    np.savez(tmp_path / "public.npz", x=x, y=y, classes=classes)
+    np.savez(tmp_path / "other.npz", x=x, y=y % 5, classes=classes[:5])
+    monkeypatch.setitem(leaderboard.DPSGD_SCHEDULE, "epochs", 1.0)
+    plain = leaderboard.dpsgd_row("digits", "0.05", 1, "cpu")
+    helped = leaderboard.dpsgd_row(
+        "digits", "0.05", 1, "cpu", public=f"npz:{tmp_path / 'public.npz'}"
+    )
+    assert plain["cnn_mean"] < 0.4 and plain["public"] is None
+    assert helped["cnn_mean"] > plain["cnn_mean"] + 0.3
+    assert helped["public"].endswith("public.npz") and "public" in helped["preset"]
+    assert helped["epsilon"] <= 0.05 + 1e-9  # the public steps cost nothing
+    with pytest.raises(SystemExit, match="classes"):
+        leaderboard.dpsgd_row("digits", "0.05", 1, "cpu", public=f"npz:{tmp_path / 'other.npz'}")
