@@ -267,8 +267,7 @@ def dpsgd_row(
     bound = compose_epsilon([plan.event()], delta).epsilon if plan.private else math.inf
     return {
         "method": DPSGD_METHOD,
-        "preset": "B 256, 15 epochs, Adam 5e-3, C 1"
-        + (f", pretrained on public {PUBLIC_PRETRAIN_STEPS} steps" if public else ""),
+        "preset": "B 256, 15 epochs, Adam 5e-3, C 1",  # the table adds "+ public"
         "public": public,
         "epsilon": bound,
         "epsilon_target": epsilon,
@@ -687,7 +686,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="digits")
     parser.add_argument(
-        "--methods", nargs="*", default=None, help="default: every method; none: only references"
+        "--methods",
+        nargs="*",
+        default=None,
+        help="default: every method; none (or no name): only the references",
     )
     parser.add_argument("--epsilon", nargs="+", default=["1", "10"], help="numbers or inf")
     parser.add_argument("--device", default="cpu")
@@ -753,6 +755,7 @@ def main(argv: list[str] | None = None) -> None:
     markdown_path = args.markdown or json_path.with_suffix(".md")
     # By default the backends that take images: a table-only one (aim, mst) has no row here.
     methods = methods_for("image") if args.methods is None else args.methods
+    methods = [] if methods == ["none"] else methods  # `--methods none`: the references only
     n = args.n or default_synthetic_n(args.data)
     info = data_info(args.data)
     machine = describe(args.device)  # its date is the report's

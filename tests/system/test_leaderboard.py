@@ -276,7 +276,17 @@ def test_the_dpsgd_reference_pretrains_on_declared_public_images(
     )
     assert plain["cnn_mean"] < 0.4 and plain["public"] is None
     assert helped["cnn_mean"] > plain["cnn_mean"] + 0.3
-    assert helped["public"].endswith("public.npz") and "public" in helped["preset"]
+    assert helped["public"].endswith("public.npz")
     assert helped["epsilon"] <= 0.05 + 1e-9  # the public steps cost nothing
     with pytest.raises(SystemExit, match="classes"):
         leaderboard.dpsgd_row("digits", "0.05", 1, "cpu", public=f"npz:{tmp_path / 'other.npz'}")
+
+
+def test_methods_none_runs_only_the_references(leaderboard, tmp_path: Path) -> None:
+    out = tmp_path / "none.json"
+    leaderboard.main(
+        ["--data", "digits", "--methods", "none", "--no-real", "--no-dpsgd",
+         "--json", str(out), "--markdown", str(tmp_path / "none.md")]
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["rows"] == [] and report["dpsgd"] == []
