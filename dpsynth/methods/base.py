@@ -220,6 +220,9 @@ class Method(ABC):
     # A warning `train` gives for a preset whose measured release fails the rule the others
     # are held to (e.g. worse FID than the frequency model alone), by preset name.
     preset_advice: ClassVar[Mapping[str, str]] = {}
+    # Presets whose generator starts from declared-public images instead of a DP stage: `train`
+    # refuses them without `--public` (they would start from nothing), by preset name.
+    public_presets: ClassVar[frozenset[str]] = frozenset()
 
     def presets_for(self, info: DataInfo) -> Mapping[str, Mapping[str, Any]]:
         """The presets that apply to this data: `table_presets` for a table when given."""

@@ -118,6 +118,13 @@ def start_run(
     preset = resolve_preset(backend, preset, info, target_epsilon)
     if preset in backend.preset_advice and info.modality == "image":
         warnings.append(backend.preset_advice[preset])
+    if preset in backend.public_presets and request.public is None:
+        raise UsageError(
+            f"{backend.name}'s preset {preset!r} starts its generator from declared-public "
+            "images instead of a DP warm start: give {public} SPEC (labelled images of the "
+            "data's classes), or take a preset without it",
+            parameter="public",
+        )
     config = backend.config(preset, dict(request.overrides), info)
     # Everything that can fail for a reason known before the first private read fails here,
     # before the spend is reserved: the config's values, then the plan, then building the

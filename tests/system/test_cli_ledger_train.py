@@ -147,3 +147,16 @@ def test_train_without_preset_takes_the_methods_recommendation(tmp_path, data, e
     config = json.loads((out / "config.json").read_text())
     assert config["preset"] == expected
     assert config["config"]["bandwidths"] == list(PRESETS[expected]["bandwidths"])
+
+
+def test_a_preset_that_needs_public_images_is_refused_without_them_before_any_spend(tmp_path):
+    path = tmp_path / "l.jsonl"
+    result = invoke(
+        "train", "--method", "dpkernel", "--data", "digits", "--epsilon", "1",
+        "--preset", "mnist-eps1-public", "--out", str(tmp_path / "run"),
+        "--ledger", str(path), "--device", "cpu",
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "give --public SPEC" in result.stderr and "mnist-eps1-public" in result.stderr
+    assert not (tmp_path / "run").exists()
+    assert not path.exists() or not [e for e in Ledger(path).entries() if e["kind"] != "budget"]

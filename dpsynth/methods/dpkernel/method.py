@@ -49,6 +49,7 @@ class DPKernelMethod(StagedMethod):
     trainer_class = DPKernelTrainer
     generator_class = DPKernelGenerator
     table_presets = TABLE_PRESETS
+    public_presets = frozenset({"mnist-eps1-public"})
     modalities = ("image", "table")
     # `dpsynth audit` runs the functional mechanism (privacy/mechanisms/functional.py), not DP-SGD.
     audit_mechanism = "functional"

@@ -494,3 +494,28 @@ def test_teacher_presets_are_the_measured_rows_and_compose_their_stages_within_e
     assert compose_epsilon(frequency, 1e-5).epsilon == pytest.approx(epsilon / 4, rel=0.02)
     assert epsilon / 2 < compose_epsilon(teacher, 1e-5).epsilon < epsilon
     assert plan.epsilon_bound <= epsilon + 1e-9
+
+
+def test_the_public_preset_is_the_measured_row_and_gives_half_of_epsilon_to_the_mechanism():
+    """`mnist-eps1-public` is the ε = 1 row measured with typeset digits as the public set
+    (docs/leaderboard.md): `mnist-eps1-teacher` with the generator started from 1,000 public
+    steps instead of the frequency model, so the functional mechanism and the teacher hold half
+    of ε each, composed within the target; `auto` never picks it."""
+    from dpsynth.privacy.accounting.compose import compose_epsilon
+
+    method = DPKernelMethod()
+    named = method.config("mnist-eps1-public", {}, MNIST_INFO)
+    measured = method.config(
+        "mnist-eps1-teacher", {"frequency_share": 0, "public_pretrain_steps": 1000}, MNIST_INFO
+    )
+    assert {**named, "preset": "mnist-eps1-teacher"} == measured
+    assert "mnist-eps1-public" in method.public_presets
+    assert "mnist-eps1-public" not in {
+        method.recommended_preset(MNIST_INFO, e) for e in (1.0, 10.0)
+    }
+    plan = method.plan(MNIST_INFO, PrivacyTarget(1.0, 1e-5), named)
+    mechanisms = {e.get("mechanism") for e in plan.events}
+    assert "frequency_model" not in mechanisms and "dp_classifier" in mechanisms
+    own = [e for e in plan.events if e.get("mechanism") != "dp_classifier"]
+    assert compose_epsilon(own, 1e-5).epsilon == pytest.approx(0.5, rel=0.02)
+    assert plan.epsilon_bound <= 1.0 + 1e-9
