@@ -61,6 +61,12 @@ def show_progress(quiet: bool, as_json: bool) -> bool:
     return not quiet and not as_json and sys.stdout.isatty() and sys.stderr.isatty()
 
 
+def interactive() -> bool:
+    """Whether stderr is a terminal: advice meant for a person watching (never in a log or a
+    pipeline's captured stderr, whose lines stay the same on any machine)."""
+    return sys.stderr.isatty()
+
+
 def fmt_eps(value: Any) -> str:
     """An ε for people: four significant digits, or ∞ (not private)."""
     if value in (None, "inf") or (isinstance(value, float) and math.isinf(value)):

@@ -25,6 +25,7 @@ from dpsynth.cli.render import (
     TrainProgressView,
     emit_json,
     fmt_eps,
+    interactive,
     print_kv,
     print_remarks,
     print_warnings,
@@ -255,7 +256,7 @@ def train(
     # Under torchrun only rank 0 shows progress and the result; the other ranks are quiet.
     main_rank = is_main_process()
     show = show_progress(quiet, as_json) and main_rank
-    if main_rank and not as_json:
+    if main_rank and not as_json and interactive():
         print_remarks(_thread_advice(device))
     with progress_bar(show, "train") as bar:
         # The bar, and (unless --quiet) a line on stderr as soon as a first signal asks for a

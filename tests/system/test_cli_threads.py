@@ -15,6 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from dpsynth.cli import app
+from dpsynth.cli import train as train_command
 from dpsynth.errors import UsageError
 from dpsynth.threads import busy_machine_advice, limit_threads
 
@@ -95,6 +96,11 @@ def test_train_advises_one_thread_on_a_busy_machine(
     torch.set_num_threads(2)
     monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 7.0, 6.0))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    # Not on a terminal (a log, a pipeline, these tests): no advice, stderr as on any machine.
+    logged = _train(tmp_path / "logged")
+    assert logged.exit_code == 0, logged.output
+    assert "machine is busy" not in logged.stderr
+    monkeypatch.setattr(train_command, "interactive", lambda: True)
     busy = _train(tmp_path)
     assert busy.exit_code == 0, busy.output
     assert "note: the machine is busy (load 7.5 on 2 cores)" in busy.stderr
