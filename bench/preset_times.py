@@ -58,6 +58,8 @@ def time_preset(method: str, preset: str, args: argparse.Namespace) -> dict[str,
         ]  # fmt: skip
         for item in args.set or []:
             train += ["--set", item]
+        if args.public:  # declared-public images (a preset such as dpkernel's mnist-eps1-public)
+            train += ["--public", args.public]
         threads = ["--threads", str(args.threads)] if args.threads else []
         trained = _timed([*train, *threads])
         sampled = _timed(
@@ -66,6 +68,7 @@ def time_preset(method: str, preset: str, args: argparse.Namespace) -> dict[str,
         )  # fmt: skip
     return {"method": method, "preset": preset, "epsilon": float(args.epsilon), "n": args.n,
             "threads": args.threads or "default", "overrides": args.set or [],
+            "public": args.public,
             "train": trained, "sample": sampled}  # fmt: skip
 
 
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--set", action="append", help="key=value for every run")
     parser.add_argument("--threads", type=int, help="the CLI's --threads [default: torch's]")
+    parser.add_argument("--public", help="train's --public SPEC for every run")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
