@@ -286,13 +286,13 @@ def dpsgd_row(
 
 
 def _public_images(spec: str, train: Any) -> tuple[Any, Any]:
-    """Declared-public labelled images for the reference's pretraining: in [-1, 1], labels as
-    the data's class indices (their classes and shape must be the data's)."""
-    from dpsynth.data.sources import load_data
+    """Declared-public labelled images for the reference's pretraining, read as `train --public`
+    reads them (`load_public`: the data's shape, labels mapped onto its classes), in [-1, 1]."""
+    from dpsynth.data.public import load_public
 
-    public = load_data(spec)
-    if tuple(public.classes) != tuple(train.classes) or tuple(public.shape) != tuple(train.shape):
-        raise SystemExit(f"--public {spec}: the DP-SGD reference needs the data's classes, shape")
+    public = load_public(spec, tuple(train.shape), tuple(train.classes))
+    if public.y is None:
+        raise SystemExit(f"--public {spec}: the DP-SGD reference needs the data's classes")
     return public.as_float(), public.y
 
 
