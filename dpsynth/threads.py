@@ -39,9 +39,9 @@ def limit_threads(threads: int) -> None:
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity where the system reports it)."""
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no affinity call
-        return os.cpu_count() or 1
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS and Windows have no affinity call
+        return max(1, os.cpu_count() or 1)
 
 
 def busy_machine_advice(

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsynth.errors import UsageError
+from dpsynth.threads import usable_cores
 
 # Rows per partition when `--partitions` is not given; a Parquet `--out` of more rows than this
 # is written as a partitioned folder. About 20-60 MB of Parquet for 40 columns: large enough
@@ -145,10 +146,7 @@ def plan_partitions(
 
 def default_workers() -> int:
     """The worker processes by default: the CPUs this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 def check_workers(workers: int | None, partitions: int) -> int:
