@@ -27,8 +27,12 @@ def restore_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The commands change this process's thread counts and environment: put them back."""
     threads = torch.get_num_threads()
     monkeypatch.delenv("DPSYNTH_THREADS", raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", ""))
-    monkeypatch.setenv("MKL_NUM_THREADS", os.environ.get("MKL_NUM_THREADS", ""))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # registered, so put back as they were
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])
+        else:  # set then deleted: the undo removes whatever the command sets
+            monkeypatch.setenv(name, "unset")
+            monkeypatch.delenv(name)
     yield
     from threadpoolctl import threadpool_limits
 
