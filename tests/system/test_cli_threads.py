@@ -33,11 +33,12 @@ def restore_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         else:  # set then deleted: the undo removes whatever the command sets
             monkeypatch.setenv(name, "unset")
             monkeypatch.delenv(name)
-    yield
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_info, threadpool_limits
 
+    pools = {pool["prefix"]: pool["num_threads"] for pool in threadpool_info()}
+    yield
     torch.set_num_threads(threads)
-    threadpool_limits(limits=None)
+    threadpool_limits(limits=pools)  # each BLAS/OpenMP library back to its own count
 
 
 def _train(tmp_path: Path, *extra: str, env: dict[str, str] | None = None):
