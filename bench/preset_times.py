@@ -9,7 +9,7 @@ Each command's wall clock, CPU seconds of its process group and peak RSS come fr
 bench/measure.py; the 1-minute load average is read before and after it, so a run on a busy
 machine says so. Nothing is evaluated here (the leaderboard does that). Writes
 `bench/results/preset-times-<data>.json` and `.md` (or `--json`/`--markdown`) and prints each
-entry as it finishes. `--threads N` passes the CLI's `--threads N` to both commands, to compare
+entry as it finishes. `--device cuda` trains and samples on the GPU. `--threads N` passes the CLI's `--threads N` to both commands, to compare
 torch's default with one thread on a machine other work keeps busy.
 """
 
@@ -53,7 +53,7 @@ def time_preset(method: str, preset: str, args: argparse.Namespace) -> dict[str,
         ledger = str(root / "ledger.jsonl")
         train = [
             "train", "--method", method, "--data", args.data, "--epsilon", args.epsilon,
-            "--preset", preset, "--out", str(root / "run"), "--device", "cpu",
+            "--preset", preset, "--out", str(root / "run"), "--device", args.device,
             "--ledger", ledger, "--quiet",
         ]  # fmt: skip
         for item in args.set or []:
@@ -64,18 +64,20 @@ def time_preset(method: str, preset: str, args: argparse.Namespace) -> dict[str,
         trained = _timed([*train, *threads])
         sampled = _timed(
             ["sample", str(root / "run"), "--n", str(args.n), "--out", str(root / "synth"),
-             "--device", "cpu", "--ledger", ledger, "--quiet", *threads]
+             "--device", args.device, "--ledger", ledger, "--quiet", *threads]
         )  # fmt: skip
     return {"method": method, "preset": preset, "epsilon": float(args.epsilon), "n": args.n,
-            "threads": args.threads or "default", "overrides": args.set or [],
+            "device": args.device, "threads": args.threads or "default", "overrides": args.set or [],
             "public": args.public,
             "train": trained, "sample": sampled}  # fmt: skip
 
 
 def markdown(report: dict[str, Any]) -> str:
     """The entries as a Markdown table (minutes for training, seconds for sampling)."""
+    gpu = report["machine"].get("gpu")
     lines = [
-        f"Preset times on {report['machine']['cpu']} ({report['machine']['cpu_cores']} cores), "
+        f"Preset times on {report['machine']['cpu']} ({report['machine']['cpu_cores']} cores"
+        f"{', ' + str(gpu) if gpu else ''}), "
         f"{report['machine']['date']} at {report['machine']['commit']}: `{report['command']}`",
         "",
         "| method | preset | ε | threads | train (min) | train CPU (min) | load before/after | "
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", help="key=value for every run")
     parser.add_argument("--threads", type=int, help="the CLI's --threads [default: torch's]")
     parser.add_argument("--public", help="train's --public SPEC for every run")
+    parser.add_argument("--device", default="cpu", help="train's and sample's --device (cpu, cuda)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     json_path = args.json or RESULTS / f"{stem}.json"
     md_path = args.markdown or RESULTS / f"{stem}.md"
     report: dict[str, Any] = {
-        "machine": machine.describe("cpu"),
+        "machine": machine.describe(args.device),
         "command": "python -m bench.preset_times " + " ".join(argv or sys.argv[1:]),
         "n": args.n,
         "entries": [],

@@ -19,6 +19,7 @@ def test_a_tiny_preset_is_trained_sampled_and_written_with_its_times(tmp_path: P
     assert (entry["method"], entry["preset"], entry["n"]) == ("freq", "tiny", 50)
     assert entry["threads"] == 1  # passed to both commands (an unknown flag would fail them)
     assert entry["public"] is None
+    assert entry["device"] == "cpu"  # the default; --device cuda trains and samples on the GPU
     for command in ("train", "sample"):
         timed = entry[command]
         assert timed["wall_s"] > 0 and timed["cpu_s"] > 0
