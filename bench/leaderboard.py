@@ -171,21 +171,27 @@ def _scores(evaluation: dict) -> dict[str, Any]:
     }
 
 
-def write_real_folder(data: str, out: Path) -> int:
-    """The real train split as PNG class folders (what `evaluate` reads); returns n."""
+def write_image_folder(x: Any, y: Any, classes: tuple[str, ...], out: Path) -> int:
+    """Labelled uint8 images [n, C, H, W] as PNG class folders (what `evaluate` reads);
+    returns n."""
     import numpy as np
     from PIL import Image
 
-    from dpsynth.data.sources import load_data
-
-    records = load_data(data)
-    for index, (image, label) in enumerate(zip(records.x, records.y, strict=True)):
-        folder = out / records.classes[int(label)]
+    for index, (image, label) in enumerate(zip(x, y, strict=True)):
+        folder = out / classes[int(label)]
         folder.mkdir(parents=True, exist_ok=True)
         array = image.numpy()
         array = array[0] if array.shape[0] == 1 else np.transpose(array, (1, 2, 0))
         Image.fromarray(array).save(folder / f"{index}.png")
-    return int(records.n)
+    return len(y)
+
+
+def write_real_folder(data: str, out: Path) -> int:
+    """The real train split as PNG class folders (what `evaluate` reads); returns n."""
+    from dpsynth.data.sources import load_data
+
+    records = load_data(data)
+    return write_image_folder(records.x, records.y, tuple(records.classes), out)
 
 
 def real_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
@@ -195,6 +201,29 @@ def real_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
         n = write_real_folder(args.data, folder)
         evaluation, _ = _evaluate(folder, args, Path(tmp) / "ledger.jsonl", seeds)
     return {"method": "real train data", "preset": None, "epsilon": None, "n": n} | _scores(
+        evaluation
+    )
+
+
+PUBLIC_METHOD = "the public images alone (no ε)"
+
+
+def public_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
+    """What `--public` gives with no private record at all: the declared-public images, read
+    as `train --public` reads them (the data's shape, labels on its classes), evaluated as if
+    they were the release. A release that uses them earns its ε only where it beats this."""
+    from dpsynth.data.public import load_public
+
+    info = data_info(args.data)
+    public = load_public(args.public, tuple(info.shape), tuple(info.classes))
+    if public.y is None:
+        raise SystemExit(f"--public {args.public}: the public row needs the data's class names")
+    with tempfile.TemporaryDirectory(prefix="leaderboard-public-") as tmp:
+        folder = Path(tmp) / "public"
+        n = write_image_folder(public.x, public.y, tuple(info.classes), folder)
+        evaluation, _ = _evaluate(folder, args, Path(tmp) / "ledger.jsonl", seeds)
+        save_sample_grid(folder, args.grids / args.data.replace(":", "-") / "public-images.png")
+    return {"method": PUBLIC_METHOD, "preset": None, "epsilon": None, "n": n} | _scores(
         evaluation
     )
 
@@ -618,7 +647,8 @@ def markdown_table(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
-    rows = ([real] if real else []) + list(report.get("dpsgd", [])) + list(report["rows"])
+    public = [report["public_images"]] if report.get("public_images") else []
+    rows = ([real] if real else []) + public + list(report.get("dpsgd", [])) + list(report["rows"])
     for row in rows:
         if "error" in row:
             lines.append(
@@ -721,6 +751,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-real", action="store_true", help="skip the real-trained row")
     parser.add_argument(
+        "--no-public-row",
+        action="store_true",
+        help="with --public: skip the row of the public images evaluated as the release",
+    )
+    parser.add_argument(
         "--no-dpsgd", action="store_true", help="skip the DP-SGD-on-the-real-records rows"
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: no FID, one seed")
@@ -778,6 +813,10 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_real:
         report["real"] = real_row(args, args.seeds)
         print(json.dumps(report["real"]), file=sys.stderr, flush=True)
+    if args.public and not args.no_public_row:
+        report["public_images"] = public_row(args, args.seeds)
+        print(json.dumps(report["public_images"]), file=sys.stderr, flush=True)
+        write_results(report, json_path, markdown_path)
     if not args.no_dpsgd:
         for epsilon in args.epsilon:
             if math.isfinite(float(epsilon)):

@@ -290,3 +290,39 @@ def test_methods_none_runs_only_the_references(leaderboard, tmp_path: Path) -> N
     )  # fmt: skip
     report = json.loads(out.read_text())
     assert report["rows"] == [] and report["dpsgd"] == []
+
+
+def test_with_public_images_the_board_scores_them_alone_as_a_release(
+    leaderboard, tmp_path: Path
+) -> None:
+    """With `--public`, a row evaluates the public images as if they were the release (the bar
+    a release that uses them has to clear): images that are the data score like the data, and
+    the same images under shifted labels do not."""
+    import numpy as np
+
+    from dpsynth.data.sources import load_data
+
+    digits = load_data("digits")
+    x, y = digits.x.numpy(), digits.y.numpy()
+    classes = np.asarray(digits.classes)
+    np.savez(tmp_path / "public.npz", x=x, y=y, classes=classes)
+    np.savez(tmp_path / "shifted.npz", x=x, y=(y + 1) % 10, classes=classes)
+    scores = {}
+    for name in ("public", "shifted"):
+        out = tmp_path / f"{name}.json"
+        leaderboard.main(
+            ["--data", "digits", "--methods", "none", "--no-real", "--no-dpsgd", "--no-fid",
+             "--seeds", "1", "--public", f"npz:{tmp_path / name}.npz",
+             "--grids", str(tmp_path / f"grids-{name}"),
+             "--json", str(out), "--markdown", str(tmp_path / f"{name}.md")]
+        )  # fmt: skip
+        report = json.loads(out.read_text())
+        row = report["public_images"]
+        assert row["method"] == leaderboard.PUBLIC_METHOD and row["n"] == len(y)
+        assert row["epsilon"] is None and report["rows"] == []
+        assert (tmp_path / f"grids-{name}" / "digits" / "public-images.png").is_file()
+        assert f"| {leaderboard.PUBLIC_METHOD} |" in (tmp_path / f"{name}.md").read_text()
+        scores[name] = row["cnn_mean"]
+    assert scores["public"] > 0.8 and scores["shifted"] < 0.3
+    plain = leaderboard.parse_args(["--data", "digits", "--public", "npz:p.npz", "--no-public-row"])
+    assert plain.no_public_row
