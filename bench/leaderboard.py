@@ -223,9 +223,7 @@ def public_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
         n = write_image_folder(public.x, public.y, tuple(info.classes), folder)
         evaluation, _ = _evaluate(folder, args, Path(tmp) / "ledger.jsonl", seeds)
         save_sample_grid(folder, args.grids / args.data.replace(":", "-") / "public-images.png")
-    return {"method": PUBLIC_METHOD, "preset": None, "epsilon": None, "n": n} | _scores(
-        evaluation
-    )
+    return {"method": PUBLIC_METHOD, "preset": None, "epsilon": None, "n": n} | _scores(evaluation)
 
 
 DPSGD_METHOD = "DP-SGD classifier on the real records"

@@ -9,8 +9,9 @@ Each command's wall clock, CPU seconds of its process group and peak RSS come fr
 bench/measure.py; the 1-minute load average is read before and after it, so a run on a busy
 machine says so. Nothing is evaluated here (the leaderboard does that). Writes
 `bench/results/preset-times-<data>.json` and `.md` (or `--json`/`--markdown`) and prints each
-entry as it finishes. `--device cuda` trains and samples on the GPU. `--threads N` passes the CLI's `--threads N` to both commands, to compare
-torch's default with one thread on a machine other work keeps busy.
+entry as it finishes. `--device cuda` trains and samples on the GPU. `--threads N` passes the
+CLI's `--threads N` to both commands, to compare torch's default
+with one thread on a machine other work keeps busy.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def time_preset(method: str, preset: str, args: argparse.Namespace) -> dict[str,
              "--device", args.device, "--ledger", ledger, "--quiet", *threads]
         )  # fmt: skip
     return {"method": method, "preset": preset, "epsilon": float(args.epsilon), "n": args.n,
-            "device": args.device, "threads": args.threads or "default", "overrides": args.set or [],
-            "public": args.public,
+            "device": args.device, "threads": args.threads or "default",
+            "overrides": args.set or [], "public": args.public,
             "train": trained, "sample": sampled}  # fmt: skip
 
 
