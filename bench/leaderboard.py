@@ -222,7 +222,7 @@ def public_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
         folder = Path(tmp) / "public"
         n = write_image_folder(public.x, public.y, tuple(info.classes), folder)
         evaluation, _ = _evaluate(folder, args, Path(tmp) / "ledger.jsonl", seeds)
-        save_sample_grid(folder, args.grids / args.data.replace(":", "-") / "public-images.png")
+        save_sample_grid(folder, args.grids / grid_folder(args.data) / "public-images.png")
     return {"method": PUBLIC_METHOD, "preset": None, "epsilon": None, "n": n} | _scores(evaluation)
 
 
@@ -411,7 +411,17 @@ def grid_path(args: argparse.Namespace, method: str, preset: str, epsilon: str,
     """Where a row's sample grid is kept: `GRIDS/<data>/<method>-<preset>-e<ε>[-variant].png`."""
     tail = f"-{variant}" if variant else ""
     name = f"{method}-{preset}-e{epsilon}{tail}.png".replace("/", "_")
-    return args.grids / args.data.replace(":", "-") / name
+    return args.grids / grid_folder(args.data) / name
+
+
+def grid_folder(data: str) -> str:
+    """One folder name per data spec (`mnist-5k`, `npz-digits28-train` for npz:DIR/digits28/
+    train.npz): a path in a spec would otherwise nest the grids in its folders."""
+    if ":" in data and "/" in data:
+        kind, path = data.split(":", 1)
+        parts = Path(path).with_suffix("").parts[-2:]
+        return "-".join([kind, *parts])
+    return data.replace(":", "-")
 
 
 def method_row(

@@ -326,3 +326,9 @@ def test_with_public_images_the_board_scores_them_alone_as_a_release(
     assert scores["public"] > 0.8 and scores["shifted"] < 0.3
     plain = leaderboard.parse_args(["--data", "digits", "--public", "npz:p.npz", "--no-public-row"])
     assert plain.no_public_row
+
+
+def test_grids_of_a_data_file_go_in_one_folder_named_after_it(leaderboard) -> None:
+    assert leaderboard.grid_folder("mnist-5k") == "mnist-5k"
+    assert leaderboard.grid_folder("npz:/tmp/digits28/train.npz") == "npz-digits28-train"
+    assert "/" not in leaderboard.grid_folder("folder:/srv/data/images")
