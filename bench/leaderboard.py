@@ -208,13 +208,12 @@ def real_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
 PUBLIC_METHOD = "the public images alone (no ε)"
 
 
-def public_row(args: argparse.Namespace, seeds: int) -> dict[str, Any]:
+def public_row(args: argparse.Namespace, seeds: int, info: Any) -> dict[str, Any]:
     """What `--public` gives with no private record at all: the declared-public images, read
-    as `train --public` reads them (the data's shape, labels on its classes), evaluated as if
+    as `train --public` reads them (the data's shape and classes, from `info`), evaluated as if
     they were the release. A release that uses them earns its ε only where it beats this."""
     from dpsynth.data.public import load_public
 
-    info = data_info(args.data)
     public = load_public(args.public, tuple(info.shape), tuple(info.classes))
     if public.y is None:
         raise SystemExit(f"--public {args.public}: the public row needs the data's class names")
@@ -822,7 +821,7 @@ def main(argv: list[str] | None = None) -> None:
         report["real"] = real_row(args, args.seeds)
         print(json.dumps(report["real"]), file=sys.stderr, flush=True)
     if args.public and not args.no_public_row:
-        report["public_images"] = public_row(args, args.seeds)
+        report["public_images"] = public_row(args, args.seeds, info)
         print(json.dumps(report["public_images"]), file=sys.stderr, flush=True)
         write_results(report, json_path, markdown_path)
     if not args.no_dpsgd:

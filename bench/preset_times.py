@@ -10,8 +10,8 @@ bench/measure.py; the 1-minute load average is read before and after it, so a ru
 machine says so. Nothing is evaluated here (the leaderboard does that). Writes
 `bench/results/preset-times-<data>.json` and `.md` (or `--json`/`--markdown`) and prints each
 entry as it finishes. `--device cuda` trains and samples on the GPU. `--threads N` passes the
-CLI's `--threads N` to both commands, to compare torch's default
-with one thread on a machine other work keeps busy.
+CLI's `--threads N` to both commands, to compare torch's default with one thread on a machine
+other work keeps busy.
 """
 
 from __future__ import annotations

@@ -144,16 +144,11 @@ def plan_partitions(
     return plan
 
 
-def default_workers() -> int:
-    """The worker processes by default: the CPUs this process may run on."""
-    return usable_cores()
-
-
 def check_workers(workers: int | None, partitions: int) -> int:
-    """The worker processes to start: `workers` (default: `default_workers`), at most one per
-    partition."""
+    """The worker processes to start: `workers` (default: the cores this process may run on),
+    at most one per partition."""
     if workers is None:
-        workers = default_workers()
+        workers = usable_cores()
     if workers < 1:
         raise UsageError(f"{{workers}} must be at least 1, got {workers}", parameter="workers")
     return min(workers, partitions)
