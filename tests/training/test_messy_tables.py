@@ -177,12 +177,15 @@ def test_safe_default_spends_a_share_and_releases_every_entry(messy: dict) -> No
 def test_release_keeps_missing_rates_formats_and_no_real_identifier(messy: dict) -> None:
     real, synthetic = messy["frame"], messy["synthetic"]
     assert list(synthetic.columns) == list(real.columns)
-    for name in ("age", "bmi", "smoker", "born"):
+    # admitted has no empty cell, but the DP schema release may still flag it missing (its
+    # noisy count clears MISSING_SIGNIFICANCE about 7% of the time): its rate is held too.
+    for name in ("age", "bmi", "smoker", "born", "admitted"):
         assert abs((synthetic[name] == "").mean() - (real[name] == "").mean()) <= 0.03, name
     assert not set(synthetic["patient_id"]) & set(real["patient_id"])
     assert synthetic["patient_id"].is_unique
     assert synthetic["patient_id"].str.fullmatch(r"syn-\d+").all()
-    assert synthetic["admitted"].str.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+01:00").all()
+    admitted = synthetic["admitted"][synthetic["admitted"] != ""]  # every written value
+    assert admitted.str.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+01:00").all()
     born = synthetic["born"][synthetic["born"] != ""]
     assert born.str.fullmatch(r"\d\d/\d\d/\d{4}").all()
     bmi = synthetic["bmi"][synthetic["bmi"] != ""]
