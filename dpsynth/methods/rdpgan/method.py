@@ -98,6 +98,14 @@ class RDPGANMethod(StagedMethod):
         for key in ("lr_d", "lr_g"):
             if not float(config[key]) > 0:
                 raise UsageError(f"--set {key}: must be positive, got {config[key]}")
+        anchor = float(config.get("frequency_anchor", 0.0))
+        if anchor < 0:
+            raise UsageError(f"--set frequency_anchor: must be ≥ 0, got {anchor}")
+        if anchor > 0 and not float(config.get("frequency_share", 0.0)) > 0:
+            raise UsageError(
+                "--set frequency_anchor: the anchor is the generator fitted to the frequency "
+                "model; it needs frequency_share > 0"
+            )
         if not 0.0 <= float(config["beta1"]) < 1.0:
             raise UsageError(f"--set beta1: must be in [0, 1), got {config['beta1']}")
         decay = float(config["decay"])

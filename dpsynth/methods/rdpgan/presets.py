@@ -37,6 +37,9 @@ _COMMON: dict[str, Any] = {
     "beta1": 0.5,
     # The sampler's latent scale (`Generator.truncation`; post-processing, no privacy cost).
     "sample_truncation": 1.0,
+    # With the frequency stage: the weight of a pull of G, in every G step, towards its copy
+    # as fitted to the DP frequency model (post-processing; 0: off).
+    "frequency_anchor": 0.0,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -4,6 +4,7 @@ D alone, and the checkpointed state."""
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -86,6 +87,10 @@ class RDPGANTrainer(StagedTrainer):
             batch_loss_fn=self._real_losses,  # ghost clipping: no per-record gradients
         )
         self.steps_done = 0
+        # `frequency_anchor` > 0: a frozen copy of G as fitted to the DP frequency model
+        # (`warm_start`), which each G step is pulled towards at the same latents.
+        self.anchor_weight = float(config.get("frequency_anchor", 0.0))
+        self.net_anchor: nn.Module | None = None
 
     def sigma_at(self, step: int) -> float:
         """The noise multiplier of loop step `step` (0-based), from the plan's events."""
@@ -107,6 +112,13 @@ class RDPGANTrainer(StagedTrainer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`count` generated records with public labels (uniform, or the declared weights);
         latents from the run's stream, or from `rng` (the public pretraining's)."""
+        z, onehot = self._latents(count, rng)
+        return self.net_g(z, onehot), onehot
+
+    def _latents(
+        self, count: int, rng: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The latents and one-hot labels of `_fakes`."""
         rng = self.rng_latents if rng is None else rng
         z = torch.randn(count, self.net_g.latent_dim, generator=rng, device=self.device)
         if self.label_weights is None:
@@ -115,8 +127,7 @@ class RDPGANTrainer(StagedTrainer):
             labels = torch.multinomial(
                 self.label_weights.to(self.device), count, True, generator=rng
             )
-        onehot = one_hot_labels(labels, self.num_classes)
-        return self.net_g(z, onehot), onehot
+        return z, one_hot_labels(labels, self.num_classes)
 
     def discriminator_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One D step: DP-SGD gradient of the real term plus the exact fake-term gradient."""
@@ -141,9 +152,16 @@ class RDPGANTrainer(StagedTrainer):
         }
 
     def generator_step(self) -> float:
-        """Non-saturating G loss −log σ(D(G(u))) on a fresh fake batch; reads no data."""
-        fakes, onehot = self._fakes(self.batch_size)
+        """Non-saturating G loss −log σ(D(G(u))) on a fresh fake batch, plus with an anchor
+        `frequency_anchor` · the mean squared distance of G(u) to the anchor's image at the
+        same latents; reads no data."""
+        z, onehot = self._latents(self.batch_size)
+        fakes = self.net_g(z, onehot)
         loss = F.softplus(-self.net_d(fakes, onehot)).mean()
+        if self.net_anchor is not None:
+            with torch.no_grad():
+                anchored = self.net_anchor(z, onehot)
+            loss = loss + self.anchor_weight * F.mse_loss(fakes, anchored)
         grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
         self.opt_g.zero_grad(set_to_none=True)
         for p, g in zip(self.net_g.parameters(), grads, strict=True):
@@ -160,7 +178,8 @@ class RDPGANTrainer(StagedTrainer):
         return stats
 
     def _modules(self) -> dict[str, nn.Module]:
-        return {"discriminator": self.net_d, "generator": self.net_g}
+        modules = {"discriminator": self.net_d, "generator": self.net_g}
+        return modules | ({"anchor": self.net_anchor} if self.net_anchor is not None else {})
 
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"opt_d": self.opt_d, "opt_g": self.opt_g}
@@ -174,6 +193,8 @@ class RDPGANTrainer(StagedTrainer):
     def load_own_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore what `own_state_tensors` returned, so a resumed run continues exactly."""
         self.steps_done = int(tensors["trainer.steps_done"])
+        if any(name.startswith("anchor.") for name in tensors):
+            self._take_anchor()
         load_module_tensors(tensors, self._modules(), self._optimizers(), self.device)
 
     def warm_start(self, release: CentralImages) -> None:
@@ -181,6 +202,13 @@ class RDPGANTrainer(StagedTrainer):
         (`frequency_fit_steps`; post-processing of the release, public latents)."""
         steps = int(self.config["frequency_fit_steps"])
         fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
+        if self.anchor_weight > 0:
+            self._take_anchor()
+
+    def _take_anchor(self) -> None:
+        """Freeze a copy of G as it is now as the anchor (`frequency_anchor`; public weights,
+        kept in the checkpoint so a resumed run pulls towards the same copy)."""
+        self.net_anchor = copy.deepcopy(self.net_g).requires_grad_(False)
 
     def public_uses(self, labelled: bool) -> tuple[str, ...]:
         """G and D (images, labelled or not) when `public_pretrain_steps` > 0, and the DP

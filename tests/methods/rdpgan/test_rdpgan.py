@@ -4,6 +4,7 @@ dp-accounting's PLD, resume, and train → sample through the CLI."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
@@ -288,6 +289,8 @@ def test_plan_needs_only_the_public_description():
         ({"arch": "conv", "width": "8"}, None),
         ({"n_d": "0"}, "n_d"),
         ({"decay": "1.5", "schedule": "step"}, "decay"),
+        ({"frequency_anchor": "1"}, "frequency_share > 0"),
+        ({"frequency_anchor": "-1", "frequency_share": "0.5"}, "frequency_anchor"),
     ],
 )
 def test_paper_modes_ant_and_bad_settings_are_refused(overrides, message):
@@ -349,6 +352,63 @@ def test_resume_is_bit_identical_across_a_sigma_change(tmp_path, one_torch_threa
     a = load_file(str(tmp_path / "straight" / "checkpoint.safetensors"))
     b = load_file(str(tmp_path / "cut" / "checkpoint.safetensors"))
     assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+
+
+_ANCHORED = {"frequency_share": "0.5", "frequency_fit_steps": "20", "n_g": "8", "n_d": "1"}
+
+
+def _anchor_distance(trainer: RDPGANTrainer, anchor: torch.nn.Module) -> float:
+    """Mean squared distance of G's images to `anchor`'s at the same public latents."""
+    z = torch.randn(64, trainer.net_g.latent_dim, generator=torch.Generator().manual_seed(3))
+    onehot = F.one_hot(torch.arange(64) % 10, 10).float()
+    with torch.no_grad():
+        return float(F.mse_loss(trainer.net_g(z, onehot), anchor(z, onehot)))
+
+
+def test_frequency_anchor_holds_g_near_its_copy_fitted_to_the_model(one_torch_thread):
+    # The anchor is G as fitted to the DP frequency model, frozen: the GAN steps move G away
+    # from it, and a heavy anchor keeps G closer. Off, the checkpoint holds no anchor.
+    x, y = _digits(64)
+    distances = {}
+    for weight in ("0", "100"):
+        trainer = _trainer(4.0, **_ANCHORED, frequency_anchor=weight)
+        trainer.release_whole_data(0, x, y)
+        fitted = [p.detach().clone() for p in trainer.net_g.parameters()]
+        reference = trainer.net_anchor if weight != "0" else None
+        if reference is None:
+            assert not any(k.startswith("anchor.") for k in trainer.state_tensors())
+            reference = copy.deepcopy(trainer.net_g)
+        for _ in range(8):
+            trainer.step(x[:32], y[:32])
+        if weight != "0":
+            # frozen: the anchor's weights are those G had after its fit
+            for frozen, start in zip(trainer.net_anchor.parameters(), fitted, strict=True):
+                assert torch.equal(frozen, start) and not frozen.requires_grad
+            assert any(k.startswith("anchor.") for k in trainer.state_tensors())
+        distances[weight] = _anchor_distance(trainer, reference)
+    assert distances["0"] > 0
+    assert distances["100"] < 0.5 * distances["0"], distances
+
+
+def test_resume_with_the_anchor_is_bit_identical(tmp_path, one_torch_thread):
+    from safetensors.torch import load_file
+
+    from dpsynth.training import train_run
+
+    overrides = {**_ANCHORED, "frequency_anchor": "10"}
+    straight = _train(tmp_path, "straight", overrides=overrides)
+    cut = _train(tmp_path, "cut", overrides=overrides, stop_after_steps=3)
+    assert cut["interrupted"]
+    resumed = train_run(
+        method="rdpgan", data="digits", epsilon=4.0, out=tmp_path / "cut", ledger_path=None,
+        resume=True, device="cpu",
+    )  # fmt: skip
+    assert resumed["steps"] == straight["steps"]
+    a = load_file(str(tmp_path / "straight" / "checkpoint.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "checkpoint.safetensors"))
+    assert a.keys() == b.keys() and any(k.startswith("trainer/anchor.") for k in a)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
 
