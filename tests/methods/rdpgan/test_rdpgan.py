@@ -375,19 +375,16 @@ def test_frequency_anchor_holds_g_near_its_copy_fitted_to_the_model(one_torch_th
     for weight in ("0", "100"):
         trainer = _trainer(4.0, **_ANCHORED, frequency_anchor=weight)
         trainer.release_whole_data(0, x, y)
-        fitted = [p.detach().clone() for p in trainer.net_g.parameters()]
-        reference = trainer.net_anchor if weight != "0" else None
-        if reference is None:
-            assert not any(k.startswith("anchor.") for k in trainer.state_tensors())
-            reference = copy.deepcopy(trainer.net_g)
+        fitted = copy.deepcopy(trainer.net_g)  # G as fitted to the model
         for _ in range(8):
             trainer.step(x[:32], y[:32])
-        if weight != "0":
-            # frozen: the anchor's weights are those G had after its fit
-            for frozen, start in zip(trainer.net_anchor.parameters(), fitted, strict=True):
+        on = weight != "0"
+        assert any(k.startswith("anchor.") for k in trainer.state_tensors()) == on
+        if on:  # frozen: the anchor's weights are those G had after its fit
+            pairs = zip(trainer.net_anchor.parameters(), fitted.parameters(), strict=True)
+            for frozen, start in pairs:
                 assert torch.equal(frozen, start) and not frozen.requires_grad
-            assert any(k.startswith("anchor.") for k in trainer.state_tensors())
-        distances[weight] = _anchor_distance(trainer, reference)
+        distances[weight] = _anchor_distance(trainer, fitted)
     assert distances["0"] > 0
     assert distances["100"] < 0.5 * distances["0"], distances
 
