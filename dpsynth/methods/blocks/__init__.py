@@ -13,6 +13,8 @@ with its own event in the run's plan, composed by PRV (`stages.plan_with_stages`
   0 and used as the backend's warm start (`FrequencyStart`);
 - `teacher`: the DP teacher, a classifier trained once with DP-SGD whose only use is choosing
   the backend's samples (`Teacher` in the trainer, `TeacherFilter` around the generator).
+With the frequency stage, `anchor.GeneratorAnchor` (`frequency_anchor` > 0) holds a GAN's
+generator near its fit to the model (post-processing).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from dpsynth.methods.blocks.anchor import GeneratorAnchor, check_anchor_config
 from dpsynth.methods.blocks.stages import (
     FREQUENCY_DEFAULTS,
     FrequencyStart,
@@ -53,10 +56,12 @@ __all__ = [
     "TEACHER_DEFAULTS",
     "TEACHER_FILTERS",
     "FrequencyStart",
+    "GeneratorAnchor",
     "TableHead",
     "Teacher",
     "TeacherFilter",
     "TeacherNet",
+    "check_anchor_config",
     "check_teacher_config",
     "fit_generator_to_model",
     "frequency_plan",

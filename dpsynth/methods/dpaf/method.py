@@ -54,6 +54,7 @@ from typing import Any, ClassVar
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import SMALL_EPSILON, PrivacyPlan, PrivacyTarget, is_large_image
+from dpsynth.methods.blocks import check_anchor_config
 from dpsynth.methods.dpaf.generator import DPAFGenerator
 from dpsynth.methods.dpaf.plan import plan_dpaf
 from dpsynth.methods.dpaf.presets import CHOICES, PRESETS
@@ -169,6 +170,7 @@ class DPAFMethod(StagedMethod):
             raise UsageError(f"--set grad_keep: must be in (0, 1], got {config['grad_keep']}")
         if min(info.shape[1], info.shape[2]) < 2:
             raise UsageError("dpaf needs images of at least 2×2 pixels")
+        check_anchor_config(config)
 
     def plan_own(
         self,

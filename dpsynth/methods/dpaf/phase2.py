@@ -24,14 +24,18 @@ class WindowSteps:
 
     def _fakes(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`count` generated images with uniform labels, and their one-hot labels (public)."""
+        z, onehot = self._latents(count)
+        return self.net_g(z, onehot), onehot
+
+    def _latents(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The latents and uniform one-hot labels of `_fakes` (the run's latent stream)."""
         z = torch.randn(
             count, self.net_g.latent_dim, generator=self.rng_latents, device=self.device
         )
         labels = torch.randint(
             self.num_classes, (count,), generator=self.rng_latents, device=self.device
         )
-        onehot = one_hot_labels(labels, self.num_classes)
-        return self.net_g(z, onehot), onehot
+        return z, one_hot_labels(labels, self.num_classes)
 
     def _release(self, features: torch.Tensor, *, across_ranks: bool = False) -> torch.Tensor:
         """DPAGG of a batch's features, divided by the public normaliser (`across_ranks`: the
@@ -42,16 +46,18 @@ class WindowSteps:
         return noisy / self.agg_normalizer
 
     def _generator_step(self) -> float:
-        """One G step on its loss (BCE through D, or matching); touches no data."""
+        """One G step on its loss (BCE through D, or matching), plus the frequency anchor's
+        pull when there is one; touches no data."""
         if self.match:
             return self._matching_step()
-        images, onehot = self._fakes(self.batch_size)
+        z, onehot = self._latents(self.batch_size)
+        images = self.net_g(z, onehot)
         features = self.rows(self.features(images, onehot), onehot)
         if self.config["g_view"] == "aggregate":
             # the clean aggregate of the fake batch: the input D's head was trained on
             features = features.sum(0, keepdim=True) / self.agg_normalizer
         logits = self.head(features).squeeze(1)
-        loss = F.softplus(-logits).mean()
+        loss = F.softplus(-logits).mean() + self.anchor.penalty(images, z, onehot)
         grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
         self.opt_g.zero_grad(set_to_none=True)
         for p, g in zip(self.net_g.parameters(), grads, strict=True):
@@ -64,7 +70,8 @@ class WindowSteps:
 
         The target of class c is block c of the running released sum divided by the block's
         noisy count coordinate; the generator's batch is balanced over the classes (labels
-        public), so each class mean is over `g_batch / K` samples.
+        public), so each class mean is over `g_batch / K` samples. With `frequency_anchor`,
+        plus λ · MSE of the images to the anchor's at the same latents.
         """
         targets = self.rows.class_means(self.released_sum)
         if targets is None:
@@ -75,9 +82,11 @@ class WindowSteps:
         )
         labels = torch.arange(count, device=self.device) % self.num_classes
         onehot = one_hot_labels(labels, self.num_classes)
-        h = self.features(self.net_g(z, onehot), onehot)
+        images = self.net_g(z, onehot)
+        h = self.features(images, onehot)
         fake_means = (onehot.t() @ h) / onehot.sum(0).clamp_min(1.0)[:, None]
         loss = (fake_means - targets).pow(2).sum(1).mean()
+        loss = loss + self.anchor.penalty(images, z, onehot)
         grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
         self.opt_g.zero_grad(set_to_none=True)
         for p, g in zip(self.net_g.parameters(), grads, strict=True):

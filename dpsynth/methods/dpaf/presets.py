@@ -61,6 +61,9 @@ _COMMON: dict[str, Any] = {
     "sample_truncation": 1.0,
     "phase2_release": "windows",
     "release_share": 0.5,
+    # With the frequency stage: λ of the pull towards G as fitted to the model
+    # (`blocks.anchor`; 0: off).
+    "frequency_anchor": 0.0,
 }
 
 _SMALL: dict[str, Any] = {

@@ -12,7 +12,7 @@ import torch
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyPlan, sample_truncation
-from dpsynth.methods.blocks import fit_generator_to_model
+from dpsynth.methods.blocks import GeneratorAnchor, fit_generator_to_model
 from dpsynth.methods.dpaf.generator import (
     DPAFGenerator,
     build_features,
@@ -148,6 +148,9 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
         # The running (decayed) sum of the released real aggregates: public, the matching
         # loss's target (`g_loss=match`).
         self.released_sum = torch.zeros(self.rows.dim, device=self.device)
+        # `frequency_anchor` > 0: G as fitted to the DP frequency model, frozen (`warm_start`),
+        # which every generator step is pulled towards at the same latents.
+        self.anchor = GeneratorAnchor(config)
         self.start_stages(randomness)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
@@ -203,9 +206,11 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
 
     def warm_start(self, release: CentralImages) -> None:
         """Before the first DP step: fit G to a DP release, the frequency model's samples
-        (`frequency_fit_steps`; post-processing of the release, public latents)."""
+        (`frequency_fit_steps`; post-processing of the release, public latents), and with
+        `frequency_anchor` > 0 keep a frozen copy of the fit as the anchor."""
         steps = int(self.config["frequency_fit_steps"])
         fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
+        self.anchor.take(self.net_g)
 
     def public_uses(self, labelled: bool) -> tuple[str, ...]:
         """The phase-1 classifier C (labelled images, `c_steps` > 0, `mode=strict`,
@@ -242,6 +247,7 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
 
     def _modules(self) -> dict[str, torch.nn.Module]:
         out = {"features": self.features, "head": self.head, "generator": self.net_g}
+        out |= self.anchor.modules()
         if self.classifier is not None:
             out["classifier"] = self.classifier
         return out
@@ -267,6 +273,8 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
         self.released_sum = tensors["trainer.released_sum"].to(self.device).clone()
         if self.steps_done >= self.c_steps and self.classifier is not None:
             self.classifier = self.opt_c = self.private_c = None  # phase 1 was over
+        if GeneratorAnchor.in_checkpoint(tensors):
+            self.anchor.restore(self.net_g)
         load_module_tensors(tensors, self._modules(), self._optimizers(), self.device)
 
     def own_generator(self) -> DPAFGenerator:

@@ -34,6 +34,7 @@ from dpsynth.methods.base import (
     PrivacyTarget,
     is_large_image,
 )
+from dpsynth.methods.blocks import check_anchor_config
 from dpsynth.methods.rdpgan.generator import RDPGANGenerator
 from dpsynth.methods.rdpgan.plan import plan_rdpgan
 from dpsynth.methods.rdpgan.presets import CHOICES, PRESETS, TABLE_PRESETS
@@ -98,14 +99,7 @@ class RDPGANMethod(StagedMethod):
         for key in ("lr_d", "lr_g"):
             if not float(config[key]) > 0:
                 raise UsageError(f"--set {key}: must be positive, got {config[key]}")
-        anchor = float(config.get("frequency_anchor", 0.0))
-        if anchor < 0:
-            raise UsageError(f"--set frequency_anchor: must be ≥ 0, got {anchor}")
-        if anchor > 0 and not float(config.get("frequency_share", 0.0)) > 0:
-            raise UsageError(
-                "--set frequency_anchor: the anchor is the generator fitted to the frequency "
-                "model; it needs frequency_share > 0"
-            )
+        check_anchor_config(config)
         if not 0.0 <= float(config["beta1"]) < 1.0:
             raise UsageError(f"--set beta1: must be in [0, 1), got {config['beta1']}")
         decay = float(config["decay"])

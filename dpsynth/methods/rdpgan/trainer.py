@@ -4,7 +4,6 @@ D alone, and the checkpointed state."""
 from __future__ import annotations
 
 import bisect
-import copy
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -16,7 +15,7 @@ from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyPlan, sample_truncation
-from dpsynth.methods.blocks import fit_generator_to_model
+from dpsynth.methods.blocks import GeneratorAnchor, fit_generator_to_model
 from dpsynth.methods.rdpgan.generator import (
     RDPGANGenerator,
     build_discriminator,
@@ -89,8 +88,7 @@ class RDPGANTrainer(StagedTrainer):
         self.steps_done = 0
         # `frequency_anchor` > 0: a frozen copy of G as fitted to the DP frequency model
         # (`warm_start`), which each G step is pulled towards at the same latents.
-        self.anchor_weight = float(config.get("frequency_anchor", 0.0))
-        self.net_anchor: nn.Module | None = None
+        self.anchor = GeneratorAnchor(config)
 
     def sigma_at(self, step: int) -> float:
         """The noise multiplier of loop step `step` (0-based), from the plan's events."""
@@ -158,10 +156,7 @@ class RDPGANTrainer(StagedTrainer):
         z, onehot = self._latents(self.batch_size)
         fakes = self.net_g(z, onehot)
         loss = F.softplus(-self.net_d(fakes, onehot)).mean()
-        if self.net_anchor is not None:
-            with torch.no_grad():
-                anchored = self.net_anchor(z, onehot)
-            loss = loss + self.anchor_weight * F.mse_loss(fakes, anchored)
+        loss = loss + self.anchor.penalty(fakes, z, onehot)
         grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
         self.opt_g.zero_grad(set_to_none=True)
         for p, g in zip(self.net_g.parameters(), grads, strict=True):
@@ -178,8 +173,7 @@ class RDPGANTrainer(StagedTrainer):
         return stats
 
     def _modules(self) -> dict[str, nn.Module]:
-        modules = {"discriminator": self.net_d, "generator": self.net_g}
-        return modules | ({"anchor": self.net_anchor} if self.net_anchor is not None else {})
+        return {"discriminator": self.net_d, "generator": self.net_g} | self.anchor.modules()
 
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"opt_d": self.opt_d, "opt_g": self.opt_g}
@@ -193,8 +187,8 @@ class RDPGANTrainer(StagedTrainer):
     def load_own_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore what `own_state_tensors` returned, so a resumed run continues exactly."""
         self.steps_done = int(tensors["trainer.steps_done"])
-        if any(name.startswith("anchor.") for name in tensors):
-            self._take_anchor()
+        if GeneratorAnchor.in_checkpoint(tensors):
+            self.anchor.restore(self.net_g)
         load_module_tensors(tensors, self._modules(), self._optimizers(), self.device)
 
     def warm_start(self, release: CentralImages) -> None:
@@ -202,13 +196,7 @@ class RDPGANTrainer(StagedTrainer):
         (`frequency_fit_steps`; post-processing of the release, public latents)."""
         steps = int(self.config["frequency_fit_steps"])
         fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
-        if self.anchor_weight > 0:
-            self._take_anchor()
-
-    def _take_anchor(self) -> None:
-        """Freeze a copy of G as it is now as the anchor (`frequency_anchor`; public weights,
-        kept in the checkpoint so a resumed run pulls towards the same copy)."""
-        self.net_anchor = copy.deepcopy(self.net_g).requires_grad_(False)
+        self.anchor.take(self.net_g)
 
     def public_uses(self, labelled: bool) -> tuple[str, ...]:
         """G and D (images, labelled or not) when `public_pretrain_steps` > 0, and the DP

@@ -381,7 +381,7 @@ def test_frequency_anchor_holds_g_near_its_copy_fitted_to_the_model(one_torch_th
         on = weight != "0"
         assert any(k.startswith("anchor.") for k in trainer.state_tensors()) == on
         if on:  # frozen: the anchor's weights are those G had after its fit
-            pairs = zip(trainer.net_anchor.parameters(), fitted.parameters(), strict=True)
+            pairs = zip(trainer.anchor.net.parameters(), fitted.parameters(), strict=True)
             for frozen, start in pairs:
                 assert torch.equal(frozen, start) and not frozen.requires_grad
         distances[weight] = _anchor_distance(trainer, fitted)
