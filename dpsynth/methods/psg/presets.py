@@ -87,7 +87,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 8×8 images at ε ≤ 3: half of ε for the class means and 4× fewer releases.
     "small-eps1": {**_SMALL, "runs": 10, "warm_start_share": 0.5},
     # 28×28 images (mnist-5k) above ε = 3: S (50 per class) starts from samples of the DP
-    # frequency model (half of ε, per-class covariances) and gradient matching refines it
+    # frequency model (half of ε, denoised, pooled) and gradient matching refines it
     # with the other half over 1,000 releases. 8 minutes on an idle 2-core CPU for mnist-5k.
     "mnist": {
         **_SMALL,
