@@ -24,7 +24,8 @@ by a
      drawn across the end bins, not piled on a bound); an exact zero holding at least 1/K of
      the rows becomes a point mass (the edge 0 twice);
    - `missing`: the missing bin's noisy count clears `MISSING_SIGNIFICANCE` deviations;
-   - `decimals`: the most digits whose noisy count clears it.
+   - `decimals`: the most digits whose noisy count clears a false-alarm cut
+     (`released_decimals`).
 
 Only the released summaries leave this module, never a count.
 """
@@ -52,9 +53,10 @@ from dpsynth.privacy.mechanisms.histograms import (
 )
 from dpsynth.privacy.releases.schema_grids import FINE_BINS, fine_grid, range_grid
 
-# A precision (decimals) is taken as real when its noisy count clears this many deviations; a
-# missing bin when it clears MISSING_SIGNIFICANCE (a bin too many only costs a value the model
-# learns to be nearly empty; one too few encodes the missing cells at mid-range).
+# An exact zero is a point mass when its noisy count clears this many deviations (precision:
+# `released_decimals`); a missing bin when it clears MISSING_SIGNIFICANCE (a bin too many only
+# costs a value the model learns to be nearly empty; one too few encodes the missing cells at
+# mid-range).
 SIGNIFICANCE = 3.0
 MISSING_SIGNIFICANCE = 1.5
 # Fine bins of the shape histogram (the quantiles are read off it): as many as keep about
@@ -228,6 +230,17 @@ def _decimals(texts: np.ndarray) -> np.ndarray:
     return digits[codes]
 
 
+def released_decimals(noisy_digits: np.ndarray, std: float) -> int | None:
+    """The precision written for a float column: the most digits after the point whose noisy
+    count (`noisy_digits[k]`: values written with k digits) clears the cut a bin of noise
+    alone clears with probability FALSE_ALONE over the MAX_DECIMALS + 1 bins; None when none
+    does. A column written to one decimal then gets six with probability about 1e-3, not the
+    1% that a 3-deviation cut on each of its five empty bins gave (post-processing)."""
+    cut = std * float(norm.isf(FALSE_ALONE / (MAX_DECIMALS + 1)))
+    significant = np.flatnonzero(np.asarray(noisy_digits) > cut)
+    return int(significant[-1]) if len(significant) else None
+
+
 @dataclass(frozen=True)
 class ReleasedShape:
     """What round 2 released for one column."""
@@ -351,8 +364,7 @@ def release_shapes(
             noisy_digits = noisy(
                 np.bincount(digits, minlength=MAX_DECIMALS + 1).astype(np.float64), std, generator
             )
-            significant = np.flatnonzero(noisy_digits > cut)
-            decimals = int(significant[-1]) if len(significant) else None
+            decimals = released_decimals(noisy_digits, std)
         missing_cut = MISSING_SIGNIFICANCE * std
         out[name] = ReleasedShape(edges, bool(released[0] > missing_cut), decimals)
     for name, codes in booleans.items():
