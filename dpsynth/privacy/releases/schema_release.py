@@ -234,8 +234,8 @@ def released_decimals(noisy_digits: np.ndarray, std: float) -> int | None:
     """The precision written for a float column: the most digits after the point whose noisy
     count (`noisy_digits[k]`: values written with k digits) clears the cut a bin of noise
     alone clears with probability FALSE_ALONE over the MAX_DECIMALS + 1 bins; None when none
-    does. A column written to one decimal then gets six with probability about 1e-3, not the
-    1% that a 3-deviation cut on each of its five empty bins gave (post-processing)."""
+    does. A column written to one decimal then gets more with probability about 1e-3, not the
+    0.7% that a 3-deviation cut on each of its five empty bins gave (post-processing)."""
     cut = std * float(norm.isf(FALSE_ALONE / (MAX_DECIMALS + 1)))
     significant = np.flatnonzero(np.asarray(noisy_digits) > cut)
     return int(significant[-1]) if len(significant) else None
