@@ -118,14 +118,18 @@ def start_run(
     preset = resolve_preset(backend, preset, info, target_epsilon)
     if preset in backend.preset_advice and info.modality == "image":
         warnings.append(backend.preset_advice[preset])
-    if preset in backend.public_presets and request.public is None:
+    config = backend.config(preset, dict(request.overrides), info)
+    if backend.requires_public(preset, config) and request.public is None:
+        what = (
+            "starts its generator from declared-public images instead of a DP warm start"
+            if preset in backend.public_presets
+            else "learns its kernel's features from declared-public images (kernel_features)"
+        )
         raise UsageError(
-            f"{backend.name}'s preset {preset!r} starts its generator from declared-public "
-            "images instead of a DP warm start: give {public} SPEC (labelled images of the "
-            "data's classes), or take a preset without it",
+            f"{backend.name}'s preset {preset!r} {what}: give {{public}} SPEC (labelled images "
+            "of the data's classes), or take a preset without it",
             parameter="public",
         )
-    config = backend.config(preset, dict(request.overrides), info)
     # Everything that can fail for a reason known before the first private read fails here,
     # before the spend is reserved: the config's values, then the plan, then building the
     # trainer and the batch sampler (weights from the seed, never from the data).
@@ -159,6 +163,12 @@ def start_run(
     if request.public is not None:
         assert not isinstance(records, TableData)
         public, public_record = open_public(request.public, records, info, trainer, backend.name)
+        if backend.requires_public(preset, config) and not public.labelled:
+            raise UsageError(
+                f"--public {public.spec}: {backend.name}'s preset {preset!r} with these settings "
+                f"needs images labelled with the data's classes ({', '.join(info.classes[:6])}"
+                f"{', …' if len(info.classes) > 6 else ''}); these are not"
+            )
     if existing is None:
         info = replace(info, fingerprint=keyed_fingerprint(ledger, digest))
     # `classes` (in info) and `channels` let --resume read the data the same way

@@ -58,6 +58,10 @@ class DPKernelMethod(StagedMethod):
         "releases the derivative-GP-noised gradient field at generated points"
     )
 
+    def requires_public(self, preset: str, config: Mapping[str, Any]) -> bool:
+        """A public preset, or a kernel that sees features learnt from public images."""
+        return super().requires_public(preset, config) or int(config.get("kernel_features", 0)) > 0
+
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
         """`small` for tables; `small-eps1` for small images (8×8 digits) at every ε; for
         28×28-sized ones (≥ 400 values a record) `mnist`, or `mnist-eps1` at ε ≤ 3.
@@ -132,6 +136,20 @@ class DPKernelMethod(StagedMethod):
                     f"--set kernel_frequencies: 0 (every pixel) or up to {pixels} (the image's "
                     f"pixels a channel), got {config['kernel_frequencies']}"
                 )
+        if int(config.get("kernel_features", 0)) > 0:
+            if info.modality != "image" or not info.classes:
+                raise UsageError(
+                    "--set kernel_features: for labelled images only (its encoder learns the "
+                    "data's classes from --public images)"
+                )
+            scale, steps = config["kernel_feature_scale"], config["kernel_encoder_steps"]
+            if float(scale) <= 0 or int(steps) < 1:
+                raise UsageError(
+                    "--set kernel_feature_scale must be positive and kernel_encoder_steps at "
+                    "least 1"
+                )
+        elif int(config.get("kernel_features", 0)) < 0:
+            raise UsageError("--set kernel_features: 0 (off) or a feature count")
         choices = {
             "arch": ("conv", "mlp", "table"),
             "norm": ("batch", "group", "none"),

@@ -196,6 +196,10 @@ for _preset in PRESETS.values():
         _preset.setdefault(_key, _value)
     # The kernel sees every pixel (0), or the K lowest DCT frequencies (basis.py).
     _preset.setdefault("kernel_frequencies", 0)
+    # Or joined to features learnt from --public images (features.py): off (0) by default.
+    _preset.setdefault("kernel_features", 0)
+    _preset.setdefault("kernel_feature_scale", 1.0)
+    _preset.setdefault("kernel_encoder_steps", 1000)
 
 
 # Tables (german-credit and the like): an MLP ending in `methods.blocks.TableHead`. One

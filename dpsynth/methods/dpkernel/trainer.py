@@ -16,6 +16,7 @@ from dpsynth.methods.base import PrivacyPlan, sample_truncation
 from dpsynth.methods.blocks import fit_generator_to_model
 from dpsynth.methods.dpkernel.basis import kernel_view
 from dpsynth.methods.dpkernel.binning import number_bins
+from dpsynth.methods.dpkernel.features import FeatureView, PublicEncoder, train_public_encoder
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator, one_hot_or_none
 from dpsynth.methods.dpkernel.kernel import generated_kernel_mean, raw_embedding_gradient
 from dpsynth.methods.dpkernel.labels import balanced_labels, target_weights, weighted_labels
@@ -74,6 +75,18 @@ class DPKernelTrainer(StagedTrainer):
         self.view = kernel_view(
             info.shape, int(config.get("kernel_frequencies", 0)), info.modality, self.device
         )
+        # Joined to features learnt from declared-public images (features.py): the encoder's
+        # initial weights come from the public seed; `pretrain_public` trains it.
+        self.encoder: PublicEncoder | None = None
+        features = int(config.get("kernel_features", 0))
+        if features > 0 and info.modality == "image":
+            with seeded(seed + 2_000_003):
+                encoder = PublicEncoder(tuple(info.shape), features, max(self.num_classes, 1))
+            self.encoder = encoder.to(self.device).requires_grad_(False).eval()
+            # Features of unit norm times the scale in kernel widths (the smallest bandwidth):
+            # at 1, two images' features are at most √2 widths apart, as far as their pixels.
+            scale = float(config.get("kernel_feature_scale", 1.0)) * min(self.bandwidths)
+            self.view = FeatureView(self.view, self.encoder, scale)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One update from a Poisson batch; the batch is only forwarded to the private read."""
@@ -197,6 +210,8 @@ class DPKernelTrainer(StagedTrainer):
         when it can use the labels."""
         steps = int(self.config.get("public_pretrain_steps", 0))
         uses = ("generator",) if steps > 0 and self.info.modality == "image" else ()
+        # The kernel's features need the data's classes (`check_public` refuses otherwise).
+        uses += ("kernel features",) if self.encoder is not None and labelled else ()
         return uses + (("DP teacher",) if self.teacher.uses_public(labelled) else ())
 
     def pretrain_public(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
@@ -206,6 +221,19 @@ class DPKernelTrainer(StagedTrainer):
         (the class-conditional kernel when labelled, else the unconditional one), with its
         own optimiser; latents and batches from the public seed. The EMA (if any) restarts
         from the result; the DP teacher, if any, pretrains on labelled images."""
+        if self.encoder is not None:
+            if y is None:
+                raise UsageError(
+                    "kernel_features needs --public images labelled with the data's classes"
+                )
+            self.encoder.requires_grad_(True)
+            train_public_encoder(
+                self.encoder,
+                x,
+                y,
+                int(self.config.get("kernel_encoder_steps", 1000)),
+                self.seed + 2_000_029,
+            )
         steps = int(self.config.get("public_pretrain_steps", 0))
         count = self.num_generated
         rng = torch.Generator().manual_seed(self.seed + 1_000_003)
@@ -292,8 +320,14 @@ class DPKernelTrainer(StagedTrainer):
             average.copy_(current)
 
     def _modules(self) -> dict[str, nn.Module]:
-        """The saved networks: the generator and, when the config keeps one, its EMA."""
-        return {"generator": self.net} | ({"ema": self.ema} if self.ema is not None else {})
+        """The saved networks: the generator, its EMA and the kernel's encoder when the config
+        keeps them."""
+        out: dict[str, nn.Module] = {"generator": self.net}
+        if self.ema is not None:
+            out["ema"] = self.ema
+        if self.encoder is not None:
+            out["kernel_encoder"] = self.encoder
+        return out
 
     def own_state_tensors(self) -> dict[str, torch.Tensor]:
         """Generator weights and buffers (and their EMA), optimiser state, step count (no
