@@ -224,10 +224,13 @@ class Method(ABC):
     # refuses them without `--public` (they would start from nothing), by preset name.
     public_presets: ClassVar[frozenset[str]] = frozenset()
 
-    def requires_public(self, preset: str, config: Mapping[str, Any]) -> bool:
-        """Whether a run with this preset and config needs `train --public` (`train` refuses
-        it without, before anything is reserved): by default the `public_presets`."""
-        return preset in self.public_presets
+    def public_requirement(self, preset: str, config: Mapping[str, Any]) -> str | None:
+        """Why a run with this preset and config needs labelled `train --public` images
+        (`train` refuses it without, before anything is reserved), or None: by default the
+        `public_presets`, whose generator starts from them."""
+        if preset in self.public_presets:
+            return "starts its generator from declared-public images instead of a DP warm start"
+        return None
 
     def presets_for(self, info: DataInfo) -> Mapping[str, Mapping[str, Any]]:
         """The presets that apply to this data: `table_presets` for a table when given."""

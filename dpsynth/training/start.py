@@ -119,15 +119,11 @@ def start_run(
     if preset in backend.preset_advice and info.modality == "image":
         warnings.append(backend.preset_advice[preset])
     config = backend.config(preset, dict(request.overrides), info)
-    if backend.requires_public(preset, config) and request.public is None:
-        what = (
-            "starts its generator from declared-public images instead of a DP warm start"
-            if preset in backend.public_presets
-            else "learns its kernel's features from declared-public images (kernel_features)"
-        )
+    needs_public = backend.public_requirement(preset, config)
+    if needs_public and request.public is None:
         raise UsageError(
-            f"{backend.name}'s preset {preset!r} {what}: give {{public}} SPEC (labelled images "
-            "of the data's classes), or take a preset without it",
+            f"{backend.name}'s preset {preset!r} {needs_public}: give {{public}} SPEC (labelled "
+            "images of the data's classes), or take a preset without it",
             parameter="public",
         )
     # Everything that can fail for a reason known before the first private read fails here,
@@ -163,7 +159,7 @@ def start_run(
     if request.public is not None:
         assert not isinstance(records, TableData)
         public, public_record = open_public(request.public, records, info, trainer, backend.name)
-        if backend.requires_public(preset, config) and not public.labelled:
+        if needs_public and not public.labelled:
             raise UsageError(
                 f"--public {public.spec}: {backend.name}'s preset {preset!r} with these settings "
                 f"needs images labelled with the data's classes ({', '.join(info.classes[:6])}"

@@ -4,9 +4,9 @@ A Gaussian kernel on pixels is a weak judge of a digit: two images of the same d
 stroke moved by two pixels are as far apart as a digit and a blob. DP-MEPF (Harder et al.,
 2023) matches the data in the feature space of a network trained on public data instead.
 Here the kernel sees each image as its pixels (or the view of `kernel_frequencies`) joined to
-s · φ(x)/‖φ(x)‖ (s: `kernel_feature_scale` times the smallest kernel width), with φ the penultimate layer of a small classifier
-trained on the `train --public` images, labelled with the data's classes, before any private
-read.
+s · φ(x)/‖φ(x)‖, s being `kernel_feature_scale` times the smallest kernel width and φ the
+penultimate layer of a small classifier trained on the `train --public` images, labelled with
+the data's classes, before any private read.
 
 Privacy: φ is fixed before the first private step and is a function of public images and the
 public seed only, so the view is a public per-record map, like the DCT basis. The kernel on

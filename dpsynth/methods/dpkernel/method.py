@@ -58,9 +58,11 @@ class DPKernelMethod(StagedMethod):
         "releases the derivative-GP-noised gradient field at generated points"
     )
 
-    def requires_public(self, preset: str, config: Mapping[str, Any]) -> bool:
-        """A public preset, or a kernel that sees features learnt from public images."""
-        return super().requires_public(preset, config) or int(config.get("kernel_features", 0)) > 0
+    def public_requirement(self, preset: str, config: Mapping[str, Any]) -> str | None:
+        """A kernel that sees features learnt from public images, or a public preset."""
+        if int(config.get("kernel_features", 0)) > 0:
+            return "learns its kernel's features from declared-public images (kernel_features)"
+        return super().public_requirement(preset, config)
 
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
         """`small` for tables; `small-eps1` for small images (8×8 digits) at every ε; for

@@ -186,3 +186,23 @@ def test_kernel_features_is_checked() -> None:
     for bad in ({"kernel_features": -1}, {"kernel_features": 8, "kernel_feature_scale": 0.0}):
         with pytest.raises(UsageError, match="kernel_feature"):
             method.validate_config(method.config("tiny", bad, info), info)
+
+
+def test_the_public_preset_is_mnist_with_the_measured_kernel_features() -> None:
+    """`mnist-public` is the measured variant (docs/leaderboard.md): `mnist` with 64 public
+    features at one kernel width; it needs --public, `auto` never picks it, and its plan is
+    `mnist`'s (the features cost no ε)."""
+    from tests.methods.dpkernel.test_dpkernel import MNIST_INFO
+
+    method = get_method("dpkernel")
+    named = method.config("mnist-public", {}, MNIST_INFO)
+    measured = method.config("mnist", {"kernel_features": 64}, MNIST_INFO)
+    assert {**named, "preset": "mnist"} == measured
+    assert named["kernel_feature_scale"] == 1.0
+    assert "kernel_features" in method.public_requirement("mnist-public", named)
+    assert method.public_requirement("mnist", method.config("mnist", {}, MNIST_INFO)) is None
+    assert "mnist-public" not in {method.recommended_preset(MNIST_INFO, e) for e in (1.0, 10.0)}
+    target = PrivacyTarget(10.0, 1e-5)
+    plain = method.plan(MNIST_INFO, target, method.config("mnist", {}, MNIST_INFO))
+    plan = method.plan(MNIST_INFO, target, named)
+    assert plan.noise_multiplier == plain.noise_multiplier and plan.events == plain.events
