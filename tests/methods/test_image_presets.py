@@ -21,7 +21,7 @@ SPIKED = {
     ("freq", "mnist-eps1"),
     ("pge", "mnist"), ("pge", "mnist-eps1"),
     ("psg", "mnist"), ("psg", "mnist-eps1"),
-    ("dpkernel", "mnist"), ("dpkernel", "mnist-teacher"),
+    ("dpkernel", "mnist"), ("dpkernel", "mnist-teacher"), ("dpkernel", "mnist-public"),
     ("rdpgan", "mnist"),
 }  # fmt: skip
 # `spiked-pooled`: the same with each class's bulk from the pooled within-class covariance.
