@@ -220,14 +220,11 @@ class Method(ABC):
     # A warning `train` gives for a preset whose measured release fails the rule the others
     # are held to (e.g. worse FID than the frequency model alone), by preset name.
     preset_advice: ClassVar[Mapping[str, str]] = {}
-    # Presets whose generator starts from declared-public images instead of a DP stage: `train`
-    # refuses them without `--public` (they would start from nothing), by preset name.
+    # Presets whose generator starts from declared-public images (see `public_requirement`).
     public_presets: ClassVar[frozenset[str]] = frozenset()
 
     def public_requirement(self, preset: str, config: Mapping[str, Any]) -> str | None:
-        """Why a run with this preset and config needs labelled `train --public` images
-        (`train` refuses it without, before anything is reserved), or None: by default the
-        `public_presets`, whose generator starts from them."""
+        """Why this run needs labelled `--public` images (refused before any spend), or None."""
         if preset in self.public_presets:
             return "starts its generator from declared-public images instead of a DP warm start"
         return None
