@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import torch
 
+from bench.machine import cpu_model
 from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.registry import get_method
@@ -32,18 +33,6 @@ from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 # Where the hashes below were recorded (bit-exact floats need the same build and CPU kind).
 RECORDED_ON = ("2.14.1+cu130", "x86_64")
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else what `platform` says."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 DIGITS_INFO = DataInfo(

@@ -67,10 +67,12 @@ def test_the_embedding_gradient_in_the_view_is_the_projected_pixel_gradient() ->
     torch.testing.assert_close(seen, view(pixel))
 
 
-def _digits_trainer(frequencies: int):
+def _digits_trainer(frequencies: int, **overrides):
+    """dpkernel's `tiny` trainer on digits at ε = 5 with these settings: (method, config,
+    plan, trainer)."""
     method = get_method("dpkernel")
     info = load_data("digits").info()
-    config = method.config("tiny", {"kernel_frequencies": frequencies}, info)
+    config = method.config("tiny", {"kernel_frequencies": frequencies, **overrides}, info)
     method.validate_config(config, info)
     plan = method.plan(info, PrivacyTarget(5.0, 1e-5), config)
     return method, config, plan, method.trainer(info, config, plan, torch.device("cpu"), seed=0)

@@ -20,6 +20,7 @@ from dpsynth.privacy.accounting.plan import PrivacyTarget
 from dpsynth.rundir import RunDir
 from dpsynth.training import train_run
 from tests.methods.dpkernel.test_dpkernel import _digits
+from tests.methods.dpkernel.test_dpkernel_basis import _digits_trainer
 
 runner = CliRunner()
 DIGITS = tuple(str(d) for d in range(10))
@@ -73,15 +74,6 @@ def test_the_encoder_learns_the_public_classes_and_is_then_frozen() -> None:
     assert accuracy > 0.85
 
 
-def _digits_trainer(overrides: dict):
-    method = get_method("dpkernel")
-    info = load_data("digits").info()
-    config = method.config("tiny", overrides, info)
-    method.validate_config(config, info)
-    plan = method.plan(info, PrivacyTarget(5.0, 1e-5), config)
-    return config, plan, method.trainer(info, config, plan, torch.device("cpu"), seed=0)
-
-
 def test_a_step_releases_in_the_joined_space_with_the_pixel_kernels_sensitivity(
     monkeypatch,
 ) -> None:
@@ -95,8 +87,8 @@ def test_a_step_releases_in_the_joined_space_with_the_pixel_kernels_sensitivity(
         return real(gradient, points, labels, bandwidths, **kwargs)
 
     monkeypatch.setattr(trainer_module, "privatize_embedding_gradient", spy)
-    config, plan, trainer = _digits_trainer({"kernel_features": 16})
-    _, pixel_plan, _ = _digits_trainer({})
+    _, config, plan, trainer = _digits_trainer(0, kernel_features=16)
+    _, _, pixel_plan, _ = _digits_trainer(0)
     x, y = _digits(64)
     trainer.pretrain_public(x, y)
     trainer.step(x, y)
