@@ -194,8 +194,8 @@ PRESETS["mnist-eps1-public"] = {
 # With declared-public labelled images (`train --public`, required) above ε = 3: `mnist` with
 # the kernel on pixels joined to 64 features of an encoder trained on the public images
 # (features.py). On mnist-5k at ε = 10 with typeset digits as the public set, three training
-# runs: FID 78.1–79.4 (`mnist`: 88.6; the public digits alone: 82.0), CNN 0.841–0.863 (0.857);
-# on digits28 0.884 and 150.5 (0.894 and 154.1).
+# runs: FID 78.1–79.4 (`mnist`: 82.6–88.6 in two; the public digits alone: 82.0), CNN
+# 0.841–0.863 (0.849–0.857); on digits28 0.884 and 150.5 (0.894 and 154.1).
 PRESETS["mnist-public"] = {**PRESETS["mnist"], "kernel_features": 64, "kernel_feature_scale": 1.0}
 for _preset in PRESETS.values():
     for _key, _value in {**WARM_START_DEFAULTS, **FREQUENCY_DEFAULTS, **TEACHER_DEFAULTS}.items():
