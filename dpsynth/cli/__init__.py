@@ -10,7 +10,7 @@ from dpsynth.cli.app import app, main
 # order of `dpsynth --help`, so keep it.
 # isort: off
 from dpsynth.cli import calibrate, train, sample, evaluate  # noqa: F401
-from dpsynth.cli import ledger, data, audit  # noqa: F401
+from dpsynth.cli import ledger, data, audit, cache  # noqa: F401
 
 # isort: on
 

@@ -63,6 +63,15 @@ def evaluate(
     inception_weights: Annotated[
         Path | None, typer.Option(help="TorchScript TF-Inception weights file.")
     ] = None,
+    cache_real_features: Annotated[
+        bool,
+        typer.Option(
+            "--cache-real-features",
+            help="Keep the real images' Inception features for the next evaluation (per-record "
+            "features of the real data, files 0600 in $DPSYNTH_CACHE_DIR/fid, else "
+            "~/.cache/dpsynth/fid; `dpsynth cache clear` removes them). Default: nothing kept.",
+        ),
+    ] = False,
     real_train: Annotated[
         str | None, typer.Option(help="Real training spec for the upper-bound accuracy.")
     ] = None,
@@ -114,6 +123,7 @@ def evaluate(
             ledger=resolve_ledger_path(ledger),
             progress=on_progress,
             schema=schema,
+            cache_real_features=cache_real_features,
         ).to_json()
     if as_json:
         emit_json(result)
@@ -132,7 +142,8 @@ def evaluate(
             (
                 "FID",
                 f"{fid['value']:.3f} (n={fid.get('n_synthetic')} synthetic vs "
-                f"{fid.get('n_real')} real from {fid.get('reference', real)})",
+                f"{fid.get('n_real')} real from {fid.get('reference', real)}"
+                f"{'; real features from the cache' if fid.get('real_features_cached') else ''})",
             )
         )
     for key in ("precision", "recall"):

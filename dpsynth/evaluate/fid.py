@@ -21,7 +21,6 @@ import functools
 import hashlib
 import importlib.util
 import os
-import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from dpsynth.errors import UsageError
+from dpsynth.evaluate import feature_cache
 
 INCEPTION_SIZE = 299
 FEATURE_DIM = 2048
@@ -254,57 +254,36 @@ def _inside_manifold(
     return torch.cat(inside)
 
 
-def cache_dir() -> Path:
-    """Where real-set features are cached: `$DPSYNTH_CACHE_DIR/fid` or `~/.cache/dpsynth/fid`."""
-    root = os.environ.get("DPSYNTH_CACHE_DIR")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "dpsynth"
-    return base / "fid"
-
-
 def cached_real_features(
     model: torch.nn.Module,
     images: torch.Tensor,
     *,
     content_digest: str,
     weights_sha256: str,
+    cache: bool = False,
     batch_size: int = DEFAULT_BATCH_SIZE,
     device: torch.device | str = "cpu",
     progress: Progress | None = None,
 ) -> tuple[np.ndarray, bool]:
-    """Features of the real reference set, cached by the data's content digest, n and weights
-    hash (the cache is the data owner's: the digest never reaches a publishable file).
+    """Features of the real reference set; with `cache`, read from and kept in the opt-in
+    cache (`feature_cache`), keyed by the data's content digest, n and the weights' hash (the
+    cache is the data owner's: the digest never reaches a publishable file). Without it
+    nothing is read from or written to disk.
 
     Returns (features, from_cache).
     """
-    key = hashlib.sha256(
-        f"{PIPELINE_VERSION}|{content_digest}|{int(images.shape[0])}|{weights_sha256}".encode()
-    ).hexdigest()[:32]
-    path = cache_dir() / f"{key}.npz"
-    if path.is_file():
-        try:
-            with np.load(path, allow_pickle=False) as cached:
-                feats = cached["features"]
-            if feats.shape == (int(images.shape[0]), FEATURE_DIM):
-                return feats, True
-        except (OSError, ValueError, KeyError):
-            pass  # a damaged cache file is recomputed and overwritten
+    n = int(images.shape[0])
+    key = feature_cache.cache_key(PIPELINE_VERSION, content_digest, n, weights_sha256)
+    if cache:  # off: not read either (and `real_features_cached` is then always false)
+        found = feature_cache.load_features(key, (n, FEATURE_DIM))
+        if found is not None:
+            return found, True
     feats = inception_features(
         model, images, batch_size=batch_size, device=device, progress=progress, stage="fid-real"
     )
-    _save_npz_atomic(path, features=feats)
+    if cache:
+        feature_cache.store_features(key, feats)
     return feats, False
-
-
-def _save_npz_atomic(path: Path, **arrays: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def compute_fid(
@@ -319,13 +298,18 @@ def compute_fid(
     with_precision_recall: bool = False,
     k: int = 3,
     progress: Progress | None = None,
+    cache_real_features: bool | None = None,
 ) -> dict:
     """FID between uint8 image sets and/or precision/recall on the same features.
 
-    Real-set features are cached by `real_digest`, n and the weights file's hash.
+    Real-set features are cached (by `real_digest`, n and the weights file's hash) only when
+    `cache_real_features` is true, or when it is None inside `feature_cache.caching(True)`
+    (how `evaluate --cache-real-features` reaches here); by default nothing is kept on disk.
     Returns a JSON-ready dict: value (None without `with_fid`), n_synthetic, n_real, weights,
     weights_sha256, real_features_cached, and precision, recall, k when asked.
     """
+    if cache_real_features is None:
+        cache_real_features = feature_cache.caching_enabled()
     weights_path = find_inception_weights(weights)
     stat = weights_path.stat()
     weights_sha256, model = _loaded_weights(
@@ -336,6 +320,7 @@ def compute_fid(
         real,
         content_digest=real_digest,
         weights_sha256=weights_sha256,
+        cache=bool(cache_real_features),
         batch_size=batch_size,
         device=device,
         progress=progress,

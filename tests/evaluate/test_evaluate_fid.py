@@ -1,5 +1,5 @@
 """FID: the Fréchet distance maths, the pytorch-fid preprocessing, the real TF-Inception network,
-the real-set cache, precision/recall, and missing weights (exit 2, never a download)."""
+the opt-in real-set cache, precision/recall, and missing weights (exit 2, never a download)."""
 
 from __future__ import annotations
 
@@ -150,7 +150,9 @@ def test_fid_with_real_network_is_zero_on_itself_grows_with_noise_and_caches_rea
         return (images.float() + noise).round().clamp(0, 255).to(torch.uint8)
 
     def run(synthetic: torch.Tensor) -> dict:
-        return fid.compute_fid(synthetic, images, real_digest="digits16", batch_size=16)
+        return fid.compute_fid(
+            synthetic, images, real_digest="digits16", batch_size=16, cache_real_features=True
+        )
 
     itself = run(images)
     assert itself["n_real"] == itself["n_synthetic"] == 16

@@ -14,6 +14,7 @@ from PIL import Image
 
 from dpsynth.data.sources import load_data
 from dpsynth.errors import UsageError
+from dpsynth.evaluate.feature_cache import caching
 from dpsynth.evaluate.report import run_evaluation
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.key import FingerprintKey
@@ -212,9 +213,12 @@ def test_fid_precision_recall_through_run_evaluation_with_given_weights(
         inception_weights=str(weights),
         report_dir=tmp_path / "report",
     )
-    first = run_evaluation(**kwargs)
-    # the second run reads the real set's features from the cache (no FID: it is slow on CPU)
-    second = run_evaluation(**{**kwargs, "metrics": ["precision", "recall"], "report_dir": None})
+    with caching(True):  # what `evaluate --cache-real-features` asks for
+        first = run_evaluation(**kwargs)
+        # the second run reads the real set's features from the cache (no FID: slow on CPU)
+        second = run_evaluation(
+            **{**kwargs, "metrics": ["precision", "recall"], "report_dir": None}
+        )
     fid = first["metrics"]["fid"]
     assert fid["value"] > 0 and fid["reference"] == "digits:test"
     assert fid["n_synthetic"] == 200 and fid["n_real"] == 360

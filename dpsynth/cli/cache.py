@@ -1,0 +1,67 @@
+"""`dpsynth cache show|clear`: the opt-in cache of real-set Inception features that `evaluate
+--cache-real-features` fills (per-record features of the real data: the data owner's)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from dpsynth.cli.app import DebugOpt, JsonOpt, app, handle_errors
+from dpsynth.cli.render import emit_json, print_kv
+
+if TYPE_CHECKING:
+    from dpsynth.evaluate.feature_cache import CacheContents
+
+cache_app = typer.Typer(
+    help="Show or clear the real-set features that `evaluate --cache-real-features` keeps."
+)
+app.add_typer(cache_app, name="cache", no_args_is_help=True)
+
+
+@cache_app.command("show")
+@handle_errors
+def cache_show(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
+    """Where the feature cache is ($DPSYNTH_CACHE_DIR/fid, else ~/.cache/dpsynth/fid), how
+    many files it holds and their size."""
+    from dpsynth.evaluate.feature_cache import show_cache
+
+    contents = show_cache()
+    if as_json:
+        emit_json(contents.to_json())
+        return
+    _render(contents, "feature cache", "files")
+
+
+@cache_app.command("clear")
+@handle_errors
+def cache_clear(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
+    """Remove every cached feature file (and the folder, when nothing else is in it); prints
+    how many files and bytes it removed."""
+    from dpsynth.evaluate.feature_cache import clear_cache
+
+    contents = clear_cache()
+    if as_json:
+        emit_json(contents.to_json())
+        return
+    _render(contents, "feature cache cleared", "removed")
+
+
+def _render(contents: CacheContents, title: str, what: str) -> None:
+    """The folder and how many files and bytes (never the names: hashes of data digests)."""
+    origin = "default" if contents.set_by == "default" else f"from ${contents.set_by}"
+    rows: list[tuple[str, Any]] = [
+        ("folder", f"{contents.folder} ({origin})"),
+        (what, f"{contents.count} ({_size(contents.bytes)})"),
+    ]
+    print_kv(title, rows)
+
+
+def _size(count: int) -> str:
+    """Bytes for people: `0 bytes`, `812 bytes`, `3.4 MiB (3,565,158 bytes)`."""
+    if count < 1024:
+        return f"{count:,} bytes"
+    value, units = count / 1024, ["KiB", "MiB", "GiB", "TiB"]
+    while value >= 1024 and len(units) > 1:
+        value, units = value / 1024, units[1:]
+    return f"{value:.1f} {units[0]} ({count:,} bytes)"
