@@ -139,7 +139,9 @@ def data_schema(
     """Draft a schema (JSON on stdout) for you to review: every bound, edge, category list and
     missing flag it read off the data is marked "source": "data (not private: review or
     replace)". One line on stderr per column typed as an identifier, free text, a shortened
-    category list, a clock (HHMM times of day) or an empty column."""
+    category list, a clock (HHMM times of day) or an empty column; for an identifier that
+    repeats (a person with several rows), its rows per unit and a --max-rows-per-unit to start
+    from, read off the data for your eyes only (never in the JSON)."""
     from dpsynth.data.engines.sample import draft_rows
     from dpsynth.data.schema_draft import draft_table
 
@@ -147,6 +149,13 @@ def data_schema(
     raw, sampled = draft_rows(spec)
     drafted, remarks = draft_table(raw.header, raw.columns, target or raw.header[-1])
     remarks = [*([sampled] if sampled else []), *remarks]
+    if sampled and any(c.type == "id" for c in drafted.columns):
+        # a uniform sample of rows keeps few of a unit's rows: its counts understate them
+        remarks.append(
+            "the identifiers' rows per unit above count the sample's rows: in the whole table "
+            "a unit holds more (and a value unique in the sample may repeat); count them there "
+            "before choosing --max-rows-per-unit"
+        )
     if not sampled:  # a sample's size is not the table's: a large table needs no remark
         remarks += _release_remark(drafted, raw.n)
     # The draft is JSON either way (for `> schema.json`); --json is accepted for uniformity.

@@ -32,8 +32,9 @@ Types:
 - `categorical`: public `categories`, strings as they appear in the file after stripping
   blanks; an empty cell is the category "" (list it to keep it); an optional `other`, one of
   the categories, absorbs values not in the list.
-- `id`: an identifier (one value per row). Never read for training; `sample` writes fresh
-  surrogate keys `<prefix><n>` (`prefix` default "syn-"), never a real value.
+- `id`: an identifier (a key, a patient or account number; it repeats when it names a person
+  with several rows). Never read for training; `sample` writes fresh surrogate keys
+  `<prefix><n>` (`prefix` default "syn-"), never a real value.
 - `ignored`: not read; its column is written empty.
 The `target` must be categorical: its categories are the public label set (`classes`); it may
 carry `weights`, public class proportions (e.g. from published statistics; normalised to sum 1,

@@ -3,28 +3,33 @@
 Every entry read off the data is marked `"source": "data (not private: review or replace)"`:
 the draft is a starting point, not a public declaration. Per column, in this order:
 - no value at all → `ignored`;
-- numbers: integers with at most DRAFT_MAX_INTEGER_LEVELS values → categorical codes; a
-  column of distinct, densely packed integers or one named like an identifier (`id`, `key`,
-  `uuid`, ...) with one value per row → `id`; other integers → `integer`; other numbers →
-  `numeric` with the precision (`decimals`) the file writes; integers that are all HHMM times
-  of day, some past 01:00, in a column named for a time (`dep_time`) → `integer` with
-  `"clock": "hhmm"` (minutes since midnight inside, `dpsynth.data.clock`). Empty cells (and
-  the usual missing-value tokens, `schema.MISSING_TOKENS`) give `missing: true`, never a
-  categorical;
+- numbers: integers with at most DRAFT_MAX_INTEGER_LEVELS values → categorical codes;
+  identifiers (below) → `id`; other integers → `integer`; other numbers → `numeric` with the
+  precision (`decimals`) the file writes; integers that are all HHMM times of day, some past
+  01:00, in a column named for a time (`dep_time`) → `integer` with `"clock": "hhmm"`
+  (minutes since midnight inside, `dpsynth.data.clock`). Empty cells (and the usual
+  missing-value tokens, `schema.MISSING_TOKENS`) give `missing: true`, never a categorical;
 - yes/no, true/false, t/f, y/n in any case → `boolean`;
 - dates and times of one format (ISO 8601 and what pandas recognises) → `date` or `datetime`,
   with their `format` and UTC offset;
-- text: long or mostly unique free text → `ignored`; one value (or nearly) per row → `id`;
-  a category list longer than N / 20 → the values held by at least RARE_ROWS rows (at most
-  N / 20 of them) and an `other` category for the rest; otherwise `categorical`.
-The draft never lists a value held by a single row as a category unless the column has few
-values. `draft_table` also returns one remark per column it typed as an identifier, free
-text, a shortened category list, a clock or an empty column, for the CLI to print.
+- text: long or mostly unique free text → `ignored`; identifiers (below) → `id`; a category
+  list longer than N / 20 → the values held by at least RARE_ROWS rows (at most N / 20 of
+  them) and an `other` category for the rest; otherwise `categorical`.
+An identifier (`dpsynth.data.units.identifier_reason`) holds nearly one value per row (whole
+numbers only when named like one or a dense run too, so that amounts stay numbers), or is
+named like one (`patient_id`, `case_no`, `PatientID`, `ssn`, ...) with more values than a
+category list may hold, or is a dense run of whole numbers spread evenly over its range and
+not named for a measurement (`age`, `year`, `days`, `amount`, ...). The last two include
+identifiers that repeat, a subject's number on each of its rows: such a column looks like a
+privacy unit, and the draft says so with its rows per unit (`dpsynth.data.units`). The draft
+never lists a value held by a single row as a category unless the column has few values.
+`draft_table` also returns one remark per column it typed as an identifier (and one more when
+it repeats), free text, a shortened category list, a clock or an empty column, for the CLI to
+print (the schema never holds them).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,6 +45,7 @@ from dpsynth.data.schema import (
     Schema,
 )
 from dpsynth.data.timecols import guess_time_format, is_date_format, time_seconds
+from dpsynth.data.units import UnitSummary, identifier_reason, summarise_sizes, unit_remark
 from dpsynth.errors import DataError, UsageError
 
 # Integer columns with at most this many distinct values are drafted as categorical (codes).
@@ -52,9 +58,6 @@ SHORT_LIST = 20
 RARE_ROWS = 10
 # Text this long on average, or with spaces and mostly unique, is free text.
 FREE_TEXT_CHARS = 40
-_ID_NAME = re.compile(
-    r"(^|[_\s.-])(id|key|uuid|guid|code|number|no|nr)$|^id[_\s.-]|identifier", re.I
-)
 _BOOLEANS = (("true", "false"), ("yes", "no"), ("t", "f"), ("y", "n"))
 OTHER = "(other)"
 
@@ -71,6 +74,8 @@ class DraftedColumn:
 
     column: Column
     remark: str | None = None
+    # an identifier that repeats: its rows per unit, for one more remark (never the schema)
+    units: UnitSummary | None = None
 
 
 def _decimals(texts: Sequence[str]) -> int:
@@ -115,22 +120,13 @@ def _boolean(name: str, distinct: Sequence[str], missing: bool) -> Column | None
     return None
 
 
-def _is_identifier(name: str, numbers: np.ndarray, n_present: int) -> bool:
-    """Integers with one value per row, densely packed (a counter) or named like a key."""
-    if n_present < 20 or len(np.unique(numbers)) < n_present:
-        return False
-    if not np.all(numbers == np.round(numbers)):
-        return False
-    # a counter: densely packed, over enough rows that it is no small table's own range
-    dense = n_present >= 100 and numbers.max() - numbers.min() + 1 <= 2 * n_present
-    return bool(dense or _ID_NAME.search(name))
-
-
-def _identifier(name: str) -> DraftedColumn:
+def _identifier(name: str, reason: str, sizes: np.ndarray) -> DraftedColumn:
+    """An `id` column, the remark saying why, and its rows per unit when a value repeats."""
+    units = summarise_sizes(name, sizes)
     return DraftedColumn(
         Column(name, "id"),
-        f"{name}: one value per row → id (sample writes fresh keys 'syn-1', 'syn-2', …, "
-        "never a real one)",
+        f"{name}: {reason} → id (sample writes fresh keys 'syn-1', 'syn-2', …, never a real one)",
+        units if units.repeats else None,
     )
 
 
@@ -156,8 +152,11 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
             return DraftedColumn(
                 Column(name, "categorical", categories=tuple(ordered), source=DATA_SOURCE)
             )
-        if not missing and _is_identifier(name, _numbers(list(present)), len(present)):
-            return _identifier(name)
+        if integral:
+            sizes = counts.to_numpy(np.int64)
+            reason = identifier_reason(name, sizes, numbers, rows, long_list_cap(rows))
+            if reason is not None:
+                return _identifier(name, reason, sizes)
         if integral and looks_like_clock(name, numbers):
             minutes = minutes_or_nan(numbers)  # every value is a time: looks_like_clock
             clock = Column(
@@ -213,8 +212,10 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
         return DraftedColumn(
             Column(name, "ignored"), f"{name}: free text → ignored (written empty)"
         )
-    if len(present) >= 20 and unique_share >= 0.9:
-        return _identifier(name)
+    sizes = counts.to_numpy(np.int64)
+    reason = identifier_reason(name, sizes, None, rows, long_list_cap(rows))
+    if reason is not None:
+        return _identifier(name, reason, sizes)
     # a categorical keeps its missing tokens as categories, as the file spells them
     tokens = sorted({str(v) for v in strings[missing_mask]})
     cap = long_list_cap(rows)
@@ -275,6 +276,8 @@ def draft_table(
         drafted.append(result.column)
         if result.remark:
             remarks.append(result.remark)
+        if result.units is not None:
+            remarks.append(unit_remark(result.units, rows - result.units.rows))
     schema = Schema(tuple(drafted), target, NOTES)
     if len(schema.classes) < 2:
         raise DataError(f"the target {target!r} has fewer than two distinct values")
