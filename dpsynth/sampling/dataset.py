@@ -17,7 +17,9 @@ OUT and renamed into place once every partition is written, fsynced and recorded
 run never leaves a folder that looks complete (the next `sample` into the same parent removes
 its staging folder). The manifest lists every partition (file, rows, first row, seed, label
 counts, SHA-256); `output_sha256`, recorded in the ledger's zero-cost release, is the SHA-256
-of each partition's name, a NUL byte and its file's SHA-256, in partition order.
+of each partition's name, a NUL byte and its file's SHA-256, in partition order. Within a
+partition the rows come in a random order of their classes, drawn from its seed too (see
+`sampling.labels.shuffled_label_chunks`).
 """
 
 from __future__ import annotations

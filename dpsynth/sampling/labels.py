@@ -1,11 +1,13 @@
 """How many records of each class a sample holds (balanced, counts, a table target's weights),
-and the labelled batches drawn for them from a generator with the public seed."""
+and the labelled batches drawn for them from a generator with the public seed: class by class
+for images, in a random order drawn from the seed for a table's rows."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 
 from dpsynth.data.images import DataInfo
@@ -15,6 +17,10 @@ from dpsynth.methods.base import Generator
 # `sample --labels`'s default: the model's own class proportions for a run whose generator
 # fitted them (aim, mst: the target is one of the model's attributes), else balanced.
 AUTO_LABELS = "auto"
+# The spawn key of the label order's random stream beside the seed ("order" in ASCII): a stream
+# of its own, independent of the latents (torch, from the seed), of the table codec's draws
+# (numpy's `default_rng(seed)`) and of the partition seeds (spawn keys below 100,000).
+_ORDER_KEY = 0x6F72646572
 
 
 def label_counts(labels: str, n: int, num_classes: int) -> list[int]:
@@ -110,12 +116,57 @@ def label_chunks(counts: Sequence[int], batch_size: int) -> Iterator[torch.Tenso
         yield torch.cat(parts)
 
 
+def order_rng(seed: int) -> np.random.Generator:
+    """The random stream that orders a sample's labels, from the public `seed` (any integer)."""
+    sequence = np.random.SeedSequence(entropy=int(seed) % 2**128, spawn_key=(_ORDER_KEY,))
+    return np.random.default_rng(sequence)
+
+
+def shuffled_label_chunks(
+    counts: Sequence[int], batch_size: int, seed: int
+) -> Iterator[torch.Tensor]:
+    """The labels of `counts` (exactly counts[c] of class c) in a uniformly random order drawn
+    from the public `seed`, as int64 chunks of at most `batch_size`; memory is
+    O(batch_size + classes) whatever the total, and the order does not depend on torch.
+
+    Each chunk is the next labels of one uniform random permutation of the whole label list,
+    never built: an ordered sample without replacement of the labels not drawn yet (indices
+    into them, sorted by class, mapped to their class), which is how the rest of a uniform
+    permutation is distributed given its beginning. Numpy's `choice` draws it in O(size) even
+    from 10⁹ labels (Floyd's algorithm), where its multivariate hypergeometric stops below 10⁹.
+    """
+    left = np.array([int(c) for c in counts], dtype=np.int64)
+    remaining = int(left.sum())
+    rng = order_rng(seed)
+    while remaining > 0:
+        size = min(batch_size, remaining)
+        picks = rng.choice(remaining, size=size, replace=False, shuffle=True)
+        labels = np.searchsorted(np.cumsum(left), picks, side="right").astype(np.int64)
+        left -= np.bincount(labels, minlength=len(left))
+        remaining -= size
+        yield torch.from_numpy(labels)
+
+
 def labelled_batches(
-    generator: Generator, counts: Sequence[int], batch_size: int, seed: int
+    generator: Generator,
+    counts: Sequence[int],
+    batch_size: int,
+    seed: int,
+    shuffle: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(records, labels) batches drawn from `generator` for `counts`, latents from `seed`."""
+    """(records, labels) batches drawn from `generator` for `counts`, latents from `seed`.
+
+    The labels come class by class (`label_chunks`, for images), or with `shuffle` (a table's
+    rows) in a random order from `seed` (`shuffled_label_chunks`), so that any slice of the
+    output holds a random mix of classes; either way every class gets exactly its count, and
+    each record is drawn given its label only."""
     rng = torch.Generator(device=generator.device).manual_seed(seed)
-    for chunk in label_chunks(counts, batch_size):
+    chunks = (
+        shuffled_label_chunks(counts, batch_size, seed)
+        if shuffle
+        else label_chunks(counts, batch_size)
+    )
+    for chunk in chunks:
         done = 0
         for images in generator.sample(chunk.to(generator.device), batch_size, rng):
             size = int(images.shape[0])

@@ -4,8 +4,9 @@ public seed it draws from.
 A partitioned release is a folder of Parquet files `part-00000.parquet` … (see
 `sampling.dataset`). Its content is a function of (run, n, labels, seed, partitions, batch
 size) only: partition p holds a fixed slice of the rows (`start`, `rows`), an exact share of
-every class's count, and draws from its own seed derived from (seed, p). Which worker process
-writes which partition, and how many there are, changes nothing in the release.
+every class's count, and draws its rows, in a random order of their classes, from its own seed
+derived from (seed, p). Which worker process writes which partition, and how many there are,
+changes nothing in the release.
 
 The seeds are public, like `--seed` itself: sampling is post-processing of what training
 released, so the partitions need independent streams (not copies of one another), not secret
