@@ -60,7 +60,9 @@ def train(
     are preset values by name (`dpsynth train --set`). `options` are the other fields of
     `dpsynth.training.TrainRequest` by name, as the command's options: for tables `schema`
     (a file) and, for its entries read off the data, `schema_public=True` or a DP release
-    costing `schema_epsilon`, `class_weights_epsilon`, `engine`, `memory_budget`; for images
+    costing `schema_epsilon`, `class_weights_epsilon`, `engine`, `memory_budget`, and a
+    privacy unit (`privacy_unit="subject_id"`, `max_rows_per_unit=3`: the guarantee is then
+    per person with at most that many rows, not per row); for images
     `image_size`, `channels`, `classes` ("a,b,c" or a sequence) and `public`; and
     `dataset_id`, `public_size`, `checkpoint_every_s`, `log_private_loss`.
     Raises `UsageError` (naming the parameter) before anything is written for a bad request,
@@ -171,6 +173,7 @@ def evaluate(
     device: str = "auto",
     ledger: Path | str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    cache_real_features: bool = False,
     **engine_options: Any,
 ) -> EvaluationReport:
     """Score synthetic data (a sample folder, a run directory, or a table's sample file)
@@ -180,30 +183,36 @@ def evaluate(
     tables (`real="csv:FILE"` or a built-in table): accuracy, roc_auc, ml, marginals. `report`
     writes report.json/.md and figures there. `ledger` (default as for `train`) is checked for
     spends on the real data (the report then says it is not private) and receives the
-    report's zero-cost release. Further `run_evaluation` options may be given by name.
+    report's zero-cost release. `cache_real_features` keeps the real images' Inception features
+    in the data owner's cache (`$DPSYNTH_CACHE_DIR/fid`, else `~/.cache/dpsynth/fid`; files
+    0600) for the next evaluation against the same data; by default nothing is kept. Further
+    `run_evaluation` options may be given by name.
     """
+    from dpsynth.evaluate.feature_cache import caching
     from dpsynth.evaluate.report import run_evaluation
 
     wanted = metrics.split(",") if isinstance(metrics, str) else list(metrics)
-    summary = run_evaluation(
-        synthetic=os.fspath(synthetic),
-        real=real,
-        metrics=[m.strip() for m in wanted if m.strip()],
-        classifier=classifier,
-        seeds=seeds,
-        n=n,
-        fid_n=fid_n,
-        report_dir=report,
-        inception_weights=inception_weights,
-        device=device,
-        real_train=real_train,
-        real_classes=_classes(classes),
-        real_channels=channels,
-        ledger_path=_ledger(ledger),
-        progress=progress,
-        schema=schema,
-        **engine_options,
-    )
+    # Per-record features of the real (private) images: on disk only when asked for.
+    with caching(cache_real_features):
+        summary = run_evaluation(
+            synthetic=os.fspath(synthetic),
+            real=real,
+            metrics=[m.strip() for m in wanted if m.strip()],
+            classifier=classifier,
+            seeds=seeds,
+            n=n,
+            fid_n=fid_n,
+            report_dir=report,
+            inception_weights=inception_weights,
+            device=device,
+            real_train=real_train,
+            real_classes=_classes(classes),
+            real_channels=channels,
+            ledger_path=_ledger(ledger),
+            progress=progress,
+            schema=schema,
+            **engine_options,
+        )
     return EvaluationReport.from_summary(summary, real)
 
 

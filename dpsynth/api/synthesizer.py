@@ -90,6 +90,8 @@ class Synthesizer:
         schema_public: bool = False,
         schema_epsilon: float | None = None,
         class_weights_epsilon: float | None = None,
+        privacy_unit: str | None = None,
+        max_rows_per_unit: int | None = None,
     ) -> None:
         self.method = method
         self.options: dict[str, Any] = {
@@ -97,6 +99,9 @@ class Synthesizer:
             "dataset_id": dataset_id, "device": device, "seed": seed,
             "overrides": dict(overrides or {}), "class_weights_epsilon": class_weights_epsilon,
         }  # fmt: skip
+        if privacy_unit is not None or max_rows_per_unit is not None:
+            self.options["privacy_unit"] = privacy_unit
+            self.options["max_rows_per_unit"] = max_rows_per_unit
         self.schema_public = schema_public
         self.schema_epsilon = schema_epsilon
         self._out = None if out is None else Path(out)
@@ -113,7 +118,9 @@ class Synthesizer:
         ./dpsynth-ledger.jsonl), `out` (the run directory to keep), `dataset_id` (the ledger's
         id of the data; default "dataframe" for a DataFrame), `device`, `seed` (public
         randomness only), `overrides` (preset values), and for tables `schema_public`,
-        `schema_epsilon`, `class_weights_epsilon` (see `fit`).
+        `schema_epsilon`, `class_weights_epsilon` (see `fit`), `privacy_unit` and
+        `max_rows_per_unit` (the column naming a person and the most rows one keeps: the
+        guarantee is then per person).
         """
         return cls(method, epsilon=epsilon, **options)
 

@@ -178,6 +178,22 @@ def train(
             "spending this ε (part of --epsilon, recorded in the ledger before training).",
         ),
     ] = None,
+    privacy_unit: Annotated[
+        str | None,
+        typer.Option(
+            "--privacy-unit",
+            help="Tables: the column that names a person (patient, customer); the guarantee "
+            "is then per person with all their rows, not per row. Needs --max-rows-per-unit.",
+        ),
+    ] = None,
+    max_rows_per_unit: Annotated[
+        int | None,
+        typer.Option(
+            "--max-rows-per-unit",
+            help="Tables: the most rows one --privacy-unit keeps (public; drawn at random with "
+            "secret randomness; every mechanism's noise is scaled for this many rows).",
+        ),
+    ] = None,
     public: Annotated[
         str | None,
         typer.Option(
@@ -249,6 +265,8 @@ def train(
         schema_public=schema_public,
         schema_epsilon=schema_epsilon,
         class_weights_epsilon=class_weights_epsilon,
+        privacy_unit=privacy_unit,
+        max_rows_per_unit=max_rows_per_unit,
         public=public,
         engine=engine,
         memory_budget=_budget(memory_budget),
@@ -281,6 +299,9 @@ def train(
         privacy = "NOT PRIVATE (--epsilon inf: no clipping, no noise)"
     else:
         privacy = f"(ε ≤ {fmt_eps(result['epsilon'])}, δ = {result['delta']:g})-DP"
+        from dpsynth.ledger.anchors import unit_phrase
+
+        privacy += unit_phrase(result.get("privacy_unit"))
     rows = [
         ("run", result["run"]),
         ("method / preset", f"{result['method']} / {result['preset']}"),
@@ -292,6 +313,14 @@ def train(
         *_stage_rows(result.get("stages")),
         ("ledger entry", f"seq {result['ledger_seq']} ({result['ledger_status']})"),
     ]
+    if result.get("privacy_unit") and result["privacy_unit"].get("unit_sizes"):
+        shares = result["privacy_unit"]["unit_sizes"]
+        rows.append(
+            (
+                "rows per unit (DP)",
+                ", ".join(f"{k + 1}: {share:.0%}" for k, share in enumerate(shares)),
+            )
+        )
     if result.get("schema_release"):
         release = result["schema_release"]
         columns = len(release["released_columns"])

@@ -30,6 +30,10 @@ class DataInfo:
     # `schema`, the public schema's JSON: public by construction once declared or released).
     modality: str = "image"
     schema: dict | None = None
+    # Tables with a privacy unit: the column naming it and the most rows a unit keeps (every
+    # mechanism's sensitivity is scaled by it); None and 1: the unit is a row.
+    unit: str | None = None
+    rows_per_unit: int = 1
 
     def to_json(self) -> dict:
         """A JSON-ready dict (shape and classes as lists; modality and schema for tables)."""
@@ -45,6 +49,8 @@ class DataInfo:
         if self.modality != "image":
             out["modality"] = self.modality
             out["schema"] = self.schema
+        if self.unit is not None:
+            out["privacy_unit"] = {"column": self.unit, "max_rows_per_unit": self.rows_per_unit}
         return out
 
     @classmethod
@@ -60,6 +66,8 @@ class DataInfo:
             dataset_id=obj["dataset_id"],
             modality=str(obj.get("modality", "image")),
             schema=obj.get("schema"),
+            unit=(obj.get("privacy_unit") or {}).get("column"),
+            rows_per_unit=int((obj.get("privacy_unit") or {}).get("max_rows_per_unit", 1)),
         )
 
 

@@ -240,6 +240,9 @@ class TableData:
     content_digest: str = field(repr=False)
     dataset_id: str = ""
     codec: TableCodec | None = field(default=None, repr=False)
+    # a privacy unit: its column and the most rows a unit kept (the rows here are bounded)
+    unit: str | None = None
+    rows_per_unit: int = 1
 
     def __post_init__(self) -> None:
         if not self.dataset_id:
@@ -301,6 +304,8 @@ def table_info(table: DescribedTable, fingerprint: str = "") -> DataInfo:
         dataset_id=table.dataset_id,
         modality="table",
         schema=table.schema.to_json(),
+        unit=getattr(table, "unit", None),
+        rows_per_unit=int(getattr(table, "rows_per_unit", 1)),
     )
 
 

@@ -144,8 +144,10 @@ def privacy_statement(spend: Mapping[str, Any]) -> dict[str, Any]:
     value = float(epsilon) if epsilon is not None else math.inf
     private = bool(spend.get("private", True)) and math.isfinite(value)
     delta = float(spend["delta"])
+    unit = spend.get("privacy_unit")
     if private:
-        text = f"(ε ≤ {value:.4g}, δ = {delta:g})-DP, {spend.get('accountant')}"
+        # with a unit, the neighbouring data sets differ by one unit's records, not one record
+        text = f"(ε ≤ {value:.4g}, δ = {delta:g})-DP{unit_phrase(unit)}, {spend.get('accountant')}"
     else:
         label = not_dp_label(spend.get("events") or ())
         text = f"NOT PRIVATE ({label})" if label else "NOT PRIVATE (trained with --epsilon inf)"
@@ -158,4 +160,15 @@ def privacy_statement(spend: Mapping[str, Any]) -> dict[str, Any]:
         "ledger_hash": spend.get("hash"),
         "status": status,
         "statement": text,
+        **({"privacy_unit": dict(unit)} if unit else {}),
     }
+
+
+def unit_phrase(unit: Mapping[str, Any] | None) -> str:
+    """' per COLUMN (at most K rows each)' for a spend with a privacy unit ('' without one);
+    images say 'image(s)'."""
+    if not unit:
+        return ""
+    k = int(unit["max_rows_per_unit"])
+    word = "image" if unit.get("records") == "images" else "row"
+    return f" per {unit['column']} (at most {k} {word}{'s' if k != 1 else ''} each)"

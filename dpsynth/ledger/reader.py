@@ -72,6 +72,19 @@ class LedgerReader:
         state = self._read_state()
         return tuple(copy.deepcopy(state.counting_events(dataset_id, fingerprint=fingerprint)))
 
+    def units_for(self, dataset_id: str, fingerprint: str | None = None) -> set[str]:
+        """The privacy units of every counting spend linked to this dataset id or fingerprint,
+        each as 'COLUMN:K', or 'row' for a spend per row (the composed ε of a group is a
+        bound per unit only when every spend in it protects the same unit)."""
+        state = self._read_state()
+        units: set[str] = set()
+        for seq in state.group_spends(dataset_id, fingerprint):
+            if not state.spent_events(seq):
+                continue
+            unit = state.spends[seq].get("privacy_unit")
+            units.add(f"{unit['column']}:{unit['max_rows_per_unit']}" if unit else "row")
+        return units
+
     def spend(self, seq: int) -> dict[str, Any]:
         """Spend `seq` with its current status merged in: `status`, the spent `events` and their
         `epsilon`, plus `reserved_events`, `reserved_epsilon` and `status_seq`."""

@@ -131,8 +131,12 @@ class Ledger(LedgerReader):
         max_total_epsilon: float | None = None,
         config_sha256: str | None = None,
         public: Mapping[str, Any] | None = None,
+        privacy_unit: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Record a spend before any private data is read; return the written line.
+
+        `privacy_unit` (optional; column and max_rows_per_unit) says that the events bound
+        what one unit of at most that many rows changes, not one row: the line's `privacy_unit`.
 
         `config_sha256` (optional) binds the spend to the run's configuration (see
         `dpsynth.ledger.anchors.run_config_digest`), so that a later edit is detected.
@@ -192,6 +196,8 @@ class Ledger(LedgerReader):
                 line["config_sha256"] = config_sha256
             if public is not None:
                 line["public"] = json_safe(dict(public))
+            if privacy_unit is not None:
+                line["privacy_unit"] = json_safe(dict(privacy_unit))
             links = state.legacy_links(fingerprint)
             if links:
                 line["links"] = links

@@ -17,12 +17,14 @@ from typing import Any
 import numpy as np
 
 from dpsynth.sampling.partitions import Partition
+from dpsynth.sampling.units import UnitSpec, units_of
 
 
 @dataclass
 class _Loaded:
     generator: Any
     codec: Any
+    units: UnitSpec | None = None
 
 
 _LOADED: _Loaded | None = None
@@ -44,7 +46,7 @@ def start_worker(run_dir: str, device: str, truncation: float | None) -> None:
     torch.set_num_threads(1)
     generator, run_config, info = load_generator(run_dir, device)
     set_truncation(generator, truncation, run_config["method"])
-    _LOADED = _Loaded(generator, codec_for(info))
+    _LOADED = _Loaded(generator, codec_for(info), units_of(run_config, info.schema or {}))
 
 
 def write_partition(partition: Partition, folder: str, batch_size: int) -> dict[str, Any]:
@@ -52,25 +54,38 @@ def write_partition(partition: Partition, folder: str, batch_size: int) -> dict[
     label counts and SHA-256 (of the file's bytes)."""
     if _LOADED is None:
         raise RuntimeError("write_partition runs in a worker started by start_worker")
-    return draw_partition(_LOADED.generator, _LOADED.codec, partition, Path(folder), batch_size)
+    return draw_partition(
+        _LOADED.generator, _LOADED.codec, partition, Path(folder), batch_size, _LOADED.units
+    )
 
 
 def draw_partition(
-    generator: Any, codec: Any, partition: Partition, folder: Path, batch_size: int
+    generator: Any,
+    codec: Any,
+    partition: Partition,
+    folder: Path,
+    batch_size: int,
+    units: UnitSpec | None = None,
 ) -> dict[str, Any]:
-    """The rows of `partition` drawn from `generator` (latents and categories from the
-    partition's seed, surrogate keys numbered from its first row) and written to its file."""
+    """The rows of `partition` drawn from `generator` (their order, latents and categories from
+    the partition's seed, surrogate keys numbered from its first row) and written to its file;
+    with `units` (a run with a privacy unit), its rows grouped into synthetic people that
+    never cross a partition (`sampling.units`)."""
     from dpsynth.sampling.labels import labelled_batches
     from dpsynth.sampling.rows_out import RowsFile
 
     rng = np.random.default_rng(partition.seed)
     done = 0
+    keys = units.keys(partition.seed, partition.start) if units is not None else None
     with RowsFile(folder / partition.name, codec, "parquet") as written:
+        # the partition's rows in its own random order (classes mixed), from its seed
         for rows, chunk in labelled_batches(
-            generator, partition.counts, batch_size, partition.seed
+            generator, partition.counts, batch_size, partition.seed, shuffle=True
         ):
             first = partition.start + done
             frame = codec.decode(rows.cpu().numpy(), chunk.numpy(), rng, start=first)
+            if keys is not None and units is not None:
+                frame[units.column] = keys.next(len(frame))
             written.write(frame)
             done += len(frame)
     if done != partition.rows:  # a generator that yields fewer rows than asked is a bug

@@ -23,6 +23,7 @@ from dpsynth.sampling.partitions import DATASET_BATCH, wants_partitions
 from dpsynth.sampling.rows_out import RowsFile, table_format
 from dpsynth.sampling.table_release import check_not_protected, table_labels
 from dpsynth.sampling.trained_run import load_generator, run_privacy, set_truncation
+from dpsynth.sampling.units import units_of
 
 
 def sample_table(
@@ -49,7 +50,8 @@ def sample_table(
     `dpsynth.data.table_codec`); it is streamed batch by batch into a temporary name beside
     `out` and renamed into place, with `OUT.manifest.json` (provenance, privacy statement,
     SHA-256 of the CSV). `force` replaces only an earlier CSV of `sample` (one with its
-    manifest). Categorical blocks are sampled with the public `seed`. An `out` ending in
+    manifest). The rows come in a random order (classes mixed, surrogate keys 1..N in file
+    order) and categorical blocks are sampled, all from the public `seed`. An `out` ending in
     `.parquet` (or `fmt` "parquet") is written as Parquet instead, typed by the schema (see
     `dpsynth.sampling.parquet_out`), with the same staging, manifest and SHA-256 (of the file).
 
@@ -105,11 +107,18 @@ def sample_table(
     replaced = out.exists()
     temporary = staging_file(out)
     rng = np.random.default_rng(seed)
+    units = units_of(run_config, info.schema or {})  # synthetic people (a privacy unit)
+    keys = units.keys(seed) if units is not None else None
     done = 0
     try:
         with RowsFile(temporary, codec, fmt) as written:
-            for rows, chunk in labelled_batches(generator, counts, batch_size, seed):
+            # Rows in a random order from the seed, not class by class: the first rows of the
+            # file, or any split by row order, are a fair sample (the counts stay exact).
+            batches = labelled_batches(generator, counts, batch_size, seed, shuffle=True)
+            for rows, chunk in batches:
                 frame = codec.decode(rows.cpu().numpy(), chunk.numpy(), rng, start=done)
+                if keys is not None and units is not None:
+                    frame[units.column] = keys.next(len(frame))
                 written.write(frame)
                 done += len(frame)
                 if progress is not None:
@@ -136,6 +145,7 @@ def sample_table(
             "truncation": generator.truncation,
             "columns": [c.name for c in codec.schema.columns],
             "schema": info.schema,
+            **({"privacy_unit": units.to_json()} if units is not None else {}),
             "dataset_id": info.dataset_id,
             "fingerprint": info.fingerprint,
             "output_sha256": output_sha,

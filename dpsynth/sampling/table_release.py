@@ -12,6 +12,7 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator
 from dpsynth.rundir import RunDir
 from dpsynth.sampling.labels import AUTO_LABELS, table_label_counts, weighted_counts
+from dpsynth.sampling.units import units_of
 
 
 def check_not_protected(out: Path, run: RunDir, ledger: Path | str) -> None:
@@ -45,6 +46,7 @@ def table_manifest(
     run, its privacy statement and where it comes from, the schema and the data's ids;
     `release` (n, format, labels, seed, digest, ledger entry, ...) goes in the middle."""
     schema = info.schema or {}
+    units = units_of(run_config, schema)
     return {
         "run_id": run_config["run_id"],
         "run": str(Path(run_dir).resolve()),
@@ -59,6 +61,7 @@ def table_manifest(
         "truncation": generator.truncation,
         "columns": [c["name"] for c in schema.get("columns", ())],
         "schema": info.schema,
+        **({"privacy_unit": units.to_json()} if units is not None else {}),
         "dataset_id": info.dataset_id,
         "fingerprint": info.fingerprint,
     }

@@ -14,7 +14,12 @@ from typing import Any
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import DataError, UsageError
 from dpsynth.ledger import Ledger
-from dpsynth.ledger.anchors import SpendAnchor, privacy_statement, verified_spend
+from dpsynth.ledger.anchors import (
+    SpendAnchor,
+    privacy_statement,
+    unit_phrase,
+    verified_spend,
+)
 from dpsynth.methods.base import Generator, check_truncation
 from dpsynth.methods.registry import get_method
 from dpsynth.rundir import WEIGHTS_FILE, RunDir
@@ -247,13 +252,14 @@ def _with_schema_release(
     training = ledger.spend(int(statement["ledger_seq"]))
     delta = float(statement["delta"])
     bound = compose_epsilon([*spend["events"], *training["events"]], delta)
+    whom = unit_phrase(training.get("privacy_unit"))  # both spends bound one unit's rows
     return {
         **statement,
         "epsilon": bound.epsilon,
         "schema_release_seq": int(spend["seq"]),
         "statement": (
-            f"(ε ≤ {bound.epsilon:.4g}, δ = {delta:g})-DP, {bound.accountant} (training and the "
-            f"schema release, seq {spend['seq']}, composed)"
+            f"(ε ≤ {bound.epsilon:.4g}, δ = {delta:g})-DP{whom}, {bound.accountant} (training "
+            f"and the schema release, seq {spend['seq']}, composed)"
         ),
     }
 

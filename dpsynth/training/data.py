@@ -13,20 +13,25 @@ from dpsynth.data.engines import PassCallback
 from dpsynth.data.engines.source import TableSource
 from dpsynth.data.images import DataInfo, ImageData
 from dpsynth.data.schema_file import parse_schema
-from dpsynth.data.sources import load_data, load_table
+from dpsynth.data.sources import load_data
 from dpsynth.data.table_codec import TableData
 from dpsynth.errors import DataError, UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.key import is_legacy
 from dpsynth.methods.base import Method, Trainer
 from dpsynth.methods.registry import get_method, method_names
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 
 def load_recorded(
-    data_cfg: Mapping[str, Any], name: str, on_pass: PassCallback | None = None
+    data_cfg: Mapping[str, Any],
+    name: str,
+    on_pass: PassCallback | None = None,
+    randomness: PrivateRandomness | None = None,
 ) -> ImageData | TableData | TableSource:
     """The data a run recorded in config.json, read the same way (resume, other ranks; a
-    table counted out of core by the same engine, after its check pass again)."""
+    table counted out of core by the same engine, after its check pass again; a table with a
+    privacy unit bounded to the same rows, which the run's secret `randomness` replays)."""
     engine = data_cfg.get("engine")
     if data_cfg.get("modality") == "table" and engine not in (None, "memory"):
         from dpsynth.data.engines import parse_engine
@@ -38,18 +43,27 @@ def load_recorded(
         )
     if data_cfg.get("modality") == "table":
         # The run's schema is public (declared or released when the run began): no new release.
-        return load_table(
+        from dpsynth.training.table_units import load_bounded_table
+
+        return load_bounded_table(
             data_cfg["spec"],
             parse_schema(data_cfg["schema"], f"{name} schema"),
-            dataset_id=data_cfg["dataset_id"],
+            data_cfg["dataset_id"],
+            data_cfg.get("privacy_unit"),
+            randomness,
         )
-    return load_data(
+    images = load_data(
         data_cfg["spec"],
         image_size=data_cfg.get("image_size"),
         dataset_id=data_cfg["dataset_id"],
         classes=data_cfg.get("classes"),
         channels=data_cfg.get("channels"),
     )
+    if data_cfg.get("privacy_unit") and isinstance(images, ImageData):
+        from dpsynth.training.image_units import rebound_images
+
+        return rebound_images(images, data_cfg["spec"], data_cfg["privacy_unit"], randomness)
+    return images
 
 
 def attach_source(trainer: Trainer, source: TableSource, method: str) -> None:

@@ -17,7 +17,14 @@ import torch
 
 from dpsynth.errors import UsageError
 
-_TABLE_PARAMETERS = ("schema", "schema_public", "schema_epsilon", "class_weights_epsilon")
+_TABLE_PARAMETERS = (
+    "schema",
+    "schema_public",
+    "schema_epsilon",
+    "class_weights_epsilon",
+    "privacy_unit",
+    "max_rows_per_unit",
+)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -112,6 +119,10 @@ class TrainRequest:
     # (None: `dpsynth.data.limits.memory_budget()`).
     engine: str = "auto"
     memory_budget: int | None = None
+    # Tables: the column naming a person and the most rows one person keeps (public): the
+    # guarantee is then per person, not per row (`dpsynth.training.table_units`).
+    privacy_unit: str | None = None
+    max_rows_per_unit: int | None = None
 
     def __post_init__(self) -> None:
         # Parsed once into typed fields, then checked: a built request can start.
@@ -193,16 +204,23 @@ class TrainRequest:
                         "{public} takes images to pretrain on; {data} is a table",
                         parameters=("public", "data"),
                     )
+            from dpsynth.training.table_units import unit_bound
+
+            unit = unit_bound(self.privacy_unit, self.max_rows_per_unit)  # both or neither
             table_flags = self.schema is not None or self.schema_public
             released = self.schema_epsilon is not None or self.class_weights_epsilon is not None
-            if (table_flags or released) and self.data is not None:
+            if self.data is not None and (table_flags or released or unit is not None):
                 from dpsynth.data.sources import is_table_spec
 
-                if not is_table_spec(self.data):
+                if unit is not None and not is_table_spec(self.data):
+                    from dpsynth.training.image_units import check_image_unit
+
+                    check_image_unit(self.data, unit.column, unit.max_rows)
+                elif not is_table_spec(self.data):
                     raise UsageError(
                         "{schema}, {schema_public}, {schema_epsilon} and "
                         "{class_weights_epsilon} are for tables",
-                        parameters=_TABLE_PARAMETERS,
+                        parameters=_TABLE_PARAMETERS[:4],
                     )
             for name, value in (
                 ("schema_epsilon", self.schema_epsilon),

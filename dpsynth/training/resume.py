@@ -96,7 +96,8 @@ def resume_run(
         return {**run_summary(run, run_config, ledger, plan, plan.steps), "already_finished": True}
     if spend.get("status") == "aborted":
         raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
-    records = load_recorded(data_cfg, name, on_pass)
+    randomness = PrivateRandomness.from_json(run.read_secret())
+    records = load_recorded(data_cfg, name, on_pass, randomness)
     info = public_info(
         records,
         recorded_fingerprint(ledger, records.content_digest, fingerprint),
@@ -109,7 +110,6 @@ def resume_run(
         )
     if log_private_loss:  # asked for at resume time: log the remaining steps' losses too
         run_config = {**run_config, "log_private_loss": True}
-    randomness = PrivateRandomness.from_json(run.read_secret())
     trainer = backend.trainer(
         info, run_config["config"], plan, device, run_config["seed"], randomness
     )
@@ -156,7 +156,8 @@ def join_run(start: Mapping[str, Any], device: torch.device) -> Session:
     fingerprint), builds the same trainer and streams, and restores the same state."""
     run_config = dict(start["run_config"])
     data_cfg = run_config["data"]
-    records = load_recorded(data_cfg, "rank 0's run")
+    randomness = PrivateRandomness.from_json(start["secret"])
+    records = load_recorded(data_cfg, "rank 0's run", randomness=randomness)
     info = public_info(records, data_cfg["fingerprint"], recorded_public_size(data_cfg))
     # Rank 0 sends its content digest on the private channel it sends the secret on.
     if records.content_digest != start["content_digest"]:
@@ -166,7 +167,6 @@ def join_run(start: Mapping[str, Any], device: torch.device) -> Session:
         )
     backend = get_method(run_config["method"])
     plan = PrivacyPlan.from_json(run_config["privacy"])
-    randomness = PrivateRandomness.from_json(start["secret"])
     trainer = backend.trainer(
         info, run_config["config"], plan, device, run_config["seed"], randomness
     )

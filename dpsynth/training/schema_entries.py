@@ -52,9 +52,10 @@ class ReleaseColumns:
 
 
 def release_columns(schema: Schema) -> ReleaseColumns:
-    """The schema's columns with entries read off the data (the target excluded: its list is
-    the label set and is declared)."""
-    derived = [c for c in schema.columns if c.data_derived and c.name != schema.target]
+    """The schema's columns with entries read off the data. The target's label set, when read
+    off the data, is a category list like the others: released through the threshold (a label
+    held by a few rows does not survive), never published as drafted."""
+    derived = [c for c in schema.columns if c.data_derived]
     return ReleaseColumns(
         tuple(c for c in derived if c.type == "categorical"),
         tuple(c for c in derived if c.is_numeric),
@@ -67,9 +68,10 @@ def _spec(column: Column) -> NumberSpec:
 
 
 def plan_release(
-    schema: Schema, rows: int, epsilon: float, delta: float
+    schema: Schema, rows: int, epsilon: float, delta: float, unit_rows: int = 1
 ) -> tuple[ReleaseColumns, SchemaReleasePlan]:
-    """The columns to release and the release's calibrated plan (from public facts only)."""
+    """The columns to release and the release's calibrated plan (from public facts only:
+    `rows` is N or the declared public size; `unit_rows` the rows a privacy unit may hold)."""
     columns = release_columns(schema)
     plan = plan_schema_release(
         epsilon,
@@ -78,6 +80,8 @@ def plan_release(
         len(columns.categorical),
         {c.name: _spec(c) for c in columns.numbers},
         len(columns.booleans),
+        unit_rows=unit_rows,
+        target=any(c.name == schema.target for c in columns.categorical),
     )
     return columns, plan
 
@@ -179,6 +183,7 @@ def apply_release(
         {c.name: (numbers[c.name], _spec(c)) for c in columns.numbers},
         plan,
         generator,
+        target=schema.target if plan.target_noise_std is not None else None,
     )
     found = {name: r for name, r in ranges.items() if r is not None}
     shapes = release_shapes(
@@ -194,6 +199,9 @@ def apply_release(
     warnings: list[str] = []
     for column in columns.categorical:
         kept = categories[column.name]
+        if column.name == schema.target:
+            schema = _released_labels(schema, column, kept, source)
+            continue
         other = OTHER
         while other in kept:
             other += "*"
@@ -236,6 +244,23 @@ def apply_release(
             replace(column, missing=shapes[column.name].missing, source=source)
         )
     return schema, warnings
+
+
+def _released_labels(schema: Schema, target: Column, kept: Sequence[str], source: str) -> Schema:
+    """The schema with the target's released label set (no '(other)': a row whose label did
+    not survive is left out of training, never relabelled). UsageError when fewer than two
+    labels cleared the noise (the release is spent; nothing can be trained on)."""
+    if len(kept) < 2:
+        raise UsageError(
+            f"the target {target.name!r}: {len(kept)} label(s) cleared the noise of the DP "
+            "release at this ε and size (a label set needs two); declare the labels public "
+            "in the schema (delete the target's 'source' mark) or raise {schema_epsilon}",
+            parameter="schema_epsilon",
+        )
+    other = target.other if target.other in kept else None
+    return schema.replace_column(
+        replace(target, categories=tuple(kept), other=other, source=source)
+    )
 
 
 def _within_day(minutes: float) -> float:

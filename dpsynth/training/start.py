@@ -48,9 +48,18 @@ from dpsynth.training.data import (
     keyed_fingerprint,
     public_info,
 )
+from dpsynth.training.image_units import bounded_images
 from dpsynth.training.public import ledger_record, open_public
 from dpsynth.training.request import TrainRequest
 from dpsynth.training.session import Session, central_generator
+from dpsynth.training.table_units import (
+    check_unit_composition,
+    check_unit_method,
+    id_columns_advice,
+    table_fingerprint,
+    unit_bound,
+    unit_record,
+)
 
 
 def _package_versions() -> dict[str, str]:
@@ -82,7 +91,7 @@ def start_run(
     randomness = (
         PrivateRandomness(privacy_seed) if privacy_seed is not None else PrivateRandomness.fresh()
     )
-    schema_release = None
+    schema_release, image_unit = None, None
     if is_table_spec(request.data):
         records, schema_release, backend = _load_table(
             request, backend, ledger, target_epsilon, run_id, randomness, on_pass
@@ -97,17 +106,28 @@ def start_run(
             classes=request.classes,
             channels=channels,
         )
+        if request.privacy_unit is not None:  # one image a person, before anything is read
+            unit_spec = (request.data, request.privacy_unit, request.max_rows_per_unit or 1)
+            records, image_unit = bounded_images(*unit_spec, records, randomness)
     # The ledger's keyed fingerprint: it links spends on the same records, and unlike their
     # plain digest it is no membership test for whoever reads the ledger or the run dir. A
     # ledger without a key yet gets one only once nothing can refuse the command (below).
     digest = records.content_digest
     existing = ledger.data_fingerprint(digest, create=False)
     info = public_info(records, existing or "", request.public_size)
+    if not isinstance(records, (TableData, TableSource)):  # images: one unit per data set
+        check_unit_composition(ledger, info.dataset_id, existing, image_unit)
+    if image_unit is not None:
+        info = replace(info, unit=image_unit.column, rows_per_unit=image_unit.max_rows)
     if backend is None:
         backend = get_method(recommend_method(info, target_epsilon))
     warnings: list[str] = list((schema_release or {}).get("warnings", []))
     if backend.table_advice and info.modality == "table":
         warnings.append(backend.table_advice)
+    if isinstance(records, TableData) and records.unit is None:
+        advice = id_columns_advice(records.schema, None)
+        if advice:
+            warnings.append(advice)
     if delta is None:
         delta = default_delta(info.n)
     elif delta >= 1.0 / info.n:
@@ -173,6 +193,8 @@ def start_run(
         data_json["engine"] = records.engine
     if request.public_size is not None:  # `n` is then N', not the record count
         data_json["public_size"] = True
+    if image_unit is not None:  # --resume maps and bounds the folder the same way
+        data_json["privacy_unit"].update(records="images", file=str(request.privacy_unit))
     # The spend binds what config.json will say about method, settings, data and plan.
     bound = {"method": backend.name, "config": config, "data": data_json, "privacy": plan.to_json()}
     if public_record is not None:
@@ -190,6 +212,7 @@ def start_run(
         max_total_epsilon=plan.target_epsilon if plan.private else None,
         config_sha256=run_config_digest(bound),
         public=ledger_record(public_record) if public_record is not None else None,
+        privacy_unit=unit_record(info, "images" if image_unit is not None else None),
     )
     run_config = {
         "run_id": run_id,
@@ -219,6 +242,11 @@ def start_run(
     }
     if schema_release is not None:
         run_config["schema_release"] = schema_release
+    if info.unit is not None:
+        run_config["privacy_unit"] = {
+            **(unit_record(info, "images" if image_unit is not None else None) or {}),
+            "unit_sizes": (schema_release or {}).get("unit_sizes", {}).get("shares"),
+        }
     if public_record is not None:
         run_config["public"] = public_record
     if launch is not None:  # informational: the mechanism is the same for any world size
@@ -297,6 +325,9 @@ def _load_table(
             parameter="classes",
         )
     assert request.data is not None
+    unit = unit_bound(request.privacy_unit, request.max_rows_per_unit)
+    if unit is not None and backend is not None:
+        check_unit_method(backend, unit)
     engine = parse_engine(request.engine)
     counts = backend is None or hasattr(getattr(backend, "trainer_class", None), "attach_counter")
     chosen_engine = table_engine(
@@ -307,6 +338,12 @@ def _load_table(
             engine = EngineChoice(chosen_engine)
         if backend is not None:
             check_engine_method(backend, EngineChoice(chosen_engine, engine.address).spec)
+        if unit is not None:
+            raise UsageError(
+                f"{{privacy_unit}}: the table is counted out of core ({chosen_engine}); a privacy "
+                "unit bounds rows in memory for now (--engine memory, within the memory budget)",
+                parameters=("privacy_unit", "engine"),
+            )
         source = prepare_table_source(
             spec=request.data,
             engine=engine,
@@ -331,7 +368,9 @@ def _load_table(
         delta=request.delta,
         public_size=request.public_size,
         target_epsilon=target_epsilon,
+        unit=unit,
     )
+    check_unit_composition(ledger, table.dataset, table_fingerprint(ledger, table), unit)
     if table.provisional is None:  # nothing to release: choose on the encoded table
         records = table.encoded()
         return records, None, backend or _recommended(records.info(""), target_epsilon)
@@ -339,6 +378,8 @@ def _load_table(
     if request.public_size is not None:
         info = replace(info, n=request.public_size)
     backend = backend or _recommended(info, target_epsilon)
+    if unit is not None:
+        check_unit_method(backend, unit)
     # The training run must still fit after the release's spend: planned before it is spent.
     preset = resolve_preset(backend, request.preset, info, target_epsilon)
     config = backend.config(preset, dict(request.overrides), info)

@@ -70,6 +70,8 @@ def run_summary(
         "epsilon": json_eps(plan.epsilon_bound),
         "dataset_total_epsilon": spend.get("total_epsilon"),
         "accountant": plan.accountant,
+        # whom the guarantee protects: a privacy unit of at most K rows, or None: one row
+        "privacy_unit": run_config.get("privacy_unit"),
         "stages": run_config.get("stages"),
         # Declared-public images it pretrained on (`--public`; no ε), or None.
         "public": run_config.get("public"),

@@ -12,23 +12,29 @@ drafts it) is not public. `train`
   longer than N / 20 (most of its values are held by a few rows each: declaring them public
   would publish them), naming the column and the ways out.
 With `--epsilon inf` (a non-private baseline) the entries are used as drafted and marked so.
-The target's category list is the label set and is never released this way: it is declared.
-Its class proportions (`weights`) may be declared, or released with `--class-weights-epsilon
-E` through `privacy.histograms.release_class_weights` (a Gaussian noisy histogram over the
-public classes, sensitivity 1, no threshold); that release's event joins the same ledger entry
-as the schema release (command `schema-release`), spent before training and composed into its
-plan, and the released weights are written into the run's schema as declared ones would be.
+The target's category list (the label set) follows the rule of every other list: declared
+public, or released with DP through the same threshold (a label held by a few rows does not
+survive, and its rows are left out of training, never relabelled).
+With a privacy unit (`--privacy-unit COLUMN --max-rows-per-unit K`, `training.table_units`)
+every unit keeps at most K rows, drawn with secret randomness before any release reads the
+table; every release is scaled for K rows, and the rows-per-unit histogram is released too
+(`privacy.releases.unit_sizes`, UNIT_SIZES_SHARE of `--epsilon`).
+The target's class proportions (`weights`) may be declared, or released with
+`--class-weights-epsilon E` through `privacy.histograms.release_class_weights` (a Gaussian
+noisy histogram over the public classes, sensitivity 1, no threshold); that release's event
+joins the same ledger entry as the schema release (command `schema-release`), spent before
+training and composed into its plan, and the released weights are written into the run's
+schema as declared ones would be.
 """
 
 from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dpsynth.data.column_values import RELEASED_PREFIX
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Column, Schema
 from dpsynth.data.schema_draft import long_category_lists
@@ -39,26 +45,29 @@ from dpsynth.data.table_codec import (
     TableData,
     check_header,
     check_values,
-    encode_table,
     table_content_digest,
 )
 from dpsynth.errors import UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.privacy.accounting.calibration import default_delta
-from dpsynth.privacy.accounting.compose import compose_epsilon
-from dpsynth.privacy.accounting.events import DpEvent
-from dpsynth.privacy.mechanisms.histograms import (
-    ClassWeightsPlan,
-    plan_class_weights_release,
-    release_class_weights,
-)
+from dpsynth.privacy.mechanisms.contribution import UnitBound
+from dpsynth.privacy.mechanisms.histograms import plan_class_weights_release
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
-from dpsynth.privacy.releases.schema_release import SchemaReleasePlan
+from dpsynth.privacy.releases.unit_sizes import (
+    UNIT_SIZES_SHARE,
+    plan_unit_sizes_release,
+)
 from dpsynth.training.schema_entries import (
-    ReleaseColumns,
-    apply_release,
     check_reach,
     plan_release,
+)
+from dpsynth.training.schema_spend import spend_release
+from dpsynth.training.table_input import TableInput
+from dpsynth.training.table_units import (
+    bound_table,
+    bounded_rows,
+    check_unit_column,
+    rows_with_labels,
 )
 
 PUBLIC_SOURCE = "declared public by the user (--schema-public)"
@@ -117,12 +126,6 @@ def check_public(
     if schema_epsilon is not None:
         if not derived:
             raise UsageError("--schema-epsilon: the schema has no entry read off the data")
-        if derived == [schema.target]:
-            raise UsageError(
-                f"--schema-epsilon: only the target {schema.target!r}'s category list was read "
-                "off the data, and the label set is declared, not released: review it and "
-                "delete its 'source' mark"
-            )
         return
     if schema_public:
         for column in long_category_lists(schema, rows):
@@ -138,11 +141,11 @@ def default_schema_epsilon(
     schema: Schema, schema_public: bool, schema_epsilon: float | None, target_epsilon: float
 ) -> float | None:
     """The ε of the schema release: the one given, else SCHEMA_SHARE of a finite --epsilon
-    when entries other than the target's label set were read off the data and not declared
+    when entries (the target's label set included) were read off the data and not declared
     public (the safe default); None for nothing to release."""
     if schema_epsilon is not None or schema_public or not math.isfinite(target_epsilon):
         return schema_epsilon
-    if not [n for n in schema.data_derived() if n != schema.target]:
+    if not schema.data_derived():
         return None
     return SCHEMA_SHARE * target_epsilon
 
@@ -151,14 +154,11 @@ def public_marks(
     schema: Schema, schema_public: bool, schema_epsilon: float | None, target_epsilon: float
 ) -> Schema:
     """The schema with its `source` marks for this run: entries read off the data marked
-    non-private (`--epsilon inf`) or declared public (`--schema-public`); the target's label
-    set declared whenever the other entries are declared or released (`schema_epsilon`: the
-    release's ε after `default_schema_epsilon`, None for none)."""
+    non-private (`--epsilon inf`) or declared public (`--schema-public`, the user's statement);
+    with a release (`schema_epsilon`), the entries read off the data, the target's label set
+    included, keep their marks until the release replaces them."""
     if not math.isfinite(target_epsilon) and schema_epsilon is None and not schema_public:
         schema = schema.with_source(schema.data_derived(), NON_PRIVATE_SOURCE)
-    if schema_public or schema_epsilon is not None:
-        # the target's label set is declared whichever way the other entries go
-        schema = schema.with_source([schema.target], PUBLIC_SOURCE)
     if schema_public:
         schema = schema.with_source(schema.data_derived(), PUBLIC_SOURCE)
         if schema.target_column.weights_derived:
@@ -166,39 +166,6 @@ def public_marks(
                 replace(schema.target_column, weights_source=PUBLIC_SOURCE)
             )
     return schema
-
-
-@dataclass(frozen=True)
-class TableInput:
-    """A table read under its public schema, with the DP release of its entries planned but not
-    spent (`read_table_input`); `release_table_schema` spends it and encodes the table."""
-
-    raw: RawTable
-    schema: Schema
-    spec: str
-    kind: str
-    dataset: str
-    # the release's ε (None: nothing to release), and whether the user gave it
-    schema_epsilon: float | None
-    schema_epsilon_given: bool
-    release: tuple[ReleaseColumns, SchemaReleasePlan] | None = None
-    weights_plan: ClassWeightsPlan | None = None
-    delta: float | None = None
-    fingerprint: str | None = None
-    # the public description before the release (None when nothing is released)
-    provisional: DataInfo | None = None
-
-    @property
-    def events(self) -> tuple[DpEvent, ...]:
-        """The events the release would spend (empty: nothing is released)."""
-        return (
-            *(self.release[1].events if self.release else ()),
-            *(self.weights_plan.events if self.weights_plan else ()),
-        )
-
-    def encoded(self) -> TableData:
-        """The table encoded under its schema as it stands (nothing released)."""
-        return encode_table(self.raw, self.schema, self.spec, self.kind, self.dataset)
 
 
 def read_table_input(
@@ -213,25 +180,36 @@ def read_table_input(
     public_size: int | None,
     target_epsilon: float,
     class_weights_epsilon: float | None = None,
+    unit: UnitBound | None = None,
 ) -> TableInput:
     """The table under its public schema, every row checked, and the DP release it needs
     planned from public facts (`events`); nothing is spent. δ is `delta`, else the default for
-    `public_size` or the row count.
+    `public_size` or the row count; every N-derived setting of the release reads `public_size`
+    when given, else the row count (after bounding, with a `unit`).
 
     A release is planned only when `--schema-epsilon` or `--class-weights-epsilon` is given (or
-    the safe default applies), and is refused here when it would not leave room for training
-    under `target_epsilon`.
+    the safe default applies, or a unit needs its rows-per-unit release), and is refused here
+    when it would not leave room for training under `target_epsilon`.
     """
     raw, canonical, kind, schema = resolve_schema(spec, schema_path)
+    if unit is not None:
+        schema = check_unit_column(raw, schema, unit, builtin=kind == "builtin")
+        if not math.isfinite(target_epsilon):
+            raise UsageError(
+                "{privacy_unit} needs a finite {epsilon}: a unit bounds what a DP release "
+                "reads, and --epsilon inf releases nothing with DP",
+                parameters=("privacy_unit", "epsilon"),
+            )
     check_public(schema, schema_public, schema_epsilon, raw.n)
     check_class_weights(schema, schema_public, class_weights_epsilon)
     given = schema_epsilon is not None
     schema_epsilon = default_schema_epsilon(schema, schema_public, schema_epsilon, target_epsilon)
     schema = public_marks(schema, schema_public, schema_epsilon, target_epsilon)
     table = TableInput(
-        raw, schema, canonical, kind, dataset_id or canonical, schema_epsilon, given
+        raw, schema, canonical, kind, dataset_id or canonical, schema_epsilon, given, unit=unit
     )  # fmt: skip
-    spent = sum(e for e in (schema_epsilon, class_weights_epsilon) if e is not None)
+    unit_epsilon = UNIT_SIZES_SHARE * target_epsilon if unit is not None else None
+    spent = sum(e for e in (schema_epsilon, class_weights_epsilon, unit_epsilon) if e is not None)
     if not spent:
         check_values(raw, schema)
         return table
@@ -240,6 +218,7 @@ def read_table_input(
         for flag, value in (
             ("--schema-epsilon" if given else "the default --schema-epsilon", schema_epsilon),
             ("--class-weights-epsilon", class_weights_epsilon),
+            (f"the rows-per-unit release ({UNIT_SIZES_SHARE:.0%} of --epsilon)", unit_epsilon),
         )
         if value is not None
     )
@@ -257,27 +236,45 @@ def read_table_input(
     # keyed under the ledger's secret key: the plain digest would be a membership test
     fingerprint = ledger.data_fingerprint(table_content_digest(raw, schema))
     assert fingerprint is not None
+    unit_rows = unit.max_rows if unit is not None else 1
     weights_plan = (
-        plan_class_weights_release(class_weights_epsilon, delta)
+        plan_class_weights_release(class_weights_epsilon, delta, unit_rows)
         if class_weights_epsilon is not None
+        else None
+    )
+    unit_plan = (
+        plan_unit_sizes_release(unit_epsilon, delta, unit.max_rows)
+        if unit is not None and unit_epsilon is not None
         else None
     )
     drafted = schema
     if weights_plan is not None:  # placeholder weights, so the config is checked with weights
         k = len(schema.classes)
         drafted = schema.replace_column(replace(schema.target_column, weights=(1.0 / k,) * k))
+    rows = bounded_rows(raw, unit) if unit is not None else raw.n
+    planned_rows = public_size or rows
     release = (
-        plan_release(schema, raw.n, schema_epsilon, delta) if schema_epsilon is not None else None
+        plan_release(schema, planned_rows, schema_epsilon, delta, unit_rows)
+        if schema_epsilon is not None
+        else None
     )
     if release is not None:
         check_reach(*release, schema_epsilon, None if given else SCHEMA_SHARE)
+    provisional = _provisional(raw, drafted, canonical, kind, table.dataset, fingerprint)
+    provisional = replace(
+        provisional,
+        n=rows,
+        unit=unit.column if unit is not None else None,
+        rows_per_unit=unit_rows,
+    )
     return replace(
         table,
         release=release,
         weights_plan=weights_plan,
+        unit_plan=unit_plan,
         delta=delta,
         fingerprint=fingerprint,
-        provisional=_provisional(raw, drafted, canonical, kind, table.dataset, fingerprint),
+        provisional=provisional,
     )
 
 
@@ -286,13 +283,17 @@ def release_table_schema(
 ) -> tuple[TableData, dict[str, Any] | None]:
     """The encoded table, after spending its planned release (one ledger entry, command
     `schema-release`, one event per release), and the release's record (None: nothing was
-    released). The caller checks first that training still fits after `table.events`."""
+    released). With a unit, every unit is first bounded to its K rows (secret randomness),
+    and every release and the training read only those. The caller checks first that
+    training still fits after `table.events`."""
     if not table.events:
         return table.encoded(), None
-    schema, release = _release(table, ledger, method, run_id, randomness)
+    raw = bound_table(table.raw, table.unit, randomness) if table.unit else table.raw
+    schema, release = spend_release(replace(table, raw=raw), ledger, method, run_id, randomness)
     if not table.schema_epsilon_given and table.schema_epsilon is not None:
         release["default_share"] = SCHEMA_SHARE  # the safe default, not a flag the user gave
-    return replace(table, schema=schema).encoded(), release
+    raw = rows_with_labels(raw, schema.target, schema.classes)
+    return table.encoded(raw, schema), release
 
 
 def _provisional(
@@ -304,69 +305,6 @@ def _provisional(
     return DataInfo(
         spec, kind, raw.n, shape, schema.classes, fingerprint, dataset, "table", schema.to_json()
     )
-
-
-def _release(
-    table: TableInput, ledger: Ledger, method: str, run_id: str, randomness: PrivateRandomness
-) -> tuple[Schema, dict[str, Any]]:
-    raw, schema, events = table.raw, table.schema, table.events
-    planned, weights_plan, epsilon = table.release, table.weights_plan, table.schema_epsilon
-    delta, dataset, fingerprint = table.delta, table.dataset, table.fingerprint
-    assert delta is not None and fingerprint is not None
-    entry = ledger.reserve(
-        dataset_id=dataset,
-        fingerprint=fingerprint,
-        command="schema-release",
-        method=method,
-        run_id=run_id,
-        events=list(events),
-        delta=delta,
-        max_total_epsilon=None,
-    )
-    source = f"{RELEASED_PREFIX} (--schema-epsilon {epsilon or 0:g}, ledger seq {entry['seq']})"
-    warnings: list[str] = []
-    try:
-        if planned is not None:
-            columns, plan = planned
-            schema, warnings = apply_release(
-                raw, schema, columns, plan, randomness.generator("schema/release"), source
-            )
-        weights = None
-        if weights_plan is not None:
-            weights = release_class_weights(
-                raw.column(schema.target),
-                schema.classes,
-                weights_plan,
-                randomness.generator("schema/class-weights"),
-            )
-    except BaseException:
-        ledger.abort(entry["seq"], run_id=run_id, fingerprint=fingerprint)
-        raise
-    ledger.complete(entry["seq"], list(events), run_id=run_id, fingerprint=fingerprint)
-    if weights_plan is not None and weights is not None:
-        schema = schema.replace_column(
-            replace(
-                schema.target_column,
-                weights=weights,
-                weights_source=(
-                    f"released with DP (--class-weights-epsilon {weights_plan.epsilon:.3g}, "
-                    f"ledger seq {entry['seq']})"
-                ),
-            )
-        )
-    record: dict[str, Any] = {
-        "ledger_seq": entry["seq"],
-        "released_columns": planned[0].names if planned else [],
-        **(planned[1].to_json() if planned is not None else {}),
-        "warnings": warnings,
-    }
-    if weights_plan is not None:
-        record["class_weights"] = {**weights_plan.to_json(), "weights": list(weights or ())}
-        # the entry's ε: both releases composed (one event each)
-        record["epsilon"] = compose_epsilon(events, delta).epsilon
-        record["delta"] = delta
-        record["events"] = [e.to_json() for e in events]
-    return schema, record
 
 
 def new_run_id() -> str:

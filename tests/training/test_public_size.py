@@ -55,3 +55,29 @@ def test_a_public_size_must_be_positive(tmp_path: Path, bad: int) -> None:
         TrainRequest(out=tmp_path / "run", method="dpkernel", data="digits", epsilon=5,
                      ledger_path=tmp_path / "l.jsonl", public_size=bad)  # fmt: skip
     assert refused.value.parameter == "public_size"
+
+
+def test_the_schema_release_reads_its_bins_off_the_public_size(tmp_path: Path) -> None:
+    """Every N-derived setting of the DP schema release (quantile and fine bins) comes from
+    N', so round(log2 N) does not leak through the released edges."""
+    from dpsynth.data.builtin_tables import TABLES_DIR
+    from dpsynth.privacy.releases.schema_release import quantile_bins
+    from dpsynth.training.table_schema import read_table_input
+
+    schema = json.loads((TABLES_DIR / "german_credit.schema.json").read_text())
+    for column in schema["columns"]:
+        column["source"] = "data (not private: review or replace)"
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    plans = {}
+    for public_size in (None, 2**16):
+        table = read_table_input(
+            spec="german-credit", schema_path=path, schema_public=False, schema_epsilon=None,
+            dataset_id=None, ledger=Ledger(tmp_path / "l.jsonl"), delta=None,
+            public_size=public_size, target_epsilon=50.0,
+        )  # fmt: skip
+        assert table.release is not None
+        plans[public_size] = table.release[1]
+    assert plans[None].rows < 1000 and plans[2**16].rows == 2**16
+    assert plans[2**16].to_json()["quantile_bins"] == quantile_bins(2**16) == 16
+    assert plans[None].to_json()["quantile_bins"] != plans[2**16].to_json()["quantile_bins"]

@@ -53,6 +53,8 @@ class MarginalMethod(Method):
 
     modalities = ("table",)
     audit_mechanism: ClassVar[str] = "marginal"
+    # every read is a marginal count or a selection, whose sensitivity scales by a unit's K rows
+    supports_privacy_unit: ClassVar[bool] = True
     trainer_class: ClassVar[type[MarginalTrainer]]
 
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
@@ -137,7 +139,8 @@ class MarginalMethod(Method):
             )
         # Refused before the accountant is asked: even with the whole ε as Gaussian DP, the
         # noise would drown every count.
-        rough = math.sqrt(measurements) / gdp_mu(target.epsilon, target.delta)
+        # a privacy unit of K rows multiplies the noise's std by K
+        rough = info.rows_per_unit * math.sqrt(measurements) / gdp_mu(target.epsilon, target.delta)
         if rough > _MAX_SIGMA_SHARE * info.n:
             raise UsageError(self._too_small(target, info, measurements, rough))
         schedule = calibrate_marginal_schedule(
@@ -149,8 +152,10 @@ class MarginalMethod(Method):
             prior_events,
         )
         sigma = schedule.noise_multiplier
-        if sigma > _MAX_SIGMA_SHARE * info.n:
-            raise UsageError(self._too_small(target, info, measurements, sigma))
+        if sigma * info.rows_per_unit > _MAX_SIGMA_SHARE * info.n:
+            raise UsageError(
+                self._too_small(target, info, measurements, sigma * info.rows_per_unit)
+            )
         events = schedule_events(
             sigma, schedule.selection_epsilon, measurements, selections, annotations
         )

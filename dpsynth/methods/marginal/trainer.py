@@ -48,6 +48,8 @@ class MarginalTrainer(Trainer):
         self.domain = table_domain(info, config)
         self.sizes = self.domain.sizes
         self.n = float(info.n)
+        # a privacy unit of K rows: the noise std is K·σ (the plan's events are at σ)
+        self.unit_rows = int(info.rows_per_unit)
         measure = next((e for e in plan.events if e.get("phase") == MEASURE_PHASE), None)
         if measure is None:
             raise DpsynthError("the plan has no marginal-measurement event")
@@ -99,9 +101,11 @@ class MarginalTrainer(Trainer):
             return  # already made (its state was restored)
         if self.queries is None:
             if self.counter is not None:
-                self.queries = MarginalQueries(self.counter)
+                self.queries = MarginalQueries(self.counter, sensitivity=self.unit_rows)
             else:
-                self.queries = MarginalQueries(codes_from_rows(x, y, self.domain), self.sizes)
+                self.queries = MarginalQueries(
+                    codes_from_rows(x, y, self.domain), self.sizes, sensitivity=self.unit_rows
+                )
             # one pass for every marginal the run may need (its exact counts stay in privacy/)
             self.queries.prefetch(self.upfront_cliques())
         self.run_round(step)
@@ -127,7 +131,8 @@ class MarginalTrainer(Trainer):
         if len(self.measurements) + len(cliques) > self.allowed_measurements:
             raise DpsynthError("more marginal measurements than the plan accounts for")
         values = self.queries.measure(cliques, self.sigma, self.measure_rng)
-        sigma = self.sigma if self.sigma > 0 else 1.0  # equal weights without noise
+        # the noise's std weighs the measurement (equal weights without noise)
+        sigma = self.sigma * self.unit_rows if self.sigma > 0 else 1.0
         for clique, value in zip(cliques, values, strict=True):
             self.measurements.append(Measurement(tuple(clique), value, sigma))
 
@@ -159,7 +164,8 @@ class MarginalTrainer(Trainer):
 
     def noise_offset(self, clique: tuple[int, ...]) -> float:
         """The L1 error that measurement noise alone would leave: √(2/π)·σ·cells."""
-        return math.sqrt(2.0 / math.pi) * self.sigma * self.domain.cells(clique)
+        noise_std = self.sigma * self.unit_rows
+        return math.sqrt(2.0 / math.pi) * noise_std * self.domain.cells(clique)
 
     # ------------------------------------------------------------------ state
 

@@ -189,12 +189,14 @@ class ClassWeightsPlan:
     epsilon: float
     delta: float
     events: tuple[dict[str, Any], ...]
+    # rows one privacy unit may hold: the histogram's L2 sensitivity (1: the unit is a row)
+    sensitivity: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {
             "mechanism": "gaussian noisy histogram of the target over its public classes",
-            "sensitivity": 1.0,
+            "sensitivity": self.sensitivity,
             "noise_multiplier": self.noise_multiplier,
             "noise_std": self.noise_std,
             "floor": CLASS_WEIGHT_FLOOR,
@@ -204,8 +206,11 @@ class ClassWeightsPlan:
         }
 
 
-def plan_class_weights_release(epsilon: float, delta: float) -> ClassWeightsPlan:
-    """Calibrate the class-proportion release so that it alone is (ε, δ)-DP (sensitivity 1);
+def plan_class_weights_release(
+    epsilon: float, delta: float, unit_rows: int = 1
+) -> ClassWeightsPlan:
+    """Calibrate the class-proportion release so that it alone is (ε, δ)-DP (sensitivity 1,
+    or `unit_rows` K for a privacy unit of at most K rows: all of them may share one class);
     its `gaussian` event composes with everything else in the ledger."""
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise UsageError(f"--class-weights-epsilon must be a positive number, got {epsilon}")
@@ -213,10 +218,11 @@ def plan_class_weights_release(epsilon: float, delta: float) -> ClassWeightsPlan
     sigma = calibration.noise_multiplier
     return ClassWeightsPlan(
         noise_multiplier=sigma,
-        noise_std=sigma,  # sensitivity 1: one row moves one bin by 1
+        noise_std=sigma * unit_rows,  # one row (unit) moves one bin by 1 (by K)
         epsilon=calibration.total_epsilon,
         delta=delta,
         events=(Gaussian(sigma, 1),),
+        sensitivity=float(unit_rows),
     )
 
 

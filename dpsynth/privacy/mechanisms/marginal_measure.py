@@ -106,9 +106,23 @@ class MarginalQueries:
     """A discretised private table that answers marginal queries only through mechanisms.
 
     `source` is a `MarginalCounter`, or codes [N, d] with their `sizes` (a `CodesCounter`).
+    `sensitivity` K > 1: the guarantee is per privacy unit of at most K rows (bounded before
+    this read), so one unit moves a marginal by at most K (L1 and L2: its rows may share a
+    cell); the measurements' noise std is K·σ, and a selection's quality sensitivity is K
+    times its weight. The plan's events stay those of sensitivity 1 at σ.
     """
 
-    def __init__(self, source: np.ndarray | MarginalCounter, sizes: Sequence[int] | None = None):
+    def __init__(
+        self,
+        source: np.ndarray | MarginalCounter,
+        sizes: Sequence[int] | None = None,
+        sensitivity: int = 1,
+    ):
+        if not (isinstance(sensitivity, int) and sensitivity >= 1):
+            raise DpsynthError(
+                f"the rows a unit holds must be a whole number ≥ 1, got {sensitivity}"
+            )
+        self.sensitivity = sensitivity
         if isinstance(source, MarginalCounter):
             counter: MarginalCounter = source
             if sizes is not None and tuple(int(s) for s in sizes) != tuple(counter.sizes):
@@ -150,8 +164,8 @@ class MarginalQueries:
     def measure(
         self, cliques: Sequence[Clique], noise_multiplier: float, generator: torch.Generator
     ) -> list[np.ndarray]:
-        """Each clique's counts plus N(0, σ²) per cell (σ = `noise_multiplier`, sensitivity
-        1): `len(cliques)` Gaussian mechanisms, which the plan must have accounted.
+        """Each clique's counts plus N(0, (Kσ)²) per cell (σ = `noise_multiplier`, K the
+        `sensitivity`): `len(cliques)` Gaussian mechanisms, which the plan must have accounted.
 
         σ = 0 returns the exact counts: only the `--epsilon inf` baseline (a `non_private`
         plan) asks for that.
@@ -168,7 +182,7 @@ class MarginalQueries:
             noise = torch.randn(
                 counts.size, generator=generator, dtype=torch.float64, device=generator.device
             )
-            out.append(counts + noise_multiplier * noise.cpu().numpy())
+            out.append(counts + (noise_multiplier * self.sensitivity) * noise.cpu().numpy())
         return out
 
     def select(
@@ -198,5 +212,7 @@ class MarginalQueries:
             if estimate.shape != counts.shape:
                 raise DpsynthError(f"the estimate of clique {clique} has the wrong size")
             scores[r] = float(weights[r]) * (np.abs(counts - estimate).sum() - float(offsets[r]))
-        sensitivity = float(np.max(np.abs(np.asarray(weights, dtype=np.float64))))
+        sensitivity = self.sensitivity * float(
+            np.max(np.abs(np.asarray(weights, dtype=np.float64)))
+        )
         return exponential_mechanism(scores, sensitivity, epsilon, generator)

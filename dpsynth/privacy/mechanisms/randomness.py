@@ -138,6 +138,13 @@ class PrivateRandomness:
         self._generators[purpose] = generator
         return generator
 
+    def replayable(self, purpose: str) -> torch.Generator:
+        """A fresh CPU generator for `purpose` that every process of the run derives again
+        (a resume, another rank): for a choice that must come out the same each time the data
+        is read, such as which rows of a person are kept. Not handed out, so not saved; its
+        purposes live under "replay/" apart from the handed-out streams."""
+        return _keyed_generator(self._secret, f"replay/{purpose}", torch.device("cpu"))
+
     def state(self) -> dict[str, str]:
         """Every handed-out generator's state, hex-encoded, by purpose (secret)."""
         return {

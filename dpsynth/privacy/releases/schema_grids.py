@@ -50,3 +50,25 @@ def fine_grid(low: float, high: float, kind: str, bins: int = FINE_BINS) -> np.n
         geometric = np.geomspace(floor, high, bins)
         return np.unique(np.concatenate([[low], geometric]))
     return np.linspace(low, high, bins + 1)
+
+
+def closed_last_bin(edges: np.ndarray, unit: float) -> np.ndarray:
+    """Whole-number edges whose last bin is closed, as the schema reads them.
+
+    The fine grid's bins are [a, a + step) and its last edge lies one unit past the last
+    value; a schema's last bin is closed ([a, b], `max` = b). So the last edge moves back one
+    unit; a last bin of one value becomes a point mass (the edge twice).
+    """
+    last = edges[-1] - unit
+    if len(edges) < 3 or last > edges[-2]:
+        return np.concatenate([edges[:-1], [max(last, edges[0])]])
+    if edges[-3] == edges[-2]:  # already a point mass there
+        return edges[:-1]
+    return np.concatenate([edges[:-1], [edges[-2]]])
+
+
+def with_atom(edges: tuple[float, ...], atom: float) -> tuple[float, ...]:
+    """Edges with a point mass at `atom` (inside or at the end of their range)."""
+    inner = [e for e in edges if e != atom]
+    out = sorted([*inner, atom, atom])
+    return tuple(out)

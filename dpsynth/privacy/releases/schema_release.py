@@ -51,7 +51,13 @@ from dpsynth.privacy.mechanisms.histograms import (
     noisy,
     numeric_counts,
 )
-from dpsynth.privacy.releases.schema_grids import FINE_BINS, fine_grid, range_grid
+from dpsynth.privacy.releases.schema_grids import (
+    FINE_BINS,
+    closed_last_bin,
+    fine_grid,
+    range_grid,
+    with_atom,
+)
 
 # An exact zero is a point mass when its noisy count clears this many deviations (precision:
 # `released_decimals`); a missing bin when it clears MISSING_SIGNIFICANCE (a bin too many only
@@ -110,6 +116,11 @@ class SchemaReleasePlan:
     epsilon: float
     delta: float
     events: tuple[dict[str, Any], ...]
+    # rows one privacy unit may hold (1: the unit is a row): every noise std is scaled by it
+    unit_rows: int = 1
+    # the target's label list, when released: less noise than the other lists (see the plan)
+    target_noise_std: float | None = None
+    target_threshold: float | None = None
 
     def range_cut(self, kind: str, alone: bool = False) -> float:
         """The noisy count a bin of a number's public range grid must clear (`kind`: the
@@ -127,10 +138,13 @@ class SchemaReleasePlan:
             "noise_multiplier": self.noise_multiplier,
             "category_noise_std": self.category_noise_std,
             "category_threshold": self.category_threshold,
+            "target_noise_std": self.target_noise_std,
+            "target_threshold": self.target_threshold,
             "range_noise_std": self.range_noise_std,
             "shape_noise_std": self.shape_noise_std,
             "threshold_delta": self.threshold_delta,
             "quantile_bins": quantile_bins(self.rows),
+            **({"sensitivity_rows": self.unit_rows} if self.unit_rows > 1 else {}),
             "epsilon": self.epsilon,
             "delta": self.delta,
             "events": [dict(e) for e in self.events],
@@ -138,6 +152,7 @@ class SchemaReleasePlan:
 
 
 RANGE_NOISE_FACTOR = 1.5
+TARGET_PRECISION_SHARE = 0.5
 
 
 def plan_schema_release(
@@ -147,8 +162,19 @@ def plan_schema_release(
     categorical: int,
     numbers: Mapping[str, NumberSpec],
     booleans: int,
+    unit_rows: int = 1,
+    target: bool = False,
 ) -> SchemaReleasePlan:
-    """Calibrate both rounds at one σ so that the release alone is (ε, δ)-DP."""
+    """Calibrate both rounds at one σ so that the release alone is (ε, δ)-DP.
+
+    `unit_rows` K > 1: the guarantee is per privacy unit of at most K rows (bounded before the
+    read): one unit moves each histogram by at most K in L2, so every noise std is K times the
+    per-row one at the same σ; and a unit brings up to K new values into a category list, each
+    held by at most K rows, so the threshold is K plus the noise's quantile at δ_c / K.
+    `target`: one of the `categorical` lists is the target's label set, which a run cannot
+    lose (it needs two labels): it takes TARGET_PRECISION_SHARE of round 1's precision (the
+    other entries' noise grows by about √2), so its labels clear the threshold at fewer rows.
+    `rows` is N or the declared public size N': every N-derived setting (bins) reads it."""
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise UsageError(f"--schema-epsilon must be a positive number, got {epsilon}")
     shapes = len(numbers) + sum(spec.decimals for spec in numbers.values()) + booleans
@@ -161,19 +187,31 @@ def plan_schema_release(
     sigma = calibration.noise_multiplier
     # Σ over round 1 of 1/s² = categorical/s_c² + numbers/(f·s_c)² = 1/σ²
     weight = categorical + len(numbers) / RANGE_NOISE_FACTOR**2
-    category_std = sigma * math.sqrt(max(weight, 1e-12))
-    per_column = share / categorical if categorical else delta
+    # the target's std is category_std / boost; its 1/s² is boost² of a list's
+    others = weight - 1.0 if target else weight
+    boost2 = max(1.0, others * TARGET_PRECISION_SHARE / (1.0 - TARGET_PRECISION_SHARE))
+    if target:
+        weight = others + boost2
+    k = int(unit_rows)
+    category_std = k * sigma * math.sqrt(max(weight, 1e-12))
+    target_std = category_std / math.sqrt(boost2) if target else None
+    per_value = (share / categorical if categorical else delta) / k
     return SchemaReleasePlan(
         noise_multiplier=sigma,
         category_noise_std=category_std,
-        category_threshold=1.0 + category_std * float(norm.isf(per_column)),
+        category_threshold=float(k) + category_std * float(norm.isf(per_value)),
         range_noise_std=RANGE_NOISE_FACTOR * category_std,
-        shape_noise_std=sigma * math.sqrt(max(shapes, 1)),
+        shape_noise_std=k * sigma * math.sqrt(max(shapes, 1)),
         threshold_delta=share,
         rows=rows,
         epsilon=calibration.total_epsilon,
         delta=delta,
         events=(*prior, Gaussian(sigma, rounds)),
+        unit_rows=k,
+        target_noise_std=target_std,
+        target_threshold=(
+            float(k) + target_std * float(norm.isf(per_value)) if target_std is not None else None
+        ),
     )
 
 
@@ -182,14 +220,21 @@ def release_ranges(
     numbers: Mapping[str, tuple[np.ndarray, NumberSpec]],
     plan: SchemaReleasePlan,
     generator: torch.Generator,
+    target: str | None = None,
 ) -> tuple[dict[str, list[str]], dict[str, tuple[float, float] | None]]:
-    """Round 1: the kept categories per categorical column (values: strings), and the rough
-    range per number (values: floats, NaN for missing cells; None: nothing cleared the
-    threshold)."""
+    """Round 1: the kept categories per categorical column (values: strings; `target` names
+    the label set the plan gave its own noise), and the rough range per number (values:
+    floats, NaN for missing cells; None: nothing cleared the threshold)."""
+    if (target is not None) != (plan.target_noise_std is not None):
+        raise ValueError("the target's list differs from the release plan's")
     categories: dict[str, list[str]] = {}
     for name, values in categorical.items():
         candidates, counts = category_counts(values)
-        kept = noisy(counts, plan.category_noise_std, generator) > plan.category_threshold
+        std, cut = plan.category_noise_std, plan.category_threshold
+        if name == target:
+            assert plan.target_noise_std is not None and plan.target_threshold is not None
+            std, cut = plan.target_noise_std, plan.target_threshold
+        kept = noisy(counts, std, generator) > cut
         categories[name] = [c for c, keep in zip(candidates, kept, strict=True) if keep]
     ranges: dict[str, tuple[float, float] | None] = {}
     for name, (values, spec) in numbers.items():
@@ -303,30 +348,8 @@ def _edges_from_counts(
     if len(edges) < 2:
         edges = np.array([edges[0], edges[0] + (86400.0 if kind == "date" else 1.0)])
     if kind in ("integer", "date"):
-        edges = _closed_last_bin(edges, 86400.0 if kind == "date" else 1.0)
+        edges = closed_last_bin(edges, 86400.0 if kind == "date" else 1.0)
     return tuple(float(e) for e in edges)
-
-
-def _closed_last_bin(edges: np.ndarray, unit: float) -> np.ndarray:
-    """Whole-number edges whose last bin is closed, as the schema reads them.
-
-    The fine grid's bins are [a, a + step) and its last edge lies one unit past the last
-    value; a schema's last bin is closed ([a, b], `max` = b). So the last edge moves back one
-    unit; a last bin of one value becomes a point mass (the edge twice).
-    """
-    last = edges[-1] - unit
-    if len(edges) < 3 or last > edges[-2]:
-        return np.concatenate([edges[:-1], [max(last, edges[0])]])
-    if edges[-3] == edges[-2]:  # already a point mass there
-        return edges[:-1]
-    return np.concatenate([edges[:-1], [edges[-2]]])
-
-
-def _with_atom(edges: tuple[float, ...], atom: float) -> tuple[float, ...]:
-    """Edges with a point mass at `atom` (inside or at the end of their range)."""
-    inner = [e for e in edges if e != atom]
-    out = sorted([*inner, atom, atom])
-    return tuple(out)
 
 
 def release_shapes(
@@ -357,7 +380,7 @@ def release_shapes(
         edges = _edges_from_counts(released[2:], grid, bins, spec.kind, std)
         zero_share = released[1] / max(np.clip(released, 0.0, None).sum(), 1.0)
         if edges is not None and zero_bin and released[1] > cut and zero_share >= 1.0 / bins:
-            edges = _with_atom(edges, 0.0)
+            edges = with_atom(edges, 0.0)
         decimals = None
         if spec.decimals:
             digits = _decimals(np.asarray(texts, dtype=object)[~missing])
