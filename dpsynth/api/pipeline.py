@@ -159,7 +159,7 @@ def evaluate(
     synthetic: Path | str,
     real: str,
     *,
-    metrics: Sequence[str] | str = ("fid", "accuracy"),
+    metrics: Sequence[str] | str = "auto",
     classifier: str = "cnn",
     seeds: int = 3,
     n: int | None = None,
@@ -180,7 +180,8 @@ def evaluate(
     against the held-out `real` data spec.
 
     Images: `metrics` from fid, accuracy, precision, recall (FID needs the Inception weights);
-    tables (`real="csv:FILE"` or a built-in table): accuracy, roc_auc, ml, marginals. `report`
+    tables (`real="csv:FILE"` or a built-in table): accuracy, roc_auc, ml, marginals; "auto"
+    (the default): fid and accuracy for images, ml and marginals for tables. `report`
     writes report.json/.md and figures there. `ledger` (default as for `train`) is checked for
     spends on the real data (the report then says it is not private) and receives the
     report's zero-cost release. `cache_real_features` keeps the real images' Inception features

@@ -41,9 +41,9 @@ def evaluate(
         str,
         typer.Option(
             help="Comma list: fid, accuracy, precision, recall; tables: accuracy, roc_auc, ml, "
-            "marginals."
+            "marginals; auto: fid,accuracy for images, ml,marginals for tables."
         ),
-    ] = "fid,accuracy",
+    ] = "auto",
     classifier: Annotated[str, typer.Option(help="cnn or logreg.")] = "cnn",
     seeds: Annotated[int, typer.Option(help="Classifier seeds (mean and std).")] = 3,
     n: Annotated[

@@ -58,6 +58,11 @@ def fid_subset(images: torch.Tensor, count: int | None) -> torch.Tensor:
     return images[order[:count]]
 
 
+# `--metrics auto` (the default): what each modality is scored on.
+AUTO_IMAGE_METRICS = ("fid", "accuracy")
+AUTO_TABLE_METRICS = ("ml", "marginals")
+
+
 def run_evaluation(
     *,
     synthetic: str,
@@ -81,7 +86,8 @@ def run_evaluation(
 ) -> dict:
     """Evaluate synthetic images (a sample folder or a run dir) against a real data spec.
 
-    `metrics` is a subset of fid, accuracy, precision, recall. For a run dir, `n` images are
+    `metrics` is a subset of fid, accuracy, precision, recall ("auto": fid and accuracy for
+    images, ml and marginals for tables). For a run dir, `n` images are
     sampled (default: as many as the real reference set). FID, precision and recall use
     `fid_n` of the synthetic images (a draw with a fixed public seed; default: all). When
     `ledger_path` is given, the real data's fingerprint is checked against the ledger's
@@ -95,6 +101,8 @@ def run_evaluation(
     """
     from dpsynth.data.sources import is_table_spec
 
+    if [m.strip().lower() for m in metrics] in ([], ["auto"]):  # what fits the data
+        metrics = list(AUTO_TABLE_METRICS if is_table_spec(real) else AUTO_IMAGE_METRICS)
     if is_table_spec(real):
         from dpsynth.evaluate.table_report import run_table_evaluation
 

@@ -4,9 +4,9 @@ synthetic units with fresh keys.
 A run with `--privacy-unit COLUMN` released the share of units holding 1, 2, …, K rows with
 DP (`config.json`'s `privacy_unit.unit_sizes`). Sampling draws unit sizes from those shares
 with the public seed and gives consecutive rows (already in random order) one key per unit:
-the key is the id prefix and the release's row number of the unit's first row (`syn-17`), so
-keys are unique across a file's batches and a partitioned release's partitions without any
-coordination, and never a real key. Rows of one synthetic unit are drawn independently: the
+the id prefix and the unit's number (`syn-1`, `syn-2`, … in a file; a partition numbers its
+units on from its first row's number, so keys are unique across partitions without any
+coordination), never a real key. Rows of one synthetic unit are drawn independently: the
 release reproduces how many rows people hold, not how a person's rows relate to each other.
 """
 
@@ -34,6 +34,9 @@ class UnitKeys:
         self._rng = np.random.default_rng(sequence)
         self._prefix = prefix
         self._row = int(first_row)  # the release's row number of the next row (0-based)
+        # units are numbered on from the first row's number: a partition of R rows holds at
+        # most R units, so the keys of consecutive partitions never meet
+        self._first, self._units = int(first_row), 0
         self._left = 0  # rows the current unit still takes
         self._key = ""
 
@@ -44,7 +47,8 @@ class UnitKeys:
         while done < count:
             if self._left == 0:
                 self._left = int(self._rng.choice(len(self._shares), p=self._shares)) + 1
-                self._key = f"{self._prefix}{self._row + 1}"
+                self._units += 1
+                self._key = f"{self._prefix}{self._first + self._units}"
             take = min(self._left, count - done)
             keys[done : done + take] = self._key
             done += take

@@ -99,10 +99,13 @@ def epsilon_needed(schema: Schema, rows: int, delta: float) -> float | None:
     """The ε at which `train`'s DP release of the schema's entries read off the data keeps the
     values held by ADVICE_SHARE of `rows` (inf: none does; None: nothing to release)."""
     columns = release_columns(schema)
-    return _advised_epsilon(columns, rows, delta) if columns.names else None
+    target = any(c.name == schema.target for c in columns.categorical)
+    return _advised_epsilon(columns, rows, delta, target=target) if columns.names else None
 
 
-def _advised_epsilon(columns: ReleaseColumns, rows: int, delta: float) -> float:
+def _advised_epsilon(
+    columns: ReleaseColumns, rows: int, delta: float, unit_rows: int = 1, target: bool = False
+) -> float:
     """The ε at which a release of `columns` keeps the values held by ADVICE_SHARE of `rows`."""
     return epsilon_for_reach(
         ADVICE_SHARE * rows,
@@ -111,6 +114,8 @@ def _advised_epsilon(columns: ReleaseColumns, rows: int, delta: float) -> float:
         len(columns.categorical),
         {c.name: _spec(c) for c in columns.numbers},
         len(columns.booleans),
+        unit_rows,
+        target,
     )
 
 
@@ -137,7 +142,9 @@ def check_reach(
         )
     if not lost:
         return
-    needed = _advised_epsilon(columns, rows, plan.delta)
+    needed = _advised_epsilon(
+        columns, rows, plan.delta, plan.unit_rows, plan.target_noise_std is not None
+    )
     which = (
         f"the default {{schema_epsilon}} ({epsilon:.3g}, {default_share:.0%} of {{epsilon}})"
         if default_share is not None
@@ -201,6 +208,11 @@ def apply_release(
         kept = categories[column.name]
         if column.name == schema.target:
             schema = _released_labels(schema, column, kept, source)
+            warnings.append(
+                f"the target {column.name!r}: the labels that cleared the DP threshold are "
+                f"{', '.join(kept)}; rows of any other label are left out of training (declare "
+                "the label set public in the schema to keep them all)"
+            )
             continue
         other = OTHER
         while other in kept:

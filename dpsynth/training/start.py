@@ -115,7 +115,7 @@ def start_run(
     digest = records.content_digest
     existing = ledger.data_fingerprint(digest, create=False)
     info = public_info(records, existing or "", request.public_size)
-    if not isinstance(records, (TableData, TableSource)):  # images: one unit per data set
+    if not isinstance(records, TableData):  # images, engines: one unit per data set
         check_unit_composition(ledger, info.dataset_id, existing, image_unit)
     if image_unit is not None:
         info = replace(info, unit=image_unit.column, rows_per_unit=image_unit.max_rows)
@@ -128,8 +128,8 @@ def start_run(
         advice = id_columns_advice(records.schema, None)
         if advice:
             warnings.append(advice)
-    if delta is None:
-        delta = default_delta(info.n)
+    if delta is None:  # the schema release's δ when there was one (N before bounding)
+        delta = (schema_release or {}).get("delta") or default_delta(info.n)
     elif delta >= 1.0 / info.n:
         warnings.append(
             f"δ={delta:g} is not below 1/N = {1.0 / info.n:.3g}: a mechanism could release a "

@@ -216,6 +216,17 @@ def test_cli_marginals_with_ml_and_bad_inputs(tmp_path: Path) -> None:
     assert "## Marginal fidelity" in page and "| 2-way TVD | 0.0000" in page
     assert json.loads((tmp_path / "report" / "report.json").read_text())["metrics"]["marginals"]
 
+    # without --metrics a table gets what fits a table (ml and marginals), not fid
+    default = runner.invoke(
+        app,
+        ["evaluate", "--synthetic", str(synth), "--real", f"csv:{real}", "--schema", str(schema),
+         "--seeds", "1", "--ledger", ledger, "--json"],
+    )  # fmt: skip
+    assert default.exit_code == 0, default.output
+    assert json.loads(default.stdout)["metrics_requested"] == [
+        "accuracy", "roc_auc", "marginals",
+    ]  # fmt: skip
+
     alone = runner.invoke(
         app,
         ["evaluate", "--synthetic", str(synth), "--real", f"csv:{real}", "--schema", str(schema),

@@ -236,7 +236,7 @@ def test_units_on_a_builtin_table_images_or_dp_sgd_exit_2(tmp_path: Path) -> Non
             *ledger,
         ],
     )
-    assert images.exit_code == 2 and "for tables" in images.output
+    assert images.exit_code == 2 and "holds no person" in images.output
     data = tmp_path / "visits.csv"
     _write_people(data, people=120)
     schema = _schema(tmp_path, data)

@@ -50,12 +50,17 @@ def epsilon_for_reach(
     categorical: int,
     numbers: Mapping[str, NumberSpec],
     booleans: int,
+    unit_rows: int = 1,
+    target: bool = False,
 ) -> float:
     """The smallest ε (to 2%) at which the release of these columns needs no more than
-    `rows_needed` rows in a category value or a range bin (public facts only)."""
+    `rows_needed` rows in a category value or a range bin (public facts only; `unit_rows` and
+    `target` as in `plan_schema_release`)."""
 
     def reach(epsilon: float) -> float:
-        plan = plan_schema_release(epsilon, delta, rows, categorical, numbers, booleans)
+        plan = plan_schema_release(
+            epsilon, delta, rows, categorical, numbers, booleans, unit_rows, target
+        )
         return release_reach(plan, categorical, numbers).worst()
 
     low, high = 1e-3, 1e3

@@ -58,6 +58,13 @@ from dpsynth.privacy.releases.schema_grids import (
     range_grid,
     with_atom,
 )
+from dpsynth.privacy.releases.schema_spans import (
+    FALSE_ALARM,
+    FALSE_ALONE,
+    coarse_span,
+    supported_bins,
+    trimmed_span,
+)
 
 # An exact zero is a point mass when its noisy count clears this many deviations (precision:
 # `released_decimals`); a missing bin when it clears MISSING_SIGNIFICANCE (a bin too many only
@@ -69,14 +76,6 @@ MISSING_SIGNIFICANCE = 1.5
 # FINE_BIN_DEVIATIONS noise deviations of rows in a bin on average, within [8, FINE_BINS].
 FINE_BIN_DEVIATIONS = 8.0
 MAX_DECIMALS = 6
-# A range (round 1) or a trimmed span (round 2) is the first to the last bin that clears the
-# noise, and on the numbers' grid (±2^(j/2)) one false bin stretches it by orders of
-# magnitude (latitudes released as 32 … 5.5e7). So a bin counts when it clears the cut of a
-# false alarm in FALSE_ALARM of the histograms and has a neighbour that does too (rows
-# spread over adjacent bins: amounts), or alone when it clears the cut of FALSE_ALONE (rows
-# in one bin: latitudes of a city). Noise alone then stretches about one range in a thousand.
-FALSE_ALARM = 0.05
-FALSE_ALONE = 1e-3
 _GRID_LIMIT = 2.0**40
 
 
@@ -249,11 +248,14 @@ def release_ranges(
             above = np.flatnonzero(released > cut)
         else:
             above = supported_bins(released, cut, plan.range_cut(spec.kind, alone=True))
-        if len(above) == 0:
+        span = (int(above[0]), int(above[-1])) if len(above) else None
+        if span is None:  # rows spread too thin for any one bin: wider windows of the same
+            span = coarse_span(released, plan.range_noise_std)  # noisy counts (free)
+        if span is None:
             ranges[name] = None
             continue
-        low = float(np.clip(edges[above[0]], -_GRID_LIMIT, _GRID_LIMIT))
-        high = float(np.clip(edges[above[-1] + 1], -_GRID_LIMIT, _GRID_LIMIT))
+        low = float(np.clip(edges[span[0]], -_GRID_LIMIT, _GRID_LIMIT))
+        high = float(np.clip(edges[span[1] + 1], -_GRID_LIMIT, _GRID_LIMIT))
         ranges[name] = (low, high)
     return categories, ranges
 
@@ -293,34 +295,6 @@ class ReleasedShape:
     edges: tuple[float, ...] | None
     missing: bool
     decimals: int | None
-
-
-def supported_bins(counts: np.ndarray, cut: float, alone_cut: float) -> np.ndarray:
-    """Indices of noisy `counts` over `cut` beside a neighbour over it, or over `alone_cut`."""
-    clears = counts > cut
-    neighbour = np.zeros_like(clears)
-    neighbour[1:] |= clears[:-1]
-    neighbour[:-1] |= clears[1:]
-    return np.flatnonzero((clears & neighbour) | (counts > alone_cut))
-
-
-def trimmed_span(counts: np.ndarray, noise_std: float) -> tuple[int, int] | None:
-    """The first and last fine bins whose noisy count clears a false-alarm cut (post-processing).
-
-    Round 1's range is coarse (its public grid steps by √2), so it often runs past the data:
-    months released as 1–17, minutes as 0–65. Inside it the fine histogram tells where the
-    rows really end (`supported_bins`: noise alone stretches about one span in a thousand).
-    None when no bin clears it (the whole range is kept).
-    """
-    bins = max(len(counts), 1)
-    above = supported_bins(
-        counts,
-        noise_std * float(norm.isf(FALSE_ALARM / bins)),
-        noise_std * float(norm.isf(FALSE_ALONE / bins)),
-    )
-    if len(above) == 0:
-        return None
-    return int(above[0]), int(above[-1])
 
 
 def _edges_from_counts(

@@ -1,0 +1,67 @@
+"""Where a column's rows are, read off the schema release's noisy histograms (post-processing
+only, no privacy cost): the bins that clear the noise, the span a range or a trimmed shape
+covers, and, when rows spread too thin for any one bin, wider windows of the same counts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.stats import norm
+
+# A range (round 1) or a trimmed span (round 2) is the first to the last bin that clears the
+# noise, and on the numbers' grid (±2^(j/2)) one false bin stretches it by orders of
+# magnitude (latitudes released as 32 … 5.5e7). So a bin counts when it clears the cut of a
+# false alarm in FALSE_ALARM of the histograms and has a neighbour that does too (rows
+# spread over adjacent bins: amounts), or alone when it clears the cut of FALSE_ALONE (rows
+# in one bin: latitudes of a city). Noise alone then stretches about one range in a thousand.
+FALSE_ALARM = 0.05
+FALSE_ALONE = 1e-3
+
+
+def supported_bins(counts: np.ndarray, cut: float, alone_cut: float) -> np.ndarray:
+    """Indices of noisy `counts` over `cut` beside a neighbour over it, or over `alone_cut`."""
+    clears = counts > cut
+    neighbour = np.zeros_like(clears)
+    neighbour[1:] |= clears[:-1]
+    neighbour[:-1] |= clears[1:]
+    return np.flatnonzero((clears & neighbour) | (counts > alone_cut))
+
+
+def trimmed_span(counts: np.ndarray, noise_std: float) -> tuple[int, int] | None:
+    """The first and last fine bins whose noisy count clears a false-alarm cut (post-processing).
+
+    Round 1's range is coarse (its public grid steps by √2), so it often runs past the data:
+    months released as 1–17, minutes as 0–65. Inside it the fine histogram tells where the
+    rows really end (`supported_bins`: noise alone stretches about one span in a thousand).
+    None when no bin clears it (the whole range is kept).
+    """
+    bins = max(len(counts), 1)
+    above = supported_bins(
+        counts,
+        noise_std * float(norm.isf(FALSE_ALARM / bins)),
+        noise_std * float(norm.isf(FALSE_ALONE / bins)),
+    )
+    if len(above) == 0:
+        return None
+    return int(above[0]), int(above[-1])
+
+
+def coarse_span(released: np.ndarray, noise_std: float) -> tuple[int, int] | None:
+    """The first and last bin covered by any window of 2, 4, …, 32 adjacent noisy counts whose
+    sum clears the cut of a false alarm in FALSE_ALARM of the histograms at its width; None
+    when none does. Post-processing of released counts: a column whose rows spread thinly over
+    many bins (birth dates over seventy years) keeps a range instead of being written empty.
+    The span errs wide (a wide window reaches past the rows), which round 2 trims."""
+    first, last = None, None
+    for width in (2, 4, 8, 16, 32):
+        if width > len(released):
+            break
+        sums = np.convolve(released, np.ones(width), mode="valid")
+        cut = noise_std * math.sqrt(width) * float(norm.isf(FALSE_ALARM / len(sums)))
+        above = np.flatnonzero(sums > cut)
+        if len(above):
+            start, end = int(above[0]), int(above[-1] + width - 1)
+            first = start if first is None else min(first, start)
+            last = end if last is None else max(last, end)
+    return None if first is None or last is None else (first, last)
