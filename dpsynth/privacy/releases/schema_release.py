@@ -242,15 +242,21 @@ def release_ranges(
         counts = numeric_counts(present, edges)
         released = noisy(counts, plan.range_noise_std, generator)
         cut = plan.range_cut(spec.kind)
+        coarse = None
         if spec.kind in ("datetime", "date"):
             # bounded grid (a false year stretches to 1900 or 2100 at worst; round 2 trims it)
-            # over which a time's rows spread thin
+            # over which a time's rows spread thin: single years clear the cut only here and
+            # there, so the span is widened to where wider windows of years clear it too
             above = np.flatnonzero(released > cut)
+            coarse = coarse_span(released, plan.range_noise_std)
         else:
             above = supported_bins(released, cut, plan.range_cut(spec.kind, alone=True))
         span = (int(above[0]), int(above[-1])) if len(above) else None
-        if span is None:  # rows spread too thin for any one bin: wider windows of the same
-            span = coarse_span(released, plan.range_noise_std)  # noisy counts (free)
+        if span is None and coarse is None and spec.kind not in ("datetime", "date"):
+            # rows spread too thin for any one bin: wider windows of the same noisy counts
+            coarse = coarse_span(released, plan.range_noise_std)
+        if coarse is not None:
+            span = coarse if span is None else (min(span[0], coarse[0]), max(span[1], coarse[1]))
         if span is None:
             ranges[name] = None
             continue

@@ -21,7 +21,7 @@ import torch
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting.calibration import calibrate_noise
 from dpsynth.privacy.accounting.events import Gaussian
-from dpsynth.privacy.mechanisms.histograms import noisy
+from dpsynth.privacy.mechanisms.histograms import noisy, proportions_from_counts
 
 # The default share of --epsilon for this release when a privacy unit is given.
 UNIT_SIZES_SHARE = 0.05
@@ -75,19 +75,11 @@ def size_counts(sizes: np.ndarray, max_rows: int) -> np.ndarray:
     return np.bincount(sizes - 1, minlength=max_rows).astype(np.float64)
 
 
-def shares_from_counts(counts: np.ndarray, floor: float = SIZE_SHARE_FLOOR) -> np.ndarray:
-    """Noisy counts → shares (post-processing): clip at 0, normalise, floor, normalise."""
-    clipped = np.clip(np.asarray(counts, dtype=np.float64), 0.0, None)
-    total = clipped.sum()
-    shares = clipped / total if total > 0 else np.full(len(clipped), 1.0 / len(clipped))
-    shares = np.maximum(shares, floor)
-    return shares / shares.sum()
-
-
 def release_unit_sizes(
     sizes: np.ndarray, plan: UnitSizesPlan, generator: torch.Generator
 ) -> tuple[float, ...]:
     """The released share of units holding 1 … max_rows rows. `sizes`: each unit's row
     count after bounding. The ONLY code that reads them for this release."""
     released = noisy(size_counts(sizes, plan.max_rows), plan.noise_multiplier, generator)
-    return tuple(float(s) for s in shares_from_counts(released))
+    # clipped at 0, normalised, floored, normalised again (post-processing), as class weights
+    return tuple(float(s) for s in proportions_from_counts(released, SIZE_SHARE_FLOOR))
