@@ -79,8 +79,10 @@ def bucket_count(column: Column, bins: int = BINS) -> int:
     return (bins + 1 if column.is_numeric else len(column.levels)) + 1
 
 
-def _lenient_numbers(values: np.ndarray, column: Column) -> tuple[np.ndarray, np.ndarray]:
-    """Numbers (NaN where a cell is missing or unreadable) and the missing cells."""
+def lenient_numbers(values: np.ndarray, column: Column) -> tuple[np.ndarray, np.ndarray]:
+    """A numeric or time column's cells as numbers (NaN where a cell is missing or unreadable;
+    times in seconds since 1970-01-01 UTC, HHMM clocks in minutes, as the schema's bounds
+    are) and the missing cells."""
     missing = missing_mask(values)
     if column.is_time:
         probe = RawTable((column.name,), (values,), "evaluate")
@@ -102,7 +104,7 @@ def numeric_codes(
     for a missing cell, `bins + 1` (the `other` bucket) for a value outside the bounds or not a
     number. A zero-width range has one bin."""
     if column is not None:
-        numbers, missing = _lenient_numbers(values, column)
+        numbers, missing = lenient_numbers(values, column)
     else:
         numbers = pd.to_numeric(pd.Series(values, copy=False), errors="coerce").to_numpy(np.float64)
         missing = missing_mask(values)

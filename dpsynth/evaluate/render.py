@@ -1,5 +1,6 @@
 """The image evaluation report's pages: the sample grid, the per-class accuracy chart and the
-ε curve as PNGs, and the Markdown page that links them."""
+ε curve as PNGs, and the Markdown page that links them; the figure helpers the table report's
+PNGs share (`dpsynth.evaluate.table_figures`)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from dpsynth.evaluate import folders
 GRID_PER_SIDE = 8
 
 
-def _figure(width: float, height: float):
-    # An explicit Agg canvas: headless, and no pyplot global state.
+def new_figure(width: float, height: float):
+    """A matplotlib Figure of `width` × `height` inches at 100 dpi on an explicit Agg canvas:
+    headless, and no pyplot global state (matplotlib is imported here, not with dpsynth)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -25,7 +27,8 @@ def _figure(width: float, height: float):
     return figure
 
 
-def _png(figure) -> bytes:
+def figure_png(figure) -> bytes:
+    """The figure as PNG bytes (tight bounding box)."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", bbox_inches="tight")
     return buffer.getvalue()
@@ -60,7 +63,7 @@ def render_sample_grid(
         for i, img in enumerate(reals):
             left = per_side * cell_w + gap + i * cell_w
             canvas[top : top + height, left : left + width] = img
-    figure = _figure(max(6.0, canvas_w / 40), max(2.0, len(classes) * cell_h / 40))
+    figure = new_figure(max(6.0, canvas_w / 40), max(2.0, len(classes) * cell_h / 40))
     ax = figure.add_subplot(1, 1, 1)
     image = canvas[:, :, 0] if channels == 1 else canvas
     ax.imshow(image, cmap="gray" if channels == 1 else None, vmin=0, vmax=255)
@@ -71,14 +74,14 @@ def render_sample_grid(
     ax.tick_params(length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
-    return _png(figure)
+    return figure_png(figure)
 
 
 def render_per_class(accuracy: dict) -> bytes:
     """PNG bar chart: per-class accuracy of the synthetic-trained (and real-trained) classifier."""
     names = list(accuracy["per_class"])
     synth_values = [_nan_if_none(accuracy["per_class"][c]) for c in names]
-    figure = _figure(max(5.0, 0.5 * len(names) + 2), 3.5)
+    figure = new_figure(max(5.0, 0.5 * len(names) + 2), 3.5)
     ax = figure.add_subplot(1, 1, 1)
     positions = np.arange(len(names))
     upper = accuracy.get("real_train_per_class")
@@ -96,7 +99,7 @@ def render_per_class(accuracy: dict) -> bytes:
     ax.set_ylabel(f"accuracy on {accuracy.get('reference', 'real test')}")
     ax.set_title(f"{accuracy['classifier']}: mean {accuracy['mean']:.3f} ± {accuracy['std']:.3f}")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
-    return _png(figure)
+    return figure_png(figure)
 
 
 def _nan_if_none(value: float | None) -> float:
@@ -107,14 +110,14 @@ def render_epsilon_curve(log: list[dict]) -> bytes:
     """PNG line plot of the ε spent (accountant upper bound) against the training step."""
     steps = [float(row["step"]) for row in log]
     eps = [_nan_if_none(row.get("epsilon")) for row in log]
-    figure = _figure(5.0, 3.5)
+    figure = new_figure(5.0, 3.5)
     ax = figure.add_subplot(1, 1, 1)
     ax.plot(steps, eps, marker="." if len(steps) < 50 else None)
     ax.set_xlabel("step")
     ax.set_ylabel("ε spent (upper bound)")
     ax.set_title("privacy spent during training")
     ax.grid(alpha=0.3)
-    return _png(figure)
+    return figure_png(figure)
 
 
 def fingerprint_note(fingerprint: str | None) -> str:

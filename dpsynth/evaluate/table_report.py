@@ -19,7 +19,9 @@ kept: one-hot encoding ignores them and the boosted trees treat them as missing.
 target is not one of the classes are dropped (with a warning). The ledger rules are the image
 ones (`dpsynth.evaluate.release`): real data that a DP run spent budget on is flagged, metrics
 on a user's own held-out rows are listed as non-private, and the evaluation is recorded as a
-zero-cost release.
+zero-cost release. `--report DIR` writes report.json, report.md and the figures of
+`dpsynth.evaluate.table_figures`; the page also shows what the synthetic table's run released
+of its schema with DP (`dpsynth.evaluate.table_provenance`).
 """
 
 from __future__ import annotations
@@ -38,17 +40,25 @@ from dpsynth.data.schema import Schema
 from dpsynth.data.schema_file import parse_schema, read_schema
 from dpsynth.data.sources import read_table, read_table_file
 from dpsynth.data.table_codec import RawTable, table_content_digest
-from dpsynth.errors import DataError, DpsynthError, UsageError
+from dpsynth.errors import DataError, UsageError
 from dpsynth.evaluate.release import (
-    check_report_dir,
     record_evaluation_release,
     report_fingerprint,
     training_data_warnings,
 )
 from dpsynth.evaluate.render import fingerprint_note
 from dpsynth.evaluate.table_classifiers import classifier_scores, table_frame
-from dpsynth.ledger import Ledger
-from dpsynth.ledger.anchors import privacy_statement
+from dpsynth.evaluate.table_figures import (
+    check_table_report_dir,
+    figure_markdown,
+    write_table_figures,
+)
+from dpsynth.evaluate.table_provenance import (
+    checked_manifest_privacy,
+    read_manifest,
+    schema_release_markdown,
+    schema_release_summary,
+)
 from dpsynth.rundir import write_bytes_atomic
 
 TABLE_METRICS = ("accuracy", "roc_auc")
@@ -93,57 +103,6 @@ def check_columns(raw: RawTable, schema: Schema) -> None:
         )
 
 
-def _checked_manifest_privacy(
-    manifest: dict[str, Any],
-    synthetic: Path,
-    ledger_path: str | os.PathLike[str] | None,
-    warnings_list: list[str],
-) -> str | None:
-    """The privacy statement of a sampled CSV, re-derived from the ledger spend its manifest
-    names (`--ledger`, else the ledger the manifest records), or None with a warning when that
-    ledger does not hold the spend: a manifest's own words are never repeated unchecked. A
-    sample of an unfinished run (a partial release, or a spend not completed) says so."""
-    if not manifest.get("privacy"):
-        return None
-    source = manifest.get("privacy_source")
-    source = source if isinstance(source, dict) else {}
-    seq, digest = source.get("ledger_seq"), source.get("ledger_hash")
-    path = ledger_path or source.get("ledger")
-    spend = None
-    if path and isinstance(seq, int) and not isinstance(seq, bool):
-        try:
-            candidate = Ledger(path).spend(seq)
-        except DpsynthError:
-            candidate = None
-        if (
-            candidate is not None
-            and candidate.get("hash") == digest
-            and candidate.get("run_id") == manifest.get("run_id")
-        ):
-            spend = candidate
-    if spend is None:
-        warnings_list.append(
-            f"{synthetic.name}: its manifest's privacy statement names ledger entry {seq}, "
-            f"which {path or 'no ledger'} does not hold as run {manifest.get('run_id')}'s spend: "
-            "the statement is not reported (pass --ledger with the run's own ledger)"
-        )
-        return None
-    from dpsynth.sampling.trained_run import unfinished_note
-
-    statement = str(privacy_statement(spend)["statement"])
-    note = unfinished_note(manifest, spend.get("status"))
-    return f"{statement}; {note}" if note else statement
-
-
-def _manifest(path: Path) -> dict[str, Any]:
-    sidecar = path.with_name(path.name + ".manifest.json")
-    try:
-        obj = json.loads(sidecar.read_text())
-    except (OSError, ValueError):
-        return {}
-    return obj if isinstance(obj, dict) else {}
-
-
 def _real_table(spec: str, schema: Schema | None) -> tuple[RawTable, Schema, str, str]:
     raw, parsed, bundled = read_table(spec, schema)
     chosen = schema or bundled
@@ -176,7 +135,7 @@ def run_table_evaluation(
     if seeds < 1:
         raise UsageError(f"{{seeds}} must be at least 1, got {seeds}", parameter="seeds")
     if report_dir is not None:
-        check_report_dir(Path(report_dir))
+        check_table_report_dir(Path(report_dir))
     synth_path = Path(synthetic)
     if synth_path.is_dir():
         raise UsageError(
@@ -184,7 +143,7 @@ def run_table_evaluation(
             "FILE.csv` (or FILE.parquet)",
             parameter="synthetic",
         )
-    manifest = _manifest(synth_path)
+    manifest = read_manifest(synth_path)
     schema = None
     if schema_path is not None:
         schema = read_schema(schema_path)
@@ -272,10 +231,11 @@ def run_table_evaluation(
         "metrics": result_metrics,
         "seeds": seeds,
         "provenance": provenance,
+        "schema_release": schema_release_summary(manifest),
         "warnings": warnings_list,
         "report_dir": None,
     }
-    privacy = _checked_manifest_privacy(manifest, synth_path, ledger_path, warnings_list)
+    privacy = checked_manifest_privacy(manifest, synth_path, ledger_path, warnings_list)
     if privacy is not None:
         result["privacy"] = privacy
     reasons = []
@@ -293,7 +253,17 @@ def run_table_evaluation(
         folder = Path(report_dir)
         folder.mkdir(parents=True, exist_ok=True)
         result["report_dir"] = str(folder)
-        result["report_files"] = {"json": "report.json", "markdown": "report.md"}
+        figures = write_table_figures(folder, synth_raw, raw_real, schema)
+        result["report_files"] = {"json": "report.json", "markdown": "report.md"} | {
+            "columns": figures["columns"],
+            **({"association": figures["association"]["file"]} if "association" in figures else {}),
+        }
+        result["figures"] = figures
+        if real_kind != "builtin":
+            reasons.append(
+                "the report's figures: distributions and pairwise associations of the real "
+                "held-out rows, computed without DP"
+            )
         data = json.dumps(result, indent=2, ensure_ascii=False).encode() + b"\n"
         write_bytes_atomic(folder / "report.json", data)
         write_bytes_atomic(folder / "report.md", render_table_markdown(result).encode())
@@ -393,4 +363,7 @@ def render_table_markdown(result: dict[str, Any]) -> str:
         per_column = found["one_way"]["per_column"]
         lines += [f"| {name} | {value:.4f} |" for name, value in per_column.items()]
         lines.append("")
+    if result.get("figures"):
+        lines += figure_markdown(result["figures"])
+    lines += schema_release_markdown(result["schema_release"])
     return "\n".join(lines)
