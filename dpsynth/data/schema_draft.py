@@ -3,8 +3,9 @@
 Every entry read off the data is marked `"source": "data (not private: review or replace)"`:
 the draft is a starting point, not a public declaration. Per column, in this order:
 - no value at all → `ignored`;
-- numbers: integers with at most DRAFT_MAX_INTEGER_LEVELS values → categorical codes;
-  identifiers (below) → `id`; other integers → `integer`; other numbers → `numeric` with the
+- numbers: identifiers (below) → `id`; other whole numbers → `integer`, however few their
+  values (a count's rare values then merge into the nearest bin, never '(other)', and one row
+  does not flip the type); other numbers → `numeric` with the
   precision (`decimals`) the file writes; integers that are all HHMM times of day, some past
   01:00, in a column named for a time (`dep_time`) → `integer` with `"clock": "hhmm"`
   (minutes since midnight inside, `dpsynth.data.clock`). Empty cells (and the usual
@@ -48,8 +49,6 @@ from dpsynth.data.timecols import guess_time_format, is_date_format, time_second
 from dpsynth.data.units import UnitSummary, identifier_reason, summarise_sizes, unit_remark
 from dpsynth.errors import DataError, UsageError
 
-# Integer columns with at most this many distinct values are drafted as categorical (codes).
-DRAFT_MAX_INTEGER_LEVELS = 10
 # A category list may hold at most max(N / LONG_LIST_DIVISOR, SHORT_LIST) values before the
 # draft shortens it (and `train --schema-public` refuses a longer one read off the data).
 LONG_LIST_DIVISOR = 20
@@ -145,13 +144,9 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
     numbers = _numbers(distinct)
     if numbers is not None:
         integral = bool(np.all(numbers == np.round(numbers)))
-        if integral and len(distinct) <= DRAFT_MAX_INTEGER_LEVELS:
-            # codes: the missing tokens stay categories, as the file spells them
-            ordered = sorted(distinct, key=lambda v: (float(v), v))
-            ordered = sorted({str(v) for v in strings[missing_mask]}) + ordered
-            return DraftedColumn(
-                Column(name, "categorical", categories=tuple(ordered), source=DATA_SOURCE)
-            )
+        # Whole numbers stay numbers, however few their values: as a category list, a count's
+        # rare values became '(other)' text in a number column, and one row with an eleventh
+        # value flipped the type. A code list the owner wants as categories is retyped.
         if integral:
             sizes = counts.to_numpy(np.int64)
             reason = identifier_reason(name, sizes, numbers, rows, long_list_cap(rows))

@@ -134,9 +134,9 @@ def test_measurements_stay_numbers() -> None:
     }
     kinds = {name: _kind(name, values) for name, values in numbers.items()}
     assert kinds == {name: "integer" for name in numbers}, kinds
-    # a name alone is not enough for a handful of values
-    assert _kind("center_id", rng.integers(1, 6, n)) == "categorical"
-    assert _kind("has_id", rng.integers(0, 2, n)) == "categorical"
+    # a name alone is not enough for a handful of values (whole numbers stay numbers)
+    assert _kind("center_id", rng.integers(1, 6, n)) == "integer"
+    assert _kind("has_id", rng.integers(0, 2, n)) == "integer"
     assert _kind("site_id", rng.integers(1, 61, n)) == "integer"
     # nearly unique whole numbers with no telling name may be amounts (as before)
     assert _kind("n", np.arange(30)) == "integer"

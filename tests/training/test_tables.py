@@ -138,7 +138,7 @@ def test_draft_marks_every_data_derived_entry(tmp_path: Path) -> None:
     drafted = json.loads(result.stdout)
     kinds = {c["name"]: c["type"] for c in drafted["columns"]}
     assert kinds == {
-        "age": "categorical",  # 4 distinct integers: drafted as codes
+        "age": "integer",  # 4 distinct whole numbers: still a number, never '(other)' text
         "job": "categorical",
         "city": "categorical",
         "score": "numeric",
