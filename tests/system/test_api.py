@@ -95,6 +95,24 @@ def test_synthesizer_fits_a_dataframe_and_samples_one(tmp_path: Path, one_torch_
     assert spec.startswith("csv:") and not Path(spec.removeprefix("csv:")).exists()
 
 
+def test_synthesizer_takes_a_privacy_unit(tmp_path: Path, one_torch_thread) -> None:
+    frame = pd.read_csv(TABLES_DIR / "german_credit.csv", dtype=str)
+    people = np.repeat(np.arange(len(frame)), 3)[: len(frame)]  # three rows a customer
+    frame.insert(0, "customer_id", people.astype(str))
+    schema = read_schema(TABLES_DIR / "german_credit.schema.json").to_json()
+    schema["columns"].insert(0, {"name": "customer_id", "type": "id"})
+    synth = Synthesizer.create(
+        "mst", epsilon=5.0, preset="tiny", ledger=tmp_path / "ledger.jsonl", device="cpu",
+        privacy_unit="customer_id", max_rows_per_unit=2,
+    )  # fmt: skip
+    rows = synth.fit(frame, schema=schema).sample(300)
+    assert synth.result.summary["privacy_unit"]["max_rows_per_unit"] == 2
+    spend = Ledger(tmp_path / "ledger.jsonl").spend(synth.privacy.ledger_seq)
+    assert spend["privacy_unit"] == {"column": "customer_id", "max_rows_per_unit": 2}
+    sizes = rows.groupby("customer_id").size()
+    assert sizes.max() <= 2 and not set(rows["customer_id"]) & set(frame["customer_id"])
+
+
 def test_a_dataframe_without_a_schema_is_refused_before_any_spend(tmp_path: Path) -> None:
     frame = pd.DataFrame({"age": [30, 41, 52, 63], "label": ["a", "b", "a", "b"]})
     ledger = tmp_path / "ledger.jsonl"
