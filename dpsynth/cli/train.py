@@ -328,6 +328,8 @@ def train(
         if release.get("class_weights"):
             shares = ", ".join(f"{w:.3g}" for w in release["class_weights"]["weights"])
             parts.append(f"class weights ({shares})")
+        if release.get("unit_sizes"):
+            parts.append("rows per unit")
         default = (
             f"; the default, {release['default_share']:.0%} of --epsilon: --schema-epsilon E "
             "sets it, --schema-public declares the entries public instead"

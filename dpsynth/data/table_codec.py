@@ -243,6 +243,7 @@ class TableData:
     # a privacy unit: its column and the most rows a unit kept (the rows here are bounded)
     unit: str | None = None
     rows_per_unit: int = 1
+    unit_codes: torch.Tensor | None = field(default=None, repr=False)  # each row's unit index
 
     def __post_init__(self) -> None:
         if not self.dataset_id:

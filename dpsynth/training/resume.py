@@ -21,7 +21,7 @@ from dpsynth.ledger.anchors import SpendAnchor, verified_spend
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting.plan import PrivacyPlan
 from dpsynth.privacy.accounting.plan_check import check_plan_parameters
-from dpsynth.privacy.mechanisms.poisson import PoissonSampler
+from dpsynth.privacy.mechanisms.poisson import batch_sampler
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from dpsynth.rundir import RunDir
 from dpsynth.training.data import (
@@ -34,6 +34,7 @@ from dpsynth.training.data import (
 from dpsynth.training.public import check_resume_spec, needs_reload, reload_public
 from dpsynth.training.session import Session, central_generator
 from dpsynth.training.summary import run_summary
+from dpsynth.training.table_units import unit_rows
 
 
 def recorded_ledger(run: RunDir) -> Path:
@@ -115,7 +116,9 @@ def resume_run(
     )
     if isinstance(records, TableSource):
         attach_source(trainer, records, backend.name)
-    sampler = PoissonSampler(records.n, plan.sampling_rate, randomness.generator("loop/batches"))
+    sampler = batch_sampler(
+        records.n, plan.sampling_rate, randomness.generator("loop/batches"), unit_rows(records)
+    )
     central_rng = central_generator(plan, randomness)
     start = 0
     restored = None
@@ -170,7 +173,9 @@ def join_run(start: Mapping[str, Any], device: torch.device) -> Session:
     trainer = backend.trainer(
         info, run_config["config"], plan, device, run_config["seed"], randomness
     )
-    sampler = PoissonSampler(records.n, plan.sampling_rate, randomness.generator("loop/batches"))
+    sampler = batch_sampler(
+        records.n, plan.sampling_rate, randomness.generator("loop/batches"), unit_rows(records)
+    )
     central_rng = central_generator(plan, randomness)
     if start["tensors"] is not None:
         trainer.load_state_tensors(start["tensors"])

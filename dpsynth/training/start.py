@@ -38,7 +38,7 @@ from dpsynth.methods.recommend import AUTO, recommend_method, resolve_preset
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting.calibration import default_delta
 from dpsynth.privacy.accounting.plan import PrivacyTarget
-from dpsynth.privacy.mechanisms.poisson import PoissonSampler
+from dpsynth.privacy.mechanisms.poisson import batch_sampler
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from dpsynth.rundir import RunDir
 from dpsynth.training.data import (
@@ -59,6 +59,7 @@ from dpsynth.training.table_units import (
     table_fingerprint,
     unit_bound,
     unit_record,
+    unit_rows,
 )
 
 
@@ -161,8 +162,8 @@ def start_run(
     plan = backend.plan(info, target, config, prior)
     try:
         trainer = backend.trainer(info, config, plan, torch_device, seed, randomness)
-        sampler = PoissonSampler(
-            records.n, plan.sampling_rate, randomness.generator("loop/batches")
+        sampler = batch_sampler(
+            records.n, plan.sampling_rate, randomness.generator("loop/batches"), unit_rows(records)
         )
         central_rng = central_generator(plan, randomness)
         trainer.preflight()

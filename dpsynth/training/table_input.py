@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
+
 from dpsynth.data.csvtable import RawTable
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Schema
 from dpsynth.data.table_codec import TableData, encode_table, table_content_digest
 from dpsynth.privacy.accounting.events import DpEvent
-from dpsynth.privacy.mechanisms.contribution import UnitBound
+from dpsynth.privacy.mechanisms.contribution import UnitBound, unit_indices
 from dpsynth.privacy.mechanisms.histograms import ClassWeightsPlan
 from dpsynth.privacy.releases.schema_release import SchemaReleasePlan
 from dpsynth.privacy.releases.unit_sizes import UnitSizesPlan
@@ -63,4 +65,7 @@ class TableInput:
             content_digest=table_content_digest(self.raw, schema),
             unit=self.unit.column if self.unit else None,
             rows_per_unit=self.unit.max_rows if self.unit else 1,
+            unit_codes=(
+                torch.from_numpy(unit_indices(rows.column(self.unit.column))) if self.unit else None
+            ),
         )

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from dpsynth.data.column_values import missing_mask, table_content_digest
 from dpsynth.data.csvtable import RawTable
@@ -30,6 +31,7 @@ from dpsynth.privacy.mechanisms.contribution import (
     UnitBound,
     bound_contributions,
     rows_per_unit,
+    unit_indices,
 )
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
@@ -214,4 +216,20 @@ def load_bounded_table(
         content_digest=digest,
         unit=bound.column if bound else None,
         rows_per_unit=bound.max_rows if bound else 1,
+        unit_codes=unit_codes(raw, bound),
     )
+
+
+def unit_rows(records: object) -> torch.Tensor | None:
+    """Each row's unit index, for the loop's Poisson sampling of units, when a table keeps
+    more than one row a unit (None: rows are sampled, each its own unit)."""
+    if not isinstance(records, TableData) or records.rows_per_unit <= 1:
+        return None
+    return records.unit_codes
+
+
+def unit_codes(raw: RawTable, unit: UnitBound | None) -> torch.Tensor | None:
+    """Each row's unit as an index 0 … U − 1 (None without a unit)."""
+    if unit is None:
+        return None
+    return torch.from_numpy(unit_indices(raw.column(unit.column)))

@@ -182,20 +182,30 @@ def run_case(method_name: str, modality: str, overrides: Mapping[str, Any], step
     )
 
 
+# /proc/cpuinfo names every EPYC "AMD EPYC": two of them have run these cases, one with the
+# table above and one (family 23, model 49, 2026-12-05, at `4de8e03` and after) bit-identical
+# to the Xeon's. So a CPU model may have several recorded tables; a run must equal one of them.
+TABLES_BY_CPU: dict[str, list[dict[str, tuple[str, str, str]]]] = {
+    "Intel(R) Xeon(R) Processor": [EXPECTED_BY_CPU["Intel(R) Xeon(R) Processor"]],
+    "AMD EPYC": [EXPECTED_BY_CPU["AMD EPYC"], EXPECTED_BY_CPU["Intel(R) Xeon(R) Processor"]],
+}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_backend_releases_are_bit_identical(case, one_torch_thread):
     if (torch.__version__, platform.machine()) != RECORDED_ON:
         pytest.skip(f"hashes recorded with torch {RECORDED_ON[0]} on {RECORDED_ON[1]}")
-    expected = EXPECTED_BY_CPU.get(cpu_model())
-    if expected is None:
+    tables = TABLES_BY_CPU.get(cpu_model())
+    if tables is None:
         pytest.skip(f"no hashes recorded on this CPU ({cpu_model()})")
     name, method_name, modality, overrides, steps = case
-    assert run_case(method_name, modality, overrides, steps) == expected[name]
+    assert run_case(method_name, modality, overrides, steps) in {t[name] for t in tables}
 
 
 def test_every_cpus_table_covers_every_case():
     for table in EXPECTED_BY_CPU.values():
         assert set(table) == {case[0] for case in CASES}
+    assert set(TABLES_BY_CPU) == set(EXPECTED_BY_CPU)
 
 
 if __name__ == "__main__":

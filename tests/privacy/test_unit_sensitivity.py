@@ -207,3 +207,75 @@ def test_unit_sizes_histogram_moves_one_bin_by_one_per_unit() -> None:
     assert len(shares) == 3 and sum(shares) == pytest.approx(1.0)
     with pytest.raises(ValueError):
         size_counts(np.array([4]), 3)  # rows must be bounded first
+
+
+# ------------------------------------------------------------------ user-level DP-SGD
+
+
+def test_units_are_sampled_whole_at_rate_q() -> None:
+    from dpsynth.privacy.mechanisms.poisson import UnitPoissonSampler
+
+    units = torch.tensor([0, 1, 1, 2, 2, 2, 3, 0, 3, 3])
+    sampler = UnitPoissonSampler(units, 0.3, _generator(0))
+    seen = np.zeros(4)
+    trials = 4000
+    for _ in range(trials):
+        rows = sampler.next()
+        drawn = set(units[rows].tolist())
+        for unit in drawn:  # every row of a drawn unit, none of the others
+            assert set(torch.nonzero(units == unit).flatten().tolist()) <= set(rows.tolist())
+        assert set(units[rows].tolist()) == drawn and len(rows) == sum(
+            int((units == u).sum()) for u in drawn
+        )
+        seen[list(drawn)] += 1
+    assert np.abs(seen / trials - 0.3).max() < 0.03
+
+
+def test_dp_sgd_clips_each_row_to_c_over_k_so_a_unit_moves_the_sum_by_c() -> None:
+    from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
+
+    k, c, sigma = 3, 1.0, 2.0
+    net = torch.nn.Linear(4, 1)
+
+    def loss(params, buffers, x):  # one record's loss, huge gradients
+        return 1e3 * torch.func.functional_call(net, (params, buffers), (x,)).sum()
+
+    # as rdpgan's trainer builds it for a unit of K rows
+    gradient = PrivateGradient(
+        net, loss, noise_multiplier=sigma * k, max_grad_norm=c / k,
+        expected_batch_size=1.0, generator=_generator(0), private=True, grad_mode="vmap",
+    )  # fmt: skip
+    assert gradient.noise_std == pytest.approx(sigma * c)  # σ·C, as the plan's event
+    unit = torch.randn(k, 4) * 10  # one unit's K rows
+    gradient.noise_multiplier = 0.0  # the clipped sum alone
+    gradient.compute(unit)
+    norm = torch.sqrt(sum((p.grad**2).sum() for p in net.parameters()))
+    assert norm <= c + 1e-6  # K rows of C / K each: at most C
+
+
+def test_dpkernel_scales_its_sum_sensitivity_by_k(monkeypatch) -> None:
+    import dpsynth.methods.dpkernel.trainer as trainer_module
+
+    seen: list[float] = []
+    original = trainer_module.privatize_embedding_gradient
+
+    def spy(*args, **kwargs):
+        seen.append(float(kwargs["sum_sensitivity"]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "privatize_embedding_gradient", spy)
+    from dataclasses import replace
+
+    from dpsynth.data.sources import load_table
+    from dpsynth.methods.registry import get_method
+    from dpsynth.privacy.accounting.plan import PrivacyTarget
+
+    table = load_table("german-credit")
+    for k in (1, 3):
+        info = replace(table.info(""), unit="customer", rows_per_unit=k)
+        method = get_method("dpkernel")
+        config = method.config("tiny", {}, info)
+        plan = method.plan(info, PrivacyTarget(5.0, 1e-5), config, ())
+        trainer = method.trainer(info, config, plan, torch.device("cpu"), 0, PrivateRandomness(1))
+        trainer.step(table.x[:32], table.y[:32])
+    assert seen[1] == pytest.approx(3 * seen[0])

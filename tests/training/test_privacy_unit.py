@@ -195,7 +195,7 @@ def test_a_unit_column_with_empty_cells_exits_2(tmp_path: Path) -> None:
     assert "empty cell" in result.output and _spends(tmp_path) == []
 
 
-def test_units_on_a_builtin_table_images_or_dp_sgd_exit_2(tmp_path: Path) -> None:
+def test_units_on_a_builtin_table_or_images_exit_2(tmp_path: Path) -> None:
     ledger = ["--ledger", str(tmp_path / "ledger.jsonl"), "--device", "cpu"]
     builtin = runner.invoke(
         app,
@@ -237,13 +237,6 @@ def test_units_on_a_builtin_table_images_or_dp_sgd_exit_2(tmp_path: Path) -> Non
         ],
     )
     assert images.exit_code == 2 and "holds no person" in images.output
-    data = tmp_path / "visits.csv"
-    _write_people(data, people=120)
-    schema = _schema(tmp_path, data)
-    args = ["train", "--method", "dpkernel", "--data", f"csv:{data}", "--schema", str(schema)]
-    args += ["--epsilon", "5", "--out", str(tmp_path / "c"), "--preset", "tiny", *ledger]
-    dpsgd = runner.invoke(app, [*args, "--privacy-unit", "subject_id", "--max-rows-per-unit", "3"])
-    assert dpsgd.exit_code == 2 and "clips per row" in dpsgd.output
     assert _spends(tmp_path) == []
 
 
@@ -278,3 +271,22 @@ def test_a_partitioned_release_groups_people_within_each_partition(unit_run) -> 
     sizes = pd.concat(frames).groupby("subject_id").size()
     assert sizes.max() <= K and (sizes > 1).any()
     assert not set(unit_run["real"]["subject_id"].astype(str)) & (keys[0] | keys[1])
+
+
+@pytest.mark.parametrize("method", ["dpkernel", "rdpgan"])
+def test_the_dp_sgd_table_backends_sample_people_and_scale_for_k_rows(
+    tmp_path: Path, method: str
+) -> None:
+    data = tmp_path / "visits.csv"
+    _write_people(data, people=300)
+    schema = _schema(tmp_path, data)
+    args = ["train", "--method", method, "--data", f"csv:{data}", "--schema", str(schema)]
+    args += ["--epsilon", "5", "--out", str(tmp_path / "run"), "--preset", "tiny", "--json"]
+    args += ["--ledger", str(tmp_path / "ledger.jsonl"), "--device", "cpu"]
+    trained = runner.invoke(
+        app, [*args, "--privacy-unit", "subject_id", "--max-rows-per-unit", "3"]
+    )
+    assert trained.exit_code == 0, trained.output
+    summary = json.loads(trained.stdout[trained.stdout.index("{") :])
+    assert summary["privacy_unit"]["max_rows_per_unit"] == 3
+    assert all(s["privacy_unit"]["max_rows_per_unit"] == 3 for s in _spends(tmp_path))

@@ -51,6 +51,9 @@ class DPKernelMethod(StagedMethod):
     table_presets = TABLE_PRESETS
     public_presets = frozenset({"mnist-eps1-public"})
     modalities = ("image", "table")
+    # tables with a privacy unit of K rows: the loop samples units, and the read is scaled for
+    # K rows (images take K = 1 only: their stages are not scaled)
+    supports_privacy_unit = True
     # `dpsynth audit` runs the functional mechanism (privacy/mechanisms/functional.py), not DP-SGD.
     audit_mechanism = "functional"
     description = (

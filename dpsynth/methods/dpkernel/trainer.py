@@ -124,7 +124,8 @@ class DPKernelTrainer(StagedTrainer):
                 dev_labels,
                 self.bandwidths,
                 noise_multiplier=self.plan.noise_multiplier,
-                sum_sensitivity=self.plan.max_grad_norm,
+                # a privacy unit's K rows (tables, units sampled together) move the sum K times
+                sum_sensitivity=self.plan.max_grad_norm * self.info.rows_per_unit,
                 normalizer=self.normalizer,
                 generator=self.rng,
                 jitter=float(self.config["jitter"]),

@@ -64,6 +64,9 @@ class RDPGANMethod(StagedMethod):
     generator_class = RDPGANGenerator
     table_presets = TABLE_PRESETS
     modalities = ("image", "table")
+    # tables with a privacy unit of K rows: the loop samples units, and the read is scaled for
+    # K rows (images take K = 1 only: their stages are not scaled)
+    supports_privacy_unit = True
     table_advice = (
         "rdpgan is kept on tables for comparison only: its 2-way marginals are 0.47–0.82 from "
         "the real ones on german-credit and census, against 0.04–0.16 for mst and aim, and its "

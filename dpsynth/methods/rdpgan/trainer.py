@@ -75,11 +75,15 @@ class RDPGANTrainer(StagedTrainer):
         self.rng_noise = randomness.generator("rdpgan/noise", self.device)
         self.rng_latents = randomness.generator("rdpgan/latents", self.device)
         self.start_stages(randomness)
+        # A privacy unit of K rows (tables): each row is clipped to C / K, so a unit's rows
+        # move the sum by at most C, and the noise stays σ·C (multiplier K·σ at C / K); the
+        # loop samples units (`UnitPoissonSampler`). K = 1: the per-row mechanism.
+        self.unit_rows = int(info.rows_per_unit)
         self.private_d = PrivateGradient(
             self.net_d,
             self._real_loss,
-            noise_multiplier=self.sigmas[0] if plan.private else 0.0,
-            max_grad_norm=float(plan.max_grad_norm) if plan.private else 1.0,
+            noise_multiplier=self.sigmas[0] * self.unit_rows if plan.private else 0.0,
+            max_grad_norm=float(plan.max_grad_norm) / self.unit_rows if plan.private else 1.0,
             expected_batch_size=float(plan.expected_batch_size),
             generator=self.rng_noise,
             private=plan.private,
@@ -130,7 +134,7 @@ class RDPGANTrainer(StagedTrainer):
     def discriminator_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One D step: DP-SGD gradient of the real term plus the exact fake-term gradient."""
         sigma = self.sigma_at(self.steps_done)
-        self.private_d.noise_multiplier = sigma
+        self.private_d.noise_multiplier = sigma * self.unit_rows
         self.opt_d.zero_grad(set_to_none=True)
         stats = self.private_d.compute(x, one_hot_labels(y, self.num_classes))
         real_grads = {n: p.grad for n, p in self.net_d.named_parameters()}

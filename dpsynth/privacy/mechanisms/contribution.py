@@ -80,6 +80,11 @@ def rows_per_unit(units: np.ndarray) -> np.ndarray:
     return np.bincount(codes, minlength=count).astype(np.int64)
 
 
+def unit_indices(units: np.ndarray) -> np.ndarray:
+    """Each row's unit as an index 0 … U − 1 (int64; equal values, equal indices)."""
+    return _factorize(np.asarray(units, dtype=object))[0]
+
+
 def _factorize(values: np.ndarray) -> tuple[np.ndarray, int]:
     """Integer codes of `values` (equal strings, equal codes) and the number of distinct ones."""
     uniques, codes = np.unique(values.astype(str), return_inverse=True)
