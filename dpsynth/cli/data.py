@@ -18,6 +18,7 @@ from dpsynth.cli.app import (
     resolve_ledger_path,
 )
 from dpsynth.cli.render import emit_json, print_kv, print_remarks, print_rows, stdout
+from dpsynth.errors import UsageError
 
 if TYPE_CHECKING:
     from dpsynth.data.schema import Schema
@@ -133,6 +134,13 @@ def data_schema(
     target: Annotated[
         str | None, typer.Option(help="The target (label) column [default: the last one].")
     ] = None,
+    epsilon: Annotated[
+        float,
+        typer.Option(
+            help="The --epsilon you plan to train at: the notes say which columns its default "
+            "DP schema release (a quarter of it) would lose, and what keeps them."
+        ),
+    ] = 1.0,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -158,6 +166,7 @@ def data_schema(
         )
     if not sampled:  # a sample's size is not the table's: a large table needs no remark
         remarks += _release_remark(drafted, raw.n)
+        remarks += _losses(raw, drafted, epsilon)
     # The draft is JSON either way (for `> schema.json`); --json is accepted for uniformity.
     del as_json
     print_remarks(remarks)
@@ -185,3 +194,21 @@ def _release_remark(drafted: Schema, rows: int) -> list[str]:
         "it by default and refuses a release too small to keep much): declare the entries "
         "you know from public sources (category lists, min and max) to spend less"
     ]
+
+
+def _losses(raw: object, drafted: Schema, epsilon: float) -> list[str]:
+    """The columns the default release at `epsilon` would lose (terminal only), headed."""
+    from dpsynth.training.schema_foresight import losses_at
+
+    if not (epsilon > 0 and epsilon != float("inf")):
+        raise UsageError(
+            f"{{epsilon}} must be a positive number, got {epsilon}", parameter="epsilon"
+        )
+    lines = losses_at(raw, drafted, epsilon)  # type: ignore[arg-type]
+    if not lines:
+        return []
+    head = (
+        f"at --epsilon {epsilon:g} the default DP schema release ({0.25 * epsilon:.3g}) would "
+        f"lose {len(lines)} column(s) (counted on your rows, shown only here):"
+    )
+    return [head, *lines]

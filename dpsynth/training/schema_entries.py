@@ -63,7 +63,8 @@ def release_columns(schema: Schema) -> ReleaseColumns:
     )
 
 
-def _spec(column: Column) -> NumberSpec:
+def number_spec(column: Column) -> NumberSpec:
+    """What the release needs of a number or time column (its kind; decimals for floats)."""
     return NumberSpec(column.type, decimals=column.type == "numeric")
 
 
@@ -78,7 +79,7 @@ def plan_release(
         delta,
         rows,
         len(columns.categorical),
-        {c.name: _spec(c) for c in columns.numbers},
+        {c.name: number_spec(c) for c in columns.numbers},
         len(columns.booleans),
         unit_rows=unit_rows,
         target=any(c.name == schema.target for c in columns.categorical),
@@ -112,7 +113,7 @@ def _advised_epsilon(
         delta,
         rows,
         len(columns.categorical),
-        {c.name: _spec(c) for c in columns.numbers},
+        {c.name: number_spec(c) for c in columns.numbers},
         len(columns.booleans),
         unit_rows,
         target,
@@ -125,7 +126,7 @@ def check_reach(
     """UsageError when the planned release could keep hardly anything of some kind of column
     at this size (public facts only: nothing is read or spent). `default_share`: the share of the
     run's ε the release takes by default (None: the user gave its ε)."""
-    specs = {c.name: _spec(c) for c in columns.numbers}
+    specs = {c.name: number_spec(c) for c in columns.numbers}
     reach = release_reach(plan, len(columns.categorical), specs)
     rows = plan.rows
     lost = []
@@ -187,7 +188,7 @@ def apply_release(
     numbers = {c.name: column_numbers(raw, c, lenient=True) for c in columns.numbers}
     categories, ranges = release_ranges(
         {c.name: raw.column(c.name) for c in columns.categorical},
-        {c.name: (numbers[c.name], _spec(c)) for c in columns.numbers},
+        {c.name: (numbers[c.name], number_spec(c)) for c in columns.numbers},
         plan,
         generator,
         target=schema.target if plan.target_noise_std is not None else None,
@@ -195,7 +196,7 @@ def apply_release(
     found = {name: r for name, r in ranges.items() if r is not None}
     shapes = release_shapes(
         {
-            c.name: (numbers[c.name], raw.column(c.name), _spec(c), found[c.name])
+            c.name: (numbers[c.name], raw.column(c.name), number_spec(c), found[c.name])
             for c in columns.numbers
             if c.name in found
         },

@@ -1,0 +1,51 @@
+"""`dpsynth data schema --epsilon E` says before any spend which columns the default DP schema
+release would lose, on the terminal only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from typer.testing import CliRunner
+
+from dpsynth.cli import app
+
+runner = CliRunner()
+
+
+def _table(path: Path, rows: int = 2000) -> None:
+    rng = np.random.default_rng(0)
+    pd.DataFrame(
+        {
+            # 200 codes of about 10 rows each: no value clears the threshold at small ε
+            "ward": rng.choice([f"W{i:03d}" for i in range(200)], rows),
+            "sex": rng.choice(["F", "M"], rows),
+            "age": rng.integers(18, 90, rows),
+            "label": rng.choice(["a", "b"], rows),
+        }
+    ).to_csv(path, index=False)
+
+
+def test_the_columns_a_small_epsilon_would_lose_are_named_on_stderr_only(tmp_path: Path) -> None:
+    data = tmp_path / "t.csv"
+    _table(data)
+    low = runner.invoke(
+        app, ["data", "schema", f"csv:{data}", "--target", "label", "--epsilon", "1"]
+    )
+    assert low.exit_code == 0, low.output
+    lost = [
+        line
+        for line in low.stderr.splitlines()
+        if "would lose" in line or "--schema-epsilon" in line
+    ]
+    assert any("would lose" in line for line in lost)
+    assert any(line.startswith("note: ward: none of its 200 values") for line in lost)
+    assert not any(line.startswith("note: sex:") for line in lost)  # its values clear
+    assert "would lose" not in low.stdout  # the schema JSON holds no count
+    high = runner.invoke(
+        app, ["data", "schema", f"csv:{data}", "--target", "label", "--epsilon", "400"]
+    )
+    assert high.exit_code == 0 and "would lose" not in high.stderr
+    bad = runner.invoke(app, ["data", "schema", f"csv:{data}", "--epsilon", "0"])
+    assert bad.exit_code == 2
