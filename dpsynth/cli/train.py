@@ -343,6 +343,8 @@ def train(
                 f"(ledger seq {release['ledger_seq']}{default})",
             )
         )
+        # what the release kept, merged or dropped, one line a column
+        rows.extend(("  released", line) for line in release.get("columns", ()))
     if result.get("public"):
         used = result["public"]
         labels = "labelled" if used["labelled"] else "unlabelled"

@@ -20,8 +20,7 @@ from dpsynth.data.column_values import RELEASED_PREFIX
 from dpsynth.errors import DpsynthError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import privacy_statement
-
-_SHOWN = 6
+from dpsynth.training.release_notes import describe_released
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -91,46 +90,8 @@ def _run_config(manifest: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str
     return config, str(path)
 
 
-def _number(value: Any) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
 def _short_number(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, int | float) else "not recorded"
-
-
-def _listed(values: list[str]) -> str:
-    return ", ".join(values[:_SHOWN]) + (", …" if len(values) > _SHOWN else "")
-
-
-def _released_what(entry: Mapping[str, Any], target: str, warnings: list[str]) -> str:
-    """What the release kept of one released column."""
-    name, kind = str(entry.get("name")), entry.get("type")
-    if kind == "ignored":
-        prefix = f"column {name!r}: "
-        why = next((w for w in warnings if w.startswith(prefix)), None)
-        return "dropped: " + (why[len(prefix) :] if why else "no range cleared the noise")
-    if kind == "categorical":
-        categories = [str(c) for c in entry.get("categories", [])]
-        other = entry.get("other")
-        kept = [c for c in categories if c != other]
-        if name == target:
-            return f"label set {_listed(kept)}; rows of another label are left out"
-        if not kept:
-            return f"no category cleared the threshold: every value is {other}"
-        rest = f"; the rest becomes {other}" if other is not None else ""
-        return f"kept {len(kept)} categor{'y' if len(kept) == 1 else 'ies'} ({_listed(kept)}){rest}"
-    missing = "with" if entry.get("missing") else "no"
-    if kind == "boolean":
-        return f"{missing} missing cells"
-    parts = [f"range [{_number(entry.get('min'))}, {_number(entry.get('max'))}]"]
-    edges = entry.get("edges")
-    if isinstance(edges, list) and len(edges) > 1:
-        parts.append(f"{len(edges) - 1} bins")
-    parts.append(f"{missing} missing cells")
-    if entry.get("decimals") is not None:
-        parts.append(f"{entry['decimals']} decimal(s)")
-    return ", ".join(parts)
 
 
 def _noise(entry: Mapping[str, Any], target: str, record: Mapping[str, Any]) -> str | None:
@@ -189,7 +150,7 @@ def schema_release_summary(manifest: Mapping[str, Any]) -> dict[str, Any]:
         name, kind = str(entry.get("name")), str(entry.get("type"))
         row: dict[str, Any] = {"column": name, "type": kind, "released": name in released}
         if name in released:
-            row["what"] = _released_what(entry, target, warnings)
+            row["what"] = describe_released(entry, target, warnings)
             row["noise_std"] = _noise(entry, target, record)
         else:
             row["what"] = {

@@ -36,6 +36,7 @@ from dpsynth.training.progress import (
     stop_callback,
 )
 from dpsynth.training.public import pretrain_public
+from dpsynth.training.release_notes import release_lines
 from dpsynth.training.session import Session, warm_start
 from dpsynth.training.summary import json_eps, json_stat, run_summary, write_preview
 
@@ -153,7 +154,9 @@ def run_loop(
         summary["engine"] = run_config["data"].get("engine", "memory")
         summary["passes"] = int(trainer.passes)
     if run_config.get("schema_release"):
-        summary["schema_release"] = run_config["schema_release"]
+        release = run_config["schema_release"]
+        lines = release_lines(run_config["data"].get("schema") or {}, release.get("warnings", ()))
+        summary["schema_release"] = {**release, "columns": lines}
     return summary
 
 

@@ -1,0 +1,61 @@
+"""What a DP schema release kept, merged or dropped, column by column, in words: for `train`'s
+output and the table report (`evaluate --report`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dpsynth.data.column_values import RELEASED_PREFIX
+
+_SHOWN = 6
+
+
+def _number(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _listed(values: list[str]) -> str:
+    return ", ".join(values[:_SHOWN]) + (", …" if len(values) > _SHOWN else "")
+
+
+def describe_released(entry: Mapping[str, Any], target: str, warnings: list[str]) -> str:
+    """What the DP schema release kept of one released column (its entry in the run's
+    schema JSON; `warnings`: the release's, which say why a number was dropped)."""
+    name, kind = str(entry.get("name")), entry.get("type")
+    if kind == "ignored":
+        prefix = f"column {name!r}: "
+        why = next((w for w in warnings if w.startswith(prefix)), None)
+        return "dropped: " + (why[len(prefix) :] if why else "no range cleared the noise")
+    if kind == "categorical":
+        categories = [str(c) for c in entry.get("categories", [])]
+        other = entry.get("other")
+        kept = [c for c in categories if c != other]
+        if name == target:
+            return f"label set {_listed(kept)}; rows of another label are left out"
+        if not kept:
+            return f"no category cleared the threshold: every value is {other}"
+        rest = f"; the rest becomes {other}" if other is not None else ""
+        return f"kept {len(kept)} categor{'y' if len(kept) == 1 else 'ies'} ({_listed(kept)}){rest}"
+    missing = "with" if entry.get("missing") else "no"
+    if kind == "boolean":
+        return f"{missing} missing cells"
+    parts = [f"range [{_number(entry.get('min'))}, {_number(entry.get('max'))}]"]
+    edges = entry.get("edges")
+    if isinstance(edges, list) and len(edges) > 1:
+        parts.append(f"{len(edges) - 1} bins")
+    parts.append(f"{missing} missing cells")
+    if entry.get("decimals") is not None:
+        parts.append(f"{entry['decimals']} decimal(s)")
+    return ", ".join(parts)
+
+
+def release_lines(schema: Mapping[str, Any], warnings: Sequence[str] = ()) -> list[str]:
+    """'COLUMN: what was released' for every column of the run's schema JSON that the DP
+    release wrote (its `source` says so), in the schema's order."""
+    target = str(schema.get("target"))
+    lines = []
+    for entry in schema.get("columns", []):
+        if isinstance(entry, dict) and str(entry.get("source", "")).startswith(RELEASED_PREFIX):
+            lines.append(f"{entry.get('name')}: {describe_released(entry, target, list(warnings))}")
+    return lines
