@@ -74,7 +74,8 @@ def _clears_in_windows(counts: np.ndarray, noise_std: float) -> bool:
         if width > len(counts):
             break
         sums = np.convolve(counts, np.ones(width), mode="valid")
-        if sums.max() > noise_std * math.sqrt(width) * float(norm.isf(FALSE_ALARM / len(sums))):
+        rate = FALSE_ALARM / 5 / len(sums)  # as `coarse_span` for times (the looser case)
+        if sums.max() > noise_std * math.sqrt(width) * float(norm.isf(rate)):
             return True
     return False
 

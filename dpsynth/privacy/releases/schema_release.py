@@ -253,8 +253,9 @@ def release_ranges(
             above = supported_bins(released, cut, plan.range_cut(spec.kind, alone=True))
         span = (int(above[0]), int(above[-1])) if len(above) else None
         if span is None and coarse is None and spec.kind not in ("datetime", "date"):
-            # rows spread too thin for any one bin: wider windows of the same noisy counts
-            coarse = coarse_span(released, plan.range_noise_std)
+            # rows spread too thin for any one bin: wider windows of the same noisy counts, at
+            # the strict rate of a bin alone (a false range on the numbers' grid is far off)
+            coarse = coarse_span(released, plan.range_noise_std, FALSE_ALONE)
         if coarse is not None:
             span = coarse if span is None else (min(span[0], coarse[0]), max(span[1], coarse[1]))
         if span is None:
