@@ -280,3 +280,36 @@ def test_german_credit_real_rows_score_near_the_sampling_floor(tmp_path: Path) -
     assert 0 < found["one_way"]["mean"] < found["two_way"]["mean"] < found["three_way"]["mean"]
     assert found["two_way"]["mean"] < 0.15
     assert found["other_share"] == {"synthetic": {}, "real": {}}
+
+
+def test_a_synthetic_number_column_written_empty_is_scored(tmp_path: Path) -> None:
+    """A column the release dropped is written empty; both classifiers still score (gradient
+    boosting's binning refused a column without any value)."""
+    schema = parse_schema(
+        {
+            "target": "label",
+            "columns": [
+                {"name": "x", "type": "numeric", "min": 0, "max": 100, "missing": True},
+                {"name": "c", "type": "categorical", "categories": ["a", "b", "c"]},
+                {"name": "label", "type": "categorical", "categories": ["no", "yes"]},
+            ],
+        },
+        "test schema",
+    )
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema.to_json()))
+    rng = np.random.default_rng(1)
+    header = ["x", "c", "label"]
+    real = [[f"{rng.uniform(0, 100):.1f}", str(rng.choice(["a", "b", "c"])), lab]
+            for lab in ["no", "yes"] * 40]  # fmt: skip
+    synth = [["", c, lab] for _, c, lab in real]
+    done = runner.invoke(
+        app,
+        ["evaluate", "--synthetic", str(write_csv(tmp_path / "s.csv", [header, *synth])),
+         "--real", f"csv:{write_csv(tmp_path / 'r.csv', [header, *real])}", "--schema",
+         str(path), "--metrics", "ml", "--seeds", "1", "--ledger", str(tmp_path / "l.jsonl"),
+         "--json"],
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    scores = json.loads(done.stdout)["metrics"]["classifiers"]
+    assert set(scores) == {"logreg", "gbm"}
