@@ -9,6 +9,7 @@ import typer
 
 from dpsynth.cli.app import DebugOpt, JsonOpt, app, handle_errors
 from dpsynth.cli.render import emit_json, print_kv
+from dpsynth.data.limits import fmt_bytes
 
 if TYPE_CHECKING:
     from dpsynth.evaluate.feature_cache import CacheContents
@@ -50,18 +51,11 @@ def cache_clear(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
 def _render(contents: CacheContents, title: str, what: str) -> None:
     """The folder and how many files and bytes (never the names: hashes of data digests)."""
     origin = "default" if contents.set_by == "default" else f"from ${contents.set_by}"
+    size = f"{contents.bytes:,} bytes"
+    if contents.bytes >= 1024:
+        size = f"{fmt_bytes(contents.bytes)}, {size}"
     rows: list[tuple[str, Any]] = [
         ("folder", f"{contents.folder} ({origin})"),
-        (what, f"{contents.count} ({_size(contents.bytes)})"),
+        (what, f"{contents.count} ({size})"),
     ]
     print_kv(title, rows)
-
-
-def _size(count: int) -> str:
-    """Bytes for people: `0 bytes`, `812 bytes`, `3.4 MiB (3,565,158 bytes)`."""
-    if count < 1024:
-        return f"{count:,} bytes"
-    value, units = count / 1024, ["KiB", "MiB", "GiB", "TiB"]
-    while value >= 1024 and len(units) > 1:
-        value, units = value / 1024, units[1:]
-    return f"{value:.1f} {units[0]} ({count:,} bytes)"

@@ -153,6 +153,11 @@ def data_schema(
     from dpsynth.data.engines.sample import draft_rows
     from dpsynth.data.schema_draft import draft_table
 
+    if not (epsilon > 0 and epsilon != float("inf")):  # before the table is read
+        raise UsageError(
+            f"{{epsilon}} must be a positive number, got {epsilon}", parameter="epsilon"
+        )
+
     # a large table (or a partitioned folder, a glob) is drafted from a uniform sample
     raw, sampled = draft_rows(spec)
     drafted, remarks = draft_table(raw.header, raw.columns, target or raw.header[-1])
@@ -199,16 +204,14 @@ def _release_remark(drafted: Schema, rows: int) -> list[str]:
 def _losses(raw: object, drafted: Schema, epsilon: float) -> list[str]:
     """The columns the default release at `epsilon` would lose (terminal only), headed."""
     from dpsynth.training.schema_foresight import losses_at
+    from dpsynth.training.table_schema import SCHEMA_SHARE
 
-    if not (epsilon > 0 and epsilon != float("inf")):
-        raise UsageError(
-            f"{{epsilon}} must be a positive number, got {epsilon}", parameter="epsilon"
-        )
     lines = losses_at(raw, drafted, epsilon)  # type: ignore[arg-type]
     if not lines:
         return []
     head = (
-        f"at --epsilon {epsilon:g} the default DP schema release ({0.25 * epsilon:.3g}) would "
-        f"lose {len(lines)} column(s) (counted on your rows, shown only here):"
+        f"at --epsilon {epsilon:g} the default DP schema release "
+        f"({SCHEMA_SHARE * epsilon:.3g}) would lose {len(lines)} column(s) (counted on your rows, "
+        "shown only here):"
     )
     return [head, *lines]

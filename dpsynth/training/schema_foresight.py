@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.stats import norm
 
 from dpsynth.data.column_values import column_numbers, missing_mask
 from dpsynth.data.csvtable import RawTable
@@ -24,7 +23,7 @@ from dpsynth.privacy.accounting.calibration import default_delta
 from dpsynth.privacy.mechanisms.histograms import category_counts, numeric_counts
 from dpsynth.privacy.releases.schema_grids import range_grid
 from dpsynth.privacy.releases.schema_reach import epsilon_for_reach
-from dpsynth.privacy.releases.schema_spans import FALSE_ALARM
+from dpsynth.privacy.releases.schema_spans import FALSE_ALARM, FALSE_ALONE, coarse_span
 from dpsynth.training.schema_entries import number_spec, plan_release, release_columns
 from dpsynth.training.table_schema import SCHEMA_SHARE
 
@@ -57,27 +56,15 @@ def losses_at(raw: RawTable, schema: Schema, epsilon: float) -> list[str]:
         present = numbers[np.isfinite(numbers)]
         counts = numeric_counts(present, range_grid(column.type))
         fullest = counts.max() if len(present) else 0.0
-        if fullest > plan.range_cut(column.type) or _clears_in_windows(
-            counts, plan.range_noise_std
-        ):
+        # the release's own rules, read on the exact counts (an estimate, not the release)
+        time = column.type in ("datetime", "date")
+        rate = FALSE_ALARM if time else FALSE_ALONE
+        if fullest > plan.range_cut(column.type) or coarse_span(counts, plan.range_noise_std, rate):
             continue
         share = 1.0 - float(missing_mask(raw.column(column.name)).mean())
         lost = f"its range may not clear (values in {share:.0%} of rows): written empty"
         lines.append(_line(column.name, lost, _keeps(columns, schema, rows, delta, fullest)))
     return lines
-
-
-def _clears_in_windows(counts: np.ndarray, noise_std: float) -> bool:
-    """Whether wider windows of the range grid would clear without noise (`coarse_span`'s
-    rule read on the exact counts: an estimate for the owner, not the release)."""
-    for width in (2, 4, 8, 16, 32):
-        if width > len(counts):
-            break
-        sums = np.convolve(counts, np.ones(width), mode="valid")
-        rate = FALSE_ALARM / 5 / len(sums)  # as `coarse_span` for times (the looser case)
-        if sums.max() > noise_std * math.sqrt(width) * float(norm.isf(rate)):
-            return True
-    return False
 
 
 def _keeps(columns, schema: Schema, rows: int, delta: float, count: float) -> float:

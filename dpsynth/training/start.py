@@ -56,7 +56,6 @@ from dpsynth.training.table_units import (
     check_unit_composition,
     check_unit_method,
     id_columns_advice,
-    table_fingerprint,
     unit_bound,
     unit_record,
     unit_rows,
@@ -126,7 +125,7 @@ def start_run(
     if backend.table_advice and info.modality == "table":
         warnings.append(backend.table_advice)
     if isinstance(records, TableData) and records.unit is None:
-        advice = id_columns_advice(records.schema, None)
+        advice = id_columns_advice(records.schema)
         if advice:
             warnings.append(advice)
     if delta is None:  # the schema release's δ when there was one (N before bounding)
@@ -371,10 +370,13 @@ def _load_table(
         target_epsilon=target_epsilon,
         unit=unit,
     )
-    check_unit_composition(ledger, table.dataset, table_fingerprint(ledger, table), unit)
     if table.provisional is None:  # nothing to release: choose on the encoded table
         records = table.encoded()
+        existing = ledger.data_fingerprint(records.content_digest, create=False)
+        check_unit_composition(ledger, table.dataset, existing, unit)
         return records, None, backend or _recommended(records.info(""), target_epsilon)
+    # before the release is spent: the data set's earlier spends must protect the same unit
+    check_unit_composition(ledger, table.dataset, table.fingerprint, unit)
     info = table.provisional
     if request.public_size is not None:
         info = replace(info, n=request.public_size)

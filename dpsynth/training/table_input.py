@@ -65,7 +65,13 @@ class TableInput:
             content_digest=table_content_digest(self.raw, schema),
             unit=self.unit.column if self.unit else None,
             rows_per_unit=self.unit.max_rows if self.unit else 1,
-            unit_codes=(
-                torch.from_numpy(unit_indices(rows.column(self.unit.column))) if self.unit else None
-            ),
+            unit_codes=unit_codes(rows, self.unit),
         )
+
+
+def unit_codes(raw: RawTable, unit: UnitBound | None) -> torch.Tensor | None:
+    """Each row's unit as an index 0 … U − 1, for the loop's sampling of units (None without
+    a unit)."""
+    if unit is None:
+        return None
+    return torch.from_numpy(unit_indices(raw.column(unit.column)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,12 +31,9 @@ from dpsynth.privacy.mechanisms.contribution import (
     UnitBound,
     bound_contributions,
     rows_per_unit,
-    unit_indices,
 )
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
-
-if TYPE_CHECKING:
-    from dpsynth.training.table_input import TableInput
+from dpsynth.training.table_input import unit_codes
 
 # The replayable stream that picks each unit's rows (`PrivateRandomness.replayable`).
 BOUNDING_STREAM = "table/contribution-bound"
@@ -126,11 +123,9 @@ def rows_with_labels(raw: RawTable, target: str, labels: tuple[str, ...]) -> Raw
     return RawTable(raw.header, tuple(c[keep] for c in raw.columns), raw.source)
 
 
-def id_columns_advice(schema: Schema, unit: UnitBound | None) -> str | None:
-    """Without a unit, a note naming the schema's `id` columns (public: the schema's types):
-    the guarantee is per row, and a person with several rows is protected per row only."""
-    if unit is not None:
-        return None
+def id_columns_advice(schema: Schema) -> str | None:
+    """For a run without a unit, a note naming the schema's `id` columns (public: the schema's
+    types): the guarantee is per row, and a person with several rows is protected per row only."""
     ids = [c.name for c in schema.columns if c.type == "id"]
     if not ids:
         return None
@@ -150,13 +145,6 @@ def check_unit_method(backend: Method, unit: UnitBound) -> None:
             "{privacy_unit}, or {max_rows_per_unit} 1",
             parameters=("privacy_unit", "max_rows_per_unit"),
         )
-
-
-def table_fingerprint(ledger: Ledger, table: TableInput) -> str | None:
-    """The table's keyed fingerprint, if the ledger has a key (None: no spend can name it)."""
-    return table.fingerprint or ledger.data_fingerprint(
-        table_content_digest(table.raw, table.schema), create=False
-    )
 
 
 def check_unit_composition(
@@ -226,10 +214,3 @@ def unit_rows(records: object) -> torch.Tensor | None:
     if not isinstance(records, TableData) or records.rows_per_unit <= 1:
         return None
     return records.unit_codes
-
-
-def unit_codes(raw: RawTable, unit: UnitBound | None) -> torch.Tensor | None:
-    """Each row's unit as an index 0 … U − 1 (None without a unit)."""
-    if unit is None:
-        return None
-    return torch.from_numpy(unit_indices(raw.column(unit.column)))

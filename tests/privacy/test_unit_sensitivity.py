@@ -13,6 +13,7 @@ from scipy.stats import norm
 
 import dpsynth.privacy.mechanisms.marginal_measure as marginal_measure
 from dpsynth.errors import UsageError
+from dpsynth.ledger.anchors import unit_phrase
 from dpsynth.privacy.mechanisms.contribution import (
     UnitBound,
     bound_contributions,
@@ -83,7 +84,8 @@ def test_bounding_replays_from_the_runs_secret_and_differs_under_another() -> No
 def test_unit_bound_refuses_k_below_one_and_states_its_unit() -> None:
     with pytest.raises(UsageError):
         UnitBound("subject_id", 0)
-    assert UnitBound("subject_id", 3).statement() == "per subject_id (at most 3 rows each)"
+    unit = UnitBound("subject_id", 3).to_json()
+    assert unit_phrase(unit) == " per subject_id (at most 3 rows each)"
 
 
 # ----------------------------------------------------------------- marginal measurements

@@ -4,7 +4,7 @@ A data owner's table often holds people, not rows: a patient with several tests,
 with several orders. DP over rows then protects one test, not the patient. With a privacy
 unit (a column naming the person) and a public bound K, every unit keeps at most K of its
 rows before any mechanism reads the table; each mechanism's sensitivity is then scaled for K
-rows (`UnitBound.sensitivity`), so the run's guarantee holds per unit: adding or removing
+rows (`UnitBound.max_rows`), so the run's guarantee holds per unit: adding or removing
 one person (with all their rows) changes what the mechanisms see by at most K rows.
 
 Which K rows a unit keeps is drawn uniformly from the run's secret stream (never the first
@@ -36,16 +36,6 @@ class UnitBound:
                 f"{{max_rows_per_unit}} must be a whole number ≥ 1, got {self.max_rows!r}",
                 parameter="max_rows_per_unit",
             )
-
-    @property
-    def sensitivity(self) -> int:
-        """How many rows one unit can add or remove: the factor on every count's sensitivity."""
-        return self.max_rows
-
-    def statement(self) -> str:
-        """What the guarantee protects, e.g. 'per subject_id (at most 3 rows each)'."""
-        rows = "row" if self.max_rows == 1 else "rows"
-        return f"per {self.column} (at most {self.max_rows} {rows} each)"
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict."""

@@ -242,7 +242,6 @@ def release_ranges(
         counts = numeric_counts(present, edges)
         released = noisy(counts, plan.range_noise_std, generator)
         cut = plan.range_cut(spec.kind)
-        coarse = None
         if spec.kind in ("datetime", "date"):
             # bounded grid (a false year stretches to 1900 or 2100 at worst; round 2 trims it)
             # over which a time's rows spread thin: single years clear the cut only here and
@@ -251,11 +250,12 @@ def release_ranges(
             coarse = coarse_span(released, plan.range_noise_std)
         else:
             above = supported_bins(released, cut, plan.range_cut(spec.kind, alone=True))
-        span = (int(above[0]), int(above[-1])) if len(above) else None
-        if span is None and coarse is None and spec.kind not in ("datetime", "date"):
             # rows spread too thin for any one bin: wider windows of the same noisy counts, at
             # the strict rate of a bin alone (a false range on the numbers' grid is far off)
-            coarse = coarse_span(released, plan.range_noise_std, FALSE_ALONE)
+            coarse = (
+                None if len(above) else coarse_span(released, plan.range_noise_std, FALSE_ALONE)
+            )
+        span = (int(above[0]), int(above[-1])) if len(above) else None
         if coarse is not None:
             span = coarse if span is None else (min(span[0], coarse[0]), max(span[1], coarse[1]))
         if span is None:
