@@ -204,14 +204,14 @@ def _release_remark(drafted: Schema, rows: int) -> list[str]:
 def _losses(raw: object, drafted: Schema, epsilon: float) -> list[str]:
     """The columns the default release at `epsilon` would lose (terminal only), headed."""
     from dpsynth.training.schema_foresight import losses_at
-    from dpsynth.training.table_schema import SCHEMA_SHARE
+    from dpsynth.training.table_schema import REUSED_SCHEMA_SHARE
 
     lines = losses_at(raw, drafted, epsilon)  # type: ignore[arg-type]
     if not lines:
         return []
     head = (
         f"at --epsilon {epsilon:g} the default DP schema release "
-        f"({SCHEMA_SHARE * epsilon:.3g}) would lose {len(lines)} column(s) (counted on your rows, "
+        f"({REUSED_SCHEMA_SHARE * epsilon:.3g}) would lose {len(lines)} column(s) (counted on your rows, "
         "shown only here):"
     )
     return [head, *lines]

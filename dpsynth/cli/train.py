@@ -166,8 +166,9 @@ def train(
         typer.Option(
             "--schema-epsilon",
             help="Tables: release the schema's entries read off the data with DP, spending this "
-            "ε (part of --epsilon, recorded in the ledger before training) [default: 25% of "
-            "--epsilon when there are such entries].",
+            "ε (part of --epsilon, recorded in the ledger before training) [default, when there "
+            "are such entries: 50% of --epsilon for mst, aim and auto, whose 1-way marginals are "
+            "the release's own; 25% for other methods].",
         ),
     ] = None,
     class_weights_epsilon: Annotated[

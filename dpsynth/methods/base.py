@@ -217,6 +217,9 @@ class Method(ABC):
     # A warning `train` gives when this backend trains on a table and another table method is
     # measurably better (None: no advice).
     table_advice: ClassVar[str | None] = None
+    # True when the method takes the DP schema release's noisy histograms as its 1-way
+    # measurements (`methods.marginal.one_ways`) instead of measuring the columns again.
+    reuses_one_ways: ClassVar[bool] = False
     # A warning `train` gives for a preset whose measured release fails the rule the others
     # are held to (e.g. worse FID than the frequency model alone), by preset name.
     preset_advice: ClassVar[Mapping[str, str]] = {}

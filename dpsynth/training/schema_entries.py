@@ -2,9 +2,10 @@
 
 `plan_release` sorts the columns to release by what they need (a category list; a range,
 edges, a missing flag and maybe a precision; a boolean's missing flag) and calibrates
-`dpsynth.privacy.releases.schema_release` for them; `apply_release` runs its two rounds on the rows
-and
-returns the schema with the released entries, each marked with its source. What becomes of a
+`dpsynth.privacy.releases.schema_plan` for them; `apply_release` runs the two rounds of
+`dpsynth.privacy.releases.schema_release` on the counts of whichever engine reads the rows
+(`dpsynth.training.schema_counting` in memory) and returns the schema with the released
+entries, each marked with its source. What becomes of a
 column whose release found too little:
 - a category list with no value above the threshold: only the `(other)` category;
 - a number with no range: ignored (written empty), and a warning to declare bounds;
@@ -15,23 +16,28 @@ column whose release found too little:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from dpsynth.data.column_values import RELEASED_PREFIX, column_numbers, missing_mask
-from dpsynth.data.csvtable import RawTable
+from dpsynth.data.column_values import RELEASED_PREFIX
 from dpsynth.data.schema import MINUTES_PER_DAY, Column, Schema
 from dpsynth.errors import UsageError
-from dpsynth.privacy.releases.schema_reach import epsilon_for_reach, release_reach
-from dpsynth.privacy.releases.schema_release import (
+from dpsynth.privacy.releases.schema_counts import RangeCounts, ShapeCounts
+from dpsynth.privacy.releases.schema_edges import beyond_range
+from dpsynth.privacy.releases.schema_plan import (
     NumberSpec,
     SchemaReleasePlan,
     plan_schema_release,
-    release_ranges,
-    release_shapes,
+)
+from dpsynth.privacy.releases.schema_reach import epsilon_for_reach, release_reach
+from dpsynth.privacy.releases.schema_release import (
+    ReleasedShape,
+    release_ranges_from_counts,
+    release_shapes_from_counts,
+    shape_grid,
 )
 
 OTHER = "(other)"
@@ -167,40 +173,46 @@ def check_reach(
     )
 
 
-def _boolean_codes(raw: RawTable, column: Column) -> np.ndarray:
-    """0 false, 1 true, 2 missing (or anything else) for a boolean column's cells."""
-    values = np.char.lower(raw.column(column.name).astype(str))
-    false, true = (c.lower() for c in column.categories)
-    codes = np.where(values == false, 0, np.where(values == true, 1, 2))
-    return np.where(missing_mask(raw.column(column.name)), 2, codes)
+@dataclass(frozen=True)
+class AppliedRelease:
+    """The schema with the released entries, the release's warnings, per number the share of
+    its values estimated beyond its released range (from the noisy counts), and each released
+    column's noisy histogram (`ReleasedShape`, and for a category list its kept values' noisy
+    counts) for the model to reuse as its 1-way measurement."""
+
+    schema: Schema
+    warnings: list[str]
+    clipped: dict[str, float]
+    shapes: dict[str, ReleasedShape]
+    category_counts: dict[str, tuple[list[str], list[float]]]
+    category_noise: dict[str, float]
 
 
 def apply_release(
-    raw: RawTable,
     schema: Schema,
     columns: ReleaseColumns,
     plan: SchemaReleasePlan,
     generator: torch.Generator,
     source: str,
-) -> tuple[Schema, list[str]]:
-    """Run the release on the rows; the schema with the released entries, and warnings."""
+    count_ranges: Callable[[], RangeCounts],
+    count_shapes: Callable[[Mapping[str, np.ndarray]], ShapeCounts],
+) -> AppliedRelease:
+    """Run the release's two rounds on the counts the callables make (round 2's over the
+    fine grids round 1 fixed: a pass each, in memory or on an engine)."""
     assert source.startswith(RELEASED_PREFIX)
-    numbers = {c.name: column_numbers(raw, c, lenient=True) for c in columns.numbers}
-    categories, ranges = release_ranges(
-        {c.name: raw.column(c.name) for c in columns.categorical},
-        {c.name: (numbers[c.name], number_spec(c)) for c in columns.numbers},
-        plan,
-        generator,
-        target=schema.target if plan.target_noise_std is not None else None,
-    )
+    target = schema.target if plan.target_noise_std is not None else None
+    specs = {c.name: number_spec(c) for c in columns.numbers}
+    first = release_ranges_from_counts(count_ranges(), specs, plan, generator, target=target)
+    categories, ranges = first.categories, first.ranges
     found = {name: r for name, r in ranges.items() if r is not None}
-    shapes = release_shapes(
-        {
-            c.name: (numbers[c.name], raw.column(c.name), number_spec(c), found[c.name])
-            for c in columns.numbers
-            if c.name in found
-        },
-        {c.name: _boolean_codes(raw, c) for c in columns.booleans},
+    grids = {name: shape_grid(specs[name], span, plan) for name, span in found.items()}
+    outside = {
+        name: beyond_range(first.range_counts[name], specs[name].kind, span)
+        for name, span in found.items()
+    }
+    shapes = release_shapes_from_counts(
+        count_shapes(grids),
+        {name: (specs[name], grids[name], outside[name], first.cores[name]) for name in found},
         plan,
         generator,
     )
@@ -229,34 +241,52 @@ def apply_release(
             )
             schema = schema.replace_column(Column(column.name, "ignored", source=source))
             continue
-        shape = shapes[column.name]
-        low, high = found[column.name]
-        edges = shape.edges
-        if edges is not None:
-            low, high = edges[0], edges[-1]
-        if column.clock is not None:
-            # a time of day lies in [00:00, 24:00] whatever the noise says (public knowledge)
-            low, high = _within_day(low), _within_day(high)
-            edges = None if edges is None else _edges_within_day(edges)
-        if column.type == "integer":
-            low, high = float(math.ceil(low)), float(math.floor(high))
-            high = max(high, low)
         schema = schema.replace_column(
-            replace(
-                column,
-                min=low,
-                max=high,
-                edges=edges if edges is not None and len(edges) > 2 else None,
-                missing=shape.missing,
-                decimals=shape.decimals if column.type == "numeric" else None,
-                source=source,
-            )
+            _released_number(column, found[column.name], shapes[column.name], source)
         )
     for column in columns.booleans:
         schema = schema.replace_column(
             replace(column, missing=shapes[column.name].missing, source=source)
         )
-    return schema, warnings
+    noise = {
+        c.name: (
+            plan.target_noise_std
+            if c.name == target and plan.target_noise_std is not None
+            else plan.category_noise_std
+        )
+        for c in columns.categorical
+    }
+    clipped = {name: shapes[name].clipped for name in found}
+    kept_counts = {
+        name: (first.categories[name], first.category_counts[name]) for name in categories
+    }
+    return AppliedRelease(schema, warnings, clipped, shapes, kept_counts, noise)
+
+
+def _released_number(
+    column: Column, span: tuple[float, float], shape: ReleasedShape, source: str
+) -> Column:
+    """A number's schema entry from its released range and shape."""
+    low, high = span
+    edges = shape.edges
+    if edges is not None:
+        low, high = edges[0], edges[-1]
+    if column.clock is not None:
+        # a time of day lies in [00:00, 24:00] whatever the noise says (public knowledge)
+        low, high = _within_day(low), _within_day(high)
+        edges = None if edges is None else _edges_within_day(edges)
+    if column.type == "integer":
+        low, high = float(math.ceil(low)), float(math.floor(high))
+        high = max(high, low)
+    return replace(
+        column,
+        min=low,
+        max=high,
+        edges=edges if edges is not None and len(edges) > 2 else None,
+        missing=shape.missing,
+        decimals=shape.decimals if column.type == "numeric" else None,
+        source=source,
+    )
 
 
 def _released_labels(schema: Schema, target: Column, kept: Sequence[str], source: str) -> Schema:

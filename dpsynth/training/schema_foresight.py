@@ -25,7 +25,7 @@ from dpsynth.privacy.releases.schema_grids import range_grid
 from dpsynth.privacy.releases.schema_reach import epsilon_for_reach
 from dpsynth.privacy.releases.schema_spans import FALSE_ALARM, FALSE_ALONE, coarse_span
 from dpsynth.training.schema_entries import number_spec, plan_release, release_columns
-from dpsynth.training.table_schema import SCHEMA_SHARE
+from dpsynth.training.table_schema import REUSED_SCHEMA_SHARE
 
 
 def losses_at(raw: RawTable, schema: Schema, epsilon: float) -> list[str]:
@@ -35,7 +35,7 @@ def losses_at(raw: RawTable, schema: Schema, epsilon: float) -> list[str]:
     if not columns.names:
         return []
     rows, delta = raw.n, default_delta(raw.n)
-    _, plan = plan_release(schema, rows, SCHEMA_SHARE * epsilon, delta)
+    _, plan = plan_release(schema, rows, REUSED_SCHEMA_SHARE * epsilon, delta)
     lines: list[str] = []
     for column in columns.categorical:
         values = np.asarray(raw.column(column.name), dtype=object)

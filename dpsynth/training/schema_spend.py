@@ -13,10 +13,11 @@ from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.privacy.mechanisms.histograms import release_class_weights
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from dpsynth.privacy.releases.unit_sizes import release_unit_sizes
-from dpsynth.training.schema_entries import apply_release
+from dpsynth.training.schema_counting import release_in_memory
 from dpsynth.training.table_units import rows_with_labels, unit_sizes
 
 if TYPE_CHECKING:
+    from dpsynth.training.schema_entries import AppliedRelease
     from dpsynth.training.table_input import TableInput
 
 
@@ -43,13 +44,15 @@ def spend_release(
     )
     source = f"{RELEASED_PREFIX} (--schema-epsilon {epsilon or 0:g}, ledger seq {entry['seq']})"
     warnings: list[str] = []
+    applied = None
     shares: tuple[float, ...] | None = None
     try:
         if planned is not None:
             columns, plan = planned
-            schema, warnings = apply_release(
+            applied = release_in_memory(
                 raw, schema, columns, plan, randomness.generator("schema/release"), source
             )
+            schema, warnings = applied.schema, applied.warnings
         weights = None
         if weights_plan is not None:
             weights = release_class_weights(
@@ -85,6 +88,9 @@ def spend_release(
         **(planned[1].to_json() if planned is not None else {}),
         "warnings": warnings,
     }
+    if applied is not None:
+        record["clipped"] = {name: round(share, 4) for name, share in applied.clipped.items()}
+        record["one_ways"] = one_way_record(applied)
     if weights_plan is not None:
         record["class_weights"] = {**weights_plan.to_json(), "weights": list(weights or ())}
     if table.unit is not None and table.unit_plan is not None:
@@ -95,3 +101,34 @@ def spend_release(
         record["delta"] = delta
         record["events"] = [e.to_json() for e in events]
     return schema, record
+
+
+def one_way_record(applied: AppliedRelease) -> dict[str, dict[str, Any]]:
+    """Each released column's noisy histogram, as MST and AIM reuse it for their 1-way
+    measurement (`dpsynth.methods.marginal.one_ways`): DP outputs of the release."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, (kept, counts) in applied.category_counts.items():
+        out[name] = {
+            "kind": "category",
+            "values": list(kept),
+            "counts": list(counts),
+            "noise_std": applied.category_noise[name],
+        }
+    for name, shape in applied.shapes.items():
+        kind = "number" if shape.grid else "boolean"
+        entry: dict[str, Any] = {"kind": kind, "counts": list(shape.counts)}
+        if shape.grid:
+            entry["grid"] = list(shape.grid)
+        out[name] = {**entry, "noise_std": shape.noise_std}
+    return out
+
+
+def with_released_one_ways(
+    config: dict[str, Any], release: dict[str, Any] | None, reuses: bool
+) -> dict[str, Any]:
+    """The run's config with the release's 1-way histograms (taken out of its record) when
+    the method `reuses` them as its 1-way measurements (MST, AIM); unchanged otherwise."""
+    from dpsynth.methods.marginal.one_ways import ONE_WAYS_KEY
+
+    one_ways = (release or {}).pop("one_ways", None)
+    return {**config, ONE_WAYS_KEY: one_ways} if one_ways and reuses else config

@@ -51,6 +51,7 @@ from dpsynth.training.data import (
 from dpsynth.training.image_units import bounded_images
 from dpsynth.training.public import ledger_record, open_public
 from dpsynth.training.request import TrainRequest
+from dpsynth.training.schema_spend import with_released_one_ways
 from dpsynth.training.session import Session, central_generator
 from dpsynth.training.table_units import (
     check_unit_composition,
@@ -139,6 +140,7 @@ def start_run(
     if preset in backend.preset_advice and info.modality == "image":
         warnings.append(backend.preset_advice[preset])
     config = backend.config(preset, dict(request.overrides), info)
+    config = with_released_one_ways(config, schema_release, backend.reuses_one_ways)
     needs_public = backend.public_requirement(preset, config)
     if needs_public and request.public is None:
         raise UsageError(
@@ -146,9 +148,8 @@ def start_run(
             "images of the data's classes), or take a preset without it",
             parameter="public",
         )
-    # Everything that can fail for a reason known before the first private read fails here,
-    # before the spend is reserved: the config's values, then the plan, then building the
-    # trainer and the batch sampler (weights from the seed, never from the data).
+    # What can fail before the first private read fails here, before the spend is reserved:
+    # the config, the plan, the trainer and batch sampler (weights from the seed, not data).
     if isinstance(records, TableSource):  # the engine counts: no rows are held here
         backend.validate_config(config, info, rows_in_memory=False)  # type: ignore[call-arg]
     else:
@@ -309,7 +310,7 @@ def _load_table(
     planned from public facts, the training plan after it is checked to fit, and only then is
     the release spent."""
     from dpsynth.data.engines import EngineChoice, parse_engine
-    from dpsynth.training.table_schema import read_table_input, release_table_schema
+    from dpsynth.training.table_schema import read_table_input, release_table_schema, schema_share
     from dpsynth.training.table_source import prepare_table_source, table_engine
 
     if backend is not None:
@@ -320,10 +321,8 @@ def _load_table(
             parameters=("image_size", "channels"),
         )
     if request.classes is not None:
-        raise UsageError(
-            "a table's classes are its schema's target categories; drop {classes}",
-            parameter="classes",
-        )
+        message = "a table's classes are its schema's target categories; drop {classes}"
+        raise UsageError(message, parameter="classes")
     assert request.data is not None
     unit = unit_bound(request.privacy_unit, request.max_rows_per_unit)
     if unit is not None and backend is not None:
@@ -369,6 +368,7 @@ def _load_table(
         public_size=request.public_size,
         target_epsilon=target_epsilon,
         unit=unit,
+        share=schema_share(backend is None or backend.reuses_one_ways),  # auto: mst or aim
     )
     if table.provisional is None:  # nothing to release: choose on the encoded table
         records = table.encoded()

@@ -41,6 +41,8 @@ class TableInput:
     # the privacy unit and the release of its rows-per-unit histogram (None: per row)
     unit: UnitBound | None = None
     unit_plan: UnitSizesPlan | None = None
+    # the share of --epsilon the default release takes (when the user gave no schema ε)
+    default_share: float = 0.25
 
     @property
     def events(self) -> tuple[DpEvent, ...]:

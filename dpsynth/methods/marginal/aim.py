@@ -31,6 +31,7 @@ from dpsynth.methods.marginal.cost import aim_seconds
 from dpsynth.methods.marginal.domain import TableDomain, table_domain
 from dpsynth.methods.marginal.junction import JunctionTree
 from dpsynth.methods.marginal.method import MarginalMethod, pairs_within
+from dpsynth.methods.marginal.one_ways import released_one_ways
 from dpsynth.methods.marginal.presets import AIM_PRESETS
 from dpsynth.methods.marginal.trainer import MarginalTrainer
 from dpsynth.privacy.accounting.calibration import default_delta
@@ -91,11 +92,13 @@ class AIMMethod(MarginalMethod):
         config: Mapping[str, Any],
         target: PrivacyTarget,
     ) -> tuple[int, int, int]:
-        """d one-way measurements, then T selections and measurements over R rounds."""
+        """d one-way measurements (less those the schema release made), then T selections and
+        measurements over R rounds."""
         d = len(domain.attributes)
         selections = selection_count(domain, info, config, target)
         rounds = min(round_count(d, config), selections) if selections else 0
-        return d + selections, selections, 1 + rounds
+        ones = d - len(released_one_ways(domain, info, config))
+        return ones + selections, selections, 1 + rounds
 
     def estimated_train_seconds(self, info: DataInfo, epsilon: float) -> float | None:
         """The public estimate of `cost.py` for the recommended preset (tables only)."""
@@ -168,7 +171,7 @@ class AIMTrainer(MarginalTrainer):
         iters, final = int(self.config["iters"]), int(self.config["final_iters"])
         rounds = len(self.per_round)
         if step == 0:
-            self.measure([(a,) for a in range(len(self.sizes))])
+            self.measure_one_ways()
             self.fit(iters if rounds else final)
             return
         limit_cells = float(self.config["max_model_mb"]) * 2**20 / 8 * step / rounds

@@ -51,6 +51,8 @@ def pairs_within(domain: TableDomain, max_cells: int) -> list[tuple[int, int]]:
 class MarginalMethod(Method):
     """A table-only backend that measures noisy marginals and fits a graphical model."""
 
+    reuses_one_ways = True
+
     modalities = ("table",)
     audit_mechanism: ClassVar[str] = "marginal"
     # every read is a marginal count or a selection, whose sensitivity scales by a unit's K rows

@@ -28,6 +28,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.marginal.domain import TableDomain
 from dpsynth.methods.marginal.method import MarginalMethod, pairs_within
+from dpsynth.methods.marginal.one_ways import released_one_ways
 from dpsynth.methods.marginal.presets import MST_PRESETS
 from dpsynth.methods.marginal.trainer import MarginalTrainer
 
@@ -102,15 +103,17 @@ class MSTMethod(MarginalMethod):
         config: Mapping[str, Any],
         target: PrivacyTarget,
     ) -> tuple[int, int, int]:
-        """d one-way measurements and one per tree edge (and, with `label_edges`, one per
-        feature no edge reaches); one selection per edge; 2 rounds."""
+        """d one-way measurements (less those the schema release made) and one per tree edge
+        (and, with `label_edges`, one per feature no edge reaches); one selection per edge;
+        2 rounds."""
         d, max_cells = len(domain.attributes), int(config["max_cells"])
+        ones = d - len(released_one_ways(domain, info, config))
         if not config["label_edges"]:
             edges = tree_edges(d, pairs_within(domain, max_cells))
-            return d + edges, edges, 2
+            return ones + edges, edges, 2
         pool = label_edge_pool(domain, max_cells)
         edges = tree_edges(d, pool)
-        return d + edges + len(lonely_features(domain, pool, max_cells)), edges, 2
+        return ones + edges + len(lonely_features(domain, pool, max_cells)), edges, 2
 
     def candidate_cliques(
         self, domain: TableDomain, config: Mapping[str, Any]
@@ -141,7 +144,7 @@ class MSTTrainer(MarginalTrainer):
         """See the module docstring."""
         d = len(self.sizes)
         if step == 0:
-            self.measure([(a,) for a in range(d)])
+            self.measure_one_ways()
             self.fit(int(self.config["iters"]))
             return
         max_cells = int(self.config["max_cells"])

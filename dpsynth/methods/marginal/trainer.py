@@ -24,6 +24,7 @@ from dpsynth.methods.marginal.domain import codes_from_rows, table_domain
 from dpsynth.methods.marginal.generator import MarginalGenerator
 from dpsynth.methods.marginal.junction import JunctionTree
 from dpsynth.methods.marginal.model import Measurement, Potentials, estimate
+from dpsynth.methods.marginal.one_ways import released_one_ways
 from dpsynth.methods.marginal.state import pack_cliques, unpack_cliques
 from dpsynth.privacy.mechanisms.marginal_measure import MarginalCounter, MarginalQueries
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
@@ -65,6 +66,9 @@ class MarginalTrainer(Trainer):
         self.measure_rng = randomness.generator("marginal/measure")
         self.select_rng = randomness.generator("marginal/select")
         self.measurements: list[Measurement] = []
+        # the schema release's 1-way histograms among them (made before, cost nothing here)
+        self.released = released_one_ways(self.domain, info, config)
+        self.free_measurements = 0
         self.selections = 0
         self.rounds_done = 0
         self.tree = CliqueTree.independent(self.sizes, self.n)
@@ -128,13 +132,21 @@ class MarginalTrainer(Trainer):
     def measure(self, cliques: Sequence[tuple[int, ...]]) -> None:
         """Measure these marginals (Gaussian, the plan's σ) and keep them."""
         assert self.queries is not None
-        if len(self.measurements) + len(cliques) > self.allowed_measurements:
+        made = len(self.measurements) - self.free_measurements
+        if made + len(cliques) > self.allowed_measurements:
             raise DpsynthError("more marginal measurements than the plan accounts for")
         values = self.queries.measure(cliques, self.sigma, self.measure_rng)
         # the noise's std weighs the measurement (equal weights without noise)
         sigma = self.sigma * self.unit_rows if self.sigma > 0 else 1.0
         for clique, value in zip(cliques, values, strict=True):
             self.measurements.append(Measurement(tuple(clique), value, sigma))
+
+    def measure_one_ways(self) -> None:
+        """Every 1-way marginal: the DP schema release's noisy histograms where it made them
+        (`one_ways`: post-processing, no spend), measured here otherwise."""
+        self.measure([(a,) for a in range(len(self.sizes)) if a not in self.released])
+        self.measurements.extend(self.released.values())
+        self.free_measurements = len(self.released)
 
     def select(
         self,
@@ -197,6 +209,7 @@ class MarginalTrainer(Trainer):
         if tuple(int(s) for s in tensors["sizes"].tolist()) != self.sizes:
             raise DpsynthError("the checkpoint's domain differs from this run's")
         self.rounds_done, self.selections = (int(v) for v in tensors["counters"].tolist())
+        self.free_measurements = len(self.released) if self.rounds_done else 0
         cliques, values = unpack_cliques("measurements", tensors)
         sigmas = tensors["sigmas"].tolist()
         self.measurements = [

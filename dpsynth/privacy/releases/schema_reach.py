@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dpsynth.privacy.releases.schema_release import (
+from dpsynth.privacy.releases.schema_plan import (
     NumberSpec,
     SchemaReleasePlan,
     plan_schema_release,

@@ -51,21 +51,26 @@ _WIDTHS = (2, 4, 8, 16, 32)
 
 
 def coarse_span(
-    released: np.ndarray, noise_std: float, false_alarm: float = FALSE_ALARM
+    released: np.ndarray,
+    noise_std: float,
+    false_alarm: float = FALSE_ALARM,
+    widths: tuple[int, ...] | None = None,
 ) -> tuple[int, int] | None:
     """The first and last bin covered by any window of 2, 4, …, 32 adjacent noisy counts whose
     sum clears the cut of a false alarm in `false_alarm` of the histograms (shared by the
     widths); None
     when none does. Post-processing of released counts: a column whose rows spread thinly over
     many bins (birth dates over seventy years) keeps a range instead of being written empty.
-    The span errs wide (a wide window reaches past the rows), which round 2 trims."""
+    The span errs wide (a wide window reaches past the rows), which round 2 trims.
+    `widths`: other window widths than 2 … 32."""
     first, last = None, None
-    for width in _WIDTHS:
+    widths = widths or _WIDTHS
+    for width in widths:
         if width > len(released):
             break
         sums = np.convolve(released, np.ones(width), mode="valid")
         # `false_alarm` shared by the widths: noise alone makes a span that often at most
-        rate = false_alarm / len(_WIDTHS) / len(sums)
+        rate = false_alarm / len(widths) / len(sums)
         cut = noise_std * math.sqrt(width) * float(norm.isf(rate))
         above = np.flatnonzero(sums > cut)
         if len(above):

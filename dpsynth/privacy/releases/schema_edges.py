@@ -1,0 +1,95 @@
+"""Round 2 of the DP schema release, post-processing of its noisy counts: where a number's
+fine histogram is trimmed, its quantile edges (snapped to the fine grid), and the share of its
+values estimated beyond the released range. Nothing here reads data."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpsynth.privacy.releases.schema_grids import closed_last_bin, range_grid
+
+# Round 2 trims an end's fine bins while their noisy mass is below TRIM_Z deviations of its
+# noise and TRIM_SHARE of the column's present rows.
+TRIM_Z, TRIM_SHARE = 2.0, 0.02
+# Round 1's bins read for the clipped-share estimate beyond each end of a range.
+BEYOND_BINS = 8
+
+
+def trim_ends(
+    counts: np.ndarray, std: float, present: float, keep: tuple[int, int] | None = None
+) -> tuple[int, int] | None:
+    """The first and last fine bins kept: each end's bins are trimmed while their noisy mass
+    is below TRIM_Z deviations of its noise and TRIM_SHARE of `present` (the rows there are
+    too few to tell from noise, and few enough to clip), never into the bins `keep` spans
+    (round 1's range before its padding). None: nothing is left."""
+    limit = TRIM_SHARE * max(present, 0.0)
+
+    def trimmed(sequence: np.ndarray) -> int:
+        mass = np.cumsum(sequence)
+        k = np.arange(1, len(sequence) + 1)
+        small = (mass < TRIM_Z * std * np.sqrt(k)) & (mass < limit)
+        return int(np.argmin(small)) if not small.all() else len(sequence)
+
+    first = trimmed(counts)
+    if first >= len(counts) and keep is None:
+        return None
+    last = len(counts) - 1 - trimmed(counts[::-1])
+    if keep is not None:
+        first, last = min(first, keep[0]), max(last, keep[1])
+    first = min(first, len(counts) - 1)
+    return first, max(last, first)
+
+
+def edges_from_counts(
+    counts: np.ndarray, grid: np.ndarray, bins: int, kind: str, span: tuple[int, int] | None
+) -> tuple[float, ...] | None:
+    """The quantile edges of a noisy histogram over `grid` inside `span` (post-processing),
+    snapped to the grid's edges."""
+    if span is not None:
+        first, last = span
+        counts, grid = counts[first : last + 1], grid[first : last + 2]
+    mass = np.clip(counts, 0.0, None)
+    total = mass.sum()
+    if total <= 0:
+        return None
+    cumulative = np.concatenate([[0.0], np.cumsum(mass)]) / total
+    # the outer edges are the released range (values beyond it are clipped into the end
+    # bins and drawn across them: no pile-up on a bound); the inner ones the quantiles,
+    # each at the grid edge where the cumulative mass first reaches it
+    positions = np.searchsorted(cumulative, np.arange(1, bins) / bins, side="left")
+    inner = grid[np.clip(positions, 1, len(grid) - 2)]
+    edges = np.concatenate([[grid[0]], inner, [grid[-1]]])
+    if kind != "numeric":  # whole numbers, days, or seconds
+        unit = 86400.0 if kind == "date" else 1.0
+        edges = np.round(edges / unit) * unit
+    edges = np.unique(edges)
+    if len(edges) < 2:
+        edges = np.array([edges[0], edges[0] + (86400.0 if kind == "date" else 1.0)])
+    if kind in ("integer", "date"):
+        edges = closed_last_bin(edges, 86400.0 if kind == "date" else 1.0)
+    return tuple(float(e) for e in edges)
+
+
+def clipped_share(
+    fine: np.ndarray, span: tuple[int, int] | None, outside: float, present: float
+) -> float:
+    """The share of present values beyond the released range, from noisy counts: the trimmed
+    fine bins' mass and round 1's mass beyond the rough range (`outside`), each at least 0."""
+    trimmed = 0.0
+    if span is not None:
+        trimmed = max(float(fine[: span[0]].sum()), 0.0) + max(
+            float(fine[span[1] + 1 :].sum()), 0.0
+        )
+    return float(min(max(trimmed + max(outside, 0.0), 0.0) / max(present, 1.0), 1.0))
+
+
+def beyond_range(noisy_range: np.ndarray, kind: str, span: tuple[float, float]) -> float:
+    """Round 1's noisy mass in the BEYOND_BINS grid bins beyond each end of `span` (an
+    estimate of the values clipped there: far bins are noise only)."""
+    edges = range_grid(kind)
+    first = int(np.searchsorted(edges, span[0], side="right")) - 1
+    last = int(np.searchsorted(edges, span[1], side="left")) - 1
+    reach = BEYOND_BINS
+    below = noisy_range[max(first - reach, 0) : max(first, 0)].sum()
+    above = noisy_range[last + 1 : last + 1 + reach].sum()
+    return float(max(below, 0.0) + max(above, 0.0))
