@@ -180,7 +180,7 @@ def data_schema(
 
 # A draft whose DP release needs more than this ε gets a remark (the default release spends a
 # quarter of --epsilon: at ε = 1 it has 0.25).
-_COSTLY_RELEASE = 0.25
+_COSTLY_RELEASE = 0.5
 
 
 def _release_remark(drafted: Schema, rows: int) -> list[str]:
@@ -195,9 +195,9 @@ def _release_remark(drafted: Schema, rows: int) -> list[str]:
     reach = f"--schema-epsilon {needed:.2g}" if needed != float("inf") else "no ε"
     return [
         f"{rows:,} rows: a DP release of the marked entries keeps the values held by a tenth "
-        f"of the rows from {reach} at the default δ (train spends a quarter of --epsilon on "
-        "it by default and refuses a release too small to keep much): declare the entries "
-        "you know from public sources (category lists, min and max) to spend less"
+        f"of the rows from {reach} at the default δ (train spends half of --epsilon on it by "
+        "default with mst and aim, and refuses a release too small to keep much): declare "
+        "the entries you know from public sources (category lists, min and max) to spend less"
     ]
 
 
@@ -210,8 +210,8 @@ def _losses(raw: object, drafted: Schema, epsilon: float) -> list[str]:
     if not lines:
         return []
     head = (
-        f"at --epsilon {epsilon:g} the default DP schema release "
-        f"({REUSED_SCHEMA_SHARE * epsilon:.3g}) would lose {len(lines)} column(s) (counted on your rows, "
-        "shown only here):"
+        f"at --epsilon {epsilon:g} the default DP schema release of mst and aim "
+        f"({REUSED_SCHEMA_SHARE * epsilon:.3g}) would lose {len(lines)} column(s) (counted on "
+        "your rows, shown only here):"
     )
     return [head, *lines]

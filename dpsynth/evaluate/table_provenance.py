@@ -110,7 +110,8 @@ def _noise(entry: Mapping[str, Any], target: str, record: Mapping[str, Any]) -> 
         return f"{noise:.3g}" + (f" (threshold {cut:.3g})" if cut is not None else "")
     ranges, shapes = std("range_noise_std"), std("shape_noise_std")
     if kind == "boolean":
-        return None if shapes is None else f"{shapes:.3g}"
+        booleans = std("boolean_noise_std") or shapes
+        return None if booleans is None else f"{booleans:.3g}"
     if kind == "ignored":
         return None if ranges is None else f"range {ranges:.3g}"
     if ranges is None or shapes is None:
@@ -150,7 +151,8 @@ def schema_release_summary(manifest: Mapping[str, Any]) -> dict[str, Any]:
         name, kind = str(entry.get("name")), str(entry.get("type"))
         row: dict[str, Any] = {"column": name, "type": kind, "released": name in released}
         if name in released:
-            row["what"] = describe_released(entry, target, warnings)
+            clipped = (record.get("clipped") or {}).get(name)
+            row["what"] = describe_released(entry, target, warnings, clipped)
             row["noise_std"] = _noise(entry, target, record)
         else:
             row["what"] = {

@@ -214,12 +214,9 @@ class Method(ABC):
     # Presets for tables, where they differ from the image ones (a backend that supports tables
     # usually needs other networks and kernels); `presets_for` picks the set for the data.
     table_presets: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
-    # A warning `train` gives when this backend trains on a table and another table method is
-    # measurably better (None: no advice).
+    # A warning `train` gives on a table when another table method is better (None: none).
     table_advice: ClassVar[str | None] = None
-    # True when the method takes the DP schema release's noisy histograms as its 1-way
-    # measurements (`methods.marginal.one_ways`) instead of measuring the columns again.
-    reuses_one_ways: ClassVar[bool] = False
+    reuses_one_ways: ClassVar[bool] = False  # the schema release's 1-ways (marginal.one_ways)
     # A warning `train` gives for a preset whose measured release fails the rule the others
     # are held to (e.g. worse FID than the frequency model alone), by preset name.
     preset_advice: ClassVar[Mapping[str, str]] = {}

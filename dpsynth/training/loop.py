@@ -155,7 +155,8 @@ def run_loop(
         summary["passes"] = int(trainer.passes)
     if run_config.get("schema_release"):
         release = run_config["schema_release"]
-        lines = release_lines(run_config["data"].get("schema") or {}, release.get("warnings", ()))
+        schema = run_config["data"].get("schema") or {}
+        lines = release_lines(schema, release.get("warnings", ()), release.get("clipped"))
         summary["schema_release"] = {**release, "columns": lines}
     return summary
 

@@ -19,9 +19,12 @@ def _listed(values: list[str]) -> str:
     return ", ".join(values[:_SHOWN]) + (", …" if len(values) > _SHOWN else "")
 
 
-def describe_released(entry: Mapping[str, Any], target: str, warnings: list[str]) -> str:
+def describe_released(
+    entry: Mapping[str, Any], target: str, warnings: list[str], clipped: float | None = None
+) -> str:
     """What the DP schema release kept of one released column (its entry in the run's
-    schema JSON; `warnings`: the release's, which say why a number was dropped)."""
+    schema JSON; `warnings`: the release's, which say why a number was dropped; `clipped`:
+    the share of a number's values its range is estimated to clip, from the noisy counts)."""
     name, kind = str(entry.get("name")), entry.get("type")
     if kind == "ignored":
         prefix = f"column {name!r}: "
@@ -47,15 +50,25 @@ def describe_released(entry: Mapping[str, Any], target: str, warnings: list[str]
     parts.append(f"{missing} missing cells")
     if entry.get("decimals") is not None:
         parts.append(f"{entry['decimals']} decimal(s)")
+    if clipped is not None:
+        parts.append(f"about {clipped:.0%} of values beyond the range (noisy estimate)")
     return ", ".join(parts)
 
 
-def release_lines(schema: Mapping[str, Any], warnings: Sequence[str] = ()) -> list[str]:
+def release_lines(
+    schema: Mapping[str, Any],
+    warnings: Sequence[str] = (),
+    clipped: Mapping[str, float] | None = None,
+) -> list[str]:
     """'COLUMN: what was released' for every column of the run's schema JSON that the DP
-    release wrote (its `source` says so), in the schema's order."""
+    release wrote (its `source` says so), in the schema's order (`clipped`: the release's
+    estimated clipped share per number)."""
     target = str(schema.get("target"))
     lines = []
     for entry in schema.get("columns", []):
         if isinstance(entry, dict) and str(entry.get("source", "")).startswith(RELEASED_PREFIX):
-            lines.append(f"{entry.get('name')}: {describe_released(entry, target, list(warnings))}")
+            name = entry.get("name")
+            share = (clipped or {}).get(str(name))
+            text = describe_released(entry, target, list(warnings), share)
+            lines.append(f"{name}: {text}")
     return lines

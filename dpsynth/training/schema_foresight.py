@@ -23,7 +23,7 @@ from dpsynth.privacy.accounting.calibration import default_delta
 from dpsynth.privacy.mechanisms.histograms import category_counts, numeric_counts
 from dpsynth.privacy.releases.schema_grids import range_grid
 from dpsynth.privacy.releases.schema_reach import epsilon_for_reach
-from dpsynth.privacy.releases.schema_spans import FALSE_ALARM, FALSE_ALONE, coarse_span
+from dpsynth.privacy.releases.schema_spans import FALSE_ALARM, coarse_span
 from dpsynth.training.schema_entries import number_spec, plan_release, release_columns
 from dpsynth.training.table_schema import REUSED_SCHEMA_SHARE
 
@@ -56,10 +56,10 @@ def losses_at(raw: RawTable, schema: Schema, epsilon: float) -> list[str]:
         present = numbers[np.isfinite(numbers)]
         counts = numeric_counts(present, range_grid(column.type))
         fullest = counts.max() if len(present) else 0.0
-        # the release's own rules, read on the exact counts (an estimate, not the release)
-        time = column.type in ("datetime", "date")
-        rate = FALSE_ALARM if time else FALSE_ALONE
-        if fullest > plan.range_cut(column.type) or coarse_span(counts, plan.range_noise_std, rate):
+        # the release's own rules, read on the exact counts (an estimate, not the release):
+        # a bin over the cut, or the windows its last resort reads at the false-alarm rate
+        cut, std = plan.range_cut(column.type), plan.range_noise_std
+        if fullest > cut or coarse_span(counts, std, FALSE_ALARM):
             continue
         share = 1.0 - float(missing_mask(raw.column(column.name)).mean())
         lost = f"its range may not clear (values in {share:.0%} of rows): written empty"

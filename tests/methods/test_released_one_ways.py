@@ -47,9 +47,7 @@ def test_released_histograms_are_the_model_bins_one_way_marginals() -> None:
     released_schema = applied.schema
     domain = schema_domain(released_schema, 8, True)
     codes = codes_from_raw(raw, released_schema, domain)
-    measured = released_measurements(
-        domain, released_schema, one_way_record(applied), float(raw.n)
-    )
+    measured = released_measurements(domain, released_schema, one_way_record(applied), float(raw.n))
     kinds = {a.name: a.kind for a in domain.attributes}
     assert kinds["income"] == "edges" and {"income", "count", "ward", "smoker", "label"} <= {
         domain.attributes[i].name for i in measured

@@ -208,31 +208,35 @@ class TreeOracle:
 
 @dataclass(frozen=True)
 class Targets:
-    """The measurements of each clique folded into one: Σ_M ‖μ − y_M‖²/2σ_M² is
-    w/2·‖μ − ȳ‖² + c with w = Σ 1/σ_M² and ȳ the w-weighted mean of the y_M."""
+    """The measurements of each clique folded into one: Σ_M ‖(μ − y_M)/σ_M‖²/2 is
+    ½·Σ_cells w·(μ − ȳ)² + c with w = Σ 1/σ_M² and ȳ the w-weighted mean of the y_M (σ_M a
+    number, or one per cell: a measurement whose cells sum unequal numbers of noisy counts)."""
 
-    weights: list[float]
+    weights: list[np.ndarray]
     means: list[np.ndarray]
     constant: float
 
     @classmethod
     def of(
-        cls, cliques: Sequence[Clique], measured: Sequence[tuple[Clique, np.ndarray, float]]
+        cls,
+        cliques: Sequence[Clique],
+        measured: Sequence[tuple[Clique, np.ndarray, float | np.ndarray]],
     ) -> Targets:
         """From (clique, noisy values, σ) triples; `cliques` lists each measured one once."""
         index = {c: i for i, c in enumerate(cliques)}
-        weights = [0.0] * len(cliques)
+        weights: list[np.ndarray] = [np.zeros(0)] * len(cliques)
         sums = [np.zeros(0)] * len(cliques)
         constant = 0.0
         for clique, values, sigma in measured:
             i = index[tuple(clique)]
             values = np.asarray(values, dtype=np.float64).reshape(-1)
-            w = 1.0 / max(float(sigma), 1e-12) ** 2
-            weights[i] += w
+            spread = np.broadcast_to(np.asarray(sigma, dtype=np.float64), values.shape)
+            w = 1.0 / np.maximum(spread, 1e-12) ** 2
+            weights[i] = weights[i] + w if weights[i].size else w.copy()
             sums[i] = sums[i] + w * values if sums[i].size else w * values
-            constant += 0.5 * w * float(values @ values)
+            constant += 0.5 * float(values @ (w * values))
         means = [s / w for s, w in zip(sums, weights, strict=True)]
-        constant -= sum(0.5 * w * float(m @ m) for w, m in zip(weights, means, strict=True))
+        constant -= sum(0.5 * float(m @ (w * m)) for w, m in zip(weights, means, strict=True))
         return cls(weights, means, constant)
 
     def loss(self, marginals: Sequence[np.ndarray]) -> float:
@@ -240,18 +244,20 @@ class Targets:
         out = self.constant
         for w, mean, mu in zip(self.weights, self.means, marginals, strict=True):
             diff = mu.reshape(-1) - mean
-            out += 0.5 * w * float(diff @ diff)
+            out += 0.5 * float(diff @ (w * diff))
         return out
 
     def gradient(self, marginals: Sequence[np.ndarray]) -> list[np.ndarray]:
         """∇_μ of the loss, each table in its marginal's shape."""
         return [
-            w * (mu - mean.reshape(mu.shape))
+            (w * (mu.reshape(-1) - mean)).reshape(mu.shape)
             for w, mean, mu in zip(self.weights, self.means, marginals, strict=True)
         ]
 
 
-def lipschitz(sizes: Sequence[int], cliques: Sequence[Clique], weights: Sequence[float]) -> float:
+def lipschitz(
+    sizes: Sequence[int], cliques: Sequence[Clique], weights: Sequence[float | np.ndarray]
+) -> float:
     """mbi's bound on the Lipschitz constant of the loss's gradient: each clique routed to the
     smallest maximal measured clique holding it, L = max_C Σ_{c→C} w_c·|C|/|c|."""
     cells = [math.prod(sizes[a] for a in c) for c in cliques]
@@ -259,7 +265,8 @@ def lipschitz(sizes: Sequence[int], cliques: Sequence[Clique], weights: Sequence
     blocks: dict[int, float] = {}
     for i, clique in enumerate(cliques):
         home = min((j for j in maximal if set(clique) <= set(cliques[j])), key=lambda j: cells[j])
-        blocks[home] = blocks.get(home, 0.0) + weights[i] * cells[home] / cells[i]
+        weight = float(np.max(weights[i]))  # per cell: the largest bounds the block
+        blocks[home] = blocks.get(home, 0.0) + weight * cells[home] / cells[i]
     return max(blocks.values()) if blocks else 1.0
 
 
@@ -295,7 +302,7 @@ def fit(
         grad = targets.gradient(mu)
         if scaled:  # a damped proportional-fitting step: each cell by its relative error
             step = [
-                scale * g / (w * np.maximum(m, _FLOOR))
+                scale * g / (w.reshape(m.shape) * np.maximum(m, _FLOOR))
                 for g, w, m in zip(grad, targets.weights, mu, strict=True)
             ]
         else:

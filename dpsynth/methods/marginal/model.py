@@ -33,11 +33,12 @@ Clique = tuple[int, ...]
 
 @dataclass(frozen=True)
 class Measurement:
-    """A noisy marginal: the clique (sorted attribute indices), counts + noise, and σ."""
+    """A noisy marginal: the clique (sorted attribute indices), counts + noise, and σ (a
+    number, or one per cell when the cells' noise differs)."""
 
     clique: Clique
     values: np.ndarray
-    sigma: float
+    sigma: float | np.ndarray
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ post-processing, no new spend. The run then measures only the 1-way marginals th
 not cover, and ε is spent once on each (the release's and the run's events compose in the
 ledger as before).
 
-A measurement here has one σ per marginal (the estimator's weight); a bin summing m noisy
-cells has variance m·s², so σ is the root mean square over the bins. A category list's
+A measurement here has one σ per bin (the estimator's weights): a bin summing m noisy cells
+has variance m·s². A category list's
 '(other)' is N minus the kept values' noisy counts (N is public). A column whose bins do not
 line up with the released cells (a time of day, a point mass inside a fine bin) is measured
 by the run as before.
@@ -17,7 +17,6 @@ by the run as before.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,6 +54,7 @@ def _number(
         # exact zeros are counted apart: a fine bin from 0 holds only larger values
         lows = np.where(lows == 0.0, unit, lows)
     highs = grid[1:] - unit if unit else grid[1:] - 0.01 * np.diff(grid)
+    lows = np.minimum(lows, highs)  # [0, 1) of whole numbers, zeros apart: empty, any code
     first, last = _codes(lows, attribute, schema), _codes(highs, attribute, schema)
     if not np.array_equal(first, last):
         return None
@@ -117,7 +117,8 @@ def released_measurements(
         if made is None:
             continue
         values, cells = made
-        sigma = float(released["noise_std"]) * math.sqrt(float(np.mean(cells)))
+        # a bin summing m noisy cells has variance m·s² (a bin of none: not measured, weight ~0)
+        sigma = float(released["noise_std"]) * np.sqrt(np.where(cells > 0, cells, 1e6))
         out[index] = Measurement((index,), values, sigma)
     return out
 

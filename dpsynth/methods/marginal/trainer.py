@@ -186,8 +186,20 @@ class MarginalTrainer(Trainer):
         tensors = {
             "counters": torch.tensor([self.rounds_done, self.selections], dtype=torch.int64),
             "sizes": torch.tensor(self.sizes, dtype=torch.int64),
-            "sigmas": torch.tensor([m.sigma for m in self.measurements], dtype=torch.float64),
+            "sigmas": torch.tensor(
+                [float(np.max(m.sigma)) for m in self.measurements], dtype=torch.float64
+            ),
         }
+        tensors.update(  # σ per cell (the schema release's 1-way measurements differ by cell)
+            pack_cliques(
+                "cell_sigmas",
+                [m.clique for m in self.measurements],
+                [
+                    np.broadcast_to(np.asarray(m.sigma), np.shape(m.values))
+                    for m in self.measurements
+                ],
+            )
+        )
         tensors.update(
             pack_cliques(
                 "measurements",
@@ -211,9 +223,12 @@ class MarginalTrainer(Trainer):
         self.rounds_done, self.selections = (int(v) for v in tensors["counters"].tolist())
         self.free_measurements = len(self.released) if self.rounds_done else 0
         cliques, values = unpack_cliques("measurements", tensors)
-        sigmas = tensors["sigmas"].tolist()
+        sigmas: list[float | np.ndarray] = [float(s) for s in tensors["sigmas"].tolist()]
+        _, cells = unpack_cliques("cell_sigmas", tensors)
+        if cells:  # checkpoints before 2026-12-05 hold one σ per measurement
+            sigmas = [c if np.ptp(c) > 0 else float(c[0]) for c in cells]
         self.measurements = [
-            Measurement(c, v, float(s)) for c, v, s in zip(cliques, values, sigmas, strict=True)
+            Measurement(c, v, s) for c, v, s in zip(cliques, values, sigmas, strict=True)
         ]
         cliques, tables = unpack_cliques("model", tensors)
         if cliques:

@@ -58,7 +58,10 @@ def edges_from_counts(
     # each at the grid edge where the cumulative mass first reaches it
     positions = np.searchsorted(cumulative, np.arange(1, bins) / bins, side="left")
     inner = grid[np.clip(positions, 1, len(grid) - 2)]
-    edges = np.concatenate([[grid[0]], inner, [grid[-1]]])
+    # a fine bin holding a quantile bin's share alone is a bin of the model (a term of 36
+    # months among 36 and 60 is not drawn across 32–36)
+    heavy = np.flatnonzero(mass >= total / bins)
+    edges = np.concatenate([[grid[0]], inner, grid[heavy], grid[heavy + 1], [grid[-1]]])
     if kind != "numeric":  # whole numbers, days, or seconds
         unit = 86400.0 if kind == "date" else 1.0
         edges = np.round(edges / unit) * unit
@@ -74,13 +77,12 @@ def clipped_share(
     fine: np.ndarray, span: tuple[int, int] | None, outside: float, present: float
 ) -> float:
     """The share of present values beyond the released range, from noisy counts: the trimmed
-    fine bins' mass and round 1's mass beyond the rough range (`outside`), each at least 0."""
+    fine bins' mass and round 1's mass beyond the rough range (`outside`), summed before the
+    sum is clipped to [0, 1] (clipping each part at 0 would bias it upwards)."""
     trimmed = 0.0
     if span is not None:
-        trimmed = max(float(fine[: span[0]].sum()), 0.0) + max(
-            float(fine[span[1] + 1 :].sum()), 0.0
-        )
-    return float(min(max(trimmed + max(outside, 0.0), 0.0) / max(present, 1.0), 1.0))
+        trimmed = float(fine[: span[0]].sum()) + float(fine[span[1] + 1 :].sum())
+    return float(min(max(trimmed + outside, 0.0) / max(present, 1.0), 1.0))
 
 
 def beyond_range(noisy_range: np.ndarray, kind: str, span: tuple[float, float]) -> float:
@@ -92,4 +94,4 @@ def beyond_range(noisy_range: np.ndarray, kind: str, span: tuple[float, float]) 
     reach = BEYOND_BINS
     below = noisy_range[max(first - reach, 0) : max(first, 0)].sum()
     above = noisy_range[last + 1 : last + 1 + reach].sum()
-    return float(max(below, 0.0) + max(above, 0.0))
+    return float(below + above)

@@ -68,6 +68,7 @@ from dpsynth.privacy.releases.schema_plan import (
     quantile_bins,
 )
 from dpsynth.privacy.releases.schema_spans import (
+    FALSE_ALARM,
     FALSE_ALONE,
     coarse_span,
     supported_bins,
@@ -93,11 +94,14 @@ MISSING_SIGNIFICANCE = 1.5
 # Fine bins of the shape histogram (the quantiles are read off it): as many as keep about
 # FINE_BIN_DEVIATIONS noise deviations of rows in a bin on average, within [8, FINE_BINS].
 FINE_BIN_DEVIATIONS = 8.0
+INTEGER_FINE_BINS = 128
 _GRID_LIMIT = 2.0**40
 # Round 1 extends a range while the next RANGE_WINDOW bins' noisy sum clears RANGE_Z
 # deviations of that sum, then pads RANGE_PAD bins each side (a factor of 2 on the numbers'
 # grid, a year on the calendar's).
 RANGE_WINDOW, RANGE_Z, RANGE_PAD = 4, 3.0, 2
+# A non-negative range whose high end is WIDE_RANGE times its low end reaches down to 0.
+WIDE_RANGE = 16.0
 # Window widths that look for a tail apart from a range already found (narrow: a window's
 # span reaches past its rows by up to its width).
 _TAIL_WIDTHS = (2, 4, 8)
@@ -157,6 +161,11 @@ def _number_range(
     if coarse is not None:
         span = coarse if span is None else (min(span[0], coarse[0]), max(span[1], coarse[1]))
     if span is None:
+        # a sparse column (values in a tenth of the rows, spread thin) is not written empty
+        # for want of a strict cut: windows at the false-alarm rate of a time's range (a false
+        # range then holds few values: round 2 releases the column's missing share)
+        span = coarse_span(released, std, FALSE_ALARM)
+    if span is None:
         return None, released, None
     first, last = _extended(released, span, std)
     padded = max(first - RANGE_PAD, 1), min(last + RANGE_PAD, len(released) - 2)
@@ -164,9 +173,13 @@ def _number_range(
     if len(zero):  # the padding never crosses 0: a column of non-negative rows stays so
         z = int(zero[0])  # the bin [0, …)
         if first >= z:
-            padded = (max(padded[0], z), padded[1])
+            # rows over orders of magnitude (counts, amounts): their thin low tail reaches
+            # down to 0 (a geometric fine grid spends no bins on it)
+            wide = edges[first] <= edges[last + 1] / WIDE_RANGE
+            padded = (z if wide else max(padded[0], z), padded[1])
         elif last < z:
-            padded = (padded[0], min(padded[1], z - 1))
+            wide = -edges[last + 1] <= -edges[first] / WIDE_RANGE
+            padded = (padded[0], z - 1 if wide else min(padded[1], z - 1))
     return _bounds(edges, padded), released, _bounds(edges, (first, last))
 
 
@@ -239,8 +252,14 @@ def fine_bins(rows: int, noise_std: float) -> int:
 
 
 def shape_grid(spec: NumberSpec, span: tuple[float, float], plan: SchemaReleasePlan) -> np.ndarray:
-    """The public fine grid of a number's shape histogram inside its released range."""
-    return fine_grid(span[0], span[1], spec.kind, fine_bins(plan.rows, plan.shape_noise_std))
+    """The public fine grid of a number's shape histogram inside its released range: whole
+    numbers one per bin when the range holds at most INTEGER_FINE_BINS of them (a count or a
+    term of 36 or 60 months keeps its values exactly, whatever the padding)."""
+    bins = fine_bins(plan.rows, plan.shape_noise_std)
+    if spec.kind == "integer":
+        values = math.floor(span[1]) - math.ceil(span[0]) + 1
+        bins = max(bins, values) if values <= INTEGER_FINE_BINS else bins
+    return fine_grid(span[0], span[1], spec.kind, bins)
 
 
 def released_decimals(noisy_digits: np.ndarray, std: float) -> int | None:
