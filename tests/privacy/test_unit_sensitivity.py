@@ -178,9 +178,8 @@ def test_the_targets_label_list_gets_less_noise_within_the_same_sensitivity() ->
     total = 4 / plan.category_noise_std**2 + 1 / plan.target_noise_std**2
     total += 1 / plan.range_noise_std**2 + 1 / plan.shape_noise_std**2
     assert total == pytest.approx(2 / sigma**2, rel=1e-9)
-    # the target takes half of round 1's precision
-    first = 4 / plan.category_noise_std**2 + 1 / plan.range_noise_std**2
-    assert 1 / plan.target_noise_std**2 == pytest.approx(first, rel=1e-9)
+    # the target takes a quarter of the release's precision
+    assert 1 / plan.target_noise_std**2 == pytest.approx(total / 4, rel=1e-9)
 
 
 # ------------------------------------------------------------- class weights, unit sizes

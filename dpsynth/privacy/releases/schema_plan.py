@@ -10,8 +10,8 @@ R/σ²), beside the category lists' `threshold_delta`.
 **Budget by need.** The precision Σ 1/s_i² is shared in proportion to a public weight per kind
 of histogram (NEEDS), from the column types only, never from the rows:
 - a category list (weight 1): its threshold decides which values survive at all;
-- the target's label set: TARGET_PRECISION_SHARE of round 1's precision (it must keep two
-  labels);
+- the target's label set: TARGET_PRECISION_SHARE of the whole release's precision (it must
+  keep two labels), and never less than a list's;
 - a number's range on the coarse grid (RANGE_NEED): where its rows are, padded afterwards;
 - a number's shape (SHAPE_NEED): its bin edges, missing share, and the 1-way measurement
   that MST and AIM reuse instead of measuring the column again;
@@ -46,7 +46,7 @@ RANGE_NEED = 0.6
 SHAPE_NEED = 0.8
 BOOLEAN_NEED = 0.4
 DECIMALS_NEED = 0.1
-TARGET_PRECISION_SHARE = 0.5
+TARGET_PRECISION_SHARE = 0.25
 NEEDS = {
     "category": 1.0,
     "range": RANGE_NEED,
@@ -155,7 +155,7 @@ def plan_schema_release(
     """Calibrate the release so that it alone is (ε, δ)-DP, its precision shared by need.
 
     `target`: one of the `categorical` lists is the target's label set, which a run cannot
-    lose (it needs two labels): it takes TARGET_PRECISION_SHARE of round 1's precision, so its
+    lose (it needs two labels): it takes TARGET_PRECISION_SHARE of the release's precision, so its
     labels clear the threshold at fewer rows. `rows` is N or the declared public size N':
     every N-derived setting (bins) reads it."""
     if not (math.isfinite(epsilon) and epsilon > 0):
@@ -170,12 +170,14 @@ def plan_schema_release(
     calibration = calibrate_noise(epsilon, delta, 1.0, rounds, prior_events=prior)
     sigma = calibration.noise_multiplier
     lists = categorical - int(target)
-    first = lists * NEEDS["category"] + len(numbers) * RANGE_NEED
-    target_need = (
-        max(NEEDS["category"], first * TARGET_PRECISION_SHARE / (1.0 - TARGET_PRECISION_SHARE))
-        if target
-        else 0.0
+    others = (
+        lists * NEEDS["category"]
+        + len(numbers) * (RANGE_NEED + SHAPE_NEED)
+        + booleans * BOOLEAN_NEED
+        + decimals * DECIMALS_NEED
     )
+    ratio = TARGET_PRECISION_SHARE / (1.0 - TARGET_PRECISION_SHARE)
+    target_need = max(NEEDS["category"], others * ratio) if target else 0.0
     allocation = tuple(
         (kind, count, weight)
         for kind, count, weight in (
