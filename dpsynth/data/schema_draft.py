@@ -10,7 +10,8 @@ the draft is a starting point, not a public declaration. Per column, in this ord
   01:00, in a column named for a time (`dep_time`) → `integer` with `"clock": "hhmm"`
   (minutes since midnight inside, `dpsynth.data.clock`). Empty cells (and the usual
   missing-value tokens, `schema.MISSING_TOKENS`) give `missing: true`, never a categorical;
-- yes/no, true/false, t/f, y/n in any case → `boolean`;
+- yes/no, true/false, t/f, y/n in any case → `boolean`; so is a column of exactly 0 and 1 (an
+  indicator, written back as 0 and 1);
 - dates and times of one format (ISO 8601 and what pandas recognises) → `date` or `datetime`,
   with their `format` and UTC offset;
 - text: long or mostly unique free text → `ignored`; identifiers (below) → `id`; a category
@@ -141,6 +142,11 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
         )
     counts = pd.Series(present).value_counts()
     distinct = [str(v) for v in counts.index]
+    if set(distinct) == {"0", "1"}:
+        # an indicator: a boolean written back as 0 and 1 (a number column still), whose DP
+        # release needs one small histogram where a number's needs a range and a shape
+        flag = Column(name, "boolean", categories=("0", "1"), missing=missing, source=DATA_SOURCE)
+        return DraftedColumn(flag, f"{name}: only 0 and 1 → boolean (written as 0 and 1)")
     numbers = _numbers(distinct)
     if numbers is not None:
         integral = bool(np.all(numbers == np.round(numbers)))

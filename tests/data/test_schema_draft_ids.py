@@ -136,7 +136,7 @@ def test_measurements_stay_numbers() -> None:
     assert kinds == {name: "integer" for name in numbers}, kinds
     # a name alone is not enough for a handful of values (whole numbers stay numbers)
     assert _kind("center_id", rng.integers(1, 6, n)) == "integer"
-    assert _kind("has_id", rng.integers(0, 2, n)) == "integer"
+    assert _kind("has_id", rng.integers(0, 2, n)) == "boolean"  # 0/1: an indicator, not an id
     assert _kind("site_id", rng.integers(1, 61, n)) == "integer"
     # nearly unique whole numbers with no telling name may be amounts (as before)
     assert _kind("n", np.arange(30)) == "integer"
@@ -225,3 +225,32 @@ def test_a_sampled_draft_says_its_rows_per_unit_understate_the_table(tmp_path: P
     assert "drafted from a uniform sample" in notes
     assert "note: the identifiers' rows per unit above count the sample's rows" in notes
     assert "before choosing --max-rows-per-unit" in notes
+
+
+def test_an_indicator_of_zeros_and_ones_is_a_boolean_written_as_numbers() -> None:
+    """A 0/1 column is a boolean (one small histogram in the DP release) whose values are
+    written back as 0 and 1; a 0/1 column with one 2 stays a whole number."""
+    from dpsynth.data.table_codec import TableCodec
+
+    rng = np.random.default_rng(0)
+    flags = rng.integers(0, 2, 500)
+    drafted = draft_column("honors", _strings([str(v) for v in flags]), rows=500)
+    assert drafted.column.type == "boolean"
+    assert drafted.column.categories == ("0", "1")
+    counts = np.concatenate([flags, [2]])
+    assert draft_column("visits", _strings([str(v) for v in counts]), rows=501).column.type == (
+        "integer"
+    )
+    # encoded and written back: the cells read 0 and 1 again
+    from dpsynth.data.csvtable import RawTable
+    from dpsynth.data.schema_draft import draft_table
+
+    labels = np.array(["a", "b"] * 250, dtype=object)
+    cells = np.array([str(v) for v in flags], dtype=object)
+    raw = RawTable(("honors", "y"), (cells, labels), "t")
+    schema, _ = draft_table(["honors", "y"], [cells, labels], "y")
+    codec = TableCodec(schema)
+    x, y = codec.encode(raw)
+    frame = codec.decode(x.numpy(), y.numpy(), np.random.default_rng(0))
+    written = codec.text_frame(frame)
+    assert written["honors"].tolist() == cells.tolist()

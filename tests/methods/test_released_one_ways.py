@@ -30,9 +30,10 @@ def _table() -> RawTable:
     ward[:3] = "rare"  # a value no release keeps: '(other)'
     smoker = rng.choice(["yes", "no"], ROWS).astype(object)
     smoker[rng.random(ROWS) < 0.3] = ""
+    flag = rng.choice(["0", "1"], ROWS).astype(object)  # an indicator: a boolean, no missing
     label = rng.choice(["a", "b", "c"], ROWS).astype(object)
-    names = ["income", "count", "ward", "smoker", "label"]
-    columns = [income_text, count, ward, smoker, label]
+    names = ["income", "count", "ward", "smoker", "flag", "label"]
+    columns = [income_text, count, ward, smoker, flag, label]
     return RawTable(tuple(names), tuple(np.asarray(c, dtype=object) for c in columns), "t")
 
 
@@ -49,9 +50,8 @@ def test_released_histograms_are_the_model_bins_one_way_marginals() -> None:
     codes = codes_from_raw(raw, released_schema, domain)
     measured = released_measurements(domain, released_schema, one_way_record(applied), float(raw.n))
     kinds = {a.name: a.kind for a in domain.attributes}
-    assert kinds["income"] == "edges" and {"income", "count", "ward", "smoker", "label"} <= {
-        domain.attributes[i].name for i in measured
-    }
+    names = {"income", "count", "ward", "smoker", "flag", "label"}
+    assert kinds["income"] == "edges" and names <= {domain.attributes[i].name for i in measured}
     for index, measurement in measured.items():
         exact = np.bincount(codes[:, index], minlength=domain.sizes[index])
         assert measurement.clique == (index,)
@@ -83,7 +83,7 @@ def test_a_run_that_reuses_them_plans_fewer_measurements() -> None:
     reused = method.plan(info, target, {**config, ONE_WAYS_KEY: one_way_record(applied)})
     count = next(e for e in alone.events if e.get("phase") == "marginal-measurements")["count"]
     fewer = next(e for e in reused.events if e.get("phase") == "marginal-measurements")["count"]
-    assert fewer == count - 5  # every column's 1-way comes from the release
+    assert fewer == count - 6  # every column's 1-way comes from the release
     # fewer measurements in the same budget: less noise on each
     sigma = next(e for e in alone.events if e.get("phase") == "marginal-measurements")
     sigma_reused = next(e for e in reused.events if e.get("phase") == "marginal-measurements")

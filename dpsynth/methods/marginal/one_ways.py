@@ -107,10 +107,11 @@ def released_measurements(
         if released["kind"] == "number":
             made = _number(attribute, schema, released, column.type)
         elif released["kind"] == "boolean":
-            counts = np.asarray(released["counts"], dtype=np.float64)
-            made = (counts, np.ones(3)) if attribute.size == 3 else None
-            if attribute.size == 2:  # no missing level: a missing cell is not kept apart
-                made = None
+            counts = np.asarray(released["counts"], dtype=np.float64)  # false, true, missing
+            if attribute.size == 3:
+                made = (counts, np.ones(3))
+            else:  # no missing level: a missing cell is encoded false (the codec's rule)
+                made = (np.array([counts[0] + counts[2], counts[1]]), np.array([2.0, 1.0]))
         else:
             other = column.other if attribute.kind != "target" else None
             made = _category(tuple(column.levels), released, n, other)
