@@ -185,7 +185,7 @@ class TrainProgressView:
         terminal, one line per finished pass on stderr otherwise (not with `--quiet`)."""
         if self.bar is None:
             if report.done and self.tell_stops:
-                what = f"{report.cliques} marginals" if report.cliques else "check"
+                what = report.what or (f"{report.cliques} marginals" if report.cliques else "check")
                 stderr.print(
                     f"pass {report.index} ({report.engine}, {what}): {report.rows:,} rows in "
                     f"{report.seconds:.1f} s",

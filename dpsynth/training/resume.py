@@ -129,7 +129,7 @@ def resume_run(
         }
         trainer.load_state_tensors(restored)
         start = int(state["step"])
-        randomness.load_state(run.load_private_state(start)["generators"])
+        _load_streams(randomness, run.load_private_state(start)["generators"])
     run.truncate_log(start)
     public = None
     if needs_reload(run_config, start, restored):
@@ -179,7 +179,7 @@ def join_run(start: Mapping[str, Any], device: torch.device) -> Session:
     central_rng = central_generator(plan, randomness)
     if start["tensors"] is not None:
         trainer.load_state_tensors(start["tensors"])
-    randomness.load_state(start["generators"])
+    _load_streams(randomness, start["generators"])
     public = None
     if needs_reload(run_config, int(start["start_step"]), start["tensors"]):
         public = reload_public(run_config["public"], info, "rank 0's run")
@@ -201,3 +201,13 @@ def join_run(start: Mapping[str, Any], device: torch.device) -> Session:
         restored=start["tensors"],
         public=public,
     )
+
+
+def _load_streams(randomness: PrivateRandomness, states: Mapping[str, str]) -> None:
+    """Restore the saved secret streams. A table's DP releases before step 0 (`schema/…`:
+    spent when the run began, never drawn from again) are handed out first, so that a run
+    with a schema release restores the streams it saved."""
+    for purpose in states:
+        if purpose.startswith("schema/"):
+            randomness.generator(purpose)
+    randomness.load_state(states)

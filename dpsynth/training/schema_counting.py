@@ -1,24 +1,31 @@
 """The exact counts of a DP schema release, made from a table's rows (a whole table in memory,
-or one chunk of an engine's pass) for `dpsynth.training.schema_entries.apply_release`."""
+or one chunk of an engine's pass) for `dpsynth.training.schema_entries.apply_release`.
+
+A chunk an engine reads from Parquet may hold its numbers typed and its text
+dictionary-encoded (`dpsynth.data.discrete.TypedChunk`): the numbers are read with
+`chunk_numbers` and a text column is tallied once per distinct value, which gives the counts
+its text would give."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 
-from dpsynth.data.column_values import column_numbers, missing_mask
+from dpsynth.data.column_values import missing_mask
 from dpsynth.data.csvtable import RawTable
+from dpsynth.data.discrete import chunk_numbers
 from dpsynth.data.schema import Column, Schema
 from dpsynth.privacy.releases.schema_counts import (
     RangeCounts,
     ShapeCounts,
     boolean_counts,
+    category_tally,
     decimal_counts,
     range_counts,
     shape_counts,
-    tallies_of,
 )
 from dpsynth.privacy.releases.schema_plan import SchemaReleasePlan
 from dpsynth.training.schema_entries import (
@@ -40,12 +47,27 @@ def boolean_codes(raw: RawTable, column: Column) -> np.ndarray:
 def count_ranges(raw: RawTable, columns: ReleaseColumns) -> RangeCounts:
     """Round 1's exact counts of these rows."""
     return RangeCounts(
-        tallies_of({c.name: raw.column(c.name) for c in columns.categorical}),
+        {c.name: _tally(raw, c.name) for c in columns.categorical},
         {
-            c.name: range_counts(column_numbers(raw, c, lenient=True), c.type)
+            c.name: range_counts(chunk_numbers(raw, c, lenient=True), c.type)
             for c in columns.numbers
         },
     )
+
+
+def _tally(raw: RawTable, name: str) -> Counter[str]:
+    """`category_tally` of a column, counted per distinct value when the chunk holds it
+    dictionary-encoded."""
+    typed = getattr(raw, "categories", {}).get(name)
+    if typed is None:
+        return category_tally(raw.column(name))
+    indices, uniques = typed
+    tally: Counter[str] = Counter()
+    counts = np.bincount(indices, minlength=len(uniques))
+    for value, count in zip(uniques.tolist(), counts.tolist(), strict=True):
+        if count:
+            tally[str(value)] += int(count)
+    return tally
 
 
 def count_shapes(
@@ -56,7 +78,7 @@ def count_shapes(
     for column in columns.numbers:
         if column.name not in grids:
             continue
-        values = column_numbers(raw, column, lenient=True)
+        values = chunk_numbers(raw, column, lenient=True)
         out.numbers[column.name] = shape_counts(values, grids[column.name], column.type)
         if number_spec(column).decimals:
             out.decimals[column.name] = decimal_counts(raw.column(column.name), values)

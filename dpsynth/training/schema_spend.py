@@ -1,10 +1,15 @@
 """Spending a table's planned DP releases: the schema entries, the target's class weights and
-a privacy unit's rows-per-unit histogram, in one ledger entry reserved before the read."""
+a privacy unit's rows-per-unit histogram, in one ledger entry reserved before the read. The
+schema entries' release runs on the rows in memory, or on an engine's passes
+(`training.engine_release`: a `ReleaseRun` given to `spend_release`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from dpsynth.data.column_values import RELEASED_PREFIX
 from dpsynth.data.schema import Schema
@@ -17,16 +22,29 @@ from dpsynth.training.schema_counting import release_in_memory
 from dpsynth.training.table_units import rows_with_labels, unit_sizes
 
 if TYPE_CHECKING:
-    from dpsynth.training.schema_entries import AppliedRelease
+    from dpsynth.privacy.releases.schema_plan import SchemaReleasePlan
+    from dpsynth.training.schema_entries import AppliedRelease, ReleaseColumns
     from dpsynth.training.table_input import TableInput
+
+# The schema entries' release on some rows: (schema, columns, plan, generator, source) → the
+# applied release (`schema_entries.apply_release` on the counts of whatever reads the rows).
+ReleaseRun = Callable[
+    ["Schema", "ReleaseColumns", "SchemaReleasePlan", torch.Generator, str], "AppliedRelease"
+]
 
 
 def spend_release(
-    table: TableInput, ledger: Ledger, method: str, run_id: str, randomness: PrivateRandomness
+    table: TableInput,
+    ledger: Ledger,
+    method: str,
+    run_id: str,
+    randomness: PrivateRandomness,
+    run: ReleaseRun | None = None,
 ) -> tuple[Schema, dict[str, Any]]:
     """Spend the table's planned releases in one ledger entry (command `schema-release`) and
-    run them on `table.raw` (bounded per unit already): the schema with the released entries
-    (and weights), and the release's record for config.json."""
+    run them on `table.raw` (bounded per unit already), or the schema entries' release with
+    `run` (an engine's passes): the schema with the released entries (and weights), and the
+    release's record for config.json."""
     raw, schema, events = table.raw, table.schema, table.events
     planned, weights_plan, epsilon = table.release, table.weights_plan, table.schema_epsilon
     delta, dataset, fingerprint = table.delta, table.dataset, table.fingerprint
@@ -49,9 +67,12 @@ def spend_release(
     try:
         if planned is not None:
             columns, plan = planned
-            applied = release_in_memory(
-                raw, schema, columns, plan, randomness.generator("schema/release"), source
-            )
+            # one secret stream for the release, whatever reads the rows: the same release
+            generator = randomness.generator("schema/release")
+            if run is None:
+                applied = release_in_memory(raw, schema, columns, plan, generator, source)
+            else:
+                applied = run(schema, columns, plan, generator, source)
             schema, warnings = applied.schema, applied.warnings
         weights = None
         if weights_plan is not None:

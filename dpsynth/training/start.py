@@ -25,7 +25,6 @@ import torch
 from dpsynth import __version__
 from dpsynth.data.engines import PassCallback
 from dpsynth.data.engines.source import TableSource
-from dpsynth.data.images import DataInfo
 from dpsynth.data.sources import is_table_spec, load_data
 from dpsynth.data.table_codec import TableData
 from dpsynth.distributed import Launch
@@ -50,6 +49,7 @@ from dpsynth.training.data import (
 )
 from dpsynth.training.image_units import bounded_images
 from dpsynth.training.public import ledger_record, open_public
+from dpsynth.training.release_fit import check_training_fits, recommended
 from dpsynth.training.request import TrainRequest
 from dpsynth.training.schema_spend import with_released_one_ways
 from dpsynth.training.session import Session, central_generator
@@ -310,8 +310,9 @@ def _load_table(
     planned from public facts, the training plan after it is checked to fit, and only then is
     the release spent."""
     from dpsynth.data.engines import EngineChoice, parse_engine
+    from dpsynth.training.engine_release import engine_table
     from dpsynth.training.table_schema import read_table_input, release_table_schema, schema_share
-    from dpsynth.training.table_source import prepare_table_source, table_engine
+    from dpsynth.training.table_source import table_engine
 
     if backend is not None:
         check_modality(backend, "table")
@@ -343,19 +344,7 @@ def _load_table(
                 "unit bounds rows in memory for now (--engine memory, within the memory budget)",
                 parameters=("privacy_unit", "engine"),
             )
-        source = prepare_table_source(
-            spec=request.data,
-            engine=engine,
-            schema_path=request.schema,
-            schema_public=request.schema_public,
-            schema_epsilon=request.schema_epsilon,
-            class_weights_epsilon=request.class_weights_epsilon,
-            dataset_id=request.dataset_id,
-            target_epsilon=target_epsilon,
-            budget=request.memory_budget,
-            on_pass=on_pass,
-        )
-        return source, None, backend or _recommended(source.info(""), target_epsilon)
+        return engine_table(request, engine, backend, ledger, run_id, randomness, on_pass)
     table = read_table_input(
         spec=request.data,
         schema_path=request.schema,
@@ -374,26 +363,17 @@ def _load_table(
         records = table.encoded()
         existing = ledger.data_fingerprint(records.content_digest, create=False)
         check_unit_composition(ledger, table.dataset, existing, unit)
-        return records, None, backend or _recommended(records.info(""), target_epsilon)
+        return records, None, backend or recommended(records.info(""), target_epsilon)
     # before the release is spent: the data set's earlier spends must protect the same unit
     check_unit_composition(ledger, table.dataset, table.fingerprint, unit)
     info = table.provisional
     if request.public_size is not None:
         info = replace(info, n=request.public_size)
-    backend = backend or _recommended(info, target_epsilon)
+    backend = backend or recommended(info, target_epsilon)
     if unit is not None:
         check_unit_method(backend, unit)
     # The training run must still fit after the release's spend: planned before it is spent.
-    preset = resolve_preset(backend, request.preset, info, target_epsilon)
-    config = backend.config(preset, dict(request.overrides), info)
-    backend.validate_config(config, info)
-    prior = (*ledger.events_for(info.dataset_id, info.fingerprint or None), *table.events)
     assert table.delta is not None
-    backend.plan(info, PrivacyTarget(target_epsilon, table.delta), config, prior)
+    check_training_fits(backend, request, info, table.events, table.delta, ledger)
     records, release = release_table_schema(table, ledger, backend.name, run_id, randomness)
     return records, release, backend
-
-
-def _recommended(info: DataInfo, target_epsilon: float) -> Method:
-    """The backend `--method auto` picks for this public description."""
-    return get_method(recommend_method(info, target_epsilon))

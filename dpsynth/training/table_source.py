@@ -3,24 +3,30 @@
 `table_engine` resolves `--engine auto` (the default): the in-memory path of
 `dpsynth.training.table_schema` when the table's estimated size in memory fits the memory budget
 (and always for the built-in tables), else DuckDB. `prepare_table_source` is that path's twin for
-the out-of-core engines: the same schema marks, then the engine's check pass (every row encoded, so
-a bad cell fails before anything is spent; N counted; the content digest), then the check of
-category lists read off the data against N. A DP release of the schema or of the class weights reads
-whole columns in memory: on an engine it is refused (exit 2) before anything is read, with the way
-out (declare the entries public, or release them on a sample the data owner may spend on).
+the out-of-core engines: the same schema marks and the same default DP release of the entries read
+off the data (`--schema-epsilon`, a share of `--epsilon` unless given), then the engine's check
+pass (every row encoded, so a bad cell fails before anything is spent; N counted; the content
+digest; the columns a release will replace are checked as in memory: their lists and missing
+flags are not, as the release replaces them), then the check of category lists read off the data
+against N. The release itself is planned, spent and run on the engine's passes by
+`dpsynth.training.engine_release`. The DP release of the target's class weights
+(`--class-weights-epsilon`) is not made on an engine: refused (exit 2) before anything is read.
 
-Passes over the data in a run: the check pass, then the marginal trainer's counting passes
-(`MarginalQueries.prefetch`: one for mst and aim, every candidate marginal counted up front).
+Passes over the data in a run: the check pass; with a DP schema release, its two rounds (one pass
+each); then the marginal trainer's counting passes (`MarginalQueries.prefetch`: one for mst and
+aim, every candidate marginal counted up front).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from dpsynth.data.csvtable import RawTable
-from dpsynth.data.discrete import ChunkEncoder, schema_domain
+from dpsynth.data.discrete import schema_domain
 from dpsynth.data.engines import (
     EngineChoice,
     PassCallback,
@@ -31,14 +37,16 @@ from dpsynth.data.engines import (
     table_files,
 )
 from dpsynth.data.engines.chunks import footer_rows
-from dpsynth.data.engines.source import TableSource
+from dpsynth.data.engines.source import TableSource, chunk_encoder
 from dpsynth.data.limits import memory_budget
 from dpsynth.data.schema import Schema
 from dpsynth.data.schema_file import read_schema
 from dpsynth.data.sources import parse_spec
 from dpsynth.data.table_codec import TableCodec, check_header
 from dpsynth.errors import UsageError
+from dpsynth.training.schema_entries import OTHER
 from dpsynth.training.table_schema import (
+    SCHEMA_SHARE,
     check_class_weights,
     check_public,
     default_schema_epsilon,
@@ -95,8 +103,11 @@ def prepare_table_source(
     target_epsilon: float,
     budget: int | None,
     on_pass: PassCallback | None = None,
-) -> TableSource:
-    """The table as an engine's source under a public schema (nothing spent; see the module)."""
+    share: float = SCHEMA_SHARE,
+) -> tuple[TableSource, float | None]:
+    """The table as an engine's source under its schema with this run's marks, and the ε of
+    the DP release of its entries read off the data (None: nothing to release; the default:
+    `share` of a finite `target_epsilon`). Nothing is spent (see the module)."""
     if schema_path is None:
         raise UsageError(
             f"--engine {engine.spec}: {spec} needs --schema FILE.json (draft one with "
@@ -105,18 +116,38 @@ def prepare_table_source(
     schema = read_schema(schema_path)
     if schema_public and schema_epsilon is not None:
         raise UsageError("--schema-public and --schema-epsilon exclude each other")
-    check_class_weights(schema, schema_public, class_weights_epsilon)
-    released = default_schema_epsilon(schema, schema_public, schema_epsilon, target_epsilon)
-    if released is not None or class_weights_epsilon is not None:
+    if class_weights_epsilon is not None:
         raise UsageError(
-            f"--engine {engine.spec}: a DP release of the schema or class weights reads whole "
-            "columns in memory and is not made out of core; declare the entries public "
-            "(--schema-public, or public figures in the schema), or use --engine memory"
+            f"--engine {engine.spec}: the DP release of the class weights "
+            "(--class-weights-epsilon) is made in memory only; declare public weights in the "
+            "schema, leave them out, or use --engine memory",
+            parameters=("class_weights_epsilon", "engine"),
         )
+    check_class_weights(schema, schema_public, None)
+    released = default_schema_epsilon(schema, schema_public, schema_epsilon, target_epsilon, share)
     schema = public_marks(schema, schema_public, released, target_epsilon)
-    source = open_table_source(spec, schema, engine, budget, dataset_id, on_pass)
-    check_public(schema, schema_public, None, source.n)
-    return source
+    pending = schema.data_derived() if released is not None else ()
+    source = open_table_source(spec, schema, engine, budget, dataset_id, on_pass, pending)
+    check_public(schema, schema_public, schema_epsilon, source.n)
+    return source, released
+
+
+def pending_schema(schema: Schema, names: Sequence[str]) -> Schema:
+    """The schema the check pass encodes with while a DP release of the named columns is
+    pending: their values outside the drafted lists (an `other` category) and their missing
+    cells (a missing flag) pass, as `check_values` lets them pass in memory; the rest, and
+    every number and time, is checked as always."""
+    for name in names:
+        column = next(c for c in schema.columns if c.name == name)
+        if column.type == "categorical":
+            other = OTHER
+            while other in column.categories:
+                other += "*"
+            column = replace(column, categories=(*column.categories, other), other=other)
+        elif column.is_numeric or column.type == "boolean":
+            column = replace(column, missing=True)
+        schema = schema.replace_column(column)
+    return schema
 
 
 def open_table_source(
@@ -126,14 +157,18 @@ def open_table_source(
     budget: int | None,
     dataset_id: str | None,
     on_pass: PassCallback | None = None,
+    pending: Sequence[str] = (),
 ) -> TableSource:
-    """The source on its engine after the check pass (DataError for a bad file or cell)."""
+    """The source on its engine after the check pass (DataError for a bad file or cell; the
+    `pending` columns, which a DP release is about to replace, checked as `pending_schema`
+    says)."""
     files = table_files(spec)
     if files.kind == "parquet":
         header, _ = parquet_rows(files)  # every footer checked before any row is read
         check_header(RawTable(header, tuple(np.empty(0, object) for _ in header), spec), schema)
     # the check pass encodes under any binning: a bad cell fails whatever the bins
-    encoder = ChunkEncoder(schema, schema_domain(schema, 2, False))
+    checked = pending_schema(schema, pending)
+    encoder = chunk_encoder(checked, schema_domain(checked, 2, False))
     counter = open_counter(engine, files, encoder, None, budget or memory_budget())
     counter.on_pass = on_pass
     # A pass of its own, not folded into the counting pass: the reservation needs what it

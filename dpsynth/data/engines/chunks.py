@@ -16,6 +16,7 @@ so that `dpsynth.data.discrete.codes_from_raw` gives the codes the in-memory pat
 from __future__ import annotations
 
 import glob
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,15 +128,20 @@ def raw_from_frame(frame: pd.DataFrame, source: str) -> RawTable:
     return RawTable(header, tuple(columns), source)
 
 
-def raw_from_batch(batch: pa.RecordBatch, source: str, schema: Schema | None) -> RawTable:
+def raw_from_batch(
+    batch: pa.RecordBatch, source: str, schema: Schema | None, text: Sequence[str] = ()
+) -> RawTable:
     """An Arrow record batch as the canonical stripped strings of `dpsynth.data.parquetfile`
     (dates and timestamps in the schema's `format` where it gives one), except the integer,
     float64 and decimal columns the schema types as numbers: those stay float64 (a
-    `TypedChunk`), the values their text would parse to, without the text; and text columns
-    stay dictionary-encoded (their distinct values converted once)."""
+    `TypedChunk`), the values their text would parse to, without the text (but for those named
+    in `text`, whose canonical text is kept beside: a release counts the decimals a number is
+    written with); and text columns stay dictionary-encoded (their distinct values converted
+    once)."""
     formats = {c.name: c for c in schema.columns if c.format} if schema is not None else {}
     columns_of = schema.columns if schema is not None else ()
     numeric = {c.name for c in columns_of if c.is_numeric and not c.is_time}
+    kept_text = set(text)
     columns: list[np.ndarray] = []
     numbers: dict[str, np.ndarray] = {}
     categories: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -157,7 +163,8 @@ def raw_from_batch(batch: pa.RecordBatch, source: str, schema: Schema | None) ->
         ):
             values = pc.cast(array, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
             numbers[name] = np.asarray(values, dtype=np.float64)
-            columns.append(blank)
+            # its canonical text too when asked (no blanks to strip in a number's text)
+            columns.append(_texts(array) if name in kept_text else blank)
             continue
         if _is_text(kind):
             # text stays dictionary-encoded: one Python string per distinct value

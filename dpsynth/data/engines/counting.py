@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -149,7 +150,9 @@ def rows_digest(schema: Schema, rows: int, sums: np.ndarray) -> str:
 
 class CountSums:
     """Running int64 sums of several cliques' counts (starting from zeros), and optionally
-    the row-hash sums of the content digest."""
+    the row-hash sums of the content digest. `rows` are the rows read (the digest names them
+    all); `kept` the rows counted, fewer when the encoder leaves rows out (a DP-released label
+    set: `source.LabelledEncoder`)."""
 
     def __init__(
         self, sizes: Sequence[int], cliques: Sequence[Clique], schema: Schema | None = None
@@ -159,23 +162,32 @@ class CountSums:
         empty = np.zeros((0, len(self.sizes)), np.int64)
         self.totals = chunk_counts(empty, self.sizes, self.cliques)
         self.rows = 0
+        self.kept = 0
         self.schema = schema  # given: the digest's sums are kept too
         self.hash_sums = np.zeros(2, dtype=np.uint64)
 
     def add_codes(self, codes: np.ndarray, raw: RawTable | None = None) -> None:
-        """Add one chunk's codes [n, d] (and its raw cells to the digest, when kept)."""
+        """Add one chunk's codes [n, d] (of the rows its encoder kept of `raw`: all but for a
+        `LabelledEncoder`), and its raw cells to the digest, when kept."""
         hashes = None
         if self.schema is not None and raw is not None:
             hashes = row_hash_sums(raw, self.schema)
-        self.add(chunk_counts(codes, self.sizes, self.cliques), len(codes), hashes)
+        rows = raw.n if raw is not None else len(codes)
+        self.add(chunk_counts(codes, self.sizes, self.cliques), rows, hashes, len(codes))
 
     def add(
-        self, counts: Sequence[np.ndarray], rows: int, hashes: np.ndarray | None = None
+        self,
+        counts: Sequence[np.ndarray],
+        rows: int,
+        hashes: np.ndarray | None = None,
+        kept: int | None = None,
     ) -> None:
-        """Add one chunk's (or one worker's) int64 counts and digest sums."""
+        """Add one chunk's (or one worker's) int64 counts, rows read (and counted: `kept`,
+        all of them unless given) and digest sums."""
         for total, part in zip(self.totals, counts, strict=True):
             total += part
         self.rows += int(rows)
+        self.kept += int(rows if kept is None else kept)
         if hashes is not None:
             with np.errstate(over="ignore"):
                 self.hash_sums += np.asarray(hashes, dtype=np.uint64)
@@ -206,3 +218,16 @@ def count_chunks(
         if on_chunk is not None:
             on_chunk(sums.rows)
     return sums
+
+
+def fold_chunks(
+    chunks: Iterable[RawTable], count: Callable[[RawTable], Any], on_chunk: ChunkCallback
+) -> tuple[Any, int]:
+    """`count` of every chunk summed with its `.add` (None for no chunk), and the rows read."""
+    total, rows = None, 0
+    for raw in chunks:
+        part = count(raw)
+        total = part if total is None else total.add(part)
+        rows += raw.n
+        on_chunk(rows)
+    return total, rows

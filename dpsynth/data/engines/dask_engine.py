@@ -9,7 +9,8 @@ A Parquet source is split into tasks of a file's row groups (each `parts.part_co
 single-machine engine's processes run it); a CSV is split by Dask's own
 reader into byte blocks (every column as text). Each task reads its part, encodes it with the
 one encoding and returns int64 counts (the size of the marginals, never rows); the client
-sums them. One `counts` call is one pass.
+sums them. One `counts` call is one pass; so is one `fold` (a DP schema release's round: each
+task returns its part's summed counts, `parts.part_fold`, merged in the same tree).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dpsynth.data.discrete import ChunkEncoder
 from dpsynth.data.engines.base import TableCounter
 from dpsynth.data.engines.chunks import TableFiles, raw_from_frame
 from dpsynth.data.engines.counting import Clique, CountSums
-from dpsynth.data.engines.parts import part_counts
+from dpsynth.data.engines.parts import part_counts, part_fold
 from dpsynth.errors import DataError, UsageError
 
 # Row groups of one file per task.
@@ -35,7 +36,9 @@ _FAN_IN = 8
 CONNECT_TIMEOUT_S = 5
 
 
-Result = tuple[list[np.ndarray], int, np.ndarray]
+Result = tuple[list[np.ndarray], int, np.ndarray, int]
+# What a task is run as: a function and its arguments (the part's or block's own first).
+Call = tuple[Callable[..., Any], tuple[Any, ...]]
 
 
 def _frame_task(
@@ -44,7 +47,7 @@ def _frame_task(
     sums = CountSums(encoder.domain.sizes, cliques, encoder.schema if digest else None)
     raw = raw_from_frame(frame, name)
     sums.add_codes(encoder(raw), raw)
-    return sums.totals, sums.rows, sums.hash_sums
+    return sums.totals, sums.rows, sums.hash_sums, sums.kept
 
 
 def _merge(*parts: Result) -> Result:
@@ -52,7 +55,21 @@ def _merge(*parts: Result) -> Result:
     counts = [np.sum(column, axis=0) for column in zip(*(p[0] for p in parts), strict=True)]
     with np.errstate(over="ignore"):
         hashes = np.sum([p[2] for p in parts], axis=0, dtype=np.uint64)
-    return counts, sum(p[1] for p in parts), hashes
+    return counts, sum(p[1] for p in parts), hashes, sum(p[3] for p in parts)
+
+
+def _frame_fold(frame: Any, count: Callable[[RawTable], Any], name: str) -> tuple[Any, int]:
+    raw = raw_from_frame(frame, name)
+    return count(raw), raw.n
+
+
+def _fold_merge(*parts: tuple[Any, int]) -> tuple[Any, int]:
+    """The sum of several fold tasks' results and rows (on a worker)."""
+    total = None
+    for part, _ in parts:
+        if part is not None:
+            total = part if total is None else total.add(part)
+    return total, sum(rows for _, rows in parts)
 
 
 def connect(address: str) -> Any:
@@ -81,13 +98,16 @@ class DaskCounter(TableCounter):
         super().__init__(encoder, record_count)
         self.client, self.files = client, files
 
-    def chunks(self) -> Iterator[RawTable]:  # pragma: no cover - `count` splits the work
+    def chunks(self, text: Sequence[str] = ()) -> Iterator[RawTable]:  # pragma: no cover
         """Unused: the workers read the chunks."""
         return iter(())
 
-    def _tasks(self, cliques: list[Clique], digest: bool) -> list[tuple[Any, int | None]]:
-        """The pass's tasks, each with the rows it will read (None: not known before)."""
-        name = self.files.name
+    def _tasks(
+        self, part: Callable[[str, list[int]], Call], block: Call
+    ) -> list[tuple[Any, int | None]]:
+        """The pass's tasks, each with the rows it will read (None: not known before): `part`
+        of a Parquet file's row groups, or `block`'s function of each CSV block (its frame
+        first)."""
         if self.files.kind == "parquet":
             import pyarrow.parquet as pq
 
@@ -96,12 +116,10 @@ class DaskCounter(TableCounter):
                 metadata = pq.read_metadata(path)
                 groups = metadata.num_row_groups
                 for start in range(0, max(groups, 1), _GROUPS_PER_TASK):
-                    part = list(range(start, min(start + _GROUPS_PER_TASK, groups)))
-                    rows = sum(metadata.row_group(g).num_rows for g in part)
-                    task = self.client.submit(
-                        part_counts, path, part, self.encoder, cliques, name, digest, pure=False
-                    )
-                    tasks.append((task, rows))
+                    chosen = list(range(start, min(start + _GROUPS_PER_TASK, groups)))
+                    rows = sum(metadata.row_group(g).num_rows for g in chosen)
+                    function, arguments = part(path, chosen)
+                    tasks.append((self.client.submit(function, *arguments, pure=False), rows))
             return tasks
         import dask.dataframe as dd
 
@@ -114,46 +132,70 @@ class DaskCounter(TableCounter):
             blocksize=_CSV_BLOCK,
         )
         parts = self.client.compute(frame.to_delayed())
-        return [
-            (
-                self.client.submit(_frame_task, p, self.encoder, cliques, name, digest, pure=False),
-                None,
-            )
-            for p in parts
-        ]
+        function, arguments = block
+        return [(self.client.submit(function, p, *arguments, pure=False), None) for p in parts]
 
-    def count(
-        self, cliques: Sequence[Clique], report: Callable[[int], None], digest: bool
-    ) -> CountSums:
-        """One pass: every task's counts, summed on the workers in a tree (`_FAN_IN` at a time),
-        so that this process receives one set of counts however many tasks there are."""
+    def _reduce(
+        self,
+        tasks: Callable[[], list[tuple[Any, int | None]]],
+        merge: Callable[..., Any],
+        report: Callable[[int], None],
+    ) -> Any:
+        """Every task's result, summed on the workers in a tree (`_FAN_IN` at a time), so that
+        this process receives one result however many tasks there are (None: no task)."""
         from distributed import as_completed
 
-        wanted = [tuple(c) for c in cliques]
-        sums = CountSums(self.sizes, wanted, self.encoder.schema if digest else None)
         try:
-            tasks = self._tasks(wanted, digest)
-            level = [task for task, _ in tasks]
+            submitted = tasks()
+            level = [task for task, _ in submitted]
             while len(level) > 1:
                 level = [
-                    self.client.submit(_merge, *level[i : i + _FAN_IN], pure=False)
+                    self.client.submit(merge, *level[i : i + _FAN_IN], pure=False)
                     for i in range(0, len(level), _FAN_IN)
                 ]
-            planned = dict((task.key, rows) for task, rows in tasks)
+            planned = dict((task.key, rows) for task, rows in submitted)
             done = 0
-            for leaf in as_completed([task for task, _ in tasks], loop=self.client.loop):
+            for leaf in as_completed([task for task, _ in submitted], loop=self.client.loop):
                 rows = planned[leaf.key]
                 if rows is not None:  # a Parquet task's rows come from its footer
                     done += rows
                     report(done)
-            if level:
-                counts, rows, hashes = level[0].result()
-                sums.add(counts, rows, hashes if digest else None)
+            return level[0].result() if level else None
         except DataError:
             raise
         except (OSError, TimeoutError) as exc:
             raise DataError(f"{self.files.name}: the Dask cluster failed ({exc})") from None
+
+    def count(
+        self, cliques: Sequence[Clique], report: Callable[[int], None], digest: bool
+    ) -> CountSums:
+        """One pass: every task's counts, summed on the workers."""
+        wanted = [tuple(c) for c in cliques]
+        sums = CountSums(self.sizes, wanted, self.encoder.schema if digest else None)
+        encoder, name = self.encoder, self.files.name
+
+        def part(path: str, groups: list[int]) -> Call:
+            return part_counts, (path, groups, encoder, wanted, name, digest)
+
+        block = (_frame_task, (encoder, wanted, name, digest))
+        result = self._reduce(lambda: self._tasks(part, block), _merge, report)
+        if result is not None:
+            counts, rows, hashes, kept = result
+            sums.add(counts, rows, hashes if digest else None, kept)
         return sums
+
+    def fold_chunks(
+        self, count: Callable[[RawTable], Any], text: tuple[str, ...], report: Callable[[int], None]
+    ) -> tuple[Any, int]:
+        """One fold pass: every task's `count` results, summed on the workers."""
+        schema, name = self.encoder.schema, self.files.name
+
+        def part(path: str, groups: list[int]) -> Call:
+            return part_fold, (path, groups, count, name, schema, text)
+
+        block = (_frame_fold, (count, name))
+        result = self._reduce(lambda: self._tasks(part, block), _fold_merge, report)
+        return (None, 0) if result is None else result
 
     def close(self) -> None:
         """Close the client (the cluster keeps running)."""

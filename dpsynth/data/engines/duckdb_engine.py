@@ -19,13 +19,14 @@ as the whole read. DuckDB reads a CSV (one process).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from dpsynth.data.csvtable import RawTable
 from dpsynth.data.discrete import ChunkEncoder
 from dpsynth.data.engines.base import TableCounter
 from dpsynth.data.engines.chunks import TableFiles, raw_from_batch
 from dpsynth.data.engines.counting import Clique, CountSums
-from dpsynth.data.engines.parts import count_parts, default_workers, parquet_parts
+from dpsynth.data.engines.parts import count_parts, default_workers, fold_parts, parquet_parts
 from dpsynth.errors import DataError
 
 BATCH_ROWS = 65_536
@@ -66,6 +67,16 @@ class DuckDBCounter(TableCounter):
         name = self.files.name
         return count_parts(parts, self.encoder, cliques, digest, name, self.workers, report)
 
+    def fold_chunks(
+        self, count: Callable[[RawTable], Any], text: tuple[str, ...], report: Callable[[int], None]
+    ) -> tuple[Any, int]:
+        """One fold pass: a Parquet source's parts in `workers` processes, as `count`'s."""
+        if self.files.kind != "parquet":
+            return super().fold_chunks(count, text, report)
+        parts = parquet_parts(self.files)
+        schema, name = self.encoder.schema, self.files.name
+        return fold_parts(parts, count, schema, text, name, self.workers, report)
+
     def _query(self) -> tuple[str, list[object]]:
         paths = list(self.files.paths)
         if self.files.kind == "parquet":
@@ -73,7 +84,7 @@ class DuckDBCounter(TableCounter):
         options = "all_varchar = true, header = true, delim = ',', quote = '\"', escape = '\"'"
         return f"SELECT * FROM read_csv(?, {options})", [paths[0]]
 
-    def chunks(self) -> Iterator[RawTable]:
+    def chunks(self, text: Sequence[str] = ()) -> Iterator[RawTable]:
         """The source's rows in record batches (DataError, one line, when DuckDB cannot)."""
         import duckdb
 
@@ -89,7 +100,7 @@ class DuckDBCounter(TableCounter):
                 # duckdb ≥ 1.4 names it `to_arrow_reader`; earlier versions `record_batch`
                 batches = getattr(relation, "to_arrow_reader", None) or relation.record_batch
                 for batch in batches(self.batch_rows):
-                    yield raw_from_batch(batch, self.files.name, self.encoder.schema)
+                    yield raw_from_batch(batch, self.files.name, self.encoder.schema, text)
             except duckdb.Error as exc:
                 first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
                 raise DataError(f"{self.files.name}: DuckDB could not read it ({first})") from None

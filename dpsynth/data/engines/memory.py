@@ -24,10 +24,11 @@ class MemoryCounter(TableCounter):
         super().__init__(encoder, raw.n)
         self._raw = raw
         self._codes = encoder(raw)
+        self.kept_count = len(self._codes)
 
-    def chunks(self) -> Iterator[RawTable]:  # pragma: no cover - `count` needs none
-        """Unused: the codes are already in memory."""
-        return iter(())
+    def chunks(self, text: Sequence[str] = ()) -> Iterator[RawTable]:
+        """The table held, as one chunk."""
+        return iter((self._raw,))
 
     def use_domain(self, encoder: ChunkEncoder) -> None:
         """Re-encode the rows under another binning (kept in memory, so re-read them)."""

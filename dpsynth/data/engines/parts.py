@@ -10,31 +10,36 @@ number of processes.
 
 `count_parts` runs the parts in `workers` spawned processes (a fresh interpreter each: nothing
 inherited from this one's threads) and adds their results as they come; one worker counts in
-this process. The Dask engine runs the same `part_counts` on a cluster's workers.
+this process. `fold_parts` does the same for a `TableCounter.fold` pass (other exact counts of
+each batch, summed). The Dask engine runs the same `part_counts` and `part_fold` on a
+cluster's workers.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from dpsynth.data.csvtable import RawTable
 from dpsynth.data.discrete import ChunkEncoder
 from dpsynth.data.engines.chunks import TableFiles, raw_from_batch
-from dpsynth.data.engines.counting import Clique, CountSums
+from dpsynth.data.engines.counting import Clique, CountSums, fold_chunks
+from dpsynth.data.schema import Schema
 from dpsynth.errors import DataError
 
 # The rows a part reads at once, and about the rows of a part (whole row groups).
 BATCH_ROWS = 65_536
 PART_ROWS = 1_000_000
 
-# A part's result: its int64 counts per clique, its rows and its digest sums.
-Result = tuple[list[np.ndarray], int, np.ndarray]
+# A part's result: its int64 counts per clique, its rows, its digest sums and its rows counted.
+Result = tuple[list[np.ndarray], int, np.ndarray, int]
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,34 @@ def parquet_parts(files: TableFiles, part_rows: int = PART_ROWS) -> list[Part]:
     return parts
 
 
+def part_chunks(
+    path: str, groups: Sequence[int], name: str, schema: Schema | None, text: Sequence[str] = ()
+) -> Iterator[RawTable]:
+    """One part's rows in batches (`chunks.raw_from_batch`; DataError, one line, for a file
+    that cannot be read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+        strings = [
+            f.name
+            for f in parquet.schema_arrow
+            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+        ]
+        parquet.close()
+        parquet = pq.ParquetFile(path, read_dictionary=strings)
+        try:
+            batches = parquet.iter_batches(BATCH_ROWS, row_groups=list(groups), use_threads=False)
+            for batch in batches:
+                yield raw_from_batch(batch, name, schema, text)
+        finally:
+            parquet.close()
+    except (pa.ArrowException, OSError) as exc:
+        line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"{path}: could not read it ({line})") from None
+
+
 def part_counts(
     path: str,
     groups: Sequence[int],
@@ -82,31 +115,67 @@ def part_counts(
     name: str,
     digest: bool,
 ) -> Result:
-    """One part's counts, rows and digest sums (DataError, one line, for a bad cell or file)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    """One part's counts, rows, digest sums and rows counted (DataError, one line, for a bad
+    cell or file)."""
     sums = CountSums(encoder.domain.sizes, cliques, encoder.schema if digest else None)
+    for raw in part_chunks(path, groups, name, encoder.schema):
+        sums.add_codes(encoder(raw), raw)
+    return sums.totals, sums.rows, sums.hash_sums, sums.kept
+
+
+def part_fold(
+    path: str,
+    groups: Sequence[int],
+    count: Callable[[RawTable], Any],
+    name: str,
+    schema: Schema,
+    text: Sequence[str],
+) -> tuple[Any, int]:
+    """One part's `count` of each batch, summed (`TableCounter.fold`), and its rows."""
+    return fold_chunks(part_chunks(path, groups, name, schema, text), count, lambda _: None)
+
+
+def _each_part(
+    parts: Sequence[Part],
+    call: Callable[[Part], tuple[Callable[..., Any], tuple[Any, ...]]],
+    add: Callable[[Any], None],
+    name: str,
+    workers: int,
+    report: Callable[[int], None],
+) -> None:
+    """Run `call(part)`'s function on its arguments for every part (in `workers` spawned
+    processes) and `add` each result as it comes: one pass. A part's DataError stops the pass
+    and is raised here as it was raised there."""
+    done = 0
+    if workers <= 1 or len(parts) <= 1:
+        for part in parts:
+            function, arguments = call(part)
+            add(function(*arguments))
+            done += part.rows
+            report(done)
+        return
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(parts)), mp_context=context)
     try:
-        parquet = pq.ParquetFile(path)
-        text = [
-            f.name
-            for f in parquet.schema_arrow
-            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-        ]
-        parquet.close()
-        parquet = pq.ParquetFile(path, read_dictionary=text)
-        try:
-            batches = parquet.iter_batches(BATCH_ROWS, row_groups=list(groups), use_threads=False)
-            for batch in batches:
-                raw = raw_from_batch(batch, name, encoder.schema)
-                sums.add_codes(encoder(raw), raw)
-        finally:
-            parquet.close()
-    except (pa.ArrowException, OSError) as exc:
-        line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"{path}: could not read it ({line})") from None
-    return sums.totals, sums.rows, sums.hash_sums
+        pending = {pool.submit(*_flat(call(p))): p for p in parts}
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                part = pending.pop(future)
+                add(future.result())  # a part's DataError is raised here
+                done += part.rows
+                report(done)
+    except BrokenProcessPool:
+        raise DataError(
+            f"{name}: a worker process counting it died (out of memory?); lower the memory "
+            "use or count on one process"
+        ) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _flat(call: tuple[Callable[..., Any], tuple[Any, ...]]) -> tuple[Any, ...]:
+    return (call[0], *call[1])
 
 
 def count_parts(
@@ -118,40 +187,41 @@ def count_parts(
     workers: int,
     report: Callable[[int], None],
 ) -> CountSums:
-    """Every part counted (in `workers` processes) and summed: one pass. A part's DataError
-    stops the pass and is raised here as it was raised there."""
+    """Every part counted (in `workers` processes) and summed: one pass."""
     wanted = [tuple(c) for c in cliques]
     sums = CountSums(encoder.domain.sizes, wanted, encoder.schema if digest else None)
-    done = 0
-    if workers <= 1 or len(parts) <= 1:
-        for part in parts:
-            counts, rows, hashes = part_counts(
-                part.path, part.groups, encoder, wanted, name, digest
-            )
-            sums.add(counts, rows, hashes if digest else None)
-            done += part.rows
-            report(done)
-        return sums
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(parts)), mp_context=context)
-    try:
-        pending = {
-            pool.submit(part_counts, p.path, p.groups, encoder, wanted, name, digest): p
-            for p in parts
-        }
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                part = pending.pop(future)
-                counts, rows, hashes = future.result()  # a part's DataError is raised here
-                sums.add(counts, rows, hashes if digest else None)
-                done += part.rows
-                report(done)
-    except BrokenProcessPool:
-        raise DataError(
-            f"{name}: a worker process counting it died (out of memory?); lower the memory "
-            "use or count on one process"
-        ) from None
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+
+    def add(result: Result) -> None:
+        counts, rows, hashes, kept = result
+        sums.add(counts, rows, hashes if digest else None, kept)
+
+    def call(part: Part) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return part_counts, (part.path, part.groups, encoder, wanted, name, digest)
+
+    _each_part(parts, call, add, name, workers, report)
     return sums
+
+
+def fold_parts(
+    parts: Sequence[Part],
+    count: Callable[[RawTable], Any],
+    schema: Schema,
+    text: Sequence[str],
+    name: str,
+    workers: int,
+    report: Callable[[int], None],
+) -> tuple[Any, int]:
+    """Every part's `count` (in `workers` processes), summed: one `TableCounter.fold` pass."""
+    out: list[Any] = [None, 0]
+
+    def add(result: tuple[Any, int]) -> None:
+        total, rows = result
+        if total is not None:
+            out[0] = total if out[0] is None else out[0].add(total)
+        out[1] += rows
+
+    def call(part: Part) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return part_fold, (part.path, part.groups, count, name, schema, tuple(text))
+
+    _each_part(parts, call, add, name, workers, report)
+    return out[0], out[1]

@@ -6,19 +6,65 @@ trainer's own binning of the public schema). N is the count of the engine's chec
 the in-memory N is the rows read; the content digest is the check pass's (see
 `counting.rows_digest`: it names the rows whatever their order or partitioning, and is keyed
 by the ledger before it is written anywhere).
+
+A target whose label set was released with DP (`dpsynth.training.schema_entries`) keeps only
+the labels that cleared the noise: a row of any other label is left out of training, never
+relabelled, as `training.table_units.rows_with_labels` leaves it out in memory. Its source's
+encoder is a `LabelledEncoder`, which leaves those rows out of every count; N is then the rows
+counted, and the check pass's digest still names every row read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from dpsynth.data.discrete import ChunkEncoder, TableDomain
+from dpsynth.data.column_values import is_released
+from dpsynth.data.csvtable import RawTable
+from dpsynth.data.discrete import ChunkEncoder, TableDomain, TypedChunk, codes_from_raw
 from dpsynth.data.engines.base import TableCounter
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Schema
 from dpsynth.data.table_codec import TableCodec, table_info
+
+
+@dataclass(frozen=True)
+class LabelledEncoder(ChunkEncoder):
+    """The one encoding of the rows whose target is one of the schema's classes (a DP-released
+    label set); the other rows are left out."""
+
+    def __call__(self, raw: RawTable) -> np.ndarray:
+        """`codes_from_raw` of the chunk's rows with a released label."""
+        return codes_from_raw(labelled_rows(raw, self.schema), self.schema, self.domain)
+
+
+def chunk_encoder(schema: Schema, domain: TableDomain) -> ChunkEncoder:
+    """The encoder of a source's chunks: a `LabelledEncoder` when the target's label set was
+    released with DP, else the one encoding of every row."""
+    if is_released(schema.target_column):
+        return LabelledEncoder(schema, domain)
+    return ChunkEncoder(schema, domain)
+
+
+def labelled_rows(raw: RawTable, schema: Schema) -> RawTable:
+    """The chunk's rows whose target is one of `schema.classes` (exact text, as in memory)."""
+    labels = list(schema.classes)
+    typed = getattr(raw, "categories", {}).get(schema.target)
+    if typed is not None:
+        indices, uniques = typed
+        keep = np.isin(np.asarray(uniques, dtype=object), labels)[indices]
+    else:
+        keep = np.isin(np.asarray(raw.column(schema.target), dtype=object), labels)
+    if keep.all():
+        return raw
+    columns = tuple(c[keep] for c in raw.columns)
+    if isinstance(raw, TypedChunk):
+        numbers = {name: values[keep] for name, values in raw.numbers.items()}
+        categories = {name: (i[keep], u) for name, (i, u) in raw.categories.items()}
+        return TypedChunk(raw.header, columns, raw.source, numbers, categories)
+    return RawTable(raw.header, columns, raw.source)
 
 
 @dataclass
@@ -45,8 +91,8 @@ class TableSource:
 
     @property
     def n(self) -> int:
-        """N, the rows the check pass counted."""
-        return self.counter.record_count
+        """N, the rows the check pass counted (of a released label: see the module)."""
+        return self.counter.kept_count
 
     @property
     def shape(self) -> tuple[int]:
@@ -63,7 +109,7 @@ class TableSource:
 
     def counter_for(self, domain: TableDomain) -> TableCounter:
         """The engine's counter over a trainer's binning of this schema."""
-        self.counter.use_domain(ChunkEncoder(self.schema, domain))
+        self.counter.use_domain(chunk_encoder(self.schema, domain))
         return self.counter
 
     def close(self) -> None:

@@ -1,0 +1,235 @@
+"""A table counted out of core (`--engine duckdb|dask://…`) with the DP release of its schema
+entries read off the data, from the counts the engine makes.
+
+The order is the in-memory path's (`training.table_schema`, `training.start`): the check pass
+(`training.table_source.prepare_table_source`: N, the content digest, every row checked); the
+release planned from public facts (N or `--public-size`, δ; `check_reach`); the run's training
+plan checked to fit after the release's events (`training.release_fit`, shared with the
+in-memory path); then one ledger entry (command `schema-release`) reserved, the release run,
+and the entry completed or aborted (`training.schema_spend.spend_release`). The release is
+`schema_entries.apply_release` on the engine's counts: round 1 one pass summing each chunk's
+`count_ranges`, round 2 a second pass summing `count_shapes` over the fine grids round 1
+fixed (`TableCounter.fold`: DuckDB's processes or Dask's workers count their parts and the
+sums are merged). The counts are exact integers summed over chunks, and the noise is drawn
+from the run's secret stream `schema/release` as in memory, so one privacy seed gives the same
+release whichever engine counted.
+
+The source then counts under the released schema. Its content digest (the keyed fingerprint
+of the training spend, and what `--resume` checks) is the one a check pass under the released
+schema gives: round 2 adds up the rows' hashes over the columns the release keeps, so no pass
+of its own is needed (unless the release turned out to keep other columns than round 1 said:
+then the check pass is made again). A target whose label set was released keeps the rows of
+the labels that cleared the noise (`data.engines.source.LabelledEncoder`); N is then those
+rows, read off round 1's exact tally as the in-memory path counts them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpsynth.data.csvtable import RawTable
+from dpsynth.data.discrete import schema_domain
+from dpsynth.data.engines import EngineChoice, PassCallback, TableCounter
+from dpsynth.data.engines.counting import row_hash_sums, rows_digest
+from dpsynth.data.engines.source import TableSource, chunk_encoder
+from dpsynth.data.schema import Column, Schema
+from dpsynth.errors import UsageError
+from dpsynth.ledger import Ledger
+from dpsynth.methods.base import Method
+from dpsynth.privacy.accounting.calibration import default_delta
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.releases.schema_counts import RangeCounts, ShapeCounts
+from dpsynth.privacy.releases.schema_plan import SchemaReleasePlan
+from dpsynth.training.release_fit import check_training_fits, recommended
+from dpsynth.training.request import TrainRequest
+from dpsynth.training.schema_counting import count_ranges, count_shapes
+from dpsynth.training.schema_entries import (
+    AppliedRelease,
+    ReleaseColumns,
+    apply_release,
+    check_reach,
+    number_spec,
+    plan_release,
+)
+from dpsynth.training.schema_spend import spend_release
+from dpsynth.training.table_input import TableInput
+from dpsynth.training.table_schema import schema_share
+from dpsynth.training.table_source import prepare_table_source
+from dpsynth.training.table_units import check_unit_composition
+
+
+def engine_table(
+    request: TrainRequest,
+    engine: EngineChoice,
+    backend: Method | None,
+    ledger: Ledger,
+    run_id: str,
+    randomness: PrivateRandomness,
+    on_pass: PassCallback | None = None,
+) -> tuple[TableSource, dict[str, Any] | None, Method]:
+    """The table as an engine's source under a public schema, the record of the DP release of
+    its entries (None: nothing released) and the run's backend (see the module)."""
+    assert request.data is not None
+    target_epsilon = request.target_epsilon
+    share = schema_share(backend is None or backend.reuses_one_ways)  # auto: mst or aim
+    source, epsilon = prepare_table_source(
+        spec=request.data,
+        engine=engine,
+        schema_path=request.schema,
+        schema_public=request.schema_public,
+        schema_epsilon=request.schema_epsilon,
+        class_weights_epsilon=request.class_weights_epsilon,
+        dataset_id=request.dataset_id,
+        target_epsilon=target_epsilon,
+        budget=request.memory_budget,
+        on_pass=on_pass,
+        share=share,
+    )
+    try:
+        if epsilon is None:
+            return source, None, backend or recommended(source.info(""), target_epsilon)
+        table = plan_engine_release(source, epsilon, request, ledger, share)
+        assert table.fingerprint is not None and table.delta is not None
+        # before the release is spent: the data set's earlier spends must protect rows
+        check_unit_composition(ledger, table.dataset, table.fingerprint, None)
+        info = source.info(table.fingerprint)
+        if request.public_size is not None:
+            info = replace(info, n=request.public_size)
+        backend = backend or recommended(info, target_epsilon)
+        check_training_fits(
+            backend, request, info, table.events, table.delta, ledger, rows_in_memory=False
+        )
+        run = EngineRun(source.counter)
+        schema, record = spend_release(table, ledger, backend.name, run_id, randomness, run)
+        if not table.schema_epsilon_given:
+            record["default_share"] = table.default_share  # the safe default, not a user's flag
+        return run.released_source(source, schema), record, backend
+    except BaseException:
+        source.close()
+        raise
+
+
+def plan_engine_release(
+    source: TableSource, epsilon: float, request: TrainRequest, ledger: Ledger, share: float
+) -> TableInput:
+    """The release of the source's entries read off the data, planned from public facts (N
+    from the check pass, or `--public-size`); nothing is spent. UsageError when it would not
+    leave room for training, or keep hardly anything (`check_reach`)."""
+    given = request.schema_epsilon is not None
+    target = request.target_epsilon
+    flag = "--schema-epsilon" if given else "the default --schema-epsilon"
+    if not math.isfinite(target):
+        raise UsageError(f"{flag} needs a finite --epsilon (the data set's total)")
+    if not epsilon < target:
+        raise UsageError(
+            f"{flag} ({epsilon:g}) must be below --epsilon {target:g} (the total, training "
+            "included)"
+        )
+    rows = request.public_size or source.n
+    delta = float(request.delta) if request.delta is not None else default_delta(rows)
+    # keyed under the ledger's secret key: the plain digest would be a membership test
+    fingerprint = ledger.data_fingerprint(source.content_digest)
+    release = plan_release(source.schema, rows, epsilon, delta)
+    check_reach(*release, epsilon, None if given else share)
+    no_rows = RawTable(tuple(c.name for c in source.schema.columns), (), source.spec)
+    return TableInput(
+        no_rows, source.schema, source.spec, source.kind, source.dataset_id, epsilon, given,
+        release=release, delta=delta, fingerprint=fingerprint, default_share=share,
+    )  # fmt: skip
+
+
+@dataclass
+class ShapesAndHashes:
+    """Round 2's counts of some rows, and the digest's hash sums of those rows over the columns
+    the released schema will use."""
+
+    shapes: ShapeCounts
+    hashes: np.ndarray
+
+    def add(self, other: ShapesAndHashes) -> ShapesAndHashes:
+        """This plus another chunk's (in place; returns self)."""
+        self.shapes.add(other.shapes)
+        with np.errstate(over="ignore"):
+            self.hashes = self.hashes + other.hashes
+        return self
+
+
+def shapes_and_hashes(
+    raw: RawTable, columns: ReleaseColumns, grids: Mapping[str, np.ndarray], schema: Schema
+) -> ShapesAndHashes:
+    """A chunk's round-2 counts and its rows' hash sums under `schema` (picklable: a fold)."""
+    return ShapesAndHashes(count_shapes(raw, columns, grids), row_hash_sums(raw, schema))
+
+
+class EngineRun:
+    """The release's two rounds as two passes of an engine's counter (a `ReleaseRun` of
+    `spend_release`); it keeps what the source needs afterwards: round 1's exact label tally
+    (N of a released label set) and round 2's hash sums (the digest)."""
+
+    def __init__(self, counter: TableCounter) -> None:
+        self.counter = counter
+        self.ranges = RangeCounts()
+        self.hashed: Schema | None = None
+        self.hashes = np.zeros(2, dtype=np.uint64)
+
+    def __call__(
+        self,
+        schema: Schema,
+        columns: ReleaseColumns,
+        plan: SchemaReleasePlan,
+        generator: torch.Generator,
+        source: str,
+    ) -> AppliedRelease:
+        """`apply_release` on this engine's counts."""
+
+        def ranges() -> RangeCounts:
+            count = partial(count_ranges, columns=columns)
+            self.ranges = self.counter.fold(count, "schema release round 1") or RangeCounts()
+            return self.ranges
+
+        def shapes(grids: Mapping[str, np.ndarray]) -> ShapeCounts:
+            # the columns the released schema will use: a number with no range is ignored
+            self.hashed = schema
+            for column in columns.numbers:
+                if column.name not in grids:
+                    self.hashed = self.hashed.replace_column(Column(column.name, "ignored"))
+            count = partial(shapes_and_hashes, columns=columns, grids=dict(grids))
+            count = partial(count, schema=self.hashed)
+            # a float's decimals are counted on its text, not on its typed value
+            text = [c.name for c in columns.numbers if c.name in grids and number_spec(c).decimals]
+            out = self.counter.fold(count, "schema release round 2", text)
+            if out is None:
+                return ShapeCounts()
+            self.hashes = out.hashes
+            return out.shapes
+
+        return apply_release(schema, columns, plan, generator, source, ranges, shapes)
+
+    def released_source(self, source: TableSource, schema: Schema) -> TableSource:
+        """The source under the released `schema`: its counter's encoder, N and digest."""
+        counter = self.counter
+        counter.use_domain(chunk_encoder(schema, schema_domain(schema, 2, False)))
+        if self.hashed is not None and _used(self.hashed) == _used(schema):
+            digest = rows_digest(schema, counter.record_count, self.hashes)
+            counter.kept_count = counter.record_count
+            if schema.target in self.ranges.categories:  # the rows of the labels that cleared
+                tally = self.ranges.categories.get(schema.target, Counter())
+                counter.kept_count = sum(tally[label] for label in schema.classes)
+        else:  # the check pass again, under the released schema
+            digest = counter.scan()
+        return TableSource(
+            schema, source.spec, source.kind, digest, source.dataset_id, counter, source.engine
+        )
+
+
+def _used(schema: Schema) -> list[tuple[str, str]]:
+    """The columns a digest hashes, with their types."""
+    return [(c.name, c.type) for c in schema.columns if c.type != "ignored"]
