@@ -234,6 +234,13 @@ def apply_release(
             replace(column, categories=(*kept, other), other=other, source=source)
         )
     for column in columns.numbers:
+        if column.name in found and shapes[column.name].empty:
+            warnings.append(
+                f"column {column.name!r}: its values' count did not clear the noise at this ε "
+                "and size, so it is written empty: declare public bounds (min, max) to keep it"
+            )
+            schema = schema.replace_column(Column(column.name, "ignored", source=source))
+            continue
         if column.name not in found:
             warnings.append(
                 f"column {column.name!r}: no range cleared the noise at this ε and size, so it "

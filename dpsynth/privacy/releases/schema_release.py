@@ -91,6 +91,8 @@ __all__ = [
 # mid-range).
 SIGNIFICANCE = 3.0
 MISSING_SIGNIFICANCE = 1.5
+# A number's present values must total PRESENT_SIGNIFICANCE deviations of their noise.
+PRESENT_SIGNIFICANCE = 2.0
 # Fine bins of the shape histogram (the quantiles are read off it): as many as keep about
 # FINE_BIN_DEVIATIONS noise deviations of rows in a bin on average, within [8, FINE_BINS].
 FINE_BIN_DEVIATIONS = 8.0
@@ -286,6 +288,7 @@ class ReleasedShape:
     grid: tuple[float, ...] = ()
     counts: tuple[float, ...] = ()
     noise_std: float = 0.0
+    empty: bool = False  # the values' noisy total is within the noise: nothing to write
 
 
 def release_shapes_from_counts(
@@ -328,6 +331,9 @@ def release_shapes_from_counts(
         if spec.decimals:
             noisy_digits = noisy(counts.decimals[name], plan.decimals_noise_std, generator)
             decimals = released_decimals(noisy_digits, plan.decimals_noise_std)
+        # the values' noisy total (zeros and fine bins) not above the noise: a range found in
+        # noise (a sparse column's last-resort windows), or too few values to write any
+        empty = released[1] + fine.sum() < PRESENT_SIGNIFICANCE * std * math.sqrt(len(fine) + 1)
         out[name] = ReleasedShape(
             edges,
             bool(released[0] > MISSING_SIGNIFICANCE * std),
@@ -336,6 +342,7 @@ def release_shapes_from_counts(
             tuple(float(g) for g in grid),
             tuple(float(c) for c in released),
             std,
+            empty,
         )
     boolean_std = plan.boolean_noise_std
     for name, exact in counts.booleans.items():
