@@ -359,7 +359,7 @@ def train(
     if result.get("passes") is not None:
         check = " after its check pass" if result.get("engine", "memory") != "memory" else ""
         if check and result.get("schema_release"):  # its two rounds: a pass each
-            check += " and the schema release's two"
+            check += " and the schema release's three"
         rows.append(
             ("passes over the data", f"{result['passes']} counting ({result['engine']}){check}")
         )

@@ -170,9 +170,9 @@ def shapes_and_hashes(
 
 
 class EngineRun:
-    """The release's two rounds as two passes of an engine's counter (a `ReleaseRun` of
+    """The release's three rounds as three passes of an engine's counter (a `ReleaseRun` of
     `spend_release`); it keeps what the source needs afterwards: round 1's exact label tally
-    (N of a released label set) and round 2's hash sums (the digest)."""
+    (N of a released label set) and round 3's hash sums (the digest)."""
 
     def __init__(self, counter: TableCounter) -> None:
         self.counter = counter
@@ -205,13 +205,17 @@ class EngineRun:
             count = partial(count, schema=self.hashed)
             # a float's decimals are counted on its text, not on its typed value
             text = [c.name for c in columns.numbers if c.name in grids and number_spec(c).decimals]
-            out = self.counter.fold(count, "schema release round 2", text)
+            out = self.counter.fold(count, "schema release round 3", text)
             if out is None:
                 return ShapeCounts()
             self.hashes = out.hashes
             return out.shapes
 
-        return apply_release(schema, columns, plan, generator, source, ranges, shapes)
+        def spans(grids: Mapping[str, np.ndarray]) -> ShapeCounts:
+            count = partial(count_shapes, columns=columns, grids=dict(grids))
+            return self.counter.fold(count, "schema release round 2") or ShapeCounts()
+
+        return apply_release(schema, columns, plan, generator, source, ranges, shapes, spans)
 
     def released_source(self, source: TableSource, schema: Schema) -> TableSource:
         """The source under the released `schema`: its counter's encoder, N and digest."""

@@ -172,12 +172,13 @@ def test_the_targets_label_list_gets_less_noise_within_the_same_sensitivity() ->
     plan = plan_schema_release(1.0, 1e-5, 5000, 5, {"x": NumberSpec("numeric")}, 0, target=True)
     assert plan.target_noise_std is not None and plan.target_threshold is not None
     assert plan.target_noise_std < plan.category_noise_std
-    # the release's L2 sensitivity in noise units stays √2/σ (two rounds at σ): Σ 1/s² over
-    # its histograms (4 lists, the target's, a range and a shape)
+    # the release's L2 sensitivity in noise units stays √3/σ (three rounds at σ): Σ 1/s² over
+    # its histograms (4 lists, the target's, a range, a span and a shape)
     sigma = plan.noise_multiplier
     total = 4 / plan.category_noise_std**2 + 1 / plan.target_noise_std**2
-    total += 1 / plan.range_noise_std**2 + 1 / plan.shape_noise_std**2
-    assert total == pytest.approx(2 / sigma**2, rel=1e-9)
+    total += 1 / plan.range_noise_std**2 + 1 / plan.span_noise_std**2
+    total += 1 / plan.shape_noise_std**2
+    assert total == pytest.approx(3 / sigma**2, rel=1e-9)
     # the target takes a quarter of the release's precision
     assert 1 / plan.target_noise_std**2 == pytest.approx(total / 4, rel=1e-9)
 

@@ -1,7 +1,7 @@
 """The DP release of a drafted schema on the out-of-core engines (`training.engine_release`).
 
 - `train --engine duckdb` on a partitioned Parquet folder with a drafted schema (entries marked
-  `"source": "data ..."`) releases the schema with DP (no `--schema-public`), in two passes of
+  `"source": "data ..."`) releases the schema with DP (no `--schema-public`), in three passes of
   its own, and trains; one secret seed gives the schema, the 1-way histograms, N and the model
   that `--engine memory` gives on the same rows, also when the release drops a rare label (its
   rows are left out) and writes a sparse number empty; the same on a local Dask cluster.
@@ -190,9 +190,11 @@ def test_the_release_pass_names_the_rows_a_check_pass_names(
         Column(target.name, "categorical", categories=labels, source=RELEASED_PREFIX)
     )
 
-    def rounds(schema, columns, plan, generator, source, ranges, shapes) -> AppliedRelease:
-        ranges()  # both passes, over every released number's grid but tip's (no range)
-        shapes({c.name: np.array([0.0, 1.0]) for c in columns.numbers if c.name != "tip"})
+    def rounds(schema, columns, plan, generator, source, ranges, shapes, spans) -> AppliedRelease:
+        ranges()  # the three passes, over every released number's grid but tip's (no range)
+        grids = {c.name: np.array([0.0, 1.0]) for c in columns.numbers if c.name != "tip"}
+        spans(grids)
+        shapes(grids)
         return AppliedRelease(released, [], {}, {}, {}, {})
 
     monkeypatch.setattr(engine_release, "apply_release", rounds)
@@ -204,7 +206,7 @@ def test_the_release_pass_names_the_rows_a_check_pass_names(
     checked = open_table_source(spec, released, engine, None, None)
     assert after.content_digest == checked.content_digest != source.content_digest
     assert after.n == checked.n == ROWS - 4
-    assert source.counter.passes == 3  # the check pass and the release's two: no other
+    assert source.counter.passes == 4  # the check pass and the release's three: no other
 
 
 def test_release_counts_summed_over_spawned_parts(folder: Path) -> None:
@@ -239,11 +241,12 @@ def test_the_cli_releases_a_drafted_schema_on_duckdb(folder: Path, one_worker: N
         "pass 1 (duckdb, check)",
         "pass 2 (duckdb, schema release round 1)",
         "pass 3 (duckdb, schema release round 2)",
-        passes[3].split(":")[0],
+        "pass 4 (duckdb, schema release round 3)",
+        passes[4].split(":")[0],
     ]
-    assert "marginals" in passes[3]
+    assert "marginals" in passes[4]
     assert "schema release:" in result.stdout and "(ledger seq 0;" in result.stdout
-    assert "after its check pass and the schema release's two" in result.stdout
+    assert "after its check pass and the schema release's three" in result.stdout
 
 
 def test_class_weights_release_is_refused_on_an_engine(folder: Path) -> None:

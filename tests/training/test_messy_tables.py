@@ -283,32 +283,35 @@ def test_schema_release_plan_is_one_sensitivity_one_gaussian_per_round() -> None
     numbers = {"a": NumberSpec("numeric", decimals=True), "b": NumberSpec("date")}
     plan = plan_schema_release(1.0, 1e-6, 3000, 2, numbers, booleans=1)
     sigma = plan.noise_multiplier
-    # every row adds 1 to one bin of each histogram: 2 category lists, 2 ranges, 2 shapes,
-    # 1 decimals and 1 boolean; Σ 1/s² over them is 2/σ² (two rounds at σ, sensitivity 1)
+    # every row adds 1 to one bin of each histogram: 2 category lists, 2 ranges, 2 spans, 2
+    # shapes, 1 decimals and 1 boolean; Σ 1/s² over them is 3/σ² (three rounds at σ,
+    # sensitivity 1)
     total = (
         2 / plan.category_noise_std**2
         + 2 / plan.range_noise_std**2
+        + 2 / plan.span_noise_std**2
         + 2 / plan.shape_noise_std**2
         + 1 / plan.decimals_noise_std**2
         + 1 / plan.boolean_noise_std**2
     )
-    assert total == pytest.approx(2 / sigma**2)
+    assert total == pytest.approx(3 / sigma**2)
     # the precision is shared by need (public weights per kind of histogram)
     for kind, std in (
         ("range", plan.range_noise_std),
+        ("span", plan.span_noise_std),
         ("shape", plan.shape_noise_std),
         ("decimals", plan.decimals_noise_std),
         ("boolean", plan.boolean_noise_std),
     ):
         ratio = (plan.category_noise_std / std) ** 2
         assert ratio == pytest.approx(NEEDS[kind] / NEEDS["category"])
-    assert plan.events[-1] == {"type": "gaussian", "noise_multiplier": sigma, "count": 2}
+    assert plan.events[-1] == {"type": "gaussian", "noise_multiplier": sigma, "count": 3}
     assert compose_epsilon(plan.events, 1e-6).epsilon <= 1.0
     from dp_accounting import dp_event
     from dp_accounting.pld import pld_privacy_accountant
 
     accountant = pld_privacy_accountant.PLDAccountant()
-    accountant.compose(dp_event.GaussianDpEvent(sigma), 2)
+    accountant.compose(dp_event.GaussianDpEvent(sigma), 3)
     reference = accountant.get_epsilon(1e-6 - plan.threshold_delta)
     assert compose_epsilon(plan.events, 1e-6).epsilon == pytest.approx(reference, rel=0.02)
 

@@ -1,13 +1,25 @@
-"""Round 2 of the DP schema release, post-processing of its noisy counts: where a number's
-fine histogram is trimmed, its quantile edges (snapped to the fine grid), and the share of its
-values estimated beyond the released range. Nothing here reads data."""
+"""Round 2 of the DP schema release (`release_spans_from_counts`: each number's padded range
+counted on a finer grid and its empty padding trimmed) and the post-processing of the noisy
+histograms: where a fine histogram is trimmed, its quantile edges (snapped to the fine grid),
+and the share of a column's values estimated beyond the released range. Nothing here reads
+data; the exact counts come from `schema_counts`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import numpy as np
+import torch
 
+from dpsynth.privacy.mechanisms.histograms import noisy
+from dpsynth.privacy.releases.schema_counts import ShapeCounts, zero_counted
 from dpsynth.privacy.releases.schema_grids import closed_last_bin, range_grid
+from dpsynth.privacy.releases.schema_plan import NumberSpec, SchemaReleasePlan
 
+# An exact zero is a point mass when its noisy count clears this many deviations (and is kept
+# inside a trimmed range).
+SIGNIFICANCE = 3.0
 # Round 2 trims an end's fine bins while their noisy mass is below TRIM_Z deviations of its
 # noise and TRIM_SHARE of the column's present rows.
 TRIM_Z, TRIM_SHARE = 2.0, 0.02
@@ -95,3 +107,41 @@ def beyond_range(noisy_range: np.ndarray, kind: str, span: tuple[float, float]) 
     below = noisy_range[max(first - reach, 0) : max(first, 0)].sum()
     above = noisy_range[last + 1 : last + 1 + reach].sum()
     return float(below + above)
+
+
+@dataclass(frozen=True)
+class ReleasedSpan:
+    """Round 2's output for a number: its range with the empty padding trimmed, and the
+    share of its values estimated beyond that range (rounds 1 and 2, noisy counts)."""
+
+    span: tuple[float, float]
+    clipped: float
+
+
+def release_spans_from_counts(
+    counts: ShapeCounts,
+    numbers: Mapping[str, tuple[NumberSpec, np.ndarray, float, tuple[float, float]]],
+    plan: SchemaReleasePlan,
+    generator: torch.Generator,
+) -> dict[str, ReleasedSpan]:
+    """Round 2 from its exact counts: per number (in this order) its spec, the grid over its
+    padded range (`shape_grid`), round 1's estimate of its mass beyond that range and its
+    range before padding, which is never trimmed."""
+    std = plan.span_noise_std
+    out: dict[str, ReleasedSpan] = {}
+    for name, (spec, grid, outside, core) in numbers.items():
+        released = noisy(counts.numbers[name], std, generator)
+        fine = released[2:]
+        present = float(max(released[1] + fine.sum(), 1.0))
+        last_bin = len(grid) - 2
+        keep = (
+            int(np.clip(np.searchsorted(grid, core[0], side="right") - 1, 0, last_bin)),
+            int(np.clip(np.searchsorted(grid, core[1], side="left") - 1, 0, last_bin)),
+        )
+        first, last = trim_ends(fine, std, present, keep) or keep
+        low, high = float(grid[first]), float(grid[last + 1])
+        if zero_counted(spec.kind, grid) and released[1] > SIGNIFICANCE * std:
+            low, high = min(low, 0.0), max(high, 0.0)  # zeros stay inside the range
+        share = clipped_share(fine, (first, last), outside, present)
+        out[name] = ReleasedSpan((low, high), share)
+    return out

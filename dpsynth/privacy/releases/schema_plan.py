@@ -13,6 +13,8 @@ of histogram (NEEDS), from the column types only, never from the rows:
 - the target's label set: TARGET_PRECISION_SHARE of the whole release's precision (it must
   keep two labels), and never less than a list's;
 - a number's range on the coarse grid (RANGE_NEED): where its rows are, padded afterwards;
+- a number's span (SPAN_NEED): the padded range counted on a finer grid, to trim the padding
+  where it is empty;
 - a number's shape (SHAPE_NEED): its bin edges, missing share, and the 1-way measurement
   that MST and AIM reuse instead of measuring the column again;
 - a boolean's [false | true | missing] (BOOLEAN_NEED): its missing flag and 1-way marginal;
@@ -42,7 +44,8 @@ from dpsynth.privacy.mechanisms.histograms import THRESHOLD_DELTA_SHARE
 from dpsynth.privacy.releases.schema_grids import range_grid
 from dpsynth.privacy.releases.schema_spans import FALSE_ALARM, FALSE_ALONE
 
-RANGE_NEED = 0.6
+RANGE_NEED = 0.5
+SPAN_NEED = 0.3
 SHAPE_NEED = 0.8
 BOOLEAN_NEED = 0.4
 DECIMALS_NEED = 0.1
@@ -50,6 +53,7 @@ TARGET_PRECISION_SHARE = 0.25
 NEEDS = {
     "category": 1.0,
     "range": RANGE_NEED,
+    "span": SPAN_NEED,
     "shape": SHAPE_NEED,
     "boolean": BOOLEAN_NEED,
     "decimals": DECIMALS_NEED,
@@ -91,6 +95,7 @@ class SchemaReleasePlan:
     target_noise_std: float | None = None
     target_threshold: float | None = None
     boolean_noise_std: float = 0.0
+    span_noise_std: float = 0.0
     decimals_noise_std: float = 0.0
     # kind of histogram → (histograms of that kind, weight): the allocation, for config.json
     allocation: tuple[tuple[str, int, float], ...] = ()
@@ -108,6 +113,7 @@ class SchemaReleasePlan:
         stds = {
             "category": self.category_noise_std,
             "range": self.range_noise_std,
+            "span": self.span_noise_std,
             "shape": self.shape_noise_std,
             "boolean": self.boolean_noise_std,
             "decimals": self.decimals_noise_std,
@@ -121,6 +127,7 @@ class SchemaReleasePlan:
             "target_noise_std": self.target_noise_std,
             "target_threshold": self.target_threshold,
             "range_noise_std": self.range_noise_std,
+            "span_noise_std": self.span_noise_std,
             "shape_noise_std": self.shape_noise_std,
             "boolean_noise_std": self.boolean_noise_std,
             "decimals_noise_std": self.decimals_noise_std,
@@ -164,7 +171,8 @@ def plan_schema_release(
     shapes = len(numbers) + decimals + booleans
     if categorical + shapes == 0:
         raise UsageError("--schema-epsilon: no schema entry to release")
-    rounds = int(categorical + len(numbers) > 0) + int(shapes > 0)
+    # ranges and lists; the numbers' spans; shapes, booleans and decimals
+    rounds = int(categorical + len(numbers) > 0) + int(len(numbers) > 0) + int(shapes > 0)
     share = THRESHOLD_DELTA_SHARE * delta if categorical else 0.0
     prior = (ThresholdDelta(share),) if categorical else ()
     calibration = calibrate_noise(epsilon, delta, 1.0, rounds, prior_events=prior)
@@ -172,7 +180,7 @@ def plan_schema_release(
     lists = categorical - int(target)
     others = (
         lists * NEEDS["category"]
-        + len(numbers) * (RANGE_NEED + SHAPE_NEED)
+        + len(numbers) * (RANGE_NEED + SPAN_NEED + SHAPE_NEED)
         + booleans * BOOLEAN_NEED
         + decimals * DECIMALS_NEED
     )
@@ -184,6 +192,7 @@ def plan_schema_release(
             ("category", lists, NEEDS["category"]),
             ("target", int(target), target_need),
             ("range", len(numbers), RANGE_NEED),
+            ("span", len(numbers), SPAN_NEED),
             ("shape", len(numbers), SHAPE_NEED),
             ("boolean", booleans, BOOLEAN_NEED),
             ("decimals", decimals, DECIMALS_NEED),
@@ -207,6 +216,7 @@ def plan_schema_release(
         category_threshold=float(k) + category_std * float(norm.isf(per_value)),
         range_noise_std=std(RANGE_NEED),
         shape_noise_std=std(SHAPE_NEED),
+        span_noise_std=std(SPAN_NEED),
         threshold_delta=share,
         rows=rows,
         epsilon=calibration.total_epsilon,

@@ -54,7 +54,12 @@ from dpsynth.privacy.releases.schema_counts import (
     tallies_of,
     zero_counted,
 )
-from dpsynth.privacy.releases.schema_edges import clipped_share, edges_from_counts, trim_ends
+from dpsynth.privacy.releases.schema_edges import (
+    SIGNIFICANCE,
+    clipped_share,
+    edges_from_counts,
+    trim_ends,
+)
 from dpsynth.privacy.releases.schema_grids import (
     FINE_BINS,
     fine_grid,
@@ -89,7 +94,6 @@ __all__ = [
 # `released_decimals`); a missing bin when it clears MISSING_SIGNIFICANCE (a bin too many only
 # costs a value the model learns to be nearly empty; one too few encodes the missing cells at
 # mid-range).
-SIGNIFICANCE = 3.0
 MISSING_SIGNIFICANCE = 1.5
 # A number's present values must total PRESENT_SIGNIFICANCE deviations of their noise.
 PRESENT_SIGNIFICANCE = 2.0
