@@ -126,7 +126,7 @@ def release_spans_from_counts(
 ) -> dict[str, ReleasedSpan]:
     """Round 2 from its exact counts: per number (in this order) its spec, the grid over its
     padded range (`shape_grid`), round 1's estimate of its mass beyond that range and its
-    range before padding, which is never trimmed."""
+    range before padding (kept whole only when the noise leaves nothing)."""
     std = plan.span_noise_std
     out: dict[str, ReleasedSpan] = {}
     for name, (spec, grid, outside, core) in numbers.items():
@@ -134,11 +134,13 @@ def release_spans_from_counts(
         fine = released[2:]
         present = float(max(released[1] + fine.sum(), 1.0))
         last_bin = len(grid) - 2
+        # trimmed wherever the noisy mass allows (at most about TRIM_SHARE of the values an
+        # end): round 1's bins are √2 wide, too wide to keep whole (a year of 2013)
         keep = (
             int(np.clip(np.searchsorted(grid, core[0], side="right") - 1, 0, last_bin)),
             int(np.clip(np.searchsorted(grid, core[1], side="left") - 1, 0, last_bin)),
         )
-        first, last = trim_ends(fine, std, present, keep) or keep
+        first, last = trim_ends(fine, std, present) or keep
         low, high = float(grid[first]), float(grid[last + 1])
         if zero_counted(spec.kind, grid) and released[1] > SIGNIFICANCE * std:
             low, high = min(low, 0.0), max(high, 0.0)  # zeros stay inside the range

@@ -95,8 +95,9 @@ __all__ = [
 # costs a value the model learns to be nearly empty; one too few encodes the missing cells at
 # mid-range).
 MISSING_SIGNIFICANCE = 1.5
-# A number's present values must total PRESENT_SIGNIFICANCE deviations of their noise.
-PRESENT_SIGNIFICANCE = 2.0
+# A number's present values (N less its noisy missing count) must clear PRESENT_SIGNIFICANCE
+# deviations of the noise.
+PRESENT_SIGNIFICANCE = 3.0
 # Fine bins of the shape histogram (the quantiles are read off it): as many as keep about
 # FINE_BIN_DEVIATIONS noise deviations of rows in a bin on average, within [8, FINE_BINS].
 FINE_BIN_DEVIATIONS = 8.0
@@ -337,7 +338,12 @@ def release_shapes_from_counts(
             decimals = released_decimals(noisy_digits, plan.decimals_noise_std)
         # the values' noisy total (zeros and fine bins) not above the noise: a range found in
         # noise (a sparse column's last-resort windows), or too few values to write any
-        empty = released[1] + fine.sum() < PRESENT_SIGNIFICANCE * std * math.sqrt(len(fine) + 1)
+        # (N less the noisy missing count has the noise of one cell; the values' own total, of
+        # every cell: both must be above it)
+        total_noise = std * math.sqrt(len(fine) + 1)
+        empty = (plan.rows - released[0] < PRESENT_SIGNIFICANCE * std) or (
+            released[1] + fine.sum() < total_noise
+        )
         out[name] = ReleasedShape(
             edges,
             bool(released[0] > MISSING_SIGNIFICANCE * std),
