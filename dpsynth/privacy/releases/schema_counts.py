@@ -1,7 +1,7 @@
 """The exact counts a DP schema release noises, made chunk by chunk.
 
 Each round of the release (`dpsynth.privacy.releases.schema_release`) reads one set of
-histograms: round 1 the category tallies and each number's counts over its public range grid,
+histograms: round 1 the category tallies and each number's [missing | public range grid] counts,
 round 2 each number's [missing | zero | fine bins] and decimals and each boolean's [false |
 true | missing]. The counts of a table are the sums of its chunks' counts, so every engine (in
 memory: one chunk; DuckDB: record batches; Dask: partitions, merged) makes the same counts, and
@@ -31,9 +31,11 @@ def category_tally(values: np.ndarray) -> Counter[str]:
 
 
 def range_counts(values: np.ndarray, kind: str) -> np.ndarray:
-    """Counts of the present values (NaN: missing) over the public range grid of `kind`."""
-    present = values[np.isfinite(values)]
-    return numeric_counts(present, range_grid(kind))
+    """[missing, counts of the present values over the public range grid of `kind`…]
+    (NaN: missing)."""
+    finite = np.isfinite(values)
+    grid = numeric_counts(values[finite], range_grid(kind))
+    return np.concatenate([[float((~finite).sum())], grid])
 
 
 def zero_counted(kind: str, grid: np.ndarray) -> bool:

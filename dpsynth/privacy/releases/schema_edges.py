@@ -20,9 +20,9 @@ from dpsynth.privacy.releases.schema_plan import NumberSpec, SchemaReleasePlan
 # An exact zero is a point mass when its noisy count clears this many deviations (and is kept
 # inside a trimmed range).
 SIGNIFICANCE = 3.0
-# Round 2 trims an end's fine bins while their noisy mass is below TRIM_Z deviations of its
-# noise and TRIM_SHARE of the column's present rows.
-TRIM_Z, TRIM_SHARE = 2.0, 0.02
+# Round 2 trims an end's fine bins while their noisy mass plus TRIM_Z deviations of its noise
+# is below TRIM_SHARE of the column's present rows.
+TRIM_Z, TRIM_SHARE = 1.0, 0.02
 # Round 1's bins read for the clipped-share estimate beyond each end of a range.
 BEYOND_BINS = 8
 
@@ -31,15 +31,15 @@ def trim_ends(
     counts: np.ndarray, std: float, present: float, keep: tuple[int, int] | None = None
 ) -> tuple[int, int] | None:
     """The first and last fine bins kept: each end's bins are trimmed while their noisy mass
-    is below TRIM_Z deviations of its noise and TRIM_SHARE of `present` (the rows there are
-    too few to tell from noise, and few enough to clip), never into the bins `keep` spans
-    (round 1's range before its padding). None: nothing is left."""
+    plus TRIM_Z deviations of its noise stays below TRIM_SHARE of `present` (confidently
+    few enough rows to clip; where the noise is too large to tell, nothing is trimmed), never
+    into the bins `keep` spans. None: nothing is left."""
     limit = TRIM_SHARE * max(present, 0.0)
 
     def trimmed(sequence: np.ndarray) -> int:
         mass = np.cumsum(sequence)
         k = np.arange(1, len(sequence) + 1)
-        small = (mass < TRIM_Z * std * np.sqrt(k)) & (mass < limit)
+        small = mass + TRIM_Z * std * np.sqrt(k) < limit
         return int(np.argmin(small)) if not small.all() else len(sequence)
 
     first = trimmed(counts)

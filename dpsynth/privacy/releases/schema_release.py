@@ -112,6 +112,9 @@ WIDE_RANGE = 16.0
 # Window widths that look for a tail apart from a range already found (narrow: a window's
 # span reaches past its rows by up to its width).
 _TAIL_WIDTHS = (2, 4, 8)
+# The last resort of a column no window shows: its noisy present count (N less the missing
+# cell) clears LAST_RESORT_Z deviations; the fullest window of _LAST_WIDTH bins is taken.
+LAST_RESORT_Z, _LAST_WIDTH = 5.0, 16
 
 
 @dataclass(frozen=True)
@@ -141,11 +144,12 @@ def _extended(released: np.ndarray, span: tuple[int, int], std: float) -> tuple[
 def _number_range(
     counts: np.ndarray, spec: NumberSpec, plan: SchemaReleasePlan, generator: torch.Generator
 ) -> tuple[tuple[float, float] | None, np.ndarray, tuple[float, float] | None]:
-    """One number's rough range from its exact range-grid counts (padded), the noisy counts,
-    and the range before the padding (round 2 never trims inside it)."""
+    """One number's rough range from its exact counts ([missing, range-grid bins…], padded),
+    the noisy range-grid counts, and the range before the padding."""
     edges = range_grid(spec.kind)
-    released = noisy(counts, plan.range_noise_std, generator)
     std = plan.range_noise_std
+    with_missing = noisy(counts, std, generator)
+    released, present = with_missing[1:], plan.rows - with_missing[0]
     if spec.kind in ("datetime", "date"):
         # bounded grid (a false year stretches to 1900 or 2100 at worst; round 2 trims it)
         # over which a time's rows spread thin: wider windows of years widen the span
@@ -172,6 +176,12 @@ def _number_range(
         # for want of a strict cut: windows at the false-alarm rate of a time's range (a false
         # range then holds few values: round 2 releases the column's missing share)
         span = coarse_span(released, std, FALSE_ALARM)
+    if span is None and present > LAST_RESORT_Z * std:
+        # N less the noisy missing count says the column has values, spread too thin for any
+        # window: the widest window's fullest place, which padding and round 2 make a range
+        sums = np.convolve(released, np.ones(_LAST_WIDTH), mode="valid")
+        start = int(np.argmax(sums))
+        span = (start, start + _LAST_WIDTH - 1)
     if span is None:
         return None, released, None
     first, last = _extended(released, span, std)
