@@ -6,6 +6,7 @@ data; the exact counts come from `schema_counts`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -16,13 +17,14 @@ from dpsynth.privacy.mechanisms.histograms import noisy
 from dpsynth.privacy.releases.schema_counts import ShapeCounts, zero_counted
 from dpsynth.privacy.releases.schema_grids import closed_last_bin, range_grid
 from dpsynth.privacy.releases.schema_plan import NumberSpec, SchemaReleasePlan
+from dpsynth.privacy.releases.schema_spans import trimmed_span
 
 # An exact zero is a point mass when its noisy count clears this many deviations (and is kept
 # inside a trimmed range).
 SIGNIFICANCE = 3.0
-# Round 2 trims an end's fine bins while their noisy mass plus TRIM_Z deviations of its noise
-# is below TRIM_SHARE of the column's present rows.
-TRIM_Z, TRIM_SHARE = 1.0, 0.02
+# Round 2 trims an end's fine bins while their noisy mass is below TRIM_Z deviations of its
+# noise and TRIM_SHARE of the column's present rows.
+TRIM_Z, TRIM_SHARE = 2.0, 0.02
 # Round 1's bins read for the clipped-share estimate beyond each end of a range.
 BEYOND_BINS = 8
 
@@ -31,15 +33,15 @@ def trim_ends(
     counts: np.ndarray, std: float, present: float, keep: tuple[int, int] | None = None
 ) -> tuple[int, int] | None:
     """The first and last fine bins kept: each end's bins are trimmed while their noisy mass
-    plus TRIM_Z deviations of its noise stays below TRIM_SHARE of `present` (confidently
-    few enough rows to clip; where the noise is too large to tell, nothing is trimmed), never
-    into the bins `keep` spans. None: nothing is left."""
+    is below TRIM_Z deviations of its noise and TRIM_SHARE of `present` (the rows there are
+    too few to tell from noise, and few enough to clip), never into the bins `keep` spans.
+    None: nothing is left."""
     limit = TRIM_SHARE * max(present, 0.0)
 
     def trimmed(sequence: np.ndarray) -> int:
         mass = np.cumsum(sequence)
         k = np.arange(1, len(sequence) + 1)
-        small = mass + TRIM_Z * std * np.sqrt(k) < limit
+        small = (mass < TRIM_Z * std * np.sqrt(k)) & (mass < limit)
         return int(np.argmin(small)) if not small.all() else len(sequence)
 
     first = trimmed(counts)
@@ -134,13 +136,19 @@ def release_spans_from_counts(
         fine = released[2:]
         present = float(max(released[1] + fine.sum(), 1.0))
         last_bin = len(grid) - 2
-        # trimmed wherever the noisy mass allows (at most about TRIM_SHARE of the values an
-        # end): round 1's bins are √2 wide, too wide to keep whole (a year of 2013)
         keep = (
             int(np.clip(np.searchsorted(grid, core[0], side="right") - 1, 0, last_bin)),
             int(np.clip(np.searchsorted(grid, core[1], side="left") - 1, 0, last_bin)),
         )
-        first, last = trim_ends(fine, std, present) or keep
+        # inside round 1's range (√2 bins: too wide to keep whole for a year of 2013) only when
+        # the noise over it is below TRIM_SHARE of the values; else the padding alone (the
+        # noise of a sparse column would trim its thin tails)
+        precise = std * math.sqrt(keep[1] - keep[0] + 1) < TRIM_SHARE * present
+        first, last = trim_ends(fine, std, present, None if precise else keep) or keep
+        if spec.kind in ("datetime", "date"):
+            # a time's rows rarely trail off thinly: its span ends at the outermost bins that
+            # clear the noise (a long empty padding of years outlasts the cumulative rule)
+            first, last = trimmed_span(fine, std) or (first, last)
         low, high = float(grid[first]), float(grid[last + 1])
         if zero_counted(spec.kind, grid) and released[1] > SIGNIFICANCE * std:
             low, high = min(low, 0.0), max(high, 0.0)  # zeros stay inside the range

@@ -79,16 +79,8 @@ from dpsynth.privacy.releases.schema_spans import (
     supported_bins,
 )
 
-__all__ = [
-    "MAX_DECIMALS",
-    "NumberSpec",
-    "ReleasedShape",
-    "SchemaReleasePlan",
-    "plan_schema_release",
-    "quantile_bins",
-    "release_ranges",
-    "release_shapes",
-]
+__all__ = ["MAX_DECIMALS", "NumberSpec", "ReleasedShape", "SchemaReleasePlan"]
+__all__ += ["plan_schema_release", "quantile_bins", "release_ranges", "release_shapes"]
 
 # An exact zero is a point mass when its noisy count clears this many deviations (precision:
 # `released_decimals`); a missing bin when it clears MISSING_SIGNIFICANCE (a bin too many only
@@ -168,7 +160,10 @@ def _number_range(
             rest[max(int(above[0]) - 1, 0) : int(above[-1]) + 2] = 0.0
         widths = _TAIL_WIDTHS if len(above) else None
         coarse = coarse_span(rest, std, FALSE_ALONE, widths=widths)
-    span = (int(above[0]), int(above[-1])) if len(above) else None
+    # the bins that clear are the core; windows reach past their rows (by up to their width):
+    # they widen the range only where round 2 may trim
+    core = (int(above[0]), int(above[-1])) if len(above) else None
+    span = core
     if coarse is not None:
         span = coarse if span is None else (min(span[0], coarse[0]), max(span[1], coarse[1]))
     if span is None:
@@ -185,6 +180,7 @@ def _number_range(
     if span is None:
         return None, released, None
     first, last = _extended(released, span, std)
+    core_first, core_last = _extended(released, core, std) if core is not None else (first, last)
     padded = max(first - RANGE_PAD, 1), min(last + RANGE_PAD, len(released) - 2)
     zero = np.flatnonzero(edges == 0.0)
     if len(zero):  # the padding never crosses 0: a column of non-negative rows stays so
@@ -197,7 +193,7 @@ def _number_range(
         elif last < z:
             wide = -edges[last + 1] <= -edges[first] / WIDE_RANGE
             padded = (padded[0], z - 1 if wide else min(padded[1], z - 1))
-    return _bounds(edges, padded), released, _bounds(edges, (first, last))
+    return _bounds(edges, padded), released, _bounds(edges, (core_first, core_last))
 
 
 def _bounds(edges: np.ndarray, span: tuple[int, int]) -> tuple[float, float]:
