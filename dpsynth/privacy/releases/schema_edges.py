@@ -25,6 +25,9 @@ SIGNIFICANCE = 3.0
 # Round 2 trims an end's fine bins while their noisy mass is below TRIM_Z deviations of its
 # noise and TRIM_SHARE of the column's present rows.
 TRIM_Z, TRIM_SHARE = 2.0, 0.02
+# Round 2 trims inside round 1's range only when the noise over it is below this share of the
+# values (a year of 2013 on 20,000 rows: yes; a column 20% present on 8,000: no).
+PRECISE_SHARE = 0.05
 # Round 1's bins read for the clipped-share estimate beyond each end of a range.
 BEYOND_BINS = 8
 
@@ -87,6 +90,25 @@ def edges_from_counts(
     return tuple(float(e) for e in edges)
 
 
+def significant_span(fine: np.ndarray, std: float, present: float) -> tuple[int, int] | None:
+    """The bins from the outermost that clear the noise (`trimmed_span`), widened to where the
+    noisy mass beyond them is still significant (over 3 deviations of its noise and
+    TRIM_SHARE of the values: a thin tail), post-processing. None: no bin clears."""
+    span = trimmed_span(fine, std)
+    if span is None:
+        return None
+    first, last = span
+    floor = TRIM_SHARE * present
+
+    def reach(tail: np.ndarray) -> int:
+        mass = np.cumsum(tail)
+        k = np.arange(1, len(tail) + 1)
+        significant = np.flatnonzero((mass > 3.0 * std * np.sqrt(k)) & (mass > floor))
+        return int(significant[-1]) + 1 if len(significant) else 0
+
+    return first - reach(fine[:first][::-1]), last + reach(fine[last + 1 :])
+
+
 def clipped_share(
     fine: np.ndarray, span: tuple[int, int] | None, outside: float, present: float
 ) -> float:
@@ -141,15 +163,17 @@ def release_spans_from_counts(
             int(np.clip(np.searchsorted(grid, core[1], side="left") - 1, 0, last_bin)),
         )
         # inside round 1's range (√2 bins: too wide to keep whole for a year of 2013) only when
-        # the noise over it is below TRIM_SHARE of the values; else the padding alone (the
+        # the noise over it is below PRECISE_SHARE of the values; else the padding alone (the
         # noise of a sparse column would trim its thin tails)
-        precise = std * math.sqrt(keep[1] - keep[0] + 1) < TRIM_SHARE * present
-        first, last = trim_ends(fine, std, present, None if precise else keep) or keep
-        if spec.kind in ("datetime", "date"):
-            # a time's rows rarely trail off thinly: its span ends at the outermost bins that
-            # clear the noise (a long empty padding of years outlasts the cumulative rule)
-            first, last = trimmed_span(fine, std) or (first, last)
+        precise = std * math.sqrt(keep[1] - keep[0] + 1) < PRECISE_SHARE * present
+        if precise or spec.kind in ("datetime", "date"):  # a time rarely trails off thinly
+            first, last = significant_span(fine, std, present) or keep
+        else:
+            first, last = trim_ends(fine, std, present, keep) or keep
         low, high = float(grid[first]), float(grid[last + 1])
+        unit = {"integer": 1.0, "date": 86400.0}.get(spec.kind)
+        if unit:  # whole numbers and days: a bin [a, b) ends at b less one unit
+            high = max(high - unit, low)
         if zero_counted(spec.kind, grid) and released[1] > SIGNIFICANCE * std:
             low, high = min(low, 0.0), max(high, 0.0)  # zeros stay inside the range
         share = clipped_share(fine, (first, last), outside, present)
