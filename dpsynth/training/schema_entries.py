@@ -223,10 +223,9 @@ def apply_release(
     # round 3: the shapes inside the trimmed spans (their own fine grids, whole numbers one a
     # bin when few), the booleans and the decimals
     grids = {name: shape_grid(specs[name], spans[name].span, plan) for name in found}
-    whole = {name: (float(grid[0]), float(grid[-1])) for name, grid in grids.items()}
     shapes = release_shapes_from_counts(
         count_shapes(grids),
-        {name: (specs[name], grids[name], 0.0, whole[name]) for name in found},
+        {name: (specs[name], grids[name], False) for name in found},
         plan,
         generator,
     )

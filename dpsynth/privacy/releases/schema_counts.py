@@ -11,7 +11,7 @@ one secret seed gives the same release. These counts never leave `privacy/` unno
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,14 +114,6 @@ class ShapeCounts:
             for name, counts in theirs.items():
                 mine[name] = mine.get(name, 0) + counts
         return self
-
-
-def summed(parts: Iterable[RangeCounts | ShapeCounts]) -> RangeCounts | ShapeCounts | None:
-    """The sum of chunks' counts (None for no chunk)."""
-    total = None
-    for part in parts:
-        total = part if total is None else total.add(part)
-    return total
 
 
 def tallies_of(columns: Mapping[str, np.ndarray]) -> dict[str, Counter[str]]:

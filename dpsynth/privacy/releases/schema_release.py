@@ -1,6 +1,6 @@
 """Releasing a table's schema with DP: category lists, bounds, bin edges, missing flags, precision.
 
-Two rounds of Gaussian noisy histograms, planned by `dpsynth.privacy.releases.schema_plan`
+Three rounds of Gaussian noisy histograms, planned by `dpsynth.privacy.releases.schema_plan`
 (which shares the precision among the columns by need) and counted by
 `dpsynth.privacy.releases.schema_counts` (exact counts, chunk by chunk, on any engine):
 
@@ -12,19 +12,21 @@ Two rounds of Gaussian noisy histograms, planned by `dpsynth.privacy.releases.sc
    clears a false-alarm cut (`supported_bins`), joined with wider windows that clear it
    (`coarse_span`), extended outward while the next RANGE_WINDOW bins together hold a
    significant count, then padded by RANGE_PAD bins each side: a range errs wide (round 2 trims
-   what is empty), since every value beyond it is clipped.
-2. **Shapes** (`release_shapes_from_counts`), inside those ranges, for each number or time: one
+   what is empty), since every value beyond it is clipped; a column no window shows but whose
+   noisy present count (N less its missing cell) is large gets its fullest wide window.
+2. **Spans** (`schema_edges.release_spans_from_counts`): each padded range counted on a finer
+   grid and trimmed where it is empty; the share of values beyond it estimated from the noisy
+   counts of rounds 1 and 2 (`clipped`, no new read).
+3. **Shapes** (`release_shapes_from_counts`), inside those spans, for each number or time: one
    histogram over [missing | exactly zero (numbers whose range holds 0) | fine bins], a public
    grid (linear, or geometric for a positive range spanning orders of magnitude; whole numbers
    for integers and days for dates), and for a float column a second over its decimals. For a
    boolean one histogram over [false | true | missing]. From the noisy counts, post-processing:
-   - `edges`: the fine bins trimmed at each end while the noisy mass trimmed stays below
-     the noise and TRIM_SHARE of the rows (`trim_ends`), then the quantiles 1/K, …, (K−1)/K of
-     the noisy fine histogram, snapped to the fine grid's edges (so the model's 1-way marginal
-     is a sum of these fine bins, `ReleasedShape.counts`); an exact zero holding at least 1/K
-     of the rows becomes a point mass (the edge 0 twice);
-   - `clipped`: the share of the column's values beyond the released range, estimated from the
-     noisy counts of both rounds (no new read);
+   - `edges`: the quantiles 1/K, …, (K−1)/K of the noisy fine histogram, snapped to the fine
+     grid's edges (so the model's 1-way marginal is a sum of these fine bins,
+     `ReleasedShape.counts`), a fine bin holding a quantile bin's share a bin of its own; an
+     exact zero holding at least 1/K of the rows becomes a point mass (the edge 0 twice);
+   - `empty`: the values' noisy count is within the noise (the column is written empty);
    - `missing`: the missing bin's noisy count clears `MISSING_SIGNIFICANCE` deviations;
    - `decimals`: the most digits whose noisy count clears a false-alarm cut
      (`released_decimals`).
@@ -56,7 +58,6 @@ from dpsynth.privacy.releases.schema_counts import (
 )
 from dpsynth.privacy.releases.schema_edges import (
     SIGNIFICANCE,
-    clipped_share,
     edges_from_counts,
     trim_ends,
 )
@@ -288,14 +289,13 @@ def released_decimals(noisy_digits: np.ndarray, std: float) -> int | None:
 
 @dataclass(frozen=True)
 class ReleasedShape:
-    """What round 2 released for one column: its entries, the share of its present values
-    estimated beyond its range, and its noisy histogram (numbers: [missing, zero, fine…] over
-    `grid`; booleans: [false, true, missing]) with the noise's std."""
+    """What round 3 released for one column: its entries and its noisy histogram (numbers:
+    [missing, zero, fine…] over `grid`; booleans: [false, true, missing]) with the noise's
+    std."""
 
     edges: tuple[float, ...] | None
     missing: bool
     decimals: int | None
-    clipped: float = 0.0
     grid: tuple[float, ...] = ()
     counts: tuple[float, ...] = ()
     noise_std: float = 0.0
@@ -304,28 +304,21 @@ class ReleasedShape:
 
 def release_shapes_from_counts(
     counts: ShapeCounts,
-    numbers: Mapping[str, tuple[NumberSpec, np.ndarray, float, tuple[float, float] | None]],
+    numbers: Mapping[str, tuple[NumberSpec, np.ndarray, bool]],
     plan: SchemaReleasePlan,
     generator: torch.Generator,
 ) -> dict[str, ReleasedShape]:
-    """Round 2 from its exact counts. `numbers`: per number (in this order) its spec, fine
-    grid (`shape_grid`), round 1's estimate of its mass beyond the rough range and its range
-    before padding (None: trim freely); then each boolean of `counts.booleans`, in order."""
+    """Round 3 from its exact counts. `numbers`: per number (in this order) its spec, fine
+    grid (`shape_grid`) and whether its empty ends are trimmed here (false after round 2
+    trimmed them); then each boolean of `counts.booleans`, in order."""
     std = plan.shape_noise_std
     bins = quantile_bins(plan.rows)
     out: dict[str, ReleasedShape] = {}
-    for name, (spec, grid, outside, core) in numbers.items():
+    for name, (spec, grid, trim) in numbers.items():
         released = noisy(counts.numbers[name], std, generator)
         fine = released[2:]
         present = float(max(released[1] + fine.sum(), 1.0))
-        keep = None
-        if core is not None:
-            last_bin = len(grid) - 2
-            keep = (
-                int(np.clip(np.searchsorted(grid, core[0], side="right") - 1, 0, last_bin)),
-                int(np.clip(np.searchsorted(grid, core[1], side="left") - 1, 0, last_bin)),
-            )
-        span = trim_ends(fine, std, present, keep)
+        span = trim_ends(fine, std, present) if trim else None
         edges = edges_from_counts(fine, grid, bins, spec.kind, span)
         zero_share = released[1] / max(np.clip(released, 0.0, None).sum(), 1.0)
         zero_bin = zero_counted(spec.kind, grid)
@@ -354,7 +347,6 @@ def release_shapes_from_counts(
             edges,
             bool(released[0] > MISSING_SIGNIFICANCE * std),
             decimals,
-            clipped_share(fine, span, outside, present),
             tuple(float(g) for g in grid),
             tuple(float(c) for c in released),
             std,
@@ -392,5 +384,5 @@ def release_shapes(
         },
         {name: boolean_counts(codes) for name, codes in booleans.items()},
     )
-    specs = {name: (spec, grids[name], 0.0, None) for name, (_, _, spec, _) in numbers.items()}
+    specs = {name: (spec, grids[name], True) for name, (_, _, spec, _) in numbers.items()}
     return release_shapes_from_counts(counts, specs, plan, generator)
