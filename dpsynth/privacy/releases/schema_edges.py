@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from sklearn.isotonic import isotonic_regression
 
 from dpsynth.privacy.mechanisms.histograms import noisy
 from dpsynth.privacy.releases.schema_counts import ShapeCounts, zero_counted
@@ -57,6 +58,22 @@ def trim_ends(
     return first, max(last, first)
 
 
+def monotone_cumulative(counts: np.ndarray) -> np.ndarray:
+    """The share of the mass up to each edge of a noisy histogram ([0, …, 1], one more than
+    the bins): the running sum of the noisy counts made non-decreasing by isotonic regression.
+    Clipping each bin at 0 first would give every empty bin of a wide range a positive mass
+    (about 0.4 deviations of noise each) and spread the quantiles over it; the running sum
+    is unbiased, and its noise averages out over the bins (post-processing)."""
+    running = np.concatenate([[0.0], np.cumsum(counts)])
+    fitted = np.clip(isotonic_regression(running), 0.0, None)
+    top = fitted[-1]
+    if top <= 0:
+        mass = np.clip(counts, 0.0, None)
+        running = np.concatenate([[0.0], np.cumsum(mass)])
+        return running / max(running[-1], 1e-12)
+    return np.clip(fitted / top, 0.0, 1.0)
+
+
 def edges_from_counts(
     counts: np.ndarray, grid: np.ndarray, bins: int, kind: str, span: tuple[int, int] | None
 ) -> tuple[float, ...] | None:
@@ -69,7 +86,7 @@ def edges_from_counts(
     total = mass.sum()
     if total <= 0:
         return None
-    cumulative = np.concatenate([[0.0], np.cumsum(mass)]) / total
+    cumulative = monotone_cumulative(counts)
     # the outer edges are the released range (values beyond it are clipped into the end
     # bins and drawn across them: no pile-up on a bound); the inner ones the quantiles,
     # each at the grid edge where the cumulative mass first reaches it

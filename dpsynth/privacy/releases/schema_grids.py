@@ -20,10 +20,21 @@ def year_edges() -> np.ndarray:
     return np.concatenate([[-np.inf], years, [np.inf]])
 
 
+def integer_edges() -> np.ndarray:
+    """The public grid of whole numbers' ranges: 0 and ±ceil(2^(j/2)) from 1 (−inf, …, −2, −1,
+    0, 1, 2, 3, 4, 6, 8, 12, …, +inf): a bin per value up to 4, then √2 steps, with no bin that
+    no whole number can fall in (a count's 0 and 1 are neighbours, not 40 bins apart)."""
+    grid = numeric_bin_edges()
+    steps = np.unique(np.ceil(grid[np.isfinite(grid) & (grid >= 1.0)]))
+    return np.concatenate([[-np.inf], -steps[::-1], [0.0], steps, [np.inf]])
+
+
 def range_grid(kind: str) -> np.ndarray:
     """The public grid a number's rough range is read on: calendar years for dates and times,
-    0 and ±2^(j/2) otherwise."""
-    return year_edges() if kind in ("datetime", "date") else numeric_bin_edges()
+    whole steps for integers (`integer_edges`), 0 and ±2^(j/2) otherwise."""
+    if kind in ("datetime", "date"):
+        return year_edges()
+    return integer_edges() if kind == "integer" else numeric_bin_edges()
 
 
 def _skewed(low: float, high: float) -> bool:

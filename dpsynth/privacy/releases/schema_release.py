@@ -4,16 +4,12 @@ Three rounds of Gaussian noisy histograms, planned by `dpsynth.privacy.releases.
 (which shares the precision among the columns by need) and counted by
 `dpsynth.privacy.releases.schema_counts` (exact counts, chunk by chunk, on any engine):
 
-1. **Ranges** (`release_ranges_from_counts`): category lists by a thresholded histogram over the
-   data's own values (the `threshold_delta` event: a value in one table only is released with
-   probability ≤ its share of δ; the noisy counts of the kept values are released too, as the
-   thresholded Gaussian mechanism allows), and the rough range of each number over a public grid
-   (0 and ±2^(j/2); for dates and times the calendar years 1900–2100): the bins whose noisy count
-   clears a false-alarm cut (`supported_bins`), joined with wider windows that clear it
-   (`coarse_span`), extended outward while the next RANGE_WINDOW bins together hold a
-   significant count, then padded by RANGE_PAD bins each side: a range errs wide (round 2 trims
-   what is empty), since every value beyond it is clipped; a column no window shows but whose
-   noisy present count (N less its missing cell) is large gets its fullest wide window.
+1. **Ranges** (`schema_ranges.release_ranges_from_counts`): category lists by a thresholded
+   histogram over the data's own values (the `threshold_delta` event: a value in one table only
+   is released with probability ≤ its share of δ; the noisy counts of the kept values are
+   released too, as the thresholded Gaussian mechanism allows), and the rough range of each
+   number over a public grid (0 and ±2^(j/2), whole steps for integers; for dates and times the
+   calendar years 1900–2100), which errs wide, since every value beyond it is clipped.
 2. **Spans** (`schema_edges.release_spans_from_counts`): each padded range counted on a finer
    grid and trimmed where it is empty; the share of values beyond it estimated from the noisy
    counts of rounds 1 and 2 (`clipped`, no new read).
@@ -26,7 +22,8 @@ Three rounds of Gaussian noisy histograms, planned by `dpsynth.privacy.releases.
      grid's edges (so the model's 1-way marginal is a sum of these fine bins,
      `ReleasedShape.counts`), a fine bin holding a quantile bin's share a bin of its own; an
      exact zero holding at least 1/K of the rows becomes a point mass (the edge 0 twice);
-   - `empty`: the values' noisy count is within the noise (the column is written empty);
+   - `empty`: N less the noisy missing count is within the noise (the column is written
+     empty);
    - `missing`: the missing bin's noisy count clears `MISSING_SIGNIFICANCE` deviations;
    - `decimals`: the most digits whose noisy count clears a false-alarm cut
      (`released_decimals`).
@@ -47,13 +44,10 @@ from scipy.stats import norm
 from dpsynth.privacy.mechanisms.histograms import noisy
 from dpsynth.privacy.releases.schema_counts import (
     MAX_DECIMALS,
-    RangeCounts,
     ShapeCounts,
     boolean_counts,
     decimal_counts,
-    range_counts,
     shape_counts,
-    tallies_of,
     zero_counted,
 )
 from dpsynth.privacy.releases.schema_edges import (
@@ -64,7 +58,6 @@ from dpsynth.privacy.releases.schema_edges import (
 from dpsynth.privacy.releases.schema_grids import (
     FINE_BINS,
     fine_grid,
-    range_grid,
     with_atom,
 )
 from dpsynth.privacy.releases.schema_plan import (
@@ -73,15 +66,18 @@ from dpsynth.privacy.releases.schema_plan import (
     plan_schema_release,
     quantile_bins,
 )
-from dpsynth.privacy.releases.schema_spans import (
-    FALSE_ALARM,
-    FALSE_ALONE,
-    coarse_span,
-    supported_bins,
+from dpsynth.privacy.releases.schema_ranges import (
+    RANGE_PAD,
+    RangeRelease,
+    release_ranges,
+    release_ranges_from_counts,
 )
+from dpsynth.privacy.releases.schema_spans import FALSE_ALONE, supported_bins
 
 __all__ = ["MAX_DECIMALS", "NumberSpec", "ReleasedShape", "SchemaReleasePlan"]
 __all__ += ["plan_schema_release", "quantile_bins", "release_ranges", "release_shapes"]
+__all__ += ["RANGE_PAD", "RangeRelease", "release_ranges_from_counts", "supported_bins"]
+__all__ += ["shape_grid"]
 
 # An exact zero is a point mass when its noisy count clears this many deviations (precision:
 # `released_decimals`); a missing bin when it clears MISSING_SIGNIFICANCE (a bin too many only
@@ -95,166 +91,6 @@ PRESENT_SIGNIFICANCE = 3.0
 # FINE_BIN_DEVIATIONS noise deviations of rows in a bin on average, within [8, FINE_BINS].
 FINE_BIN_DEVIATIONS = 8.0
 INTEGER_FINE_BINS = 128
-_GRID_LIMIT = 2.0**40
-# Round 1 extends a range while the next RANGE_WINDOW bins' noisy sum clears RANGE_Z
-# deviations of that sum, then pads RANGE_PAD bins each side (a factor of 2 on the numbers'
-# grid, a year on the calendar's).
-RANGE_WINDOW, RANGE_Z, RANGE_PAD = 4, 3.0, 2
-# A non-negative range whose high end is WIDE_RANGE times its low end reaches down to 0.
-WIDE_RANGE = 16.0
-# Window widths that look for a tail apart from a range already found (narrow: a window's
-# span reaches past its rows by up to its width).
-_TAIL_WIDTHS = (2, 4, 8)
-# The last resort of a column no window shows: its noisy present count (N less the missing
-# cell) clears LAST_RESORT_Z deviations; the fullest window of _LAST_WIDTH bins is taken.
-LAST_RESORT_Z, _LAST_WIDTH = 5.0, 16
-
-
-@dataclass(frozen=True)
-class RangeRelease:
-    """Round 1's output: kept categories with their noisy counts, each number's rough range
-    (None: nothing cleared) and its noisy range-grid counts (for the clipped-share estimate)."""
-
-    categories: dict[str, list[str]]
-    category_counts: dict[str, list[float]]
-    ranges: dict[str, tuple[float, float] | None]
-    range_counts: dict[str, np.ndarray]
-    cores: dict[str, tuple[float, float] | None]
-
-
-def _extended(released: np.ndarray, span: tuple[int, int], std: float) -> tuple[int, int]:
-    """`span` grown outward while the next RANGE_WINDOW noisy counts hold a significant sum
-    (kept off the overflow bins)."""
-    first, last = span
-    cut = RANGE_Z * std * math.sqrt(RANGE_WINDOW)
-    while first > 1 and released[max(first - RANGE_WINDOW, 0) : first].sum() > cut:
-        first -= 1
-    while last < len(released) - 2 and released[last + 1 : last + 1 + RANGE_WINDOW].sum() > cut:
-        last += 1
-    return max(first, 1), min(last, len(released) - 2)
-
-
-def _number_range(
-    counts: np.ndarray, spec: NumberSpec, plan: SchemaReleasePlan, generator: torch.Generator
-) -> tuple[tuple[float, float] | None, np.ndarray, tuple[float, float] | None]:
-    """One number's rough range from its exact counts ([missing, range-grid bins…], padded),
-    the noisy range-grid counts, and the range before the padding."""
-    edges = range_grid(spec.kind)
-    std = plan.range_noise_std
-    with_missing = noisy(counts, std, generator)
-    released, present = with_missing[1:], plan.rows - with_missing[0]
-    if spec.kind in ("datetime", "date"):
-        # bounded grid (a false year stretches to 1900 or 2100 at worst; round 2 trims it)
-        # over which a time's rows spread thin: wider windows of years widen the span
-        above = np.flatnonzero(released > plan.range_cut(spec.kind))
-        coarse = coarse_span(released, std)
-    else:
-        above = supported_bins(
-            released, plan.range_cut(spec.kind), plan.range_cut(spec.kind, alone=True)
-        )
-        # rows spread too thin for one bin: wider windows at the strict rate of a bin alone
-        # (a false range on the numbers' grid is orders of magnitude off); with a span found,
-        # windows away from it find a tail of its own (the few non-zero amounts of a column
-        # of zeros), counted without the span's rows
-        rest = released.copy()
-        if len(above):
-            rest[max(int(above[0]) - 1, 0) : int(above[-1]) + 2] = 0.0
-        widths = _TAIL_WIDTHS if len(above) else None
-        coarse = coarse_span(rest, std, FALSE_ALONE, widths=widths)
-    # the bins that clear are the core; windows reach past their rows (by up to their width):
-    # they widen the range only where round 2 may trim
-    core = (int(above[0]), int(above[-1])) if len(above) else None
-    span = core
-    if coarse is not None:
-        span = coarse if span is None else (min(span[0], coarse[0]), max(span[1], coarse[1]))
-    if span is None:
-        # a sparse column (values in a tenth of the rows, spread thin) is not written empty
-        # for want of a strict cut: windows at the false-alarm rate of a time's range (a false
-        # range then holds few values: round 2 releases the column's missing share)
-        span = coarse_span(released, std, FALSE_ALARM)
-    if span is None and present > LAST_RESORT_Z * std:
-        # N less the noisy missing count says the column has values, spread too thin for any
-        # window: the widest window's fullest place, which padding and round 2 make a range
-        sums = np.convolve(released, np.ones(_LAST_WIDTH), mode="valid")
-        start = int(np.argmax(sums))
-        span = (start, start + _LAST_WIDTH - 1)
-    if span is None:
-        return None, released, None
-    first, last = _extended(released, span, std)
-    core_first, core_last = _extended(released, core, std) if core is not None else (first, last)
-    padded = max(first - RANGE_PAD, 1), min(last + RANGE_PAD, len(released) - 2)
-    zero = np.flatnonzero(edges == 0.0)
-    if len(zero):  # the padding never crosses 0: a column of non-negative rows stays so
-        z = int(zero[0])  # the bin [0, …)
-        if first >= z:
-            # rows over orders of magnitude (counts, amounts): their thin low tail reaches
-            # down to 0 (a geometric fine grid spends no bins on it)
-            wide = edges[first] <= edges[last + 1] / WIDE_RANGE
-            padded = (z if wide else max(padded[0], z), padded[1])
-        elif last < z:
-            wide = -edges[last + 1] <= -edges[first] / WIDE_RANGE
-            padded = (padded[0], z - 1 if wide else min(padded[1], z - 1))
-    return _bounds(edges, padded), released, _bounds(edges, (core_first, core_last))
-
-
-def _bounds(edges: np.ndarray, span: tuple[int, int]) -> tuple[float, float]:
-    return (
-        float(np.clip(edges[span[0]], -_GRID_LIMIT, _GRID_LIMIT)),
-        float(np.clip(edges[span[1] + 1], -_GRID_LIMIT, _GRID_LIMIT)),
-    )
-
-
-def release_ranges_from_counts(
-    counts: RangeCounts,
-    numbers: Mapping[str, NumberSpec],
-    plan: SchemaReleasePlan,
-    generator: torch.Generator,
-    target: str | None = None,
-) -> RangeRelease:
-    """Round 1 from its exact counts (`counts.categories`: the category lists to release, in
-    this order; `numbers`: the numbers', in this order). `target` names the label set the
-    plan gave its own noise."""
-    if (target is not None) != (plan.target_noise_std is not None):
-        raise ValueError("the target's list differs from the release plan's")
-    categories: dict[str, list[str]] = {}
-    kept_counts: dict[str, list[float]] = {}
-    for name in counts.categories:
-        candidates, exact = counts.sorted_categories(name)
-        std, cut = plan.category_noise_std, plan.category_threshold
-        if name == target:
-            assert plan.target_noise_std is not None and plan.target_threshold is not None
-            std, cut = plan.target_noise_std, plan.target_threshold
-        released = noisy(exact, std, generator)
-        keep = released > cut
-        categories[name] = [c for c, k in zip(candidates, keep, strict=True) if k]
-        kept_counts[name] = [float(r) for r, k in zip(released, keep, strict=True) if k]
-    ranges: dict[str, tuple[float, float] | None] = {}
-    noisy_ranges: dict[str, np.ndarray] = {}
-    cores: dict[str, tuple[float, float] | None] = {}
-    for name, spec in numbers.items():
-        ranges[name], noisy_ranges[name], cores[name] = _number_range(
-            counts.numbers[name], spec, plan, generator
-        )
-    return RangeRelease(categories, kept_counts, ranges, noisy_ranges, cores)
-
-
-def release_ranges(
-    categorical: Mapping[str, np.ndarray],
-    numbers: Mapping[str, tuple[np.ndarray, NumberSpec]],
-    plan: SchemaReleasePlan,
-    generator: torch.Generator,
-    target: str | None = None,
-) -> tuple[dict[str, list[str]], dict[str, tuple[float, float] | None]]:
-    """Round 1 on columns in memory: the kept categories per categorical column (values:
-    strings), and the rough range per number (values: floats, NaN for missing cells; None:
-    nothing cleared)."""
-    counts = RangeCounts(
-        tallies_of(categorical),
-        {name: range_counts(values, spec.kind) for name, (values, spec) in numbers.items()},
-    )
-    specs = {name: spec for name, (_, spec) in numbers.items()}
-    out = release_ranges_from_counts(counts, specs, plan, generator, target)
-    return out.categories, out.ranges
 
 
 def fine_bins(rows: int, noise_std: float) -> int:
@@ -335,14 +171,10 @@ def release_shapes_from_counts(
         if spec.decimals:
             noisy_digits = noisy(counts.decimals[name], plan.decimals_noise_std, generator)
             decimals = released_decimals(noisy_digits, plan.decimals_noise_std)
-        # the values' noisy total (zeros and fine bins) not above the noise: a range found in
-        # noise (a sparse column's last-resort windows), or too few values to write any
-        # (N less the noisy missing count has the noise of one cell; the values' own total, of
-        # every cell: both must be above it)
-        total_noise = std * math.sqrt(len(fine) + 1)
-        empty = (plan.rows - released[0] < PRESENT_SIGNIFICANCE * std) or (
-            released[1] + fine.sum() < total_noise
-        )
+        # N less the noisy missing count within the noise: too few values to write any (a
+        # column present in 12% of rows keeps its missing rate even where its values' total,
+        # summed over every fine bin's noise, is not above it)
+        empty = plan.rows - released[0] < PRESENT_SIGNIFICANCE * std
         out[name] = ReleasedShape(
             edges,
             bool(released[0] > MISSING_SIGNIFICANCE * std),

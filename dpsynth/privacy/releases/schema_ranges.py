@@ -1,0 +1,262 @@
+"""Round 1 of the DP schema release (`release_ranges_from_counts`): each category list by a
+thresholded histogram, and each number's rough range over a public grid (`schema_grids`),
+read off its noisy counts. See `dpsynth.privacy.releases.schema_release` for the three rounds.
+
+A range errs wide, since every value beyond it is clipped: the bins whose noisy count clears
+a false-alarm cut (`supported_bins`), joined with wider windows that clear it (`coarse_span`)
+and with the fullest window beside them when the noisy present count says values lie
+elsewhere (`_with_unseen_values`), extended outward while the next RANGE_WINDOW bins together
+hold a significant count, then padded (more where one bin can hide a tail). A column no
+window shows but whose noisy present count is large gets its fullest wide window, looked for
+among non-negative bins first (`_weak_span`). Nothing here reads data: the exact counts come
+from `schema_counts`, and what leaves is noisy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dpsynth.privacy.mechanisms.histograms import noisy
+from dpsynth.privacy.releases.schema_counts import RangeCounts, range_counts, tallies_of
+from dpsynth.privacy.releases.schema_grids import range_grid
+from dpsynth.privacy.releases.schema_plan import NumberSpec, SchemaReleasePlan
+from dpsynth.privacy.releases.schema_spans import (
+    FALSE_ALARM,
+    FALSE_ALONE,
+    coarse_span,
+    supported_bins,
+)
+
+_GRID_LIMIT = 2.0**40
+# Round 1 extends a range while the next bin's (or the next 2 or RANGE_WINDOW bins') noisy
+# sum clears RANGE_Z deviations of that sum, then pads RANGE_PAD bins each side (a factor of
+# 2 on the numbers' grid, a year on the calendar's).
+RANGE_WINDOW, RANGE_Z, RANGE_PAD = 4, 3.0, 2
+# Where one bin can hide more than HIDDEN_SHARE of a number's values (RANGE_Z deviations of
+# its noise), its range pads NOISY_PAD bins each side (a factor of 4): tails are unseen there.
+HIDDEN_SHARE, NOISY_PAD = 0.02, 4
+# A non-negative range whose high end is WIDE_RANGE times its low end reaches down to 0.
+WIDE_RANGE = 4.0
+# Window widths that look for a tail apart from a range already found (narrow: a window's
+# span reaches past its rows by up to its width).
+_TAIL_WIDTHS = (2, 4, 8)
+# The last resort of a column no window shows: its noisy present count (N less the missing
+# cell) clears LAST_RESORT_Z deviations; the fullest window of _LAST_WIDTH bins is taken.
+# Round 3 checks the present count again under its own noise (PRESENT_SIGNIFICANCE), so an
+# empty column passes both about once in a million releases.
+LAST_RESORT_Z, _LAST_WIDTH = 3.0, 16
+# A found span leaves values unseen when the noisy present count less the span's noisy mass
+# clears UNSEEN_Z deviations of its noise (a column of zeros whose amounts spread too thin
+# for any window: 40% of a column written 0): the fullest window beside it joins the span.
+UNSEEN_Z = 4.0
+
+
+@dataclass(frozen=True)
+class RangeRelease:
+    """Round 1's output: kept categories with their noisy counts, each number's rough range
+    (None: nothing cleared) and its noisy range-grid counts (for the clipped-share estimate)."""
+
+    categories: dict[str, list[str]]
+    category_counts: dict[str, list[float]]
+    ranges: dict[str, tuple[float, float] | None]
+    range_counts: dict[str, np.ndarray]
+    cores: dict[str, tuple[float, float] | None]
+
+
+def _extended(
+    released: np.ndarray, span: tuple[int, int], std: float, widths: tuple[int, ...]
+) -> tuple[int, int]:
+    """`span` grown outward while the next `widths` bins together hold a noisy count over
+    RANGE_Z deviations of its noise (kept off the overflow bins). A number's tail bin of a
+    fifth of the rows beside the span is kept whole, not trimmed as padding; a time's year
+    bins grow by RANGE_WINDOW only (a year is wide: one just past the span is padding)."""
+    first, last = span
+
+    def holds(window: np.ndarray) -> bool:
+        return bool(window.sum() > RANGE_Z * std * math.sqrt(max(len(window), 1)))
+
+    while first > 1 and any(holds(released[max(first - w, 0) : first]) for w in widths):
+        first -= 1
+    while last < len(released) - 2 and any(
+        holds(released[last + 1 : last + 1 + w]) for w in widths
+    ):
+        last += 1
+    return max(first, 1), min(last, len(released) - 2)
+
+
+def _with_unseen_values(
+    released: np.ndarray, span: tuple[int, int], present: float, std: float, zero: int
+) -> tuple[int, int]:
+    """`span`, joined by the fullest window of _LAST_WIDTH bins outside it when the values it
+    holds fall short of the present count by UNSEEN_Z deviations (post-processing). A span of
+    non-negative bins (`zero`: the bin [0, …)) looks among non-negative bins only (amounts and
+    counts: a window of noise among the negative ones would win as often as not)."""
+    first, last = span
+    unseen = present - float(released[first : last + 1].sum())
+    if unseen <= UNSEEN_Z * std * math.sqrt(last - first + 2):
+        return span
+    rest = released.copy()
+    rest[first : last + 1] = 0.0
+    if first >= zero:
+        rest[:zero] = 0.0
+    elif last < zero:
+        rest[zero:] = 0.0
+    sums = np.convolve(rest, np.ones(_LAST_WIDTH), mode="valid")
+    start = int(np.argmax(sums))
+    return min(first, start), max(last, start + _LAST_WIDTH - 1)
+
+
+def _weak_span(
+    released: np.ndarray, std: float, present: float, zero: int | None
+) -> tuple[int, int] | None:
+    """The span of a column no bin or strict window shows (post-processing). A sparse column
+    (values in a tenth of the rows, spread thin) is not written empty for want of a strict
+    cut: windows at the false-alarm rate of a time's range, then, when N less the noisy
+    missing count says the column has values, the fullest window of _LAST_WIDTH bins (which
+    padding and round 2 make a range). Numbers look among non-negative bins only (amounts
+    and counts; with the negative ones too, a window of noise there wins as often as not: a
+    column of positive sales released as −4.9e10 … 0). Negative values too sparse for the
+    strict cuts are then not found; positive ones are far more common."""
+    if zero is not None:
+        released = released.copy()
+        released[:zero] = 0.0
+    span = coarse_span(released, std, FALSE_ALARM)
+    if span is not None:
+        return span
+    if present <= LAST_RESORT_Z * std:
+        return None
+    sums = np.convolve(released, np.ones(_LAST_WIDTH), mode="valid")
+    start = int(np.argmax(sums))
+    return start, start + _LAST_WIDTH - 1
+
+
+def _number_range(
+    counts: np.ndarray, spec: NumberSpec, plan: SchemaReleasePlan, generator: torch.Generator
+) -> tuple[tuple[float, float] | None, np.ndarray, tuple[float, float] | None]:
+    """One number's rough range from its exact counts ([missing, range-grid bins…], padded),
+    the noisy range-grid counts, and the range before the padding."""
+    edges = range_grid(spec.kind)
+    std = plan.range_noise_std
+    with_missing = noisy(counts, std, generator)
+    released, present = with_missing[1:], plan.rows - with_missing[0]
+    if spec.kind in ("datetime", "date"):
+        # bounded grid (a false year stretches to 1900 or 2100 at worst; round 2 trims it)
+        # over which a time's rows spread thin: wider windows of years widen the span
+        above = np.flatnonzero(released > plan.range_cut(spec.kind))
+        coarse = coarse_span(released, std)
+    else:
+        above = supported_bins(
+            released, plan.range_cut(spec.kind), plan.range_cut(spec.kind, alone=True)
+        )
+        # rows spread too thin for one bin: wider windows at the strict rate of a bin alone
+        # (a false range on the numbers' grid is orders of magnitude off); with a span found,
+        # windows away from it find a tail of its own (the few non-zero amounts of a column
+        # of zeros), counted without the span's rows
+        rest = released.copy()
+        if len(above):
+            rest[max(int(above[0]) - 1, 0) : int(above[-1]) + 2] = 0.0
+        widths = _TAIL_WIDTHS if len(above) else None
+        coarse = coarse_span(rest, std, FALSE_ALONE, widths=widths)
+    # the bins that clear are the core; windows reach past their rows (by up to their width):
+    # they widen the range only where round 2 may trim
+    core = (int(above[0]), int(above[-1])) if len(above) else None
+    span = core
+    if coarse is not None:
+        span = coarse if span is None else (min(span[0], coarse[0]), max(span[1], coarse[1]))
+    zero = np.flatnonzero(edges == 0.0)
+    # a number's bin [0, …) (a time's grid has 1970 there, no boundary of its values)
+    number_zero = int(zero[0]) if len(zero) and spec.kind not in ("datetime", "date") else None
+    if span is None:
+        span = _weak_span(released, std, present, number_zero)
+    if span is None:
+        return None, released, None
+    if number_zero is not None:
+        joined = _with_unseen_values(released, span, present, std, number_zero)
+        if joined != span:  # values shown by the present count: round 2 keeps them
+            span = joined
+            core = (min(core[0], span[0]), max(core[1], span[1])) if core else span
+    widths = (RANGE_WINDOW,) if spec.kind in ("datetime", "date") else (1, 2, RANGE_WINDOW)
+    first, last = _extended(released, span, std, widths)
+    core_first, core_last = (
+        _extended(released, core, std, widths) if core is not None else (first, last)
+    )
+    pad = RANGE_PAD
+    if number_zero is not None and RANGE_Z * std > HIDDEN_SHARE * max(present, 1.0):
+        pad = NOISY_PAD
+    padded = max(first - pad, 1), min(last + pad, len(released) - 2)
+    if number_zero is not None:  # the padding never crosses 0: non-negative rows stay so
+        z = number_zero
+        if first >= z:
+            # rows over orders of magnitude (counts, amounts): their thin low tail reaches
+            # down to 0 (a geometric fine grid spends no bins on it)
+            wide = edges[first] <= edges[last + 1] / WIDE_RANGE
+            padded = (z if wide else max(padded[0], z), padded[1])
+        elif last < z:
+            wide = -edges[last + 1] <= -edges[first] / WIDE_RANGE
+            padded = (padded[0], z - 1 if wide else min(padded[1], z - 1))
+    return _bounds(edges, padded), released, _bounds(edges, (core_first, core_last))
+
+
+def _bounds(edges: np.ndarray, span: tuple[int, int]) -> tuple[float, float]:
+    return (
+        float(np.clip(edges[span[0]], -_GRID_LIMIT, _GRID_LIMIT)),
+        float(np.clip(edges[span[1] + 1], -_GRID_LIMIT, _GRID_LIMIT)),
+    )
+
+
+def release_ranges_from_counts(
+    counts: RangeCounts,
+    numbers: Mapping[str, NumberSpec],
+    plan: SchemaReleasePlan,
+    generator: torch.Generator,
+    target: str | None = None,
+) -> RangeRelease:
+    """Round 1 from its exact counts (`counts.categories`: the category lists to release, in
+    this order; `numbers`: the numbers', in this order). `target` names the label set the
+    plan gave its own noise."""
+    if (target is not None) != (plan.target_noise_std is not None):
+        raise ValueError("the target's list differs from the release plan's")
+    categories: dict[str, list[str]] = {}
+    kept_counts: dict[str, list[float]] = {}
+    for name in counts.categories:
+        candidates, exact = counts.sorted_categories(name)
+        std, cut = plan.category_noise_std, plan.category_threshold
+        if name == target:
+            assert plan.target_noise_std is not None and plan.target_threshold is not None
+            std, cut = plan.target_noise_std, plan.target_threshold
+        released = noisy(exact, std, generator)
+        keep = released > cut
+        categories[name] = [c for c, k in zip(candidates, keep, strict=True) if k]
+        kept_counts[name] = [float(r) for r, k in zip(released, keep, strict=True) if k]
+    ranges: dict[str, tuple[float, float] | None] = {}
+    noisy_ranges: dict[str, np.ndarray] = {}
+    cores: dict[str, tuple[float, float] | None] = {}
+    for name, spec in numbers.items():
+        ranges[name], noisy_ranges[name], cores[name] = _number_range(
+            counts.numbers[name], spec, plan, generator
+        )
+    return RangeRelease(categories, kept_counts, ranges, noisy_ranges, cores)
+
+
+def release_ranges(
+    categorical: Mapping[str, np.ndarray],
+    numbers: Mapping[str, tuple[np.ndarray, NumberSpec]],
+    plan: SchemaReleasePlan,
+    generator: torch.Generator,
+    target: str | None = None,
+) -> tuple[dict[str, list[str]], dict[str, tuple[float, float] | None]]:
+    """Round 1 on columns in memory: the kept categories per categorical column (values:
+    strings), and the rough range per number (values: floats, NaN for missing cells; None:
+    nothing cleared)."""
+    counts = RangeCounts(
+        tallies_of(categorical),
+        {name: range_counts(values, spec.kind) for name, (values, spec) in numbers.items()},
+    )
+    specs = {name: spec for name, (_, spec) in numbers.items()}
+    out = release_ranges_from_counts(counts, specs, plan, generator, target)
+    return out.categories, out.ranges
