@@ -1,0 +1,146 @@
+"""What the default DP schema release keeps of each column, without training (issue 68).
+
+    python -m bench.schema_release_checks                       # the wide tables, 3 releases
+    python -m bench.schema_release_checks --data loans ames --seeds 5 --json F
+
+Per table (bench/real_tables.py's WIDE tables by default, split as bench/tables_real.py splits
+them) and per secret seed: `dpsynth data schema --target T` drafts the schema, then the release
+`train --epsilon E` would spend by default (its share for `mst`) runs on the training rows, as
+`train` runs it (`read_table_input`, `release_table_schema`), and nothing is trained. Scored
+against the exact training rows, which only this bench reads:
+
+- `clipped`: per number, the share of its present values beyond the released [min, max];
+- `over_2pct`: the numbers clipping more than 2% (the issue's target: none);
+- `empty`: the columns written empty (type `ignored`) that real rows fill in ≥ 10% of cells.
+
+Results (with date, machine, commit and command) go to `--json` or stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import machine, real_tables
+from dpsynth.errors import DpsynthError
+
+PRESENT_SHARE = 0.10  # a column written empty counts when real rows fill this share of cells
+
+
+def _draft(train: Path, target: str, folder: Path) -> Path:
+    done = subprocess.run(
+        [sys.executable, "-m", "dpsynth.cli", "data", "schema", f"csv:{train}", "--target", target],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    path = folder / "schema.json"
+    path.write_text(done.stdout)
+    return path
+
+
+def release_checks(train: Path, schema: Path, epsilon: float, seed: int) -> dict[str, Any]:
+    """One default release on `train`: per number its clipped share, and the lost columns."""
+    from dpsynth.data.column_values import column_numbers
+    from dpsynth.ledger import Ledger
+    from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+    from dpsynth.training.table_schema import (
+        read_table_input,
+        release_table_schema,
+        schema_share,
+    )
+
+    with tempfile.TemporaryDirectory() as folder:
+        ledger = Ledger(Path(folder) / "ledger.jsonl")
+        table = read_table_input(
+            spec=f"csv:{train}",
+            schema_path=schema,
+            schema_public=False,
+            schema_epsilon=None,
+            dataset_id=None,
+            ledger=ledger,
+            delta=None,
+            public_size=None,
+            target_epsilon=epsilon,
+            share=schema_share(True),
+        )
+        data, _ = release_table_schema(table, ledger, "mst", "bench", PrivateRandomness(seed))
+    clipped: dict[str, float] = {}
+    empty: list[str] = []
+    for column in data.schema.columns:
+        if column.name not in table.raw.header:
+            continue
+        cells = np.asarray(table.raw.column(column.name), dtype=str)
+        filled = float(np.mean(np.char.strip(cells) != ""))
+        if column.type == "ignored" and filled >= PRESENT_SHARE:
+            empty.append(f"{column.name} ({filled:.0%} filled)")
+        if column.is_numeric and column.min is not None and column.max is not None:
+            values = column_numbers(table.raw, column, lenient=True)
+            values = values[np.isfinite(values)]
+            if len(values):
+                beyond = (values < column.min) | (values > column.max)
+                clipped[column.name] = round(float(np.mean(beyond)), 4)
+    over = {name: share for name, share in clipped.items() if share > 0.02}
+    return {
+        "seed": seed,
+        "numbers": len(clipped),
+        "median_clipped": float(np.median(list(clipped.values()))) if clipped else 0.0,
+        "over_2pct": over,
+        "empty": empty,
+        "clipped": clipped,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", nargs="+", default=list(real_tables.WIDE))
+    parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/dpsynth-tables-real"))
+    parser.add_argument("--no-install", action="store_true", help="never pip-install packages")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    known = real_tables.tables()
+    report: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine.describe(),
+        "commit": machine.source_commit(),
+        "command": "python -m bench.schema_release_checks " + " ".join(argv or sys.argv[1:]),
+        "epsilon": args.epsilon,
+        "tables": {},
+    }
+    for name in args.data:
+        table = known[name]
+        train, _ = real_tables.prepare(table, args.work, install=not args.no_install)
+        schema = _draft(train, table.target, train.parent)
+        try:
+            runs = [release_checks(train, schema, args.epsilon, seed) for seed in range(args.seeds)]
+        except DpsynthError as exc:  # refused before any spend (too small for its columns)
+            report["tables"][name] = {"refused": str(exc)}
+            print(f"{name}: refused: {exc}", file=sys.stderr)
+            continue
+        report["tables"][name] = runs
+        for run in runs:
+            print(
+                f"{name} seed {run['seed']}: {len(run['over_2pct'])}/{run['numbers']} numbers "
+                f"clip > 2% (median {run['median_clipped']:.2%}); written empty: {run['empty']}",
+                file=sys.stderr,
+            )
+    text = json.dumps(report, indent=1)
+    if args.json:
+        args.json.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
