@@ -1,6 +1,6 @@
 """Benchmark: docs/privacy.md's audit table — each mechanism sound and with a deliberate error.
 
-Each row is one mechanism audited through its own code (`dpsynth.audit`, white-box) at
+Each row is one mechanism audited through its own code (`dpsynth.auditing`, white-box) at
 `--epsilon`, sound and under `--break noise:F` and `--break sensitivity:F`, with `canaries`
 per run × `runs` runs (the multiple-run audit pools them into one trials test). Writes JSON
 (default bench/results/audit.json): per row and variant the claimed ε, the lower bound, the

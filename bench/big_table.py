@@ -31,7 +31,7 @@ import pandas as pd
 from dpsynth.data.schema import Column, Schema
 from dpsynth.data.schema_file import read_schema
 from dpsynth.data.table_codec import read_csv_table
-from dpsynth.evaluate.marginals import category_codes, marginal_columns
+from dpsynth.evaluation.marginals import category_codes, marginal_columns
 
 BENCH = Path(__file__).resolve().parent
 CENSUS_SCHEMA = BENCH / "census.schema.json"

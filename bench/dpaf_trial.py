@@ -15,7 +15,7 @@ import time
 import torch
 
 from dpsynth.data.sources import load_data
-from dpsynth.evaluate.downstream import accuracy_over_seeds
+from dpsynth.evaluation.downstream import accuracy_over_seeds
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting.plan import PrivacyTarget
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness

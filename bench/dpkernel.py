@@ -29,7 +29,7 @@ import torch
 
 from bench.machine import describe
 from dpsynth.data.sources import load_data
-from dpsynth.evaluate.downstream import accuracy_over_seeds
+from dpsynth.evaluation.downstream import accuracy_over_seeds
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpkernel.method import DPKernelMethod
 from dpsynth.privacy.accounting.calibration import default_delta

@@ -5,7 +5,7 @@ Usage: python -m bench.dpsgd [--model smallcnn|psg|rdpgan-d|dpaf-c] [--device au
                              [--json bench/results/dpsgd-MODEL-DEVICE.json]
 
 Models (`--batch-size` defaults to the size each is trained at):
-- `smallcnn`: `SmallCNN` of tests/dpsgd_models.py, MNIST 1×28×28, cross-entropy, batch 256;
+- `smallcnn`: `SmallCNN` of bench/dpsgd_models.py, MNIST 1×28×28, cross-entropy, batch 256;
 - `psg`: PSG's matching ConvNet at `paper` (width 128, depth 3, instance norm), batch 256;
 - `rdpgan-d`: RDP-GAN's conditional conv discriminator at `paper` (width 64), loss
   softplus(−D(x, y)) of the real term, batch 64;
@@ -45,28 +45,18 @@ import argparse
 import json
 import os
 import platform
-import re
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
-from torch.func import functional_call
 
-from bench.dpsgd_models import SmallCNN
+from bench.dpsgd_measure import measure_memory, pick_device, time_interleaved
+from bench.dpsgd_tasks import model_detail, task
 from bench.machine import describe
-from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
 
 REPO = Path(__file__).resolve().parents[1]
 
-NOISE_MULTIPLIER = 1.0
-MAX_GRAD_NORM = 1.0
 VARIANTS = (
     "non-private",
     "dpsynth-vmap",
@@ -81,101 +71,8 @@ VARIANTS = (
 DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != "dpsynth-compile")
 
 
-@dataclass
-class Task:
-    """A network, how to draw a batch for it, and its per-record loss."""
-
-    name: str
-    build: Callable[[], nn.Module]
-    batch_size: int
-    inputs: Callable[[int, torch.Generator], tuple[Tensor, ...]]  # model inputs
-    targets: Callable[[int, torch.Generator], tuple[Tensor, ...]]  # loss-only tensors
-    loss: Callable[..., Tensor]  # loss(output, *targets) -> per-record losses [B]
-
-
-def _images(b: int, g: torch.Generator) -> tuple[Tensor, ...]:
-    return (torch.randn(b, 1, 28, 28, generator=g),)
-
-
-def _labels(b: int, g: torch.Generator) -> tuple[Tensor, ...]:
-    return (torch.randint(0, 10, (b,), generator=g),)
-
-
-def _images_and_onehot(b: int, g: torch.Generator) -> tuple[Tensor, ...]:
-    onehot = F.one_hot(torch.randint(0, 10, (b,), generator=g), 10).float()
-    return torch.randn(b, 1, 28, 28, generator=g), onehot
-
-
-def _no_targets(b: int, g: torch.Generator) -> tuple[Tensor, ...]:
-    return ()
-
-
-def _ce(out: Tensor, y: Tensor) -> Tensor:
-    return F.cross_entropy(out, y, reduction="none")
-
-
-def _real_term(out: Tensor) -> Tensor:
-    return F.softplus(-out)
-
-
-def task(args: argparse.Namespace) -> Task:
-    """The benchmark task of `--model`."""
-    if args.model == "smallcnn":
-        return Task(
-            "smallcnn",
-            lambda: SmallCNN(channels=args.channels, norm_after_pool=not args.norm_before_pool),
-            256,
-            _images,
-            _labels,
-            _ce,
-        )
-    if args.model == "psg":
-        from dpsynth.methods.psg.model import ConvNet
-        from dpsynth.methods.psg.presets import PRESETS
-
-        paper = PRESETS["quick"]
-        return Task(
-            "psg",
-            lambda: ConvNet((1, 28, 28), 10, paper["width"], paper["depth"], paper["norm"]),
-            int(paper["batch_size"]),
-            _images,
-            _labels,
-            _ce,
-        )
-    if args.model == "rdpgan-d":
-        from dpsynth.methods.rdpgan.nets import ConvDiscriminator, init_weights
-        from dpsynth.methods.rdpgan.presets import PRESETS
-
-        paper = PRESETS["paper"]
-
-        def build() -> nn.Module:
-            return ConvDiscriminator((1, 28, 28), 10, int(paper["width"])).apply(init_weights)
-
-        return Task(
-            "rdpgan-d", build, int(paper["batch_size"]), _images_and_onehot, _no_targets, _real_term
-        )
-    if args.model == "dpaf-c":
-        from dpsynth.methods.dpaf.model import Classifier, Features
-        from dpsynth.methods.dpaf.presets import PRESETS
-
-        paper = PRESETS["paper"]
-
-        def build() -> nn.Module:
-            features = Features(
-                (1, 28, 28),
-                10,
-                int(paper["width"]),
-                int(paper["conv1_layers"]),
-                int(paper["conv2_layers"]),
-            )
-            return Classifier(features, int(paper["fc_hidden"]))
-
-        batch = int(paper["batch_size"]) * int(paper["window"])
-        return Task("dpaf-c", build, batch, _images_and_onehot, _labels, _ce)
-    raise ValueError(args.model)
-
-
 def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring); `variant_list` in the variants' order."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model", choices=["smallcnn", "psg", "rdpgan-d", "dpaf-c"], default="smallcnn"
@@ -211,202 +108,6 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def pick_device(choice: str) -> torch.device:
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: CUDA is not available")
-    return torch.device(choice)
-
-
-def record_loss(model: nn.Module, spec: Task, inputs: int) -> Callable[..., Tensor]:
-    """The per-record loss `loss_fn(params, buffers, *record)` of the vmap path."""
-
-    def loss_fn(params: dict, buffers: dict, *record: Tensor) -> Tensor:
-        xs = tuple(t.unsqueeze(0) for t in record[:inputs])
-        out = functional_call(model, (params, buffers), xs)
-        return spec.loss(out, *(t.unsqueeze(0) for t in record[inputs:])).sum()
-
-    return loss_fn
-
-
-class _Criterion(nn.Module):
-    """The task's loss as an Opacus criterion (with the `reduction` it switches)."""
-
-    def __init__(self, loss: Callable[..., Tensor]) -> None:
-        super().__init__()
-        self.loss = loss
-        self.reduction = "mean"
-
-    def forward(self, out: Tensor, *targets: Tensor) -> Tensor:
-        per_record = self.loss(out, *targets)
-        return per_record if self.reduction == "none" else per_record.mean()
-
-
-def make_step(variant: str, model: nn.Module, spec: Task, batch_size: int, inputs: int, device):
-    """A closure running one training step of `variant` on a batch (*inputs, *targets)."""
-    if variant == "non-private":
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-        def step(*batch: Tensor) -> None:
-            opt.zero_grad(set_to_none=True)
-            spec.loss(model(*batch[:inputs]), *batch[inputs:]).mean().backward()
-            opt.step()
-
-        return step
-    if variant.startswith("dpsynth"):
-        from dpsynth.privacy.mechanisms import ghost_layers
-
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        dp = PrivateGradient(
-            model,
-            record_loss(model, spec, inputs),
-            noise_multiplier=NOISE_MULTIPLIER,
-            max_grad_norm=MAX_GRAD_NORM,
-            expected_batch_size=float(batch_size),
-            generator=torch.Generator(device=device).manual_seed(0),
-            micro_batch_size=64 if variant == "dpsynth-micro64" else None,
-            batch_loss_fn=lambda *b: spec.loss(model(*b[:inputs]), *b[inputs:]),
-            grad_mode="ghost" if variant.startswith("dpsynth-ghost") else "vmap",
-            compile_vmap=variant == "dpsynth-compile",
-        )
-        conv = "unfold" if variant == "dpsynth-ghost-unfold" else "grouped"
-
-        def step(*batch: Tensor) -> None:
-            ghost_layers.CONV_PER_RECORD = conv  # the variants share a process while timed
-            dp.compute(*batch)
-            opt.step()
-
-        return step
-    if variant.startswith("opacus"):
-        import warnings
-
-        from opacus import GradSampleModule
-        from opacus.grad_sample import GradSampleModuleFastGradientClipping
-        from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
-        from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
-
-        warnings.filterwarnings("ignore", message=".*Full backward hook.*")
-        warnings.filterwarnings("ignore", message=".*Secure RNG.*")
-        settings = {
-            "noise_multiplier": NOISE_MULTIPLIER,
-            "max_grad_norm": MAX_GRAD_NORM,
-            "expected_batch_size": batch_size,
-        }
-        if variant == "opacus-ghost":
-            gsm = GradSampleModuleFastGradientClipping(
-                model, max_grad_norm=MAX_GRAD_NORM, use_ghost_clipping=True
-            )
-            opt = DPOptimizerFastGradientClipping(
-                torch.optim.SGD(gsm.parameters(), lr=0.01), **settings
-            )
-            criterion = DPLossFastGradientClipping(gsm, opt, _Criterion(spec.loss))
-
-            def step(*batch: Tensor) -> None:
-                opt.zero_grad(set_to_none=True)
-                criterion(gsm(*batch[:inputs]), *batch[inputs:]).backward()
-                opt.step()
-
-            return step
-        gsm = GradSampleModule(model, force_functorch=variant == "opacus-functorch")
-        opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=0.01), **settings)
-
-        def step(*batch: Tensor) -> None:
-            opt.zero_grad(set_to_none=True)
-            spec.loss(gsm(*batch[:inputs]), *batch[inputs:]).mean().backward()
-            opt.step()
-
-        return step
-    raise ValueError(variant)
-
-
-def _status_kib(field: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"{field}:\s+(\d+)", text).group(1))
-
-
-def reset_peak(device: torch.device) -> int:
-    """Reset the peak-memory counter; return the current usage in bytes."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        return torch.cuda.memory_allocated()
-    Path("/proc/self/clear_refs").write_text("5")
-    return _status_kib("VmRSS") * 1024
-
-
-def peak_since_reset(device: torch.device) -> int:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated()
-    return _status_kib("VmHWM") * 1024
-
-
-def setup(variant: str, args: argparse.Namespace, device: torch.device):
-    """A fresh model and step closure for `variant`, and the batch it trains on."""
-    spec = task(args)
-    torch.manual_seed(0)
-    model = spec.build().to(device)
-    data = torch.Generator().manual_seed(1)
-    size = args.batch_size or spec.batch_size
-    xs = spec.inputs(size, data)
-    batch = tuple(t.to(device) for t in (*xs, *spec.targets(size, data)))
-    return make_step(variant, model, spec, size, len(xs), device), batch
-
-
-def timed(step, batch: tuple[Tensor, ...], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    step(*batch)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
-def time_interleaved(args: argparse.Namespace, device: torch.device) -> list[dict]:
-    """Time all variants round-robin (rotating the order), so load drift hits all alike.
-
-    Besides each variant's median, the ratio to the non-private step is taken per round
-    and its median reported: a paired figure that shared-machine noise disturbs less.
-    """
-    variants = args.variant_list
-    setups = {v: setup(v, args, device) for v in variants}
-    for step, batch in setups.values():
-        for _ in range(args.warmup):
-            step(*batch)
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    for round_ in range(args.steps):
-        order = variants[round_ % len(variants) :] + variants[: round_ % len(variants)]
-        for v in order:
-            times[v].append(timed(*setups[v], device))
-    rows = []
-    for v in variants:
-        median = statistics.median(times[v])
-        ratios = [t / b for t, b in zip(times[v], times["non-private"], strict=True)]
-        rows.append(
-            {
-                "variant": v,
-                "median_step_s": median,
-                "steps_per_s": 1.0 / median,
-                "min_step_s": min(times[v]),
-                "max_step_s": max(times[v]),
-                "x_non_private": statistics.median(ratios),
-            }
-        )
-    return rows
-
-
-def measure_memory(variant: str, args: argparse.Namespace, device: torch.device) -> float:
-    """Peak memory (MiB) that a few steps of `variant` add to what its setup holds."""
-    step, batch = setup(variant, args, device)
-    step(*batch)  # first-call work (vmap/compile set-up, lazy state) is not the step's memory
-    before = reset_peak(device)
-    for _ in range(args.memory_steps):
-        step(*batch)
-    return max(peak_since_reset(device) - before, 0) / 2**20
-
-
 def memory_in_fresh_process(variant: str, args: argparse.Namespace) -> float:
     """Measure one variant's memory in its own process, so that peaks and caches do not mix."""
     cmd = [sys.executable, "-m", "bench.dpsgd", "--only", variant, "--device", args.device]
@@ -420,6 +121,7 @@ def memory_in_fresh_process(variant: str, args: argparse.Namespace) -> float:
 
 
 def main() -> None:
+    """Time and measure every variant, print the table and write the JSON."""
     args = parse_args()
     device = pick_device(args.device)
     if args.threads:
@@ -463,16 +165,6 @@ def main() -> None:
     print(f"wrote {out}")
 
 
-def model_detail(args: argparse.Namespace) -> str:
-    if args.model == "smallcnn":
-        return f"SmallCNN(channels={args.channels}, norm_after_pool={not args.norm_before_pool})"
-    return {
-        "psg": "PSG ConvNet, paper preset (width 128, depth 3, instance norm), 1x28x28",
-        "rdpgan-d": "RDP-GAN conv discriminator, paper preset (width 64), 1x28x28, 10 classes",
-        "dpaf-c": "DPAF phase-1 classifier C, paper preset (C2-C1, FC 512), 1x28x28",
-    }[args.model]
-
-
 def goals(rows: list[dict]) -> dict[str, bool]:
     """Issue 17's goals, judged on the fastest dpsynth and the fastest Opacus mode measured."""
     ours = [r["x_non_private"] for r in rows if r["variant"].startswith("dpsynth")]
@@ -486,6 +178,7 @@ def goals(rows: list[dict]) -> dict[str, bool]:
 
 
 def render(result: dict) -> None:
+    """Print the result as a table, with the memory measure, the machine's load and the goals."""
     from rich.console import Console
     from rich.table import Table
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from bench.machine import describe
-from dpsynth.evaluate import fid
+from dpsynth.evaluation import fid
 
 TARGET_N = 10_000
 

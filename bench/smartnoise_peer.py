@@ -5,7 +5,7 @@ What SmartNoise is given (the same public facts as dpsynth's table methods, no m
 - its own virtual environment, `bench/.venv-smartnoise` (git-ignored), created on first use
   with `pip install smartnoise-synth==1.0.8`; dpsynth never imports it;
 - the training rows pre-binned by the bench with the schema's public domain, the same rule
-  as the marginal metric (`dpsynth.evaluate.marginals`): a number is clipped to its public
+  as the marginal metric (`dpsynth.evaluation.marginals`): a number is clipped to its public
   [min, max] (the rule dpsynth's codec trains with) and put in one of `BINS` equal-width bins;
   a category becomes its index in the schema's list (a value outside it is an error, as for
   dpsynth). Each column's SmartNoise transformer is fitted on the public code range, never on
@@ -41,7 +41,7 @@ import pandas as pd
 from bench.measure import run_measured
 from dpsynth.data.schema import Schema
 from dpsynth.data.table_codec import RawTable
-from dpsynth.evaluate.marginals import BINS, category_codes, marginal_columns, numeric_codes
+from dpsynth.evaluation.marginals import BINS, category_codes, marginal_columns, numeric_codes
 
 BENCH = Path(__file__).resolve().parent
 VENV = BENCH / ".venv-smartnoise"

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from dpsynth.data.schema_draft import draft_schema
 from dpsynth.data.table_codec import read_csv_table
-from dpsynth.evaluate.table_report import run_table_evaluation
+from dpsynth.evaluation.table_report import run_table_evaluation
 from dpsynth.sampling import sample_table
 from dpsynth.training import train_run
 

@@ -36,7 +36,7 @@ from bench.machine import describe
 from dpsynth.data.schema import Schema
 from dpsynth.data.schema_file import read_schema
 from dpsynth.data.table_codec import read_csv_table
-from dpsynth.evaluate.table_report import run_table_evaluation
+from dpsynth.evaluation.table_report import run_table_evaluation
 
 REPO = Path(__file__).resolve().parents[1]
 

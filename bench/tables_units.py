@@ -21,8 +21,7 @@ be 0); rows per unit of the real training rows (raw, capped at K) against the sy
 grouped by the unit column; rows read (config.json `data.n`); the released target labels
 (config.json's schema) against the real ones; the sample manifest's `privacy` statement.
 Written to bench/results/<date>-tables-units/results.{json,md} (a cell of the same key is
-replaced; no CSV there: data and runs stay in WORK).
-"""
+replaced; data and runs stay in WORK)."""
 
 from __future__ import annotations
 
@@ -42,11 +41,12 @@ import pandas as pd
 
 from bench import machine, real_tables
 from bench import real_metrics as rm
-from bench.tables_real import Cli, compact, draft_schema, failure, load1, uptime
+from bench.cli_runner import Cli, compact, failure, load1, uptime
+from bench.real_tables import HOLDOUT_SHARE
+from bench.tables_real_cells import draft_schema
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SPLIT_SEED = 20261128
-HOLDOUT_SHARE = 0.2
 # name: (R package, data set, unit, target, what the report says of it)
 TABLES = {
     "covid-testing": ("medicaldata", "covid_testing", "subject_id", "result", "tests"),

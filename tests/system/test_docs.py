@@ -200,3 +200,54 @@ def test_slug_follows_github():
     assert _slug("`dpsynth ledger show`") == "dpsynth-ledger-show"
     assert _slug("What `ledger verify` can detect") == "what-ledger-verify-can-detect"
     assert _slug("Multi-GPU and multi-node") == "multi-gpu-and-multi-node"
+
+
+# Size limits: the front door stays a front door, the leaderboard holds the runs of record only
+# (git history keeps the superseded ones), bench/results keeps only the files the docs cite,
+# and bench/ modules stay as small as the package's.
+README_MAX_LINES = 150
+LEADERBOARD_MAX_LINES = 400
+RESULTS_MAX_FILES = 60
+BENCH_MAX_LINES = 400
+# What git keeps of bench/results: .gitignore ignores everything there but the dated folders.
+DATED_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}-")
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def test_the_readme_and_the_leaderboard_stay_short():
+    readme = _lines(ROOT / "README.md")
+    assert readme <= README_MAX_LINES, (
+        f"README.md has {readme} lines (at most {README_MAX_LINES}): move detail into docs/"
+    )
+    board = _lines(ROOT / "docs" / "leaderboard.md")
+    assert board <= LEADERBOARD_MAX_LINES, (
+        f"docs/leaderboard.md has {board} lines (at most {LEADERBOARD_MAX_LINES}): keep the runs "
+        "of record and their current figures; git history keeps the superseded ones"
+    )
+
+
+def test_bench_results_keeps_only_the_runs_of_record():
+    results = ROOT / "bench" / "results"
+    kept = [
+        path
+        for folder in results.iterdir()
+        if folder.is_dir() and DATED_FOLDER.match(folder.name)
+        for path in folder.rglob("*")
+        if path.is_file()
+    ]
+    assert len(kept) <= RESULTS_MAX_FILES, (
+        f"bench/results holds {len(kept)} files (at most {RESULTS_MAX_FILES}): keep only what "
+        "the docs cite (docs/benchmarks.md#results)"
+    )
+
+
+def test_bench_modules_are_as_small_as_the_packages():
+    too_long = {
+        path.name: _lines(path)
+        for path in (ROOT / "bench").glob("*.py")
+        if _lines(path) > BENCH_MAX_LINES
+    }
+    assert not too_long, f"bench modules over {BENCH_MAX_LINES} lines: {too_long}; split them"

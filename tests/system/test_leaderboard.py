@@ -1,4 +1,5 @@
-"""bench/leaderboard.py plumbing: method discovery, presets, and the table/JSON writer."""
+"""bench/leaderboard.py and its modules (bench/leaderboard_*.py): method discovery, presets, the
+rows, and the table/JSON writer."""
 
 from __future__ import annotations
 
@@ -177,7 +178,8 @@ def test_table_leaderboard_on_german_credit_tiny(
         assert result.exit_code == 0, result.output
         return json.loads(result.stdout), 0.0
 
-    monkeypatch.setattr(leaderboard, "run_cli", in_process)
+    # Every row runs the CLI through bench/leaderboard_runs.py's run_cli.
+    monkeypatch.setattr(importlib.import_module("bench.leaderboard_runs"), "run_cli", in_process)
     out = tmp_path / "lb.json"
     leaderboard.main(
         ["--data", "german-credit", "--methods", "rdpgan", "--epsilon", "1", "--preset", "tiny",
