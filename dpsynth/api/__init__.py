@@ -33,7 +33,7 @@ _WHERE = {
     "SampleResult": "dpsynth.api.results",
     "EvaluationReport": "dpsynth.api.results",
     "CalibrationResult": "dpsynth.api.results",
-    "AuditResult": "dpsynth.audit.planned_audit",
+    "AuditResult": "dpsynth.auditing.planned_audit",
     "Ledger": "dpsynth.ledger",
 }
 

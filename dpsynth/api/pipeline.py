@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from dpsynth.api.results import EvaluationReport, SampleResult, TrainResult
 
 if TYPE_CHECKING:
-    from dpsynth.audit.planned_audit import AuditResult
+    from dpsynth.auditing.planned_audit import AuditResult
     from dpsynth.training import ProgressCallback, TrainRequest
 
 
@@ -189,8 +189,8 @@ def evaluate(
     0600) for the next evaluation against the same data; by default nothing is kept. Further
     `run_evaluation` options may be given by name.
     """
-    from dpsynth.evaluate.feature_cache import caching
-    from dpsynth.evaluate.report import run_evaluation
+    from dpsynth.evaluation.feature_cache import caching
+    from dpsynth.evaluation.report import run_evaluation
 
     wanted = metrics.split(",") if isinstance(metrics, str) else list(metrics)
     # Per-record features of the real (private) images: on disk only when asked for.
@@ -234,7 +234,7 @@ def audit(
     on images, 20,000 on a table), give a lower bound on ε, compared with the claimed bound
     (`AuditResult.leaks`, `.verdict`). Reads no user data and no ledger. Further
     `audit.planned_audit.run_audit` options may be given by name."""
-    from dpsynth.audit.planned_audit import run_audit
+    from dpsynth.auditing.planned_audit import run_audit
 
     return run_audit(
         method, preset, epsilon, canaries=canaries, confidence=confidence, data=data, seed=seed,

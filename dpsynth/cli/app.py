@@ -1,5 +1,6 @@
 """The Typer app of the `dpsynth` command: errors → one line and an exit code, the one-line
-usage errors, the options shared by the commands, `--version` and the entry point.
+usage errors, the `--debug` and `--threads` every command (or every one with numeric work) has,
+`--version` and the entry point; the options' types are in `options.py`.
 
 Errors are one line on stderr with the exit code of their class (2 usage, 3 budget, 4 data,
 1 anything else); `--debug` shows the traceback instead. The commands live in one module per
@@ -24,6 +25,7 @@ from rich.markup import escape
 
 from dpsynth import __version__
 from dpsynth.cli.flags import cli_message
+from dpsynth.cli.options import DebugOpt, ThreadsOpt
 from dpsynth.cli.render import stderr
 from dpsynth.errors import DpsynthError
 
@@ -95,59 +97,6 @@ app = typer.Typer(
 )
 F = TypeVar("F", bound=Callable[..., Any])
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document, nothing else.")]
-LedgerOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--ledger",
-        help="Ledger file [default: $DPSYNTH_LEDGER or ./dpsynth-ledger.jsonl].",
-        show_default=False,
-        # The ledger reports an unreadable file itself (exit 4, one line), as for data.
-        readable=False,
-    ),
-]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
-DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
-
-
-def _apply_threads(value: int | None) -> int | None:
-    """`--threads` takes effect as soon as it is parsed, before the command imports its work."""
-    if value is not None:
-        from dpsynth.threads import limit_threads
-
-        limit_threads(value)
-    return value
-
-
-ThreadsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--threads",
-        metavar="N",
-        envvar="DPSYNTH_THREADS",
-        min=1,
-        callback=_apply_threads,
-        show_default=False,
-        help="CPU threads for the numeric work [default: $DPSYNTH_THREADS, else torch's one a "
-        "core]; on a machine busy with other jobs, 1 is often several times faster.",
-    ),
-]
-ClassesOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--classes",
-        help="The public label set a,b,... (needed for an npz: file without a stored classes "
-        "array).",
-    ),
-]
-ChannelsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--channels", help="Convert images to 1 or 3 channels (needed for mixed folders)."
-    ),
-]
-
 
 def resolve_ledger_path(path: Path | None) -> Path:
     """The `--ledger` path, or the default ($DPSYNTH_LEDGER, else ./dpsynth-ledger.jsonl)."""
@@ -157,11 +106,13 @@ def resolve_ledger_path(path: Path | None) -> Path:
 
 
 def handle_errors(func: F) -> F:
-    """Turn library errors into one line on stderr and the right exit code."""
+    """Turn library errors into one line on stderr and the right exit code; `--debug` (added
+    to the command's options here unless it declares it) shows the traceback instead."""
+    declares_debug = "debug" in inspect.signature(func).parameters
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        debug = bool(kwargs.get("debug"))
+        debug = bool(kwargs.get("debug") if declares_debug else kwargs.pop("debug", False))
         try:
             return func(*args, **kwargs)
         except typer.Exit:
@@ -190,7 +141,42 @@ def handle_errors(func: F) -> F:
             )
             raise typer.Exit(1) from None
 
+    if not declares_debug:
+        _add_option(wrapper, func, "debug", DebugOpt, False)
     return wrapper  # type: ignore[return-value]
+
+
+def threads_option(func: F) -> F:
+    """Give a command `--threads` (the CPU threads of its numeric work), applied by the
+    option's own callback as soon as it is parsed; the command itself never sees it."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, threads: int | None = None, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    _add_option(wrapper, func, "threads", ThreadsOpt, None, before=("ledger", "as_json"))
+    return wrapper  # type: ignore[return-value]
+
+
+def _add_option(
+    wrapper: Callable[..., Any],
+    func: Callable[..., Any],
+    name: str,
+    annotation: Any,
+    default: Any,
+    before: tuple[str, ...] = (),
+) -> None:
+    """Typer reads a command's options from its signature: `wrapper`'s is `func`'s with the
+    option `name` added before the first of the parameters `before` (else last), so that
+    `--help` lists it where the commands have always had it."""
+    params = list(inspect.signature(func, eval_str=True).parameters.values())
+    at = next((i for i, p in enumerate(params) if p.name in before), len(params))
+    option = inspect.Parameter(
+        name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=annotation
+    )
+    params.insert(at, option)
+    wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {**func.__annotations__, name: annotation}
 
 
 def _rank_prefix() -> str:

@@ -6,13 +6,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dpsynth.cli.app import DebugOpt, JsonOpt, ThreadsOpt, app, handle_errors
+from dpsynth.cli.app import app, handle_errors
+from dpsynth.cli.options import DebugOpt, JsonOpt, ThreadsOpt
 from dpsynth.cli.render import emit_json, fmt_eps, print_kv, stderr
 from dpsynth.cli.train import parse_sets
 from dpsynth.errors import UsageError
 
 if TYPE_CHECKING:
-    from dpsynth.audit.planned_audit import AuditResult
+    from dpsynth.auditing.planned_audit import AuditResult
 
 
 @app.command()
@@ -84,7 +85,7 @@ def audit(
     the synthetic release only.
     Exit 0: the lower bound is at most the claimed ε; exit 1: it exceeds it.
     """
-    from dpsynth.audit.planned_audit import run_audit
+    from dpsynth.auditing.planned_audit import run_audit
 
     if black_box:
         if runs != 1:
@@ -178,9 +179,9 @@ def _black_box(
 ) -> None:
     """`audit --black-box`: one whole run on a built-in table (canary rows) or image set
     (canary images)."""
-    from dpsynth.audit.blackbox import run_blackbox
-    from dpsynth.audit.blackbox_images import run_image_blackbox
-    from dpsynth.audit.planned_audit import check_audit_values
+    from dpsynth.auditing.blackbox import run_blackbox
+    from dpsynth.auditing.blackbox_images import run_image_blackbox
+    from dpsynth.auditing.planned_audit import check_audit_values
     from dpsynth.methods.registry import get_method
 
     if break_mode is not None:

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from dpsynth.cli.app import DebugOpt, JsonOpt, LedgerOpt, app, handle_errors, resolve_ledger_path
+from dpsynth.cli.app import app, handle_errors, resolve_ledger_path
+from dpsynth.cli.options import JsonOpt, LedgerOpt
 from dpsynth.cli.render import emit_json, fmt_eps, print_kv, print_warnings, stderr
 
 
@@ -32,7 +33,6 @@ def calibrate(
     ] = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """Noise multiplier for a target (ε, δ), sampling rate and length; or ε for a given noise."""
     from dpsynth.api import calibrate as calibrate_api

@@ -7,16 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dpsynth.cli.app import (
-    ChannelsOpt,
-    ClassesOpt,
-    DebugOpt,
-    JsonOpt,
-    LedgerOpt,
-    app,
-    handle_errors,
-    resolve_ledger_path,
-)
+from dpsynth.cli.app import app, handle_errors, resolve_ledger_path
+from dpsynth.cli.options import ChannelsOpt, ClassesOpt, JsonOpt, LedgerOpt
 from dpsynth.cli.render import emit_json, print_kv, print_remarks, print_rows, stdout
 from dpsynth.errors import UsageError
 
@@ -29,7 +21,7 @@ app.add_typer(data_app, name="data", no_args_is_help=True)
 
 @data_app.command("list")
 @handle_errors
-def data_list(as_json: JsonOpt = False, debug: DebugOpt = False) -> None:
+def data_list(as_json: JsonOpt = False) -> None:
     """Built-in real data sets (no download needed)."""
     from dpsynth.data.sources import list_builtin, list_builtin_tables
 
@@ -85,7 +77,6 @@ def data_inspect(
     schema: Annotated[Path | None, typer.Option(help="Tables: the schema JSON.")] = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """Public facts about a data set (size, shape, classes), and its fingerprint as the ledger
     keys it (when the ledger has a key); no statistics."""
@@ -142,7 +133,6 @@ def data_schema(
         ),
     ] = 1.0,
     as_json: JsonOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """Draft a schema (JSON on stdout) for you to review: every bound, edge, category list and
     missing flag it read off the data is marked "source": "data (not private: review or

@@ -8,19 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from dpsynth.cli.app import (
-    ChannelsOpt,
-    ClassesOpt,
-    DebugOpt,
-    DeviceOpt,
-    JsonOpt,
-    LedgerOpt,
-    QuietOpt,
-    ThreadsOpt,
-    app,
-    handle_errors,
-    resolve_ledger_path,
-)
+from dpsynth.cli.app import app, handle_errors, resolve_ledger_path, threads_option
+from dpsynth.cli.options import ChannelsOpt, ClassesOpt, DeviceOpt, JsonOpt, LedgerOpt, QuietOpt
 from dpsynth.cli.render import (
     emit_json,
     print_kv,
@@ -32,6 +21,7 @@ from dpsynth.cli.render import (
 
 @app.command()
 @handle_errors
+@threads_option
 def evaluate(
     synthetic: Annotated[
         str, typer.Option(help="A folder written by `sample` (class sub-folders) or a run dir.")
@@ -82,11 +72,9 @@ def evaluate(
     classes: ClassesOpt = None,
     channels: ChannelsOpt = None,
     device: DeviceOpt = "auto",
-    threads: ThreadsOpt = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """FID and downstream accuracy of synthetic images against held-out real data; for tables
     (--real csv:FILE or german-credit:test), logistic regression and gradient boosting trained
@@ -165,7 +153,7 @@ def evaluate(
 
 
 def _render_table(result: dict[str, Any]) -> None:
-    from dpsynth.evaluate.table_report import fmt_score, marginal_rows, ml_metrics, score_rows
+    from dpsynth.evaluation.table_report import fmt_score, marginal_rows, ml_metrics, score_rows
 
     print_warnings(list(result.get("warnings", [])))
     rows: list[tuple[str, Any]] = [

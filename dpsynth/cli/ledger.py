@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from dpsynth.cli.app import DebugOpt, JsonOpt, LedgerOpt, app, handle_errors, resolve_ledger_path
+from dpsynth.cli.app import app, handle_errors, resolve_ledger_path
+from dpsynth.cli.options import JsonOpt, LedgerOpt
 from dpsynth.cli.render import emit_json, fmt_eps, print_rows, print_warnings, stdout
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting.plan_check import NOT_DP_LABEL, not_dp_label
@@ -33,7 +34,6 @@ def ledger_show(
     dataset: Annotated[str | None, typer.Option(help="Only this dataset id.")] = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """What was spent per dataset: entries, composed total ε, budget left."""
     from dpsynth.ledger import Ledger
@@ -135,7 +135,6 @@ def ledger_verify(
     ] = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """Recompute the hash chain and every total; exit 1 if any line was edited or moved, or if
     a run's spend or a published head is not in the chain (a cut or rewritten ledger)."""
@@ -192,7 +191,6 @@ def ledger_verify(
 def ledger_head(
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """Print the ledger's head (last seq and hash) after checking the chain; keep or publish it,
     and `ledger verify --head HASH` later proves that nothing up to it was cut or rewritten."""
@@ -221,7 +219,6 @@ def ledger_budget(
     delta: Annotated[float, typer.Option(help="δ at which the cap holds.")],
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """Record a privacy budget cap for a dataset; later spends over it are refused (exit 3)."""
     from dpsynth.ledger import Ledger

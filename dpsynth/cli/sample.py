@@ -9,16 +9,8 @@ from typing import Annotated
 
 import typer
 
-from dpsynth.cli.app import (
-    DebugOpt,
-    DeviceOpt,
-    JsonOpt,
-    LedgerOpt,
-    QuietOpt,
-    ThreadsOpt,
-    app,
-    handle_errors,
-)
+from dpsynth.cli.app import app, handle_errors, threads_option
+from dpsynth.cli.options import DeviceOpt, JsonOpt, LedgerOpt, QuietOpt
 from dpsynth.cli.render import emit_json, progress_bar, show_progress, stderr, stdout
 from dpsynth.errors import UsageError
 
@@ -57,6 +49,7 @@ def _count_option(text: str) -> int:
 
 @app.command()
 @handle_errors
+@threads_option
 def sample(
     run: Annotated[Path, typer.Argument(help="A run directory written by `train`.")],
     n: Annotated[
@@ -132,11 +125,9 @@ def sample(
         ),
     ] = None,
     device: DeviceOpt = "auto",
-    threads: ThreadsOpt = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """Write synthetic images (or table rows as CSV or Parquet) from a trained run
     (post-processing: no privacy cost)."""

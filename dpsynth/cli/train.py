@@ -8,19 +8,8 @@ from typing import Annotated
 
 import typer
 
-from dpsynth.cli.app import (
-    ChannelsOpt,
-    ClassesOpt,
-    DebugOpt,
-    DeviceOpt,
-    JsonOpt,
-    LedgerOpt,
-    QuietOpt,
-    ThreadsOpt,
-    app,
-    handle_errors,
-    resolve_ledger_path,
-)
+from dpsynth.cli.app import app, handle_errors, resolve_ledger_path, threads_option
+from dpsynth.cli.options import ChannelsOpt, ClassesOpt, DeviceOpt, JsonOpt, LedgerOpt, QuietOpt
 from dpsynth.cli.render import (
     TrainProgressView,
     emit_json,
@@ -91,6 +80,7 @@ def _budget(text: str | None) -> int | None:
 
 @app.command()
 @handle_errors
+@threads_option
 def train(
     out: Annotated[Path, typer.Option("--out", help="Run directory to create (or resume).")],
     method: Annotated[
@@ -223,11 +213,9 @@ def train(
     ] = None,
     checkpoint_every: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 120.0,
     device: DeviceOpt = "auto",
-    threads: ThreadsOpt = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
-    debug: DebugOpt = False,
 ) -> None:
     """Train a generator under DP; the spend is reserved in the ledger before any data is read.
 

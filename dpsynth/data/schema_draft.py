@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -76,6 +77,20 @@ class DraftedColumn:
     remark: str | None = None
     # an identifier that repeats: its rows per unit, for one more remark (never the schema)
     units: UnitSummary | None = None
+
+
+def _spanning(name: str, kind: str, values: np.ndarray, missing: bool, **more: Any) -> Column:
+    """A drafted column of `kind` whose public range is the data's own [min, max] of `values`
+    (marked as read off the data, `source`)."""
+    return Column(
+        name,
+        kind,
+        float(values.min()),
+        float(values.max()),
+        source=DATA_SOURCE,
+        missing=missing,
+        **more,
+    )
 
 
 def _decimals(texts: Sequence[str]) -> int:
@@ -175,17 +190,8 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
             )
             return DraftedColumn(clock, remark)
         kind = "integer" if integral else "numeric"
-        return DraftedColumn(
-            Column(
-                name,
-                kind,
-                float(numbers.min()),
-                float(numbers.max()),
-                source=DATA_SOURCE,
-                missing=missing,
-                decimals=None if integral else _decimals(distinct),
-            )
-        )
+        decimals = None if integral else _decimals(distinct)
+        return DraftedColumn(_spanning(name, kind, numbers, missing, decimals=decimals))
     boolean = _boolean(name, distinct, missing)
     if boolean is not None:
         return DraftedColumn(boolean)
@@ -195,16 +201,7 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
         kind = "date" if is_date_format(fmt) else "datetime"
         probe = Column(name, kind, format=fmt, timezone=zone)
         seconds = time_seconds(np.asarray(distinct, dtype=object), probe, name)
-        column = Column(
-            name,
-            kind,
-            float(seconds.min()),
-            float(seconds.max()),
-            source=DATA_SOURCE,
-            missing=missing,
-            format=fmt,
-            timezone=zone,
-        )
+        column = _spanning(name, kind, seconds, missing, format=fmt, timezone=zone)
         return DraftedColumn(column)
     mean_length = float(np.mean([len(v) for v in present]))
     unique_share = len(distinct) / len(present)

@@ -20,6 +20,7 @@ from typing import Any
 from dpsynth.errors import AnchorError, RunConfigEditedError
 from dpsynth.ledger.chain import canonical_json, json_safe
 from dpsynth.ledger.spends import Ledger
+from dpsynth.privacy.accounting.events import AnyEvent, events_to_json
 from dpsynth.privacy.accounting.plan_check import not_dp_label
 
 # The parts of a run's config.json that its spend binds: what is trained, on what, and how.
@@ -65,8 +66,8 @@ class SpendAnchor:
         return cls(seq, digest)
 
 
-def _same_events(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
-    return canonical_json(json_safe(list(a))) == canonical_json(json_safe(list(b)))
+def _same_events(a: Sequence[Mapping[str, Any]], b: Sequence[AnyEvent]) -> bool:
+    return canonical_json(json_safe(list(a))) == canonical_json(json_safe(events_to_json(b)))
 
 
 def verified_spend(
@@ -76,7 +77,7 @@ def verified_spend(
     run_id: str,
     dataset_id: str,
     fingerprint: str,
-    events: Sequence[Mapping[str, Any]] | None,
+    events: Sequence[AnyEvent] | None,
     run_name: str,
     run_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from dpsynth.ledger.file import DEFAULT_LEDGER_NAME
 from dpsynth.ledger.key import FingerprintKey, key_path_for, ledger_key
 from dpsynth.ledger.reader import LedgerReader
 from dpsynth.ledger.state import LedgerState, compose_at
+from dpsynth.privacy.accounting.events import AnyEvent, DpEvent
 
 LEDGER_ENV_VAR = "DPSYNTH_LEDGER"
 
@@ -75,11 +76,13 @@ def _check_delta(delta: float) -> float:
     return delta
 
 
-def _check_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    if isinstance(events, (str, bytes, Mapping)):
+def _check_events(events: Sequence[AnyEvent]) -> list[dict[str, Any]]:
+    if isinstance(events, (str, bytes, Mapping, DpEvent)):
         raise UsageError("events must be a list of mechanism event dicts")
     out = []
     for event in events:
+        if isinstance(event, DpEvent):
+            event = event.to_json()
         if not isinstance(event, Mapping) or not isinstance(event.get("type"), str):
             raise UsageError(f"a mechanism event needs a string 'type', got {event!r}")
         out.append(json_safe(event))
@@ -125,7 +128,7 @@ class Ledger(LedgerReader):
         command: str,
         method: str,
         run_id: str,
-        events: Sequence[Mapping[str, Any]],
+        events: Sequence[AnyEvent],
         delta: float,
         private: bool = True,
         max_total_epsilon: float | None = None,
@@ -206,7 +209,7 @@ class Ledger(LedgerReader):
         return self._append(build)
 
     def complete(
-        self, seq: int, events: Sequence[Mapping[str, Any]], *, run_id: str, fingerprint: str
+        self, seq: int, events: Sequence[AnyEvent], *, run_id: str, fingerprint: str
     ) -> dict[str, Any]:
         """Close spend `seq` as completed with the events actually spent; return the line.
 
@@ -218,7 +221,7 @@ class Ledger(LedgerReader):
     def abort(
         self,
         seq: int,
-        events: Sequence[Mapping[str, Any]] | None = None,
+        events: Sequence[AnyEvent] | None = None,
         *,
         run_id: str,
         fingerprint: str,

@@ -5,9 +5,9 @@ A backend is three objects:
   privacy plan, computed before any data access) and factories for the two objects below;
 - a `Trainer` (stateful, one per run): `step` consumes one Poisson batch that the training
   loop in `dpsynth.training` drew, and exposes its state for checkpoints and `--resume`;
-- a `Generator` (loaded from a run dir): `sample` yields batches of uint8 images, or for a
-  table (`DataInfo.modality == "table"`) batches of encoded rows float32 [b, D], which
-  `dpsynth.data.table_codec.TableCodec` decodes back to the CSV's columns.
+- a `Generator` (loaded from a run dir, `methods.sampler`): `sample` yields batches of uint8
+  images, or for a table (`DataInfo.modality == "table"`) batches of encoded rows float32
+  [b, D], which `dpsynth.data.table_codec.TableCodec` decodes back to the CSV's columns.
 
 The training loop, not the backend, owns Poisson sampling, the ledger, checkpoints and logs,
 so that every backend gets the same privacy plumbing. It also owns the run's secret
@@ -20,13 +20,25 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import DpsynthError, UsageError
+from dpsynth.methods.sampler import (
+    Generator,
+    GeneratorState,
+    check_truncation,
+    draw_latent,
+    latent_batches,
+    sample_truncation,
+    saved_under,
+)
+from dpsynth.methods.settings import with_overrides
+from dpsynth.privacy.accounting.events import AnyEvent
 from dpsynth.privacy.accounting.plan import ClippedGaussianSum, PrivacyPlan, PrivacyTarget
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from dpsynth.privacy.releases.central import CentralImages
@@ -36,10 +48,17 @@ from dpsynth.privacy.releases.central import CentralImages
 __all__ = [
     "ClippedGaussianSum",
     "Generator",
+    "GeneratorState",
     "Method",
+    "PlanFacts",
     "PrivacyPlan",
     "PrivacyTarget",
     "Trainer",
+    "check_truncation",
+    "draw_latent",
+    "latent_batches",
+    "sample_truncation",
+    "saved_under",
 ]
 
 # The public thresholds of every `recommended_preset` and of `--method auto`: a record of at
@@ -59,64 +78,26 @@ def is_large_image(info: DataInfo) -> bool:
 MAX_STEPS = 10_000_000
 
 
-class Generator(ABC):
-    """A trained generator that can be sampled without any private data."""
+@dataclass(frozen=True)
+class PlanFacts:
+    """The public facts a plan is made from (never a record): the data's description, the
+    target ε and δ, the run's config, and the events the ledger holds on the data already."""
 
-    classes: tuple[str, ...]
-    shape: tuple[int, int, int]
-    # Where sampling runs; the caller's random generator must live on the same device.
-    device: torch.device
-    # The scale of the latent z ~ N(0, t²I) for generators that draw one (the "truncation
-    # trick"; post-processing, no privacy cost); None for those without a latent (pge, psg).
-    truncation: float | None = None
+    info: DataInfo
+    target: PrivacyTarget
+    config: Mapping[str, Any]
+    prior_events: tuple[AnyEvent, ...] = ()
 
-    @abstractmethod
-    def sample(
-        self, labels: torch.Tensor, batch_size: int, generator: torch.Generator
-    ) -> Iterator[torch.Tensor]:
-        """Yield uint8 image batches [b, C, H, W] for `labels` (int64 [n]), in order; for a
-        table, encoded rows float32 [b, D] (one-hot blocks in [0, 1], numbers in [-1, 1]).
+    def unpacked(
+        self,
+    ) -> tuple[DataInfo, PrivacyTarget, Mapping[str, Any], tuple[dict[str, Any], ...]]:
+        """(info, target, config, prior_events)."""
+        return self.info, self.target, self.config, self.prior_events
 
-        Each batch has at most `batch_size` records.
-        """
-
-    @classmethod
-    def from_state(
-        cls,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> Generator:
-        """This generator rebuilt from a run's saved tensors (as its trainer's
-        `state_tensors` wrote them); the template's `generator_from_state` calls it."""
-        raise DpsynthError(f"{cls.__name__} cannot be rebuilt from saved tensors")
-
-    def release_details(self, counts: Sequence[int]) -> dict[str, Any]:
-        """Method-specific facts about serving `counts[c]` records of each class c, for the
-        sample manifest ({} if none)."""
-        return {}
-
-
-def draw_latent(
-    count: int, latent_dim: int, generator: torch.Generator, scale: float
-) -> torch.Tensor:
-    """`count` latents N(0, scale²I) drawn from `generator`, on the generator's own device (a
-    CPU tensor cannot be drawn from a CUDA generator)."""
-    z = torch.randn(count, latent_dim, generator=generator, device=generator.device)
-    return z if scale == 1.0 else scale * z
-
-
-def check_truncation(value: float, option: str) -> float:
-    """`value` as a latent scale in (0, 4] (UsageError naming `option` otherwise)."""
-    if not 0 < float(value) <= 4:
-        raise UsageError(f"{option}: must be in (0, 4], got {value}")
-    return float(value)
-
-
-def sample_truncation(config: Mapping[str, Any]) -> float:
-    """The run's sampler latent scale (`sample_truncation`; 1 for runs saved without it)."""
-    return float(config.get("sample_truncation", 1.0))
+    def after(self, target: PrivacyTarget, prior_events: tuple[AnyEvent, ...]) -> PlanFacts:
+        """The same data and config for another target after other prior events (a stage's
+        share of ε, after the stages planned before it)."""
+        return replace(self, target=target, prior_events=tuple(prior_events))
 
 
 class Trainer(ABC):
@@ -126,6 +107,35 @@ class Trainer(ABC):
     # values) only; they go to the publishable train-log. Every other stat was computed from
     # a private batch without noise and is logged only to the private folder, on request.
     released_stats: ClassVar[tuple[str, ...]] = ()
+
+    info: DataInfo
+    config: dict[str, Any]
+    plan: PrivacyPlan
+    device: torch.device
+    seed: int
+
+    def __init__(
+        self,
+        info: DataInfo,
+        config: Mapping[str, Any],
+        plan: PrivacyPlan,
+        device: torch.device,
+        seed: int,
+        randomness: PrivateRandomness | None = None,
+    ) -> None:
+        """Keep the run's public facts, then `setup` the trainer with the randomness every
+        secret stream of it comes from (`randomness`, or a fresh OS secret when None)."""
+        self.info = info
+        self.config = dict(config)
+        self.plan = plan
+        self.device = torch.device(device)
+        self.seed = int(seed)
+        self.setup(randomness if randomness is not None else PrivateRandomness.fresh())
+
+    def setup(self, randomness: PrivateRandomness) -> None:
+        """Build the trainer's state (weights from the public `seed`, never from the data;
+        every secret stream from `randomness`). Default: nothing to build."""
+        return None
 
     @abstractmethod
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
@@ -222,6 +232,11 @@ class Method(ABC):
     preset_advice: ClassVar[Mapping[str, str]] = {}
     # Presets whose generator starts from declared-public images (see `public_requirement`).
     public_presets: ClassVar[frozenset[str]] = frozenset()
+    # What `trainer` and `generator_from_state` build: a `Trainer` made as
+    # `trainer_class(info, config, plan, device, seed, randomness)`, and a `Generator` with
+    # `from_state(state)`.
+    trainer_class: ClassVar[type[Trainer]]
+    generator_class: ClassVar[type[Generator]]
 
     def public_requirement(self, preset: str, config: Mapping[str, Any]) -> str | None:
         """Why this run needs labelled `--public` images (refused before any spend), or None."""
@@ -249,14 +264,7 @@ class Method(ABC):
                 f"unknown preset {preset!r} for --method {self.name}{kind}; "
                 f"choose from {', '.join(presets)}"
             )
-        merged = dict(presets[preset])
-        for key, value in overrides.items():
-            if key not in merged:
-                raise UsageError(
-                    f"unknown setting {key!r} for --method {self.name}; "
-                    f"known: {', '.join(sorted(merged))}"
-                )
-            merged[key] = _cast_like(merged[key], value, key)
+        merged = with_overrides(presets[preset], overrides, self.name)
         check_truncation(merged.get("sample_truncation", 1.0), "--set sample_truncation")
         if float(merged.get("warm_start_clip", 1.0)) == 0 and info.modality == "image":
             # 0: the largest norm of a record in [-1, 1] (no clipping), from the public shape
@@ -315,8 +323,13 @@ class Method(ABC):
         info: DataInfo,
         target: PrivacyTarget,
         config: Mapping[str, Any],
-        prior_events: tuple[dict[str, Any], ...] = (),
+        prior_events: tuple[AnyEvent, ...] = (),
     ) -> PrivacyPlan:
+        """The run's privacy plan for `target` after the ledger's `prior_events` on the data,
+        from public facts only, before any record is read (`plan_from`)."""
+        return self.plan_from(PlanFacts(info, target, config, tuple(prior_events)))
+
+    def plan_from(self, facts: PlanFacts) -> PrivacyPlan:
         """Default plan: one Poisson-subsampled Gaussian over `config['steps']` steps.
 
         Uses config keys `batch_size` (expected), `steps`, `max_grad_norm`. With
@@ -327,6 +340,7 @@ class Method(ABC):
         from dpsynth.privacy.accounting.dpsgd_plan import plan_poisson_gaussian
         from dpsynth.privacy.releases.central import plan_dpsgd_with_central_images
 
+        info, target, config, prior_events = facts.unpacked()
         if float(config.get("warm_start_share", 0.0)) > 0:
             return plan_dpsgd_with_central_images(
                 target=target,
@@ -349,7 +363,6 @@ class Method(ABC):
             prior_events=prior_events,
         )
 
-    @abstractmethod
     def trainer(
         self,
         info: DataInfo,
@@ -359,13 +372,13 @@ class Method(ABC):
         seed: int,
         randomness: PrivateRandomness | None = None,
     ) -> Trainer:
-        """A fresh trainer (weights initialised from `seed`, never from the data).
+        """A fresh `trainer_class` (weights initialised from `seed`, never from the data).
 
         Every random draw of training (noise, per-record randomness) comes from generators
         of `randomness` (a fresh OS secret when None), never from `seed`.
         """
+        return self.trainer_class(info, config, plan, torch.device(device), seed, randomness)
 
-    @abstractmethod
     def generator_from_state(
         self,
         info: DataInfo,
@@ -373,28 +386,12 @@ class Method(ABC):
         tensors: Mapping[str, torch.Tensor],
         device: torch.device,
     ) -> Generator:
-        """Rebuild the generator from saved weights (as `Trainer.state_tensors` wrote them)."""
+        """Rebuild the generator from saved weights (as `Trainer.state_tensors` wrote them):
+        `generator_class.from_state`, then `finish_generator`."""
+        state = GeneratorState(info, config, tensors, torch.device(device))
+        return self.finish_generator(self.generator_class.from_state(state), state)
 
-
-def _cast_like(template: Any, value: Any, key: str) -> Any:
-    """Cast a `--set` string to the type of the preset's value."""
-    if not isinstance(value, str):
-        return value
-    try:
-        if isinstance(template, bool):
-            if value.lower() in ("1", "true", "yes", "on"):
-                return True
-            if value.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(value)
-        if isinstance(template, int):
-            return int(value)
-        if isinstance(template, float):
-            return float(value)
-        if isinstance(template, (list, tuple)):
-            parts = [p for p in value.replace(";", ",").split(",") if p.strip()]
-            elem = template[0] if template else value
-            return type(template)(_cast_like(elem, p.strip(), key) for p in parts)
-    except ValueError:
-        raise UsageError(f"--set {key}={value}: expected {type(template).__name__}") from None
-    return value
+    def finish_generator(self, sampler: Generator, state: GeneratorState) -> Generator:
+        """What stands around a rebuilt generator (the template: the run's DP teacher's
+        filter); default: the generator itself."""
+        return sampler

@@ -3,23 +3,24 @@
 A backend's `Method` subclasses `StagedMethod` and declares two classes: `trainer_class` (a
 `StagedTrainer`) and `generator_class` (a `Generator` with `from_state`). From them the
 template makes
-- `plan`: the backend's own plan step (`plan_own`, default the DP-SGD plan of
-  `Method.plan`) with the shared stages around it (`blocks.plan_with_stages`: the frequency
+- `plan`: the backend's own plan step (`plan_own(facts)`, default the DP-SGD plan of
+  `Method.plan_from`) with the shared stages around it (`blocks.plan_with_stages`: the frequency
   model in front, the DP teacher beside);
-- `trainer`: `trainer_class(info, config, plan, device, seed, randomness)`;
-- `generator_from_state`: `generator_class.from_state(...)` behind the run's DP teacher, if
-  it has one (`blocks.teacher_from_state`).
+- `generator_from_state` (`Method`'s: `generator_class.from_state(state)`) behind the run's
+  DP teacher, if it has one (`finish_generator`, `blocks.teacher_from_state`).
+`Method.trainer` makes the `trainer_class(info, config, plan, device, seed, randomness)`.
 
-A `StagedTrainer` calls `start(...)` first in its `__init__` (the run's public facts, the
-secret randomness: a fresh OS secret when none is given) and `start_stages(randomness)` after
-its own seeded initialisation (`seeded`): the shared stages, `Teacher` and `FrequencyStart`.
+A `StagedTrainer`'s `setup(randomness)` (called by `Trainer.__init__` once the run's public
+facts are kept, with the secret randomness: a fresh OS secret when none is given) builds its
+own seeded state (`seeded`) first and calls `start_stages(randomness)` after: the shared
+stages, `Teacher` and `FrequencyStart`.
 The template then owns the stages' part of the trainer: the frequency model's release before
 step 0 (handed to `warm_start`), the teacher's training, its state in the checkpoint and its
 filter around `generator()`. A trainer writes `own_state_tensors`, `load_own_state`,
 `own_generator` and its `step`.
 
-The marginal backends (aim, mst) have no stages and keep their own factories; they use the
-same file names (`method.py`, `trainer.py`, `generator.py`, `presets.py`).
+The marginal backends (aim, mst) have no stages and subclass `Method` and `Trainer` directly;
+they use the same file names (`method.py`, `trainer.py`, `generator.py`, `presets.py`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,19 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
-from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import Generator, Method, PrivacyPlan, PrivacyTarget, Trainer
+from dpsynth.methods.base import (
+    Generator,
+    GeneratorState,
+    Method,
+    PlanFacts,
+    PrivacyPlan,
+    Trainer,
+    saved_under,
+)
 from dpsynth.methods.blocks import FrequencyStart, Teacher, plan_with_stages, teacher_from_state
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
@@ -74,49 +82,21 @@ def load_module_tensors(
     """Restore what `module_tensors` returned (optimiser state on `device`, Adam's step
     counts on the CPU, where torch keeps them)."""
     for prefix, module in modules.items():
-        module.load_state_dict(_under(tensors, prefix + "."))
+        module.load_state_dict(saved_under(tensors, prefix + "."))
     for prefix, optimizer in optimizers.items():
         state: dict[int, dict[str, torch.Tensor]] = {}
-        for name, value in _under(tensors, prefix + ".").items():
+        for name, value in saved_under(tensors, prefix + ".").items():
             index, key = name.split(".", 1)
             state.setdefault(int(index), {})[key] = value.to(device if key != "step" else "cpu")
         groups = optimizer.state_dict()["param_groups"]
         optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
-def _under(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The tensors whose names start with `prefix`, the prefix cut off."""
-    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-
 class StagedTrainer(Trainer):
     """A trainer with the shared stages (the DP teacher, the frequency-model warm start)."""
 
-    info: DataInfo
-    config: dict[str, Any]
-    plan: PrivacyPlan
-    device: torch.device
-    seed: int
     teacher: Teacher
     frequency: FrequencyStart
-
-    def start(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None,
-    ) -> PrivateRandomness:
-        """Keep the run's public facts and return the randomness every secret stream of the
-        trainer comes from (`randomness`, or a fresh OS secret when None)."""
-        self.info = info
-        self.config = dict(config)
-        self.plan = plan
-        self.device = torch.device(device)
-        self.seed = int(seed)
-        return randomness if randomness is not None else PrivateRandomness.fresh()
 
     def start_stages(self, randomness: PrivateRandomness) -> None:
         """Build the shared stages: the run's DP teacher and the frequency model's release,
@@ -171,58 +151,19 @@ class StagedMethod(Method):
     """A backend made from the template: its classes, its own plan step, its checks."""
 
     trainer_class: ClassVar[type[StagedTrainer]]
-    # A Generator with a `from_state(info, config, tensors, device)` class method.
-    generator_class: ClassVar[type[Generator]]
 
-    def plan_own(
-        self,
-        info: DataInfo,
-        target: PrivacyTarget,
-        config: Mapping[str, Any],
-        prior_events: tuple[dict[str, Any], ...] = (),
-    ) -> PrivacyPlan:
-        """The backend's own mechanisms' plan for `target` after `prior_events` (default:
-        `Method.plan`, DP-SGD steps with the optional central images)."""
-        return Method.plan(self, info, target, config, prior_events)
+    def plan_own(self, facts: PlanFacts) -> PrivacyPlan:
+        """The backend's own mechanisms' plan for `facts.target` after `facts.prior_events`
+        (default: `Method.plan_from`, DP-SGD steps with the optional central images)."""
+        return Method.plan_from(self, facts)
 
-    def plan(
-        self,
-        info: DataInfo,
-        target: PrivacyTarget,
-        config: Mapping[str, Any],
-        prior_events: tuple[dict[str, Any], ...] = (),
-    ) -> PrivacyPlan:
+    def plan_from(self, facts: PlanFacts) -> PrivacyPlan:
         """`plan_own` with the shared stages (`plan_with_stages`): the frequency model in
         front when `frequency_share` > 0, the DP teacher beside when `teacher_share` > 0."""
         return plan_with_stages(
-            info,
-            target,
-            config,
-            prior_events,
-            lambda goal, prior: self.plan_own(info, goal, config, prior),
+            *facts.unpacked(), lambda goal, prior: self.plan_own(facts.after(goal, prior))
         )
 
-    def trainer(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> StagedTrainer:
-        """A fresh `trainer_class`: weights from `seed`, never from the data; every secret
-        draw from `randomness`."""
-        return self.trainer_class(info, config, plan, torch.device(device), seed, randomness)
-
-    def generator_from_state(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> Generator:
-        """`generator_class` rebuilt from the saved tensors, behind the run's DP teacher when
-        it has one."""
-        sampler = self.generator_class.from_state(info, config, tensors, torch.device(device))
-        return teacher_from_state(sampler, info, config, tensors)
+    def finish_generator(self, sampler: Generator, state: GeneratorState) -> Generator:
+        """The rebuilt generator behind the run's DP teacher when it has one."""
+        return teacher_from_state(sampler, state.info, state.config, state.tensors)

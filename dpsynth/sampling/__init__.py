@@ -14,6 +14,7 @@ from dpsynth.sampling.labels import (
     table_label_counts,
     weighted_counts,
 )
+from dpsynth.sampling.options import SampleOptions
 from dpsynth.sampling.outputs import (
     PartitionProgress,
     SampleProgress,
@@ -29,6 +30,7 @@ __all__ = [
     "MAX_SAMPLES",
     "PARTITION_ROWS",
     "PartitionProgress",
+    "SampleOptions",
     "SampleProgress",
     "generate",
     "is_sample_output",

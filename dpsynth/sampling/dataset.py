@@ -37,14 +37,14 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import DpsynthError, UsageError
-from dpsynth.outdir import check_target, remove_stale_staging, replace_dir, staging_dir
 from dpsynth.rundir import RunDir, write_json_atomic
-from dpsynth.sampling.outputs import PartitionProgress, SampleProgress, record_release
+from dpsynth.sampling.options import SampleOptions
+from dpsynth.sampling.outputs import check_release_target, record_release
 from dpsynth.sampling.partition_worker import start_worker, write_partition
 from dpsynth.sampling.partitions import (
+    DATASET_BATCH,
     Partition,
     check_workers,
     partition_count,
@@ -52,6 +52,7 @@ from dpsynth.sampling.partitions import (
 )
 from dpsynth.sampling.table_release import check_not_protected, table_labels, table_manifest
 from dpsynth.sampling.trained_run import load_generator, run_privacy, set_truncation
+from dpsynth.staging import remove_stale_staging, replace_dir, staging_dir
 
 MANIFEST = "_manifest.json"
 SUCCESS = "_SUCCESS"
@@ -76,23 +77,7 @@ def is_parquet_dataset(folder: Path) -> bool:
     return True
 
 
-def sample_dataset(
-    run_dir: Path | str,
-    n: int,
-    out: Path,
-    labels: str,
-    batch_size: int,
-    seed: int,
-    device: str,
-    force: bool,
-    ledger_path: Path | str | None,
-    progress: SampleProgress | None,
-    truncation: float | None,
-    partial: bool,
-    partitions: int | None,
-    workers: int | None,
-    on_partition: PartitionProgress | None,
-) -> dict[str, Any]:
+def sample_dataset(run_dir: Path | str, n: int, out: Path, opts: SampleOptions) -> dict[str, Any]:
     """Write N rows of a table's run as a partitioned Parquet folder `out` and record the
     release (the arguments as for `sample_table`; see the module docstring).
 
@@ -100,44 +85,45 @@ def sample_dataset(
     seed; `workers` (default: the CPUs) only how fast it is written. `progress(done, n)` and
     `on_partition(partitions done, partitions, rows done, n)` are called as each partition is
     finished (in the parent process)."""
-    count = partition_count(n, partitions)  # the options first: nothing read yet
-    workers = check_workers(workers, count)
+    count = partition_count(n, opts.partitions)  # the options first: nothing read yet
+    workers = check_workers(opts.workers, count)
+    batch_size, seed = opts.batch(DATASET_BATCH), opts.seed
     run = RunDir(run_dir)
-    privacy = run_privacy(run_dir, ledger_path, partial=partial)
+    privacy = run_privacy(run_dir, opts.ledger_path, partial=opts.partial)
     check_not_protected(out, run, privacy["ledger"])
     if out.is_file():
         raise UsageError(
             f"{{out}} {out} is a file; a partitioned release is a folder: choose another name",
             parameter="out",
         )
-    check_target(
-        out,
-        flag="--out",
-        force=force,
-        protected=[(run.path, "the run directory"), (Path(privacy["ledger"]), "the ledger")],
-        written_by_us=is_parquet_dataset,
-    )
+    check_release_target(out, run, privacy["ledger"], opts.force, is_parquet_dataset)
     # The parent loads the generator on the CPU for the label counts and the checks only; the
     # workers load it on `device` and draw the rows.
     generator, run_config, info = load_generator(run_dir, "cpu")
     check_batch_size("--batch-size", batch_size, math.prod(info.shape))
-    set_truncation(generator, truncation, run_config["method"])
-    counts, label_rule = table_labels(generator, labels, n, info)
+    set_truncation(generator, opts.truncation, run_config["method"])
+    counts, label_rule = table_labels(generator, opts.labels, n, info)
     plan = plan_partitions(n, counts, seed, count)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out.parent)  # folders that killed `sample` runs were writing
     staging = staging_dir(out)
     try:
-        written = _write_partitions(
-            plan, staging, (str(run.path), device, truncation), batch_size, workers,
-            progress, on_partition,
-        )  # fmt: skip
+        loader = (str(run.path), opts.device, opts.truncation)
+        written = _write_partitions(plan, staging, loader, batch_size, workers, opts)
         output_sha = _release_digest(written)
         ledger = record_release(
             run_config, info, privacy["ledger"], output_sha, n, "parquet", out,
             extra={"partitions": len(plan)},
         )  # fmt: skip
-        manifest = _manifest(run_dir, run_config, privacy, info, generator, n, seed)
+        drawn = {
+            "n": n,
+            "format": "parquet",
+            "layout": "partitioned",
+            "modality": "table",
+            "classes": list(info.classes),
+            "seed": seed,
+        }
+        manifest = table_manifest(run_dir, run_config, privacy, info, generator, drawn)
         manifest |= {"label_counts": counts, "labels": label_rule, "partitions": written}
         manifest |= {"output_sha256": output_sha, "ledger": ledger}
         write_json_atomic(staging / MANIFEST, manifest)
@@ -156,37 +142,18 @@ def sample_dataset(
     }
 
 
-def _manifest(
-    run_dir: Path | str,
-    run_config: dict[str, Any],
-    privacy: dict[str, Any],
-    info: DataInfo,
-    generator: Any,
-    n: int,
-    seed: int,
-) -> dict[str, Any]:
-    release = {
-        "n": n,
-        "format": "parquet",
-        "layout": "partitioned",
-        "modality": "table",
-        "classes": list(info.classes),
-        "seed": seed,
-    }
-    return table_manifest(run_dir, run_config, privacy, info, generator, release)
-
-
 def _write_partitions(
     plan: Sequence[Partition],
     staging: Path,
     loader: tuple[str, str, float | None],
     batch_size: int,
     workers: int,
-    progress: SampleProgress | None,
-    on_partition: PartitionProgress | None,
+    opts: SampleOptions,
 ) -> list[dict[str, Any]]:
     """Every partition of `plan` written into `staging` by `workers` spawned processes; their
-    records in partition order. On any error or interrupt the workers are stopped at once."""
+    records in partition order (`opts.progress`, `opts.on_partition` told as each finishes).
+    On any error or interrupt the workers are stopped at once."""
+    progress, on_partition = opts.progress, opts.on_partition
     total = sum(p.rows for p in plan)
     results: list[dict[str, Any] | None] = [None] * len(plan)
     rows_done = 0

@@ -21,17 +21,19 @@ from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator
-from dpsynth.outdir import check_target, remove_stale_staging, replace_dir, staging_dir
 from dpsynth.rundir import RunDir, write_json_atomic
 from dpsynth.sampling.labels import label_chunks, label_counts, labelled_batches
+from dpsynth.sampling.options import SampleOptions
 from dpsynth.sampling.outputs import (
-    PartitionProgress,
     SampleProgress,
+    check_release_target,
     is_sample_output,
     record_release,
+    release_header,
 )
-from dpsynth.sampling.table import sample_table
+from dpsynth.sampling.table import write_table
 from dpsynth.sampling.trained_run import load_generator, run_modality, run_privacy, set_truncation
+from dpsynth.staging import remove_stale_staging, replace_dir, staging_dir
 
 # Far beyond any real release; above it a typo (an extra zero or two) is the likely cause.
 MAX_SAMPLES = 10**9
@@ -69,31 +71,14 @@ def _safe_class_dir(name: str) -> str:
     return name
 
 
-def sample_run(
-    run_dir: Path | str,
-    n: int,
-    out_dir: Path | str,
-    fmt: str | None = None,
-    labels: str = "balanced",
-    batch_size: int | None = None,
-    seed: int = 0,
-    device: str = "auto",
-    force: bool = False,
-    ledger_path: Path | str | None = None,
-    progress: SampleProgress | None = None,
-    truncation: float | None = None,
-    partial: bool = False,
-    partitions: int | None = None,
-    workers: int | None = None,
-    on_partition: PartitionProgress | None = None,
-) -> dict[str, Any]:
+def sample_run(run_dir: Path | str, n: int, out_dir: Path | str, **options: Any) -> dict[str, Any]:
     """Write N synthetic images to `out_dir` and record the release in the ledger.
 
     PNG: `OUT/<class>/<index>.png`, `labels.csv`, `manifest.json`. NPZ: `OUT/samples.npz`
     (`x` uint8 [N,C,H,W], `y` int64, `classes`) and `manifest.json`. Everything is written into
     a staging folder beside OUT and renamed into place at the end, in batches so that memory
     stays flat in N. `force` replaces only an earlier output of `sample` (see
-    `dpsynth.outdir.check_target`); staging folders of killed runs are removed first.
+    `dpsynth.staging.check_target`); staging folders of killed runs are removed first.
     A table's run writes one CSV file instead (`fmt` csv, the default there), or Parquet for
     an `out` ending in `.parquet`: see `sample_table`, which also writes a partitioned Parquet
     folder (`partitions`, `workers`, `on_partition`; images have none and refuse them).
@@ -101,45 +86,38 @@ def sample_run(
     (records generated at once) defaults to 500 (10,000 for a partitioned release).
     A run whose training did not finish is refused (exit 2) unless `partial`, and then the
     manifest says it is a partial release (`training`, and the privacy statement).
+    `options` are the fields of `SampleOptions`, by name.
     """
+    opts = SampleOptions(**options)
     if n < 1:
         raise UsageError(f"{{n}} must be at least 1, got {n}", parameter="n")
     if n > MAX_SAMPLES:
         raise UsageError(f"{{n}} must be at most {MAX_SAMPLES:.0e}, got {n}", parameter="n")
     if run_modality(run_dir) == "table":
-        if fmt not in (None, "csv", "parquet"):
-            raise UsageError(f"{{fmt}} {fmt}: a table's run writes csv or parquet", parameter="fmt")
-        return sample_table(
-            run_dir, n, out_dir, labels=labels, batch_size=batch_size, seed=seed,
-            device=device, force=force, ledger_path=ledger_path, progress=progress,
-            truncation=truncation, partial=partial, fmt=fmt, partitions=partitions,
-            workers=workers, on_partition=on_partition,
-        )  # fmt: skip
-    if partitions is not None:
+        if opts.fmt not in (None, "csv", "parquet"):
+            raise UsageError(
+                f"{{fmt}} {opts.fmt}: a table's run writes csv or parquet", parameter="fmt"
+            )
+        return write_table(run_dir, n, out_dir, opts)
+    if opts.partitions is not None:
         raise UsageError(
             "{partitions}: only a table's run writes a partitioned release",
             parameter="partitions",
         )
-    fmt = fmt or "png"
+    fmt = opts.fmt or "png"
     if fmt not in ("png", "npz"):
         raise UsageError(f"{{fmt}} must be png or npz, got {fmt!r}", parameter="fmt")
-    batch_size = 500 if batch_size is None else batch_size
+    batch_size, seed, progress = opts.batch(500), opts.seed, opts.progress
     check_batch_size("--batch-size", batch_size, 1)
     out = Path(out_dir)
     run = RunDir(run_dir)
     # The statement comes from the ledger, checked before anything is generated or written.
-    privacy = run_privacy(run_dir, ledger_path, partial=partial)
-    check_target(
-        out,
-        flag="--out",
-        force=force,
-        protected=[(run.path, "the run directory"), (Path(privacy["ledger"]), "the ledger")],
-        written_by_us=is_sample_output,
-    )
-    generator, run_config, info = load_generator(run_dir, device)
+    privacy = run_privacy(run_dir, opts.ledger_path, partial=opts.partial)
+    check_release_target(out, run, privacy["ledger"], opts.force, is_sample_output)
+    generator, run_config, info = load_generator(run_dir, opts.device)
     check_batch_size("--batch-size", batch_size, math.prod(info.shape))
-    set_truncation(generator, truncation, run_config["method"])
-    counts = label_counts(labels, n, len(info.classes))
+    set_truncation(generator, opts.truncation, run_config["method"])
+    counts = label_counts(opts.labels, n, len(info.classes))
     class_dirs = [_safe_class_dir(name) for name in info.classes]
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out.parent)
@@ -154,15 +132,7 @@ def sample_run(
         output_sha = digest.hexdigest()
         release = record_release(run_config, info, privacy["ledger"], output_sha, n, fmt, out)
         manifest = {
-            "run_id": run_config["run_id"],
-            "run": str(Path(run_dir).resolve()),
-            "method": run_config["method"],
-            "private": privacy["private"],
-            "privacy": privacy["statement"],
-            "privacy_source": {
-                key: privacy[key]
-                for key in ("ledger", "ledger_seq", "ledger_hash", "status", "epsilon", "delta")
-            },
+            **release_header(run_dir, run_config, privacy),
             "training": privacy["training"],
             "n": n,
             "format": fmt,

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from dpsynth.data.images import DataInfo
 from dpsynth.ledger import Ledger
+from dpsynth.rundir import RunDir
+from dpsynth.staging import check_target
 
 SampleProgress = Callable[[int, int], None]
 # A partitioned sample's report as each partition is written: (partitions done, partitions,
@@ -65,6 +67,39 @@ def record_release(
         details={"n": n, "format": fmt, "out": str(out.resolve()), **(extra or {})},
     )
     return {"path": str(Path(path).resolve()), "seq": entry["seq"]}
+
+
+def release_header(
+    run_dir: Path | str, run_config: Mapping[str, Any], privacy: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The fields every sample's manifest opens with: the run, its method, and its privacy
+    statement with where it comes from (the ledger spend the run is anchored to)."""
+    return {
+        "run_id": run_config["run_id"],
+        "run": str(Path(run_dir).resolve()),
+        "method": run_config["method"],
+        "private": privacy["private"],
+        "privacy": privacy["statement"],
+        "privacy_source": {
+            key: privacy[key]
+            for key in ("ledger", "ledger_seq", "ledger_hash", "status", "epsilon", "delta")
+        },
+    }
+
+
+def check_release_target(
+    out: Path, run: RunDir, ledger: Path | str, force: bool, written_by_us: Callable[[Path], bool]
+) -> None:
+    """Refuse an `--out` folder that is, or holds, the run or the ledger, or that is not
+    empty unless `force` and `written_by_us` says an earlier `sample` wrote it
+    (`dpsynth.staging.check_target`)."""
+    check_target(
+        out,
+        flag="--out",
+        force=force,
+        protected=[(run.path, "the run directory"), (Path(ledger), "the ledger")],
+        written_by_us=written_by_us,
+    )
 
 
 def manifest_of(out_dir: Path | str) -> dict[str, Any]:

@@ -10,39 +10,26 @@ import numpy as np
 
 from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import UsageError
-from dpsynth.outdir import remove_stale_staging, staging_file
 from dpsynth.rundir import RunDir, write_json_atomic
 from dpsynth.sampling.labels import AUTO_LABELS, labelled_batches
-from dpsynth.sampling.outputs import (
-    PartitionProgress,
-    SampleProgress,
-    record_release,
-    table_manifest_path,
-)
+from dpsynth.sampling.options import SampleOptions
+from dpsynth.sampling.outputs import record_release, table_manifest_path
 from dpsynth.sampling.partitions import DATASET_BATCH, wants_partitions
 from dpsynth.sampling.rows_out import RowsFile, table_format
-from dpsynth.sampling.table_release import check_not_protected, table_labels
+from dpsynth.sampling.table_release import check_not_protected, table_labels, table_manifest
 from dpsynth.sampling.trained_run import load_generator, run_privacy, set_truncation
 from dpsynth.sampling.units import units_of
+from dpsynth.staging import remove_stale_staging, staging_file
 
 
-def sample_table(
-    run_dir: Path | str,
-    n: int,
-    out: Path | str,
-    labels: str = AUTO_LABELS,
-    batch_size: int | None = None,
-    seed: int = 0,
-    device: str = "auto",
-    force: bool = False,
-    ledger_path: Path | str | None = None,
-    progress: SampleProgress | None = None,
-    truncation: float | None = None,
-    partial: bool = False,
-    fmt: str | None = None,
-    partitions: int | None = None,
-    workers: int | None = None,
-    on_partition: PartitionProgress | None = None,
+def sample_table(run_dir: Path | str, n: int, out: Path | str, **options: Any) -> dict[str, Any]:
+    """`write_table` with `options` the fields of `SampleOptions` by name (`labels` defaults
+    to auto here: the model's own class proportions for aim and mst, else balanced)."""
+    return write_table(run_dir, n, out, SampleOptions(**{"labels": AUTO_LABELS, **options}))
+
+
+def write_table(
+    run_dir: Path | str, n: int, out: Path | str, opts: SampleOptions
 ) -> dict[str, Any]:
     """Write N synthetic rows of a table's run to the CSV file `out` and record the release.
 
@@ -66,42 +53,38 @@ def sample_table(
 
     from dpsynth.data.table_codec import codec_for
 
-    if wants_partitions(out, n, fmt, partitions):
-        if fmt not in (None, "parquet"):
+    if wants_partitions(out, n, opts.fmt, opts.partitions):
+        if opts.fmt not in (None, "parquet"):
             raise UsageError(
-                f"{{fmt}} {fmt}: a partitioned release ({{out}} a folder, {{partitions}}, or "
-                "Parquet above a million rows) is written as Parquet",
+                f"{{fmt}} {opts.fmt}: a partitioned release ({{out}} a folder, {{partitions}}, "
+                "or Parquet above a million rows) is written as Parquet",
                 parameters=("fmt", "out", "partitions"),
             )
         from dpsynth.sampling.dataset import sample_dataset
 
-        batch_size = DATASET_BATCH if batch_size is None else batch_size
-        check_batch_size("--batch-size", batch_size, 1)
-        return sample_dataset(
-            run_dir, n, Path(out), labels, batch_size, seed, device, force, ledger_path,
-            progress, truncation, partial, partitions, workers, on_partition,
-        )  # fmt: skip
-    batch_size = 500 if batch_size is None else batch_size
+        check_batch_size("--batch-size", opts.batch(DATASET_BATCH), 1)
+        return sample_dataset(run_dir, n, Path(out), opts)
+    batch_size, seed = opts.batch(500), opts.seed
     check_batch_size("--batch-size", batch_size, 1)
     out = Path(out)
-    fmt = table_format(out, fmt)
+    fmt = table_format(out, opts.fmt)
     run = RunDir(run_dir)
-    privacy = run_privacy(run_dir, ledger_path, partial=partial)
+    privacy = run_privacy(run_dir, opts.ledger_path, partial=opts.partial)
     manifest_path = table_manifest_path(out)
     check_not_protected(out, run, privacy["ledger"])
     if out.exists():
-        if not force:
+        if not opts.force:
             raise UsageError(f"--out {out} exists; pass --force to replace it")
         if not manifest_path.is_file():
             raise UsageError(
                 f"--out {out} was not written by `sample` (no {manifest_path.name}); "
                 "--force replaces only an earlier sample"
             )
-    generator, run_config, info = load_generator(run_dir, device)
+    generator, run_config, info = load_generator(run_dir, opts.device)
     check_batch_size("--batch-size", batch_size, math.prod(info.shape))
-    set_truncation(generator, truncation, run_config["method"])
+    set_truncation(generator, opts.truncation, run_config["method"])
     codec = codec_for(info)
-    counts, label_rule = table_labels(generator, labels, n, info)
+    counts, label_rule = table_labels(generator, opts.labels, n, info)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out.parent)  # CSVs that killed `sample` runs were writing
     replaced = out.exists()
@@ -121,20 +104,11 @@ def sample_table(
                     frame[units.column] = keys.next(len(frame))
                 written.write(frame)
                 done += len(frame)
-                if progress is not None:
-                    progress(done, n)
+                if opts.progress is not None:
+                    opts.progress(done, n)
         output_sha = written.sha256
         release = record_release(run_config, info, privacy["ledger"], output_sha, n, fmt, out)
-        manifest = {
-            "run_id": run_config["run_id"],
-            "run": str(Path(run_dir).resolve()),
-            "method": run_config["method"],
-            "private": privacy["private"],
-            "privacy": privacy["statement"],
-            "privacy_source": {
-                key: privacy[key]
-                for key in ("ledger", "ledger_seq", "ledger_hash", "status", "epsilon", "delta")
-            },
+        drawn = {
             "n": n,
             "format": fmt,
             "modality": "table",
@@ -142,15 +116,9 @@ def sample_table(
             "label_counts": counts,
             "labels": label_rule,
             "seed": seed,
-            "truncation": generator.truncation,
-            "columns": [c.name for c in codec.schema.columns],
-            "schema": info.schema,
-            **({"privacy_unit": units.to_json()} if units is not None else {}),
-            "dataset_id": info.dataset_id,
-            "fingerprint": info.fingerprint,
-            "output_sha256": output_sha,
-            "ledger": release,
         }
+        manifest = table_manifest(run_dir, run_config, privacy, info, generator, drawn)
+        manifest |= {"output_sha256": output_sha, "ledger": release}
         write_json_atomic(manifest_path, manifest)
         os.replace(temporary, out)
     except BaseException:

@@ -12,6 +12,7 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.base import Generator
 from dpsynth.rundir import RunDir
 from dpsynth.sampling.labels import AUTO_LABELS, table_label_counts, weighted_counts
+from dpsynth.sampling.outputs import release_header
 from dpsynth.sampling.units import units_of
 
 
@@ -48,15 +49,7 @@ def table_manifest(
     schema = info.schema or {}
     units = units_of(run_config, schema)
     return {
-        "run_id": run_config["run_id"],
-        "run": str(Path(run_dir).resolve()),
-        "method": run_config["method"],
-        "private": privacy["private"],
-        "privacy": privacy["statement"],
-        "privacy_source": {
-            key: privacy[key]
-            for key in ("ledger", "ledger_seq", "ledger_hash", "status", "epsilon", "delta")
-        },
+        **release_header(run_dir, run_config, privacy),
         **release,
         "truncation": generator.truncation,
         "columns": [c["name"] for c in schema.get("columns", ())],

@@ -73,8 +73,8 @@ class EpsilonCurve:
         self.one_off_events = tuple(
             e
             for e in plan.events
-            if e.get("type") not in ("poisson_gaussian", "non_private")
-            or e.get("mechanism") == "dp_classifier"  # a DP teacher's steps: not the loop's
+            if e.kind not in ("poisson_gaussian", "non_private")
+            or e.annotation("mechanism") == "dp_classifier"  # a DP teacher's steps: not the loop's
         )
 
     def at(self, step: int) -> float:

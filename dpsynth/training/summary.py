@@ -14,7 +14,7 @@ from dpsynth.methods.base import Method, Trainer
 from dpsynth.privacy.accounting.plan import PrivacyPlan
 from dpsynth.privacy.accounting.plan_check import not_dp_label
 from dpsynth.rundir import RunDir
-from dpsynth.training.grid import save_grid
+from dpsynth.training.png_grid import save_grid
 
 
 def json_eps(value: float) -> float | str:

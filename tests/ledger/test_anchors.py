@@ -314,7 +314,7 @@ def test_a_non_private_run_samples_labelled_from_the_ledger(tmp_path: Path) -> N
 
 
 def test_evaluate_of_a_run_dir_states_and_checks_its_spend(tmp_path: Path) -> None:
-    from dpsynth.evaluate.report import run_evaluation
+    from dpsynth.evaluation.report import run_evaluation
 
     train(tmp_path)
     kwargs = dict(

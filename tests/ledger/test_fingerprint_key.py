@@ -119,7 +119,7 @@ def test_one_row_less_is_another_fingerprint_and_the_same_rows_link_under_anothe
         events=[EVENT], delta=1e-5,
     )  # fmt: skip
     # the same records under a new id never get a fresh budget
-    assert ledger.events_for("renamed", a) == (EVENT,)
+    assert ledger.events_for("renamed", a) == (EVENT.to_json(),)
 
 
 def test_a_ledger_without_its_key_refuses_to_fingerprint(tmp_path: Path) -> None:
@@ -194,7 +194,7 @@ def test_a_spend_on_records_a_legacy_ledger_knew_by_plain_digest_links_to_it(
     ledger = Ledger(path)
     keyed = ledger.data_fingerprint(digest)
     assert keyed is not None and keyed != digest
-    assert ledger.events_for("renamed", keyed) == (EVENT,)  # linked in memory
+    assert ledger.events_for("renamed", keyed) == (EVENT.to_json(),)  # linked in memory
     line = ledger.reserve(
         dataset_id="renamed", fingerprint=keyed, command="train", method="pge", run_id="r1",
         events=[EVENT], delta=1e-5,
@@ -202,7 +202,7 @@ def test_a_spend_on_records_a_legacy_ledger_knew_by_plain_digest_links_to_it(
     assert line["links"] == [0] and digest not in json.dumps(line)
     # the link is in the file: a reader without the key composes both, and verify agrees
     fresh = Ledger(path)
-    assert fresh.events_for("renamed") == (EVENT, EVENT)
+    assert fresh.events_for("renamed") == (EVENT.to_json(), EVENT.to_json())
     assert fresh.verify()["ok"]
 
 

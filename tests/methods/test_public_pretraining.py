@@ -233,11 +233,8 @@ def test_rdpgan_pretrains_its_gan_on_it(sets, tmp_path):
 
 
 def test_rdpgan_discriminator_learns_the_public_images(tmp_path):
-    from dpsynth.methods.rdpgan.generator import (
-        build_discriminator,
-        build_generator,
-        one_hot_labels,
-    )
+    from dpsynth.methods.blocks import one_hot_labels
+    from dpsynth.methods.rdpgan.generator import build_discriminator, build_generator
 
     # the digits' test split as the public set; D then tells the train split from G's images
     test = load_data("digits:test")

@@ -12,6 +12,7 @@ from dpsynth.data.csvtable import RawTable
 from dpsynth.data.discrete import codes_from_raw, schema_domain
 from dpsynth.data.schema_draft import draft_table
 from dpsynth.methods.marginal.one_ways import released_measurements
+from dpsynth.methods.marginal.trainer import MEASURE_PHASE
 from dpsynth.training.schema_counting import release_in_memory
 from dpsynth.training.schema_entries import plan_release
 from dpsynth.training.schema_spend import one_way_record
@@ -81,11 +82,11 @@ def test_a_run_that_reuses_them_plans_fewer_measurements() -> None:
     target = PrivacyTarget(2.0, 1e-6)
     alone = method.plan(info, target, config)
     reused = method.plan(info, target, {**config, ONE_WAYS_KEY: one_way_record(applied)})
-    count = next(e for e in alone.events if e.get("phase") == "marginal-measurements")["count"]
-    fewer = next(e for e in reused.events if e.get("phase") == "marginal-measurements")["count"]
+    count = next(e for e in alone.events if e.annotation("phase") == MEASURE_PHASE).count
+    fewer = next(e for e in reused.events if e.annotation("phase") == MEASURE_PHASE).count
     assert fewer == count - 6  # every column's 1-way comes from the release
     # fewer measurements in the same budget: less noise on each
-    sigma = next(e for e in alone.events if e.get("phase") == "marginal-measurements")
-    sigma_reused = next(e for e in reused.events if e.get("phase") == "marginal-measurements")
-    assert sigma_reused["noise_multiplier"] < sigma["noise_multiplier"]
+    sigma = next(e for e in alone.events if e.annotation("phase") == MEASURE_PHASE)
+    sigma_reused = next(e for e in reused.events if e.annotation("phase") == MEASURE_PHASE)
+    assert sigma_reused.noise_multiplier < sigma.noise_multiplier
     assert replace(info) == info

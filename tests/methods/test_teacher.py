@@ -24,6 +24,7 @@ from dpsynth.methods.blocks import (
 )
 from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.privacy.accounting.dpsgd_plan import plan_poisson_gaussian
+from dpsynth.privacy.accounting.events import events_to_json
 from dpsynth.privacy.accounting.plan import PrivacyTarget
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
@@ -43,7 +44,7 @@ def _pld(events: list[dict], delta: float) -> float:
         neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
         value_discretization_interval=1e-4,
     )
-    for e in events:
+    for e in events_to_json(events):
         gaussian = dp_event.GaussianDpEvent(e["noise_multiplier"])
         accountant.compose(dp_event.PoissonSampledDpEvent(e["sampling_rate"], gaussian), e["steps"])
     return accountant.get_epsilon(delta)
@@ -52,7 +53,7 @@ def _pld(events: list[dict], delta: float) -> float:
 def test_the_teacher_fills_what_the_backend_leaves_and_everything_composes_under_the_target():
     target = PrivacyTarget(2.0, 1e-5)
     plan = plan_with_stages(INFO, target, _config(teacher_share=0.5), (), _rest)
-    teacher, loop = plan.events
+    teacher, loop = events_to_json(plan.events)
     assert teacher["mechanism"] == "dp_classifier" and teacher["steps"] == 10
     assert teacher["sampling_rate"] == pytest.approx(0.2)
     # The backend alone plans for half of ε; the teacher takes the rest up to ε, which is
@@ -326,12 +327,12 @@ def test_no_recommended_28x28_preset_has_a_teacher_and_mnist_teacher_charges_one
         config = backend.config(preset, {}, mnist)
         backend.validate_config(config, mnist)
         plan = backend.plan(mnist, PrivacyTarget(epsilon, 1e-5), config)
-        assert not [e for e in plan.events if e.get("mechanism") == "dp_classifier"], preset
+        assert not [e for e in plan.events if e.annotation("mechanism") == "dp_classifier"], preset
     if "mnist-teacher" not in backend.presets:
         return
     config = backend.config("mnist-teacher", {}, mnist)
     plan = backend.plan(mnist, PrivacyTarget(10.0, 1e-5), config)
-    teachers = [e for e in plan.events if e.get("mechanism") == "dp_classifier"]
+    teachers = [e for e in plan.events if e.annotation("mechanism") == "dp_classifier"]
     assert len(teachers) == 1 and compose_epsilon(plan.events, 1e-5).epsilon <= 10.0
     assert config["teacher_filter"] == "relabel" and config["teacher_pretrain"] > 0
 
@@ -354,7 +355,7 @@ def test_every_recommended_image_preset_gives_the_own_mechanism_half_of_epsilon(
             config = backend.config(preset, {}, info)
             assert stage_shares(config)["own"] >= 0.5 - 1e-9, (info.spec, preset)
             plan = backend.plan(info, PrivacyTarget(epsilon, 1e-5), config)
-            stages = [e for e in plan.events if e.get("mechanism") in shared]
+            stages = [e for e in plan.events if e.annotation("mechanism") in shared]
             if stages:
                 bound = compose_epsilon(stages, 1e-5).epsilon
                 assert bound <= 0.5 * epsilon * 1.02, (info.spec, preset, bound)

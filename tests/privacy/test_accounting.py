@@ -18,6 +18,7 @@ from dpsynth.privacy.accounting.compose import (
     epsilon_report,
     poisson_gaussian_event,
 )
+from dpsynth.privacy.accounting.events import events_to_json
 
 ADD_REMOVE = NeighboringRelation.ADD_OR_REMOVE_ONE
 
@@ -27,7 +28,7 @@ def pld_epsilon(events: list[dict], delta: float) -> float:
     accountant = pld_privacy_accountant.PLDAccountant(
         neighboring_relation=ADD_REMOVE, value_discretization_interval=1e-4
     )
-    for event in events:
+    for event in events_to_json(events):
         gaussian = dp_event.GaussianDpEvent(event["noise_multiplier"])
         if event["type"] == "poisson_gaussian":
             accountant.compose(

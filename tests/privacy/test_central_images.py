@@ -5,12 +5,14 @@ the warm start through the training loop (PGE), exactly once per run, resume inc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from dpsynth.privacy.accounting.dpsgd_plan import plan_poisson_gaussian
+from dpsynth.privacy.accounting.events import events_to_json
 from dpsynth.privacy.accounting.plan import PrivacyTarget
 from dpsynth.privacy.releases.central import (
     CentralImagesPlan,
@@ -27,7 +29,7 @@ def _pld_epsilon(events: list[dict], delta: float) -> float:
     dp_event = pytest.importorskip("dp_accounting.dp_event")
     pld = pytest.importorskip("dp_accounting.pld.pld_privacy_accountant")
     accountant = pld.PLDAccountant()
-    for event in events:
+    for event in events_to_json(events):
         if event["type"] == "gaussian":
             accountant.compose(
                 dp_event.GaussianDpEvent(event["noise_multiplier"]), int(event["count"])
@@ -102,7 +104,7 @@ def test_budget_split_and_composition_against_dp_accounting(epsilon: float, shar
         target, 1400, 256, 50, 1.0, share=share, clip_norm=8.0, count_weight=0.5
     )
     release = central_plan_in(plan.events)
-    assert release is not None and plan.events[0]["mechanism"] == "central_images"
+    assert release is not None and plan.events[0].annotation("mechanism") == "central_images"
     release_alone = _pld_epsilon([plan.events[0]], 1e-5)
     assert release_alone == pytest.approx(share * epsilon, rel=0.02)
     reference = _pld_epsilon(list(plan.events), 1e-5)
@@ -130,7 +132,7 @@ def test_progress_epsilon_includes_the_release_from_the_first_step() -> None:
     shown = [curve.at(t) for t in steps]
     assert shown == sorted(shown) and shown[-1] == plan.epsilon_bound
     for t, value in zip(steps[:-1], shown[:-1], strict=True):  # an upper bound at every t
-        prefix = {**plan.events[1], "steps": t}
+        prefix = dataclasses.replace(plan.events[1], steps=t)
         assert value >= _pld_epsilon([plan.events[0], prefix], 1e-5) * 0.999
 
 
@@ -234,7 +236,7 @@ def test_clip_zero_is_the_largest_norm_in_the_unit_box(method_name: str, shape) 
 
 def test_audit_runs_a_plan_with_the_release() -> None:
     """The white-box audit takes the release's `gaussian` event as a full-batch step."""
-    from dpsynth.audit.whitebox import mechanism_steps
+    from dpsynth.auditing.whitebox import mechanism_steps
 
     plan = plan_dpsgd_with_central_images(
         PrivacyTarget(10.0, 1e-5), 1437, 256, 100, 1.0, share=0.3, clip_norm=8.0

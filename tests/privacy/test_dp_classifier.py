@@ -15,6 +15,7 @@ from torch import nn
 
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.events import DpEvent, Gaussian
 from dpsynth.privacy.releases import classifier
 from dpsynth.privacy.releases.classifier import (
     ClassifierPlan,
@@ -27,7 +28,8 @@ from dpsynth.privacy.releases.classifier import (
 )
 
 
-def _pld_epsilon(event: dict, delta: float) -> float:
+def _pld_epsilon(typed: DpEvent, delta: float) -> float:
+    event = typed.to_json()
     accountant = pld_privacy_accountant.PLDAccountant(
         neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
         value_discretization_interval=1e-4,
@@ -45,13 +47,13 @@ def test_the_reference_schedules_plan_meets_its_target_under_an_independent_acco
     schedule = ClassifierSchedule(batch_size=256, epochs=15, lr=5e-3, max_grad_norm=1.0)
     plan = plan_classifier(epsilon, 1e-5, 4000, schedule)
     event = plan.event()
-    assert event["type"] == "poisson_gaussian" and event["mechanism"] == "dp_classifier"
+    assert event.kind == "poisson_gaussian" and event.annotation("mechanism") == "dp_classifier"
     assert plan.sampling_rate == pytest.approx(256 / 4000)
     assert plan.steps == round(15 * 4000 / 256)
     ours = compose_epsilon([event], 1e-5).epsilon
     assert epsilon * 0.99 <= ours <= epsilon  # spends (nearly) all of it, never more
     assert _pld_epsilon(event, 1e-5) <= epsilon * 1.002
-    assert classifier_plan_in([{"type": "gaussian"}, event], 4000) == plan
+    assert classifier_plan_in([Gaussian(1.0), event], 4000) == plan
 
 
 def test_a_prior_spend_leaves_less_and_inf_is_not_private():
@@ -62,7 +64,7 @@ def test_a_prior_spend_leaves_less_and_inf_is_not_private():
     assert after.noise_multiplier > alone.noise_multiplier
     assert compose_epsilon([*prior, after.event()], 1e-5).epsilon <= 2.0
     free = plan_classifier(math.inf, 1e-5, 1000, schedule)
-    assert not free.private and free.event()["type"] == "non_private"
+    assert not free.private and free.event().kind == "non_private"
     with pytest.raises(UsageError):
         plan_classifier(1.0, 1e-5, 1000, ClassifierSchedule(lr=0.0))
 

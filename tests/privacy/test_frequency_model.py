@@ -15,6 +15,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.privacy.accounting.dpsgd_plan import plan_poisson_gaussian
+from dpsynth.privacy.accounting.events import events_to_json
 from dpsynth.privacy.accounting.plan import PrivacyTarget
 from dpsynth.privacy.releases.frequency import (
     FrequencyPlan,
@@ -146,7 +147,7 @@ def _pld(events: list[dict], delta: float) -> float:
         neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
         value_discretization_interval=1e-4,
     )
-    for e in events:
+    for e in events_to_json(events):
         gaussian = dp_event.GaussianDpEvent(e["noise_multiplier"])
         if e["type"] == "gaussian":
             accountant.compose(gaussian, e["count"])
@@ -177,4 +178,4 @@ def test_the_release_takes_its_share_and_composes_with_the_run_under_the_target(
         PrivacyTarget(math.inf, 1e-5), FrequencyPlan(1.0, 4, 2.0, 0.5, "class"), 0.5,
         lambda prior: plan_poisson_gaussian(PrivacyTarget(math.inf, 1e-5), 100, 10, 5, 1.0),
     )  # fmt: skip
-    assert free.events[0]["type"] == "non_private"
+    assert free.events[0].kind == "non_private"

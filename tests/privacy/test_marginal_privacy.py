@@ -27,8 +27,13 @@ from dpsynth.errors import BudgetExceededError
 from dpsynth.privacy.accounting import compose as accounting
 from dpsynth.privacy.accounting import rdp
 from dpsynth.privacy.accounting.compose import compose_epsilon
-from dpsynth.privacy.accounting.marginal_plan import calibrate_marginal_schedule, schedule_events
-from dpsynth.privacy.mechanisms.marginal_measure import MarginalQueries, marginal_counts
+from dpsynth.privacy.accounting.events import events_to_json
+from dpsynth.privacy.accounting.marginal_plan import calibrate_marginal_schedule
+from dpsynth.privacy.mechanisms.marginal_measure import (
+    MarginalQueries,
+    marginal_counts,
+    schedule_events,
+)
 from dpsynth.privacy.mechanisms.selection import exponential_mechanism
 
 SIZES = (3, 4, 2, 5)
@@ -42,7 +47,7 @@ def _table(n: int, seed: int) -> np.ndarray:
 def reference_epsilon(events: list[dict], delta: float) -> float:
     """dp-accounting's PLD ε: Gaussian measurements and randomized-response selections."""
     composed = None
-    for event in events:
+    for event in events_to_json(events):
         if event["type"] == "gaussian":
             one = pld.from_gaussian_mechanism(
                 event["noise_multiplier"], value_discretization_interval=1e-4
@@ -195,6 +200,8 @@ def test_calibrated_schedule_is_valid_and_tight(epsilon, delta, measurements, se
         schedule.noise_multiplier, schedule.selection_epsilon, measurements, selections
     )
     assert schedule.epsilon <= epsilon
+    # the ledger's events (annotated) compose to the ε the schedule was calibrated to
+    assert compose_epsilon(events, delta).epsilon == schedule.epsilon
     assert reference_epsilon(events, delta) <= epsilon * 1.002
     # 2% less noise everywhere already exceeds ε under the reference.
     louder = schedule_events(

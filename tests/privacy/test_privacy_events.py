@@ -1,6 +1,6 @@
-"""Typed mechanism events: frozen, one class per mechanism, read from and written to the
-dicts the ledger has always stored (so old ledgers keep verifying), and composed by the same
-accountant as before."""
+"""Typed mechanism events: plain frozen dataclasses, one class per mechanism (no mapping), read
+from and written to the dicts the ledger has always stored (so old ledgers keep verifying), and
+composed by the same accountant as before."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import pickle
+from collections.abc import Mapping
 
 import pytest
 
@@ -22,6 +23,7 @@ from dpsynth.privacy.accounting.events import (
     PureDp,
     ThresholdDelta,
     event_from_json,
+    events_to_json,
 )
 from dpsynth.privacy.accounting.plan import ClippedGaussianSum, PrivacyPlan
 from dpsynth.privacy.mechanisms.marginal_measure import measurement_event
@@ -47,8 +49,34 @@ def test_stored_dicts_round_trip_exactly(stored: dict) -> None:
     assert stored["type"] == type(event).KIND
     assert event.to_json() == stored
     assert json.dumps(event.to_json(), sort_keys=True) == json.dumps(stored, sort_keys=True)
-    assert event == stored and dict(event) == stored  # a read-only mapping over its JSON
-    assert pickle.loads(pickle.dumps(event)) == stored
+    assert event == event_from_json(json.loads(json.dumps(stored)))  # equal by its fields
+    assert pickle.loads(pickle.dumps(event)) == event
+    assert pickle.loads(pickle.dumps(event)).to_json() == stored
+
+
+def test_events_are_plain_dataclasses_not_mappings() -> None:
+    event = Gaussian(2.0, 3, annotations={"mechanism": "m"})
+    assert dataclasses.is_dataclass(event) and not isinstance(event, Mapping)
+    assert DpEvent.__mro__ == (DpEvent, object)
+    assert event != event.to_json()  # the dict is the ledger's form, not the event
+    assert event == Gaussian(2.0, 3, annotations=(("mechanism", "m"),))
+    assert event != Gaussian(2.0, 3) and hash(event) == hash(
+        Gaussian(2.0, 3, annotations=event.annotations)
+    )
+    assert (event.kind, event.annotation("mechanism"), event.annotation("x", 7)) == (
+        "gaussian",
+        "m",
+        7,
+    )
+    with pytest.raises(TypeError):
+        dict(event)  # type: ignore[call-overload]
+    with pytest.raises(TypeError):
+        _ = event["noise_multiplier"]  # type: ignore[index]
+    # typed events and stored dicts side by side, as the ledger's lines hold them
+    assert events_to_json([event, {"type": "pure_dp", "epsilon": 0.1}]) == [
+        {"type": "gaussian", "noise_multiplier": 2.0, "count": 3, "mechanism": "m"},
+        {"type": "pure_dp", "epsilon": 0.1},
+    ]
 
 
 def test_events_are_frozen_and_typed() -> None:
@@ -57,10 +85,11 @@ def test_events_are_frozen_and_typed() -> None:
         event.steps = 11  # type: ignore[misc]
     with pytest.raises(TypeError):
         event["steps"] = 11  # type: ignore[index]
-    assert event["mechanism"] == "m" and event.noise_multiplier == 1.0
+    assert event.annotation("mechanism") == "m" and event.noise_multiplier == 1.0
     # annotations describe an event and never change its ε
     described = event_from_json({**event.to_json(), "stage": "x"})
-    assert described["stage"] == "x" and described.composition() == event.composition()
+    assert described.annotation("stage") == "x"
+    assert described.composition() == event.composition()
 
 
 def test_composition_is_the_same_for_dicts_and_typed_events() -> None:

@@ -21,6 +21,7 @@ from dpsynth.privacy.accounting import compose as accounting
 from dpsynth.privacy.accounting import prv, prv_mesh, rdp
 from dpsynth.privacy.accounting.calibration import calibrate_noise
 from dpsynth.privacy.accounting.compose import compose_epsilon, poisson_gaussian_event
+from dpsynth.privacy.accounting.events import events_to_json
 
 CASES = [
     # (groups of (kind, σ, q), counts, δ)
@@ -71,7 +72,7 @@ def pessimistic_pld_epsilon(events, delta, interval=1e-4):
         neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
         value_discretization_interval=interval,
     )
-    for event in events:
+    for event in events_to_json(events):
         gaussian = dp_event.GaussianDpEvent(event["noise_multiplier"])
         if event["type"] == "poisson_gaussian":
             accountant.compose(

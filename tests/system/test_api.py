@@ -171,13 +171,14 @@ def test_audit_wraps_the_white_box_audit() -> None:
     assert result.to_json()["method"] == "dpkernel"
 
 
-def test_evaluate_and_audit_stay_subpackages_for_attribute_access() -> None:
-    import dpsynth.audit.planned_audit
-    import dpsynth.evaluate.report
+def test_evaluate_and_audit_stay_functions_beside_their_subpackages() -> None:
+    import dpsynth.auditing.planned_audit
+    import dpsynth.evaluation.report
 
-    assert dpsynth.evaluate.report.run_evaluation is not None
-    assert dpsynth.audit.planned_audit.run_audit is not None
+    assert dpsynth.evaluation.report.run_evaluation is not None
+    assert dpsynth.auditing.planned_audit.run_audit is not None
     assert callable(dpsynth.evaluate) and "synthetic" in dpsynth.evaluate.__doc__
+    assert dpsynth.audit is dpsynth.api.audit and dpsynth.evaluate is dpsynth.api.evaluate
 
 
 @pytest.mark.parametrize(

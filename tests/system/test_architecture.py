@@ -8,9 +8,15 @@
   `methods.registry` and the shared `methods.blocks` are not methods); only the registry lists
   them all.
 - Nothing imports the CLI, and only the CLI prints (no `print(` elsewhere in the package).
-- The floors, top to bottom: cli → api → evaluate / audit → sampling → training → methods →
-  data / privacy / ledger and the foundations → errors; a module imports only its own floor
-  and those below.
+- The floors, top to bottom: cli → api → evaluation / auditing → sampling → training →
+  methods → data / privacy / ledger and the foundations → errors; a module imports only its own
+  floor and those below.
+- Inside `dpsynth.privacy` the same holds for its sub-packages: releases → mechanisms →
+  accounting (the events are accounting's); the package's own `__init__` imports none of them.
+- The package root `dpsynth` is a foundation (floor 0): it imports only `dpsynth.errors` at
+  import time. Its one reference upwards is its public face, the PEP 562 `__getattr__` that
+  imports `dpsynth.api` when an API name (`dpsynth.train`, ...) is first used, so a module below
+  the API may take only `__version__` and the errors from the root, never an API name.
 - No module imports in a circle (lazy imports inside functions count too).
 """
 
@@ -22,7 +28,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "dpsynth"
-SHARED_METHOD_MODULES = {"base", "template", "registry", "blocks"}
+SHARED_METHOD_MODULES = {"base", "sampler", "settings", "template", "registry", "blocks"}
 
 
 def _module_name(path: Path) -> str:
@@ -81,20 +87,41 @@ def _allowed(importer: str, imported: str) -> bool:
 FLOORS = (
     ("dpsynth.errors", 0),
     *((name, 1) for name in (
-        "dpsynth.privacy", "dpsynth.ledger", "dpsynth.data", "dpsynth.rundir", "dpsynth.outdir",
-        "dpsynth.distributed", "dpsynth.threads",
+        "dpsynth.privacy", "dpsynth.ledger", "dpsynth.data", "dpsynth.rundir",
+        "dpsynth.staging", "dpsynth.distributed", "dpsynth.threads",
     )),
     ("dpsynth.methods", 2),
     ("dpsynth.training", 3),
     ("dpsynth.sampling", 4),
-    ("dpsynth.evaluate", 5),
-    ("dpsynth.audit", 5),
+    ("dpsynth.evaluation", 5),
+    ("dpsynth.auditing", 5),
     ("dpsynth.api", 6),
     ("dpsynth.cli", 7),
 )  # fmt: skip
 
 
+ROOT = PACKAGE / "__init__.py"
+
+
+def _root_api_names() -> set[str]:
+    """The names the root resolves lazily from `dpsynth.api` (its `_API` tuple)."""
+    for node in ast.parse(ROOT.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_API" for t in node.targets
+        ):
+            return {elt.value for elt in node.value.elts}  # type: ignore[attr-defined]
+    raise AssertionError("dpsynth/__init__.py has no _API tuple")
+
+
+API_FLOOR = dict(FLOORS)["dpsynth.api"]
+ROOT_API = frozenset(f"dpsynth.{name}" for name in _root_api_names())
+
+
 def _floor(module: str) -> int | None:
+    if module in ROOT_API:  # `from dpsynth import train`: the API, through the root's face
+        return API_FLOOR
+    if module == "dpsynth" or module.startswith("dpsynth.__"):  # the root and its __version__
+        return 0
     for prefix, floor in FLOORS:
         if module == prefix or module.startswith(prefix + "."):
             return floor
@@ -207,9 +234,9 @@ def test_the_cycle_check_finds_a_circle() -> None:
 def test_no_module_imports_in_a_circle() -> None:
     modules = {_module_name(p) for p in _sources()}
     graph = {_module_name(p): _module_edges(p, modules) for p in _sources()}
-    # the edges resolve submodules: evaluate.report reaches sampling through the package
-    assert "dpsynth.sampling" in graph["dpsynth.evaluate.report"]
-    assert "dpsynth.evaluate.downstream" in graph["dpsynth.evaluate.report"]
+    # the edges resolve submodules: evaluation.report reaches sampling through the package
+    assert "dpsynth.sampling" in graph["dpsynth.evaluation.report"]
+    assert "dpsynth.evaluation.downstream" in graph["dpsynth.evaluation.report"]
     cycle = _find_cycle(graph)
     assert cycle is None, "import circle: " + " → ".join(cycle or [])
 
@@ -217,12 +244,77 @@ def test_no_module_imports_in_a_circle() -> None:
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: _module_name(p))
 def test_every_module_has_a_floor_and_imports_only_below_it(path: Path) -> None:
     importer = _module_name(path)
-    if importer == "dpsynth":  # the package's front door: the API, imported lazily
-        return
     floor = _floor(importer)
     assert floor is not None, f"{importer} is on no floor: add it to FLOORS and ARCHITECTURE.md"
     above = sorted(n for n in _imports(path) if (_floor(n) or 0) > floor)
     assert not above, f"{importer} (floor {floor}) imports {above} from a floor above it"
+
+
+def test_the_root_floor_counts_api_names_as_the_api() -> None:
+    assert _floor("dpsynth") == 0 and _floor("dpsynth.__version__") == 0
+    assert _floor("dpsynth.train") == _floor("dpsynth.evaluate") == API_FLOOR
+    assert _floor("dpsynth.evaluation.report") == _floor("dpsynth.auditing") == 5
+    assert {"dpsynth.Ledger", "dpsynth.audit", "dpsynth.Synthesizer"} <= ROOT_API
+
+
+def test_the_package_root_imports_only_the_errors_and_the_api_on_first_use() -> None:
+    """The root's eager imports are foundations; `importlib.import_module` is called once,
+    inside the module `__getattr__`, with `dpsynth.api` (the lazy re-export of the API)."""
+    tree = ast.parse(ROOT.read_text(encoding="utf-8"))
+    eager = {name for name in _imports(ROOT) if name != "dpsynth"}
+    assert eager and all(_floor(name) == 0 for name in eager), sorted(eager)
+    assert not any(isinstance(node, ast.ClassDef) for node in tree.body)  # no module class
+    lazy = [
+        (function.name, call.args[0].value if call.args else None)
+        for function in tree.body
+        if isinstance(function, ast.FunctionDef)
+        for call in ast.walk(function)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "import_module"
+    ]
+    assert lazy == [("__getattr__", "dpsynth.api")]
+    assert "sys.modules" not in ROOT.read_text(encoding="utf-8")
+
+
+# Inside dpsynth.privacy, bottom to top: a sub-package imports only its own and those below.
+PRIVACY_LAYERS = ("accounting", "mechanisms", "releases")
+
+
+def _privacy_layer(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) < 3 or parts[:2] != ["dpsynth", "privacy"]:
+        return None
+    return PRIVACY_LAYERS.index(parts[2]) if parts[2] in PRIVACY_LAYERS else None
+
+
+def _privacy_sources() -> list[Path]:
+    return [p for p in _sources() if _module_name(p).startswith("dpsynth.privacy")]
+
+
+def test_the_privacy_layers_are_every_privacy_module() -> None:
+    modules = {_module_name(p) for p in _privacy_sources()}
+    assert {"dpsynth.privacy.accounting.events", "dpsynth.privacy.releases.frequency"} <= modules
+    assert {m for m in modules if _privacy_layer(m) is None} == {"dpsynth.privacy"}
+    init = PACKAGE / "privacy" / "__init__.py"
+    assert not _imports(init), "dpsynth.privacy's __init__ imports nothing"
+
+
+@pytest.mark.parametrize("path", _privacy_sources(), ids=lambda p: _module_name(p))
+def test_privacy_imports_only_its_own_layer_and_below(path: Path) -> None:
+    importer = _module_name(path)
+    layer = _privacy_layer(importer)
+    if layer is None:
+        return
+    above = sorted(n for n in _imports(path) if (_privacy_layer(n) or 0) > layer)
+    names = " → ".join(reversed(PRIVACY_LAYERS))
+    assert not above, f"{importer} imports {above} from a privacy layer above it ({names})"
+
+
+def test_the_privacy_layer_check_sees_an_upward_import() -> None:
+    assert _privacy_layer("dpsynth.privacy.releases.classifier") == 2
+    assert _privacy_layer("dpsynth.privacy.accounting.plan_check") == 0
+    assert _privacy_layer("dpsynth.privacy") is None and _privacy_layer("dpsynth.errors") is None
 
 
 MAX_MODULE_LINES = 400  # small modules with one idea each (ARCHITECTURE.md)

@@ -29,8 +29,8 @@ from typer.testing import CliRunner
 from dpsynth.cli import app
 from dpsynth.ledger import Ledger
 from dpsynth.ledger import spends as ledger_module
-from dpsynth.outdir import remove_stale_staging
 from dpsynth.sampling import generate, label_chunks, parse_labels, sample_run
+from dpsynth.staging import remove_stale_staging
 from dpsynth.training import train_run
 
 runner = CliRunner()

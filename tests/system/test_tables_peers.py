@@ -18,7 +18,7 @@ import pytest
 from dpsynth.data.schema_file import read_schema
 from dpsynth.data.sources import read_table
 from dpsynth.data.table_codec import RawTable, read_csv_table
-from dpsynth.evaluate.marginals import discretise, marginal_columns
+from dpsynth.evaluation.marginals import discretise, marginal_columns
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 

@@ -20,6 +20,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.data.schema_file import parse_schema
 from dpsynth.ledger import Ledger
 from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.events import events_to_json
 from dpsynth.privacy.mechanisms.histograms import (
     CLASS_WEIGHT_FLOOR,
     class_counts,
@@ -53,7 +54,7 @@ def _reference_epsilon(events: list[dict], delta: float) -> float:
     pld = pytest.importorskip("dp_accounting.pld.pld_privacy_accountant")
     accountant = pld.PLDAccountant()
     threshold = 0.0
-    for event in events:
+    for event in events_to_json(events):
         if event["type"] == "gaussian":
             accountant.compose(
                 dp_event.GaussianDpEvent(event["noise_multiplier"]), int(event["count"])
@@ -84,7 +85,7 @@ def test_class_histogram_sensitivity_one_and_noise_std() -> None:
     assert (class_counts(labels[1:], classes) - counts).tolist() == [-1, 0, 0]
     plan = plan_class_weights_release(0.5, 1e-5)
     assert plan.noise_std == plan.noise_multiplier  # sensitivity 1
-    assert [e["type"] for e in plan.events] == ["gaussian"]
+    assert [e.kind for e in plan.events] == ["gaussian"]
     assert compose_epsilon(list(plan.events), 1e-5).epsilon <= 0.5 + 1e-9
     assert _reference_epsilon(list(plan.events), 1e-5) <= 0.5 * 1.01
     # the release is exactly counts + N(0, σ²) then post-processing, with the planned std

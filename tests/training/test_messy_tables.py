@@ -305,7 +305,7 @@ def test_schema_release_plan_is_one_sensitivity_one_gaussian_per_round() -> None
     ):
         ratio = (plan.category_noise_std / std) ** 2
         assert ratio == pytest.approx(NEEDS[kind] / NEEDS["category"])
-    assert plan.events[-1] == {"type": "gaussian", "noise_multiplier": sigma, "count": 3}
+    assert plan.events[-1].to_json() == {"type": "gaussian", "noise_multiplier": sigma, "count": 3}
     assert compose_epsilon(plan.events, 1e-6).epsilon <= 1.0
     from dp_accounting import dp_event
     from dp_accounting.pld import pld_privacy_accountant
@@ -407,7 +407,7 @@ def test_shape_round_trims_a_coarse_range_to_where_the_rows_are() -> None:
 def test_classifiers_score_real_rows_through_the_released_category_list() -> None:
     """A real table scored against a released schema: its thousands of unlisted codes are
     the column's `other`, as in training (gradient boosting used to crash on them)."""
-    from dpsynth.evaluate.table_classifiers import classifier_scores, table_frame
+    from dpsynth.evaluation.table_classifiers import classifier_scores, table_frame
 
     rng = np.random.default_rng(0)
     rows = 600

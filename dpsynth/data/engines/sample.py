@@ -10,8 +10,8 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 
 from dpsynth.data.csvtable import RawTable
-from dpsynth.data.engines import memory_estimate, parquet_rows, table_files
-from dpsynth.data.engines.chunks import footer_rows, raw_from_batch
+from dpsynth.data.engines.choice import memory_estimate
+from dpsynth.data.engines.chunks import footer_rows, parquet_rows, raw_from_batch, table_files
 from dpsynth.data.engines.duckdb_engine import MIN_MEMORY_LIMIT
 from dpsynth.data.limits import memory_budget
 from dpsynth.data.sources import parse_spec, read_table

@@ -1,11 +1,11 @@
 """Pieces that more than one backend may use (never imported from a method's module).
 
-`TableHead`: the output activation of a generator of table rows. A table's encoding
-(`dpsynth.data.table_codec`) is a sequence of blocks, one per feature column: a one-hot block of
-k categories (`softmax`: the head outputs a distribution over them, which decoding samples)
-or one scaled number in [-1, 1] (`tanh`). A backend that opts into tables
-(`Method.modalities` includes "table") ends its generator with `TableHead(block_layout(info))`
-on D = info.shape[0] raw outputs.
+- `table_head`: `TableHead`, the output activation of a generator of table rows;
+- `latent_generator`: `LatentGenerator`, the sampler of a conditional generator G(z, y)
+  (dpaf, rdpgan, dpkernel; their networks are `ConditionalNet`s), and `one_hot_labels`, G's
+  label input;
+- `layers`: `mlp_layers` (the vector generators' MLP) and `dcgan_init`;
+- `loop_plan`: the plan of a private training loop once its events are calibrated.
 
 Two optional stages any image backend can put around its own mechanisms, each a share of ε
 with its own event in the run's plan, composed by PRV (`stages.plan_with_stages`):
@@ -13,18 +13,16 @@ with its own event in the run's plan, composed by PRV (`stages.plan_with_stages`
   0 and used as the backend's warm start (`FrequencyStart`);
 - `teacher`: the DP teacher, a classifier trained once with DP-SGD whose only use is choosing
   the backend's samples (`Teacher` in the trainer, `TeacherFilter` around the generator).
-With the frequency stage, `anchor.GeneratorAnchor` (`frequency_anchor` > 0) holds a GAN's
+With the frequency stage, `fit_penalty.FitPenalty` (`frequency_anchor` > 0) holds a GAN's
 generator near its fit to the model (post-processing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import torch
-from torch import nn
-
-from dpsynth.methods.blocks.anchor import GeneratorAnchor, check_anchor_config
+from dpsynth.methods.blocks.fit_penalty import FitPenalty, check_fit_penalty_config
+from dpsynth.methods.blocks.latent_generator import ConditionalNet, LatentGenerator, one_hot_labels
+from dpsynth.methods.blocks.layers import dcgan_init, mlp_layers
+from dpsynth.methods.blocks.loop_plan import loop_plan
 from dpsynth.methods.blocks.stages import (
     FREQUENCY_DEFAULTS,
     FrequencyStart,
@@ -34,6 +32,7 @@ from dpsynth.methods.blocks.stages import (
     plan_with_stages,
     stage_shares,
 )
+from dpsynth.methods.blocks.table_head import TableHead
 from dpsynth.methods.blocks.teacher import (
     HALF_BUDGET_TEACHER,
     NO_TEACHER,
@@ -55,57 +54,25 @@ __all__ = [
     "RELABELLING_TEACHER",
     "TEACHER_DEFAULTS",
     "TEACHER_FILTERS",
+    "ConditionalNet",
+    "FitPenalty",
     "FrequencyStart",
-    "GeneratorAnchor",
+    "LatentGenerator",
     "TableHead",
     "Teacher",
     "TeacherFilter",
     "TeacherNet",
-    "check_anchor_config",
+    "check_fit_penalty_config",
     "check_teacher_config",
+    "dcgan_init",
     "fit_generator_to_model",
     "frequency_plan",
+    "loop_plan",
+    "mlp_layers",
     "mmd_fit",
+    "one_hot_labels",
     "plan_with_stages",
     "stage_shares",
     "teacher_from_state",
     "teacher_schedule",
 ]
-
-
-class TableHead(nn.Module):
-    """Raw outputs [b, D] → encoded rows: softmax per categorical block, tanh per number."""
-
-    def __init__(self, layout: Sequence[tuple[str, int]], hard: bool = False) -> None:
-        super().__init__()
-        # hard: each categorical block is the one-hot of its argmax in the forward pass, with the
-        # softmax's gradient in the backward pass (straight-through), so generated rows are
-        # single categories like the data's, not averages of them.
-        self.hard = bool(hard)
-        self.layout = tuple((str(kind), int(size)) for kind, size in layout)
-        self.dim = sum(size for _, size in self.layout)
-        numeric = torch.zeros(self.dim, dtype=torch.bool)
-        start = 0
-        for kind, size in self.layout:
-            if kind not in ("softmax", "tanh"):
-                raise ValueError(f"unknown table block kind {kind!r}")
-            if kind == "tanh":
-                numeric[start : start + size] = True
-            start += size
-        self.register_buffer("numeric", numeric, persistent=False)
-
-    def forward(self, raw: torch.Tensor) -> torch.Tensor:
-        """Encoded rows [b, D] (blocks as the layout says)."""
-        parts, start = [], 0
-        for kind, size in self.layout:
-            chunk = raw[:, start : start + size]
-            start += size
-            if kind == "tanh":
-                parts.append(torch.tanh(chunk))
-                continue
-            soft = torch.softmax(chunk, dim=1)
-            if self.hard:
-                hard = torch.nn.functional.one_hot(soft.argmax(1), size).to(soft.dtype)
-                soft = hard - soft.detach() + soft
-            parts.append(soft)
-        return torch.cat(parts, dim=1)

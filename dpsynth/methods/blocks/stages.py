@@ -12,6 +12,7 @@ import torch
 
 from dpsynth.errors import UsageError
 from dpsynth.methods.blocks.teacher import check_teacher_config, teacher_schedule
+from dpsynth.privacy.accounting.events import AnyEvent
 from dpsynth.privacy.accounting.plan import PrivacyPlan, PrivacyTarget
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from dpsynth.privacy.releases.central import CentralImages
@@ -90,7 +91,7 @@ def plan_with_stages(
     info: Any,
     target: PrivacyTarget,
     config: Mapping[str, Any],
-    prior_events: tuple[dict[str, Any], ...],
+    prior_events: tuple[AnyEvent, ...],
     plan_rest: Callable[[PrivacyTarget, tuple[dict[str, Any], ...]], PrivacyPlan],
 ) -> PrivacyPlan:
     """`plan_rest(target, prior_events)` (the backend's own plan) with the optional shared

@@ -53,8 +53,13 @@ from typing import Any, ClassVar
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import SMALL_EPSILON, PrivacyPlan, PrivacyTarget, is_large_image
-from dpsynth.methods.blocks import check_anchor_config
+from dpsynth.methods.base import (
+    SMALL_EPSILON,
+    PlanFacts,
+    PrivacyPlan,
+    is_large_image,
+)
+from dpsynth.methods.blocks import check_fit_penalty_config
 from dpsynth.methods.dpaf.generator import DPAFGenerator
 from dpsynth.methods.dpaf.plan import plan_dpaf
 from dpsynth.methods.dpaf.presets import CHOICES, PRESETS
@@ -170,14 +175,8 @@ class DPAFMethod(StagedMethod):
             raise UsageError(f"--set grad_keep: must be in (0, 1], got {config['grad_keep']}")
         if min(info.shape[1], info.shape[2]) < 2:
             raise UsageError("dpaf needs images of at least 2×2 pixels")
-        check_anchor_config(config)
+        check_fit_penalty_config(config)
 
-    def plan_own(
-        self,
-        info: DataInfo,
-        target: PrivacyTarget,
-        config: Mapping[str, Any],
-        prior_events: tuple[dict[str, Any], ...] = (),
-    ) -> PrivacyPlan:
+    def plan_own(self, facts: PlanFacts) -> PrivacyPlan:
         """σ_w for c_steps + windows loop steps at q_w, or the once or paper plan (`plan.py`)."""
-        return plan_dpaf(info, target, config, prior_events)
+        return plan_dpaf(facts)

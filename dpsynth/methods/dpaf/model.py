@@ -17,6 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from dpsynth.methods.blocks import ConditionalNet
+
 _SIN_EPS = 1e-5
 
 
@@ -169,7 +171,7 @@ class Classifier(nn.Module):
         return self.head(self.features(x, onehot))
 
 
-class CondGenerator(nn.Module):
+class CondGenerator(ConditionalNet):
     """cDCGAN generator: (z ‖ one-hot) branches at 4×4 → doubling ConvT layers → tanh, cropped.
 
     BatchNorm is allowed here: the generator only ever sees its own samples.
@@ -178,10 +180,7 @@ class CondGenerator(nn.Module):
     def __init__(
         self, shape: tuple[int, int, int], num_classes: int, latent_dim: int, width: int
     ) -> None:
-        super().__init__()
-        self.shape = tuple(int(s) for s in shape)
-        self.num_classes = num_classes
-        self.latent_dim = latent_dim
+        super().__init__(shape, num_classes, latent_dim)
         side, upsamples = 8, 1
         while side < max(shape[1], shape[2]):
             side, upsamples = side * 2, upsamples + 1
@@ -215,14 +214,3 @@ class CondGenerator(nn.Module):
         top = (image.shape[2] - height) // 2
         left = (image.shape[3] - width) // 2
         return image[:, :, top : top + height, left : left + width]
-
-
-def init_weights(module: nn.Module) -> None:
-    """DCGAN init: conv and linear weights N(0, 0.02), BN γ N(1, 0.02), biases 0."""
-    if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)):
-        nn.init.normal_(module.weight, 0.0, 0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.BatchNorm2d):
-        nn.init.normal_(module.weight, 1.0, 0.02)
-        nn.init.zeros_(module.bias)

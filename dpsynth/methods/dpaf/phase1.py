@@ -7,7 +7,7 @@ import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from dpsynth.methods.dpaf.generator import one_hot_labels
+from dpsynth.methods.blocks import one_hot_labels
 from dpsynth.privacy.mechanisms.aggregation import private_gradient_sum, window_patterns
 from dpsynth.privacy.mechanisms.dpsgd import per_sample_grads
 

@@ -9,7 +9,7 @@ import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from dpsynth.methods.dpaf.generator import one_hot_labels
+from dpsynth.methods.blocks import one_hot_labels
 from dpsynth.privacy.mechanisms.aggregation import (
     noisy_feature_sum,
     private_gradient_sum,
@@ -46,7 +46,7 @@ class WindowSteps:
         return noisy / self.agg_normalizer
 
     def _generator_step(self) -> float:
-        """One G step on its loss (BCE through D, or matching), plus the frequency anchor's
+        """One G step on its loss (BCE through D, or matching), plus the fit penalty's
         pull when there is one; touches no data."""
         if self.match:
             return self._matching_step()
@@ -57,13 +57,8 @@ class WindowSteps:
             # the clean aggregate of the fake batch: the input D's head was trained on
             features = features.sum(0, keepdim=True) / self.agg_normalizer
         logits = self.head(features).squeeze(1)
-        loss = F.softplus(-logits).mean() + self.anchor.penalty(images, z, onehot)
-        grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
-        self.opt_g.zero_grad(set_to_none=True)
-        for p, g in zip(self.net_g.parameters(), grads, strict=True):
-            p.grad = g
-        self.opt_g.step()
-        return float(loss.detach())
+        loss = F.softplus(-logits).mean()
+        return self.fit_penalty.step_generator(self.net_g, self.opt_g, loss, (images, z, onehot))
 
     def _matching_step(self) -> float:
         """G matches its per-class mean features to the released real aggregates' (public).
@@ -71,7 +66,7 @@ class WindowSteps:
         The target of class c is block c of the running released sum divided by the block's
         noisy count coordinate; the generator's batch is balanced over the classes (labels
         public), so each class mean is over `g_batch / K` samples. With `frequency_anchor`,
-        plus λ · MSE of the images to the anchor's at the same latents.
+        plus λ · MSE of the images to the frozen fit's at the same latents.
         """
         targets = self.rows.class_means(self.released_sum)
         if targets is None:
@@ -86,13 +81,7 @@ class WindowSteps:
         h = self.features(images, onehot)
         fake_means = (onehot.t() @ h) / onehot.sum(0).clamp_min(1.0)[:, None]
         loss = (fake_means - targets).pow(2).sum(1).mean()
-        loss = loss + self.anchor.penalty(images, z, onehot)
-        grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
-        self.opt_g.zero_grad(set_to_none=True)
-        for p, g in zip(self.net_g.parameters(), grads, strict=True):
-            p.grad = g
-        self.opt_g.step()
-        return float(loss.detach())
+        return self.fit_penalty.step_generator(self.net_g, self.opt_g, loss, (images, z, onehot))
 
     def _window_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         onehot = one_hot_labels(y, self.num_classes)

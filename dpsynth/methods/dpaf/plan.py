@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import ClippedGaussianSum, PrivacyPlan, PrivacyTarget
+from dpsynth.methods.base import ClippedGaussianSum, PlanFacts, PrivacyPlan, PrivacyTarget
+from dpsynth.methods.blocks import loop_plan
 from dpsynth.privacy.accounting.calibration import calibrate_noise, gaussian_sigma_for_share
 from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.privacy.accounting.events import DpEvent, Gaussian, NonPrivate, PoissonGaussian
@@ -41,13 +42,9 @@ def noise_ratio(config: Mapping[str, Any]) -> float:
     return float(config["noise_ratio"]) if config["train_conv2"] else 0.0
 
 
-def plan_dpaf(
-    info: DataInfo,
-    target: PrivacyTarget,
-    config: Mapping[str, Any],
-    prior_events: tuple[dict[str, Any], ...] = (),
-) -> PrivacyPlan:
+def plan_dpaf(facts: PlanFacts) -> PrivacyPlan:
     """σ_w for c_steps + windows loop steps at q_w; two events (phase 1, phase 2)."""
+    info, target, config, prior_events = facts.unpacked()
     batch, window = int(config["batch_size"]), int(config["window"])
     c_steps, windows = int(config["c_steps"]), int(config["windows"])
     q = min(1.0, batch / info.n)
@@ -58,7 +55,7 @@ def plan_dpaf(
     if config["mode"] == "paper":
         return _paper_plan(info, target, config, q_w)
     if config["phase2_release"] == "once":
-        return _once_plan(info, target, config, prior_events)
+        return _once_plan(facts)
     cal = calibrate_noise(target.epsilon, target.delta, q_w, steps, prior_events)
     sigma_w = cal.noise_multiplier
     agg_sigma, conv2_sigma = split_window_noise(sigma_w, window, noise_ratio(config))
@@ -90,28 +87,12 @@ def plan_dpaf(
         "phase 2 accounted with the " + WINDOW_ACCOUNTING_NOTE,
         *cal.notes,
     )
-    return PrivacyPlan(
-        private=True,
-        target_epsilon=float(target.epsilon),
-        delta=target.delta,
-        sampling_rate=q_w,
-        steps=steps,
-        expected_batch_size=q_w * info.n,
-        events=tuple(events),
-        epsilon_bound=cal.epsilon,
-        total_epsilon_bound=cal.total_epsilon,
-        accountant=cal.accountant,
-        gaussian_sum=ClippedGaussianSum(sigma_w, float(config["clip_conv2"])),
-        notes=notes,
-    )
+    bounds = (cal.epsilon, cal.total_epsilon, cal.accountant)
+    clipped = ClippedGaussianSum(sigma_w, float(config["clip_conv2"]))
+    return loop_plan(target, (q_w, steps, info.n), events, bounds, clipped, notes)
 
 
-def _once_plan(
-    info: DataInfo,
-    target: PrivacyTarget,
-    config: Mapping[str, Any],
-    prior_events: tuple[dict[str, Any], ...],
-) -> PrivacyPlan:
+def _once_plan(facts: PlanFacts) -> PrivacyPlan:
     """`phase2_release=once`: phase 1 (c_steps DP-SGD steps at q = B/N) and ONE Gaussian
     release of the whole data set's per-class feature sums (`noisy_group_sums`).
 
@@ -120,6 +101,7 @@ def _once_plan(
     release + phase 1 compose (PRV) to at most ε. The windows that follow are generator
     steps on the release only: they read no data and cost nothing.
     """
+    info, target, config, prior_events = facts.unpacked()
     c_steps, windows = int(config["c_steps"]), int(config["windows"])
     q = min(1.0, int(config["batch_size"]) / info.n)
     delta = target.delta
@@ -141,24 +123,14 @@ def _once_plan(
     events.append(release)
     alone = compose_epsilon(events, delta)
     total = compose_epsilon([*prior_events, *events], delta) if prior_events else alone
-    return PrivacyPlan(
-        private=True,
-        target_epsilon=float(target.epsilon),
-        delta=delta,
-        sampling_rate=q,
-        steps=c_steps + windows,
-        expected_batch_size=q * info.n,
-        events=tuple(events),
-        epsilon_bound=alone.epsilon,
-        total_epsilon_bound=total.epsilon,
-        accountant=alone.accountant,
-        gaussian_sum=ClippedGaussianSum(sigma_c, float(config["clip_c"])),
-        notes=(
-            f"phase 2 released once: per-class feature sums, Gaussian σ = {sigma_once:.4g}"
-            + (f"; phase-1 σ = {sigma_c:.4g} (q = {q:.4g}, {c_steps} steps)" if c_steps else "")
-            + f"; then {windows} generator steps on the release (no data read)",
-        ),
+    note = (
+        f"phase 2 released once: per-class feature sums, Gaussian σ = {sigma_once:.4g}"
+        + (f"; phase-1 σ = {sigma_c:.4g} (q = {q:.4g}, {c_steps} steps)" if c_steps else "")
+        + f"; then {windows} generator steps on the release (no data read)"
     )
+    bounds = (alone.epsilon, total.epsilon, alone.accountant)
+    clipped = ClippedGaussianSum(sigma_c, float(config["clip_c"]))
+    return loop_plan(target, (q, c_steps + windows, info.n), events, bounds, clipped, (note,))
 
 
 def _paper_plan(
@@ -212,17 +184,10 @@ def _paper_plan(
         "agg_noise_multiplier": sigma_agg,
         "conv2_noise_multiplier": sigma_conv2,
     })  # fmt: skip
-    loop = NonPrivate(annotations={"sampling_rate": q_w, "steps": steps})
-    return PrivacyPlan(
-        private=False,
-        target_epsilon=math.inf,
-        delta=delta,
-        sampling_rate=q_w,
-        steps=steps,
-        expected_batch_size=q_w * info.n,
-        events=(loop, label),
-        epsilon_bound=math.inf,
-        total_epsilon_bound=math.inf,
+    loop = PrivacyPlan.non_private_loop(delta, q_w, steps, info.n)  # its one event first
+    return replace(
+        loop,
+        events=(*loop.events, label),
         accountant=f"none ({NOT_DP_LABEL})",
         gaussian_sum=ClippedGaussianSum(0.0, float(config["clip_conv2"])),
         notes=(

@@ -62,7 +62,7 @@ _COMMON: dict[str, Any] = {
     "phase2_release": "windows",
     "release_share": 0.5,
     # With the frequency stage: λ of the pull towards G as fitted to the model
-    # (`blocks.anchor`; 0: off).
+    # (`blocks.fit_penalty`; 0: off).
     "frequency_anchor": 0.0,
 }
 

@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
-from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import PrivacyPlan, sample_truncation
-from dpsynth.methods.blocks import GeneratorAnchor, fit_generator_to_model
-from dpsynth.methods.dpaf.generator import (
-    DPAFGenerator,
-    build_features,
-    build_generator,
-    one_hot_labels,
-)
-from dpsynth.methods.dpaf.model import AggregateRows, Classifier, Head, init_weights
+from dpsynth.methods.blocks import FitPenalty, dcgan_init, fit_generator_to_model, one_hot_labels
+from dpsynth.methods.dpaf.generator import DPAFGenerator, build_features, build_generator
+from dpsynth.methods.dpaf.model import AggregateRows, Classifier, Head
 from dpsynth.methods.dpaf.phase1 import Phase1Steps
 from dpsynth.methods.dpaf.phase2 import WindowSteps
 from dpsynth.methods.dpaf.plan import ONCE_PHASE, noise_ratio
@@ -47,16 +39,9 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
     # Functions of the released noisy aggregates, of public weights and of generated samples.
     released_stats = ("d_loss", "g_loss")
 
-    def __init__(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> None:
-        randomness = self.start(info, config, plan, device, seed, randomness)
+    def setup(self, randomness: PrivateRandomness) -> None:
+        """C, the split discriminator, the generator, their optimisers and secret streams."""
+        info, config, plan, seed = self.info, self.config, self.plan, self.seed
         self.num_classes = len(info.classes)
         self.batch_size = int(config["batch_size"])
         self.window = int(config["window"])
@@ -70,17 +55,17 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
         self.use_head = not self.match or self.train_conv2
         self.paper = config["mode"] == "paper"
         self.once = config["phase2_release"] == "once"
-        paper_event = next((e for e in plan.events if e.get("label") == NOT_DP_LABEL), None)
-        once_event = next((e for e in plan.events if e.get("phase") == ONCE_PHASE), None)
+        paper_event = next((e for e in plan.events if e.annotation("label") == NOT_DP_LABEL), None)
+        once_event = next((e for e in plan.events if e.annotation("phase") == ONCE_PHASE), None)
         if (self.paper or self.once) and is_data_parallel():
             raise UsageError("--set mode=paper and phase2_release=once run in one process only")
         # The noise multiplier of the one release of phase2_release=once (0: not private).
-        self.once_sigma = float(once_event["noise_multiplier"]) if once_event else 0.0
+        self.once_sigma = float(once_event.to_json()["noise_multiplier"]) if once_event else 0.0
         if paper_event is not None:
             # The paper's own noise (not a DP guarantee; the plan is labelled so).
-            self.c_sigma = float(paper_event["c_noise_multiplier"])
-            self.agg_sigma = float(paper_event["agg_noise_multiplier"])
-            self.conv2_sigma = float(paper_event["conv2_noise_multiplier"])
+            self.c_sigma = float(paper_event.annotation("c_noise_multiplier"))
+            self.agg_sigma = float(paper_event.annotation("agg_noise_multiplier"))
+            self.conv2_sigma = float(paper_event.annotation("conv2_noise_multiplier"))
             self.clip_conv2 = float(config["clip_conv2"])
         elif plan.private:
             window_sigma = float(plan.noise_multiplier)
@@ -109,7 +94,7 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
             )
             for module in (self.features, self.head, self.net_g, self.classifier):
                 if module is not None:
-                    module.apply(init_weights)
+                    module.apply(dcgan_init)
         for p in self.features.conv1_parameters():  # conv1 never trains inside D
             p.requires_grad_(False)
         self.conv2_params = dict(
@@ -150,7 +135,7 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
         self.released_sum = torch.zeros(self.rows.dim, device=self.device)
         # `frequency_anchor` > 0: G as fitted to the DP frequency model, frozen (`warm_start`),
         # which every generator step is pulled towards at the same latents.
-        self.anchor = GeneratorAnchor(config)
+        self.fit_penalty = FitPenalty(config)
         self.start_stages(randomness)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
@@ -207,10 +192,10 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
     def warm_start(self, release: CentralImages) -> None:
         """Before the first DP step: fit G to a DP release, the frequency model's samples
         (`frequency_fit_steps`; post-processing of the release, public latents), and with
-        `frequency_anchor` > 0 keep a frozen copy of the fit as the anchor."""
+        `frequency_anchor` > 0 keep a frozen copy of the fit for the fit penalty."""
         steps = int(self.config["frequency_fit_steps"])
         fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
-        self.anchor.take(self.net_g)
+        self.fit_penalty.take(self.net_g)
 
     def public_uses(self, labelled: bool) -> tuple[str, ...]:
         """The phase-1 classifier C (labelled images, `c_steps` > 0, `mode=strict`,
@@ -247,7 +232,7 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
 
     def _modules(self) -> dict[str, torch.nn.Module]:
         out = {"features": self.features, "head": self.head, "generator": self.net_g}
-        out |= self.anchor.modules()
+        out |= self.fit_penalty.modules()
         if self.classifier is not None:
             out["classifier"] = self.classifier
         return out
@@ -273,12 +258,10 @@ class DPAFTrainer(Phase1Steps, WindowSteps, StagedTrainer):
         self.released_sum = tensors["trainer.released_sum"].to(self.device).clone()
         if self.steps_done >= self.c_steps and self.classifier is not None:
             self.classifier = self.opt_c = self.private_c = None  # phase 1 was over
-        if GeneratorAnchor.in_checkpoint(tensors):
-            self.anchor.restore(self.net_g)
+        if FitPenalty.in_checkpoint(tensors):
+            self.fit_penalty.restore(self.net_g)
         load_module_tensors(tensors, self._modules(), self._optimizers(), self.device)
 
     def own_generator(self) -> DPAFGenerator:
         """A sampler over a copy of the current generator weights."""
-        net = build_generator(self.info, self.config)
-        net.load_state_dict(self.net_g.state_dict())
-        return DPAFGenerator(net, self.info.classes, self.device, sample_truncation(self.config))
+        return DPAFGenerator.loaded(self.net_g.state_dict(), self.info, self.config, self.device)

@@ -29,7 +29,12 @@ from typing import Any
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import SMALL_EPSILON, PrivacyPlan, PrivacyTarget, is_large_image
+from dpsynth.methods.base import (
+    SMALL_EPSILON,
+    PlanFacts,
+    PrivacyPlan,
+    is_large_image,
+)
 from dpsynth.methods.dpkernel.generator import DPKernelGenerator
 from dpsynth.methods.dpkernel.labels import target_weights
 from dpsynth.methods.dpkernel.presets import PRESETS, TABLE_PRESETS
@@ -166,15 +171,10 @@ class DPKernelMethod(StagedMethod):
             if key in config and config[key] not in allowed:
                 raise UsageError(f"--set {key}={config[key]!r}: choose from {', '.join(allowed)}")
 
-    def plan_own(
-        self,
-        info: DataInfo,
-        target: PrivacyTarget,
-        config: Mapping[str, Any],
-        prior_events: tuple[dict[str, Any], ...] = (),
-    ) -> PrivacyPlan:
+    def plan_own(self, facts: PlanFacts) -> PrivacyPlan:
         """One `poisson_gaussian` event (σ, q = B/N, T): the σ the trainer's GP noise uses."""
+        config = facts.config
         expected = functional_sensitivity(len(config["bandwidths"]), config["sensitivity"])
         if not math.isclose(float(config["max_grad_norm"]), expected):
             raise UsageError("max_grad_norm does not match the kernel's sensitivity")
-        return super().plan_own(info, target, config, prior_events)
+        return super().plan_own(facts)

@@ -13,7 +13,7 @@ from torch import nn
 from dpsynth.data.images import DataInfo
 from dpsynth.data.table_codec import block_layout
 from dpsynth.errors import UsageError
-from dpsynth.methods.blocks import TableHead
+from dpsynth.methods.blocks import ConditionalNet, TableHead, mlp_layers
 from dpsynth.methods.dpkernel.binning import number_bins
 
 
@@ -27,7 +27,7 @@ def _norm_layer(kind: str, channels: int) -> nn.Module:
     raise UsageError(f"norm must be batch, group or none, got {kind!r}")
 
 
-class VectorGenerator(nn.Module):
+class VectorGenerator(ConditionalNet):
     """(latent z, one-hot label) → a record vector of dimension d in [-1, 1].
 
     `arch="conv"`: the paper's DCGAN decoder (MMD-GAN `CondDecoder`: Linear(nz + K → nz), then
@@ -48,10 +48,7 @@ class VectorGenerator(nn.Module):
         hard_head: bool = False,
         label_input: str = "embed",
     ) -> None:
-        super().__init__()
-        self.shape = tuple(int(s) for s in shape)
-        self.num_classes = num_classes
-        self.latent_dim = latent_dim
+        super().__init__(shape, num_classes, latent_dim)
         self.arch = arch
         self.dim = math.prod(self.shape)
         if arch == "conv":
@@ -74,22 +71,12 @@ class VectorGenerator(nn.Module):
                 raise UsageError("arch=table needs a table (its schema's column blocks)")
             self.embed = None
             self.body = nn.Sequential(
-                nn.Linear(latent_dim + num_classes, width),
-                nn.ReLU(),
-                nn.Linear(width, width),
-                nn.ReLU(),
-                nn.Linear(width, self.dim),
+                *mlp_layers(latent_dim + num_classes, width, self.dim),
                 TableHead(layout, hard=hard_head),
             )
         elif arch == "mlp":
             self.embed = None
-            self.body = nn.Sequential(
-                nn.Linear(latent_dim + num_classes, width),
-                nn.ReLU(),
-                nn.Linear(width, width),
-                nn.ReLU(),
-                nn.Linear(width, self.dim),
-            )
+            self.body = nn.Sequential(*mlp_layers(latent_dim + num_classes, width, self.dim))
         else:
             raise UsageError(f"arch must be conv, mlp or table, got {arch!r}")
         self.apply(_init_weights)

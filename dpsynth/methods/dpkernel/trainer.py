@@ -10,9 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpsynth.data.images import DataInfo
 from dpsynth.errors import MechanismFailure, UsageError
-from dpsynth.methods.base import PrivacyPlan, sample_truncation
 from dpsynth.methods.blocks import fit_generator_to_model
 from dpsynth.methods.dpkernel.basis import kernel_view
 from dpsynth.methods.dpkernel.binning import number_bins
@@ -42,16 +40,9 @@ class DPKernelTrainer(StagedTrainer):
     # Functions of the released gradient and of generated points only (see `step`).
     released_stats = ("yy_term", "released_grad_norm")
 
-    def __init__(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> None:
-        randomness = self.start(info, config, plan, device, seed, randomness)
+    def setup(self, randomness: PrivateRandomness) -> None:
+        """The generator (from the public seed), its optimiser and EMA, the kernel's view."""
+        info, config, plan, seed = self.info, self.config, self.plan, self.seed
         with seeded(seed):
             self.net = build_network(info, config).to(self.device)
         # Latents and the derivative-GP noise: the run's secret stream, never the public seed.
@@ -344,16 +335,8 @@ class DPKernelTrainer(StagedTrainer):
 
     def own_generator(self) -> DPKernelGenerator:
         """A sampler over a copy of the current weights (their EMA when the config has one)."""
-        net = build_network(self.info, self.config)
-        net.load_state_dict((self.ema if self.ema is not None else self.net).state_dict())
-        return DPKernelGenerator(
-            net,
-            self.info.classes,
-            self.device,
-            self.info.modality,
-            sample_truncation(self.config),
-            self.bins,
-        )
+        weights = (self.ema if self.ema is not None else self.net).state_dict()
+        return DPKernelGenerator.loaded(weights, self.info, self.config, self.device)
 
 
 def _make_optimizer(net: nn.Module, config: Mapping[str, Any]) -> torch.optim.Optimizer:

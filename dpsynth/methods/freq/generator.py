@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 import torch
 
-from dpsynth.data.images import DataInfo, to_uint8
+from dpsynth.data.images import to_uint8
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Generator, draw_latent, sample_truncation
+from dpsynth.methods.base import Generator, GeneratorState, latent_batches, sample_truncation
 from dpsynth.privacy.releases.frequency import FrequencyModel, band_images
 
 
@@ -42,21 +41,15 @@ class FreqGenerator(Generator):
         self.roots = psd_roots(model.covariances.to(torch.float64)).to(self.device)
 
     @classmethod
-    def from_state(
-        cls,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> FreqGenerator:
+    def from_state(cls, state: GeneratorState) -> FreqGenerator:
         """The sampler of the saved model (`frequency.*`; UsageError before its release)."""
-        model = FrequencyModel.from_tensors(tensors)
+        model = FrequencyModel.from_tensors(state.tensors)
         if model is None:
             raise UsageError(
                 "the run has not released its frequency model yet (stopped before its one "
                 "step): resume it with `dpsynth train --resume`"
             )
-        return cls(model, info.classes, device, sample_truncation(config))
+        return cls(model, state.info.classes, state.device, sample_truncation(state.config))
 
     def images_at(self, labels: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Images [n, C, H, W] in [-1, 1] (float32) of labels [n] and coordinates z [n, d]."""
@@ -72,7 +65,6 @@ class FreqGenerator(Generator):
         self, labels: torch.Tensor, batch_size: int, generator: torch.Generator
     ) -> Iterator[torch.Tensor]:
         """Yield uint8 batches [b, C, H, W] for `labels` in order; latents from `generator`."""
-        for start in range(0, int(labels.numel()), batch_size):
-            chunk = labels[start : start + batch_size].to(torch.int64)
-            z = draw_latent(chunk.numel(), self.model.dim, generator, self.truncation)
+        batches = latent_batches(labels, batch_size, self.model.dim, generator, self.truncation)
+        for chunk, z in batches:
             yield to_uint8(self.images_at(chunk, z)).cpu()

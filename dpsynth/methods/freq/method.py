@@ -27,8 +27,8 @@ from dpsynth.errors import DpsynthError, UsageError
 from dpsynth.methods.base import (
     SMALL_EPSILON,
     ClippedGaussianSum,
+    PlanFacts,
     PrivacyPlan,
-    PrivacyTarget,
     is_large_image,
 )
 from dpsynth.methods.blocks import check_teacher_config, frequency_plan
@@ -70,15 +70,11 @@ def release_bytes(info: DataInfo, config: Mapping[str, Any]) -> float:
     return 8.0 * (2 * info.n * d + 3 * vector + 6 * k * d * d)
 
 
-def plan_frequency_release(
-    info: DataInfo,
-    target: PrivacyTarget,
-    config: Mapping[str, Any],
-    prior_events: tuple[dict[str, Any], ...] = (),
-) -> PrivacyPlan:
+def plan_frequency_release(facts: PlanFacts) -> PrivacyPlan:
     """The release alone at the whole of `target`: σ the smallest whose one Gaussian event
     composes with `prior_events` (PRV) to at most ε; one event, declaring the loop's one step
     as reading no Poisson batch. ε = inf: the exact release (σ = 0), not private."""
+    info, target, config, prior_events = facts.unpacked()
     release = release_parameters(info, config)
     common = {
         "delta": target.delta,
@@ -87,7 +83,7 @@ def plan_frequency_release(
         "expected_batch_size": float(info.n),
     }
     if not target.private:
-        event = {**release.event(), IDLE_STEPS_KEY: LOOP_STEPS}
+        event = {**release.event().to_json(), IDLE_STEPS_KEY: LOOP_STEPS}
         return PrivacyPlan(
             private=False,
             target_epsilon=math.inf,
@@ -103,7 +99,7 @@ def plan_frequency_release(
     planned = FrequencyPlan(
         sigma, release.band, release.clip_norm, release.count_weight, release.covariance
     )
-    event = {**planned.event(), IDLE_STEPS_KEY: LOOP_STEPS}
+    event = {**planned.event().to_json(), IDLE_STEPS_KEY: LOOP_STEPS}
     alone = compose_epsilon([event], target.delta)
     total = compose_epsilon([*prior_events, event], target.delta) if prior_events else alone
     d = feature_count(info, planned.band)
@@ -187,14 +183,8 @@ class FreqMethod(StagedMethod):
                 "; use a smaller band or frequency_covariance=pooled"
             )
 
-    def plan_own(
-        self,
-        info: DataInfo,
-        target: PrivacyTarget,
-        config: Mapping[str, Any],
-        prior_events: tuple[dict[str, Any], ...] = (),
-    ) -> PrivacyPlan:
+    def plan_own(self, facts: PlanFacts) -> PrivacyPlan:
         """The release at the whole ε (`plan_frequency_release`); the template puts the DP
         teacher beside it when `teacher_share` > 0 (the release then gets 1 − share of the ε
         left and the teacher's σ fills the rest, all composed by PRV)."""
-        return plan_frequency_release(info, target, config, prior_events)
+        return plan_frequency_release(facts)

@@ -4,13 +4,11 @@ frequency model from the run's secret stream (and the DP teacher's training, if 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
-from dpsynth.data.images import DataInfo
 from dpsynth.errors import DpsynthError
-from dpsynth.methods.base import PrivacyPlan, sample_truncation
+from dpsynth.methods.base import sample_truncation
 from dpsynth.methods.freq.generator import FreqGenerator
 from dpsynth.methods.template import StagedTrainer
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
@@ -22,16 +20,8 @@ RELEASED = "trainer.released"
 class FreqTrainer(StagedTrainer):
     """The released frequency model (public once released) and the optional DP teacher."""
 
-    def __init__(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> None:
-        randomness = self.start(info, config, plan, device, seed, randomness)
+    def setup(self, randomness: PrivateRandomness) -> None:
+        """The frequency model's release (a shared stage) and the optional DP teacher."""
         # The release's secret stream ("frequency/noise") and its plan, read from the events.
         self.start_stages(randomness)
         if self.frequency.plan is None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import PrivacyTarget
+from dpsynth.methods.base import PlanFacts, PrivacyTarget
 from dpsynth.methods.marginal.cost import aim_seconds
 from dpsynth.methods.marginal.domain import TableDomain, table_domain
 from dpsynth.methods.marginal.junction import JunctionTree
@@ -36,6 +36,7 @@ from dpsynth.methods.marginal.presets import AIM_PRESETS
 from dpsynth.methods.marginal.trainer import MarginalTrainer
 from dpsynth.privacy.accounting.calibration import default_delta
 from dpsynth.privacy.accounting.marginal_plan import gdp_mu
+from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
 # The automatic number of selections: as many as keep a typical pair's measurement noise (its
 # expected L1 error) at about this share of N (a TVD of half of it), within [d/4, 3d]. Fewer,
@@ -85,15 +86,10 @@ class AIMMethod(MarginalMethod):
             raise UsageError("--set max_model_mb: must be positive")
         super().validate_config(config, info, rows_in_memory=rows_in_memory)
 
-    def counts(
-        self,
-        domain: TableDomain,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        target: PrivacyTarget,
-    ) -> tuple[int, int, int]:
+    def counts(self, domain: TableDomain, facts: PlanFacts) -> tuple[int, int, int]:
         """d one-way measurements (less those the schema release made), then T selections and
         measurements over R rounds."""
+        info, target, config, _ = facts.unpacked()
         d = len(domain.attributes)
         selections = selection_count(domain, info, config, target)
         rounds = min(round_count(d, config), selections) if selections else 0
@@ -108,7 +104,7 @@ class AIMMethod(MarginalMethod):
         domain = table_domain(info, config)
         # δ only moves the selection count: the default δ stands in for the run's.
         target = PrivacyTarget(epsilon, default_delta(info.n))
-        _, selections, steps = self.counts(domain, info, config, target)
+        _, selections, steps = self.counts(domain, PlanFacts(info, target, config))
         return aim_seconds(
             domain.sizes,
             info.n,
@@ -150,8 +146,9 @@ def selection_count(
 class AIMTrainer(MarginalTrainer):
     """AIM's rounds: one-way marginals first, then batches of selected pairs."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def setup(self, randomness: PrivateRandomness) -> None:
+        """The shared setup, then the candidate pairs and the selections of each round."""
+        super().setup(randomness)
         self.pairs = pairs_within(self.domain, int(self.config["max_cells"]))
         target = PrivacyTarget(self.plan.target_epsilon, self.plan.delta)
         selections = selection_count(self.domain, self.info, self.config, target)

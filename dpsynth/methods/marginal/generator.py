@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dpsynth.methods.base import Generator
+from dpsynth.methods.base import Generator, GeneratorState
 from dpsynth.methods.marginal.cliquetree import CliqueTree
-from dpsynth.methods.marginal.domain import TableDomain, rows_from_codes
+from dpsynth.methods.marginal.domain import TableDomain, rows_from_codes, table_domain
+from dpsynth.methods.marginal.state import unpack_cliques
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,18 @@ class MarginalGenerator(Generator):
         self.domain = domain
         self.tree = tree
         self.sampler = TreeSampler(tree, domain.target)
+
+    @classmethod
+    def from_state(cls, state: GeneratorState) -> MarginalGenerator:
+        """The sampler of the saved clique tree (uniform when nothing was fitted yet)."""
+        domain = table_domain(state.info, state.config)
+        cliques, tables = unpack_cliques("model", state.tensors)
+        tree = (
+            CliqueTree(domain.sizes, cliques, tables)
+            if cliques
+            else CliqueTree.independent(domain.sizes, float(state.info.n))
+        )
+        return cls(state.info.classes, domain, tree)
 
     def sample(
         self, labels: torch.Tensor, batch_size: int, generator: torch.Generator

@@ -19,24 +19,16 @@ from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import torch
-
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import Method, PrivacyPlan, PrivacyTarget, Trainer
-from dpsynth.methods.marginal.cliquetree import CliqueTree
+from dpsynth.methods.base import Method, PlanFacts, PrivacyPlan, PrivacyTarget
 from dpsynth.methods.marginal.domain import TableDomain, table_domain
 from dpsynth.methods.marginal.generator import MarginalGenerator
-from dpsynth.methods.marginal.state import unpack_cliques
 from dpsynth.methods.marginal.trainer import MEASURE_PHASE, MarginalTrainer
 from dpsynth.privacy.accounting.events import NonPrivate
-from dpsynth.privacy.accounting.marginal_plan import (
-    calibrate_marginal_schedule,
-    gdp_mu,
-    schedule_events,
-)
+from dpsynth.privacy.accounting.marginal_plan import calibrate_marginal_schedule, gdp_mu
 from dpsynth.privacy.accounting.plan_check import IDLE_STEPS_KEY
-from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.privacy.mechanisms.marginal_measure import schedule_events
 
 # A measurement whose noise std is above this share of N carries no information: refused.
 _MAX_SIGMA_SHARE = 0.5
@@ -58,6 +50,7 @@ class MarginalMethod(Method):
     # every read is a marginal count or a selection, whose sensitivity scales by a unit's K rows
     supports_privacy_unit: ClassVar[bool] = True
     trainer_class: ClassVar[type[MarginalTrainer]]
+    generator_class = MarginalGenerator
 
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
         """`small`: its round count and bins already follow N, the columns and ε."""
@@ -105,20 +98,14 @@ class MarginalMethod(Method):
         return list(pairs_within(domain, int(config["max_cells"])))
 
     @abstractmethod
-    def counts(self, domain: TableDomain, info: DataInfo, config: Mapping[str, Any],
-               target: PrivacyTarget) -> tuple[int, int, int]:  # fmt: skip
+    def counts(self, domain: TableDomain, facts: PlanFacts) -> tuple[int, int, int]:
         """(measurements, selections, loop steps) of the schedule, from public facts."""
 
-    def plan(
-        self,
-        info: DataInfo,
-        target: PrivacyTarget,
-        config: Mapping[str, Any],
-        prior_events: tuple[dict[str, Any], ...] = (),
-    ) -> PrivacyPlan:
+    def plan_from(self, facts: PlanFacts) -> PrivacyPlan:
         """The fixed schedule calibrated under PRV (see the module docstring)."""
+        info, target, config, prior_events = facts.unpacked()
         domain = table_domain(info, config)
-        measurements, selections, steps = self.counts(domain, info, config, target)
+        measurements, selections, steps = self.counts(domain, facts)
         annotations = {IDLE_STEPS_KEY: steps, "phase": MEASURE_PHASE}
         common = {
             "target_epsilon": float(target.epsilon),
@@ -185,32 +172,3 @@ class MarginalMethod(Method):
             f"records: each of its {measurements} marginals would get noise of std "
             f"{sigma:.3g} or more, above N/2 (nothing could be learned); raise ε"
         )
-
-    def trainer(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> Trainer:
-        """A trainer whose noise and selections draw from the run's secret streams."""
-        return self.trainer_class(info, config, plan, randomness or PrivateRandomness.fresh())
-
-    def generator_from_state(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> MarginalGenerator:
-        """The sampler of the saved clique tree (uniform when nothing was fitted yet)."""
-        domain = table_domain(info, config)
-        cliques, tables = unpack_cliques("model", tensors)
-        tree = (
-            CliqueTree(domain.sizes, cliques, tables)
-            if cliques
-            else CliqueTree.independent(domain.sizes, float(info.n))
-        )
-        return MarginalGenerator(info.classes, domain, tree)

@@ -4,7 +4,7 @@ The model is a Markov random field whose marginals best match the noisy measurem
 (weighted least squares over the marginal polytope; McKenna, Sheldon & Miklau 2019, the
 estimator of `mbi`, private-pgm). This module folds our measurements into per-clique targets,
 fits the potentials on a junction tree that holds every measured clique (`junction.py`; the
-caller's, or one grown from the measured cliques in order) with `mirror.fit` (warm started
+caller's, or one grown from the measured cliques in order) with `estimator.fit` (warm started
 from the previous round's potentials), and returns the calibrated marginals of the tree's
 nodes as a `CliqueTree` of numpy arrays, which is all that selection, the run's state and
 sampling need. Everything here is post-processing of the noisy measurements: no private data
@@ -13,7 +13,7 @@ reaches it.
 Until 2026-11-28 this called `mbi.estimation.MirrorDescent` (JAX): every fit compiled XLA
 programs (121 of them for census's 41 one-way marginals alone, 5–70 s per fit on the shared
 2-core CPU, most of a round), and plain mirror descent needed thousands of steps where the
-scaled steps of `mirror.py` need a few hundred
+scaled steps of `estimator.py` need a few hundred
 (bench/results/2026-11-23-tuning-logs/tuning-tables.md).
 """
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsynth.methods.marginal.cliquetree import CliqueTree
+from dpsynth.methods.marginal.estimator import Targets, TreeOracle, fit
 from dpsynth.methods.marginal.junction import JunctionTree
-from dpsynth.methods.marginal.mirror import Targets, TreeOracle, fit
 
 Clique = tuple[int, ...]
 

@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import PrivacyTarget
+from dpsynth.methods.base import PlanFacts
 from dpsynth.methods.marginal.domain import TableDomain
 from dpsynth.methods.marginal.method import MarginalMethod, pairs_within
 from dpsynth.methods.marginal.one_ways import released_one_ways
@@ -96,16 +95,11 @@ class MSTMethod(MarginalMethod):
         "estimation); tables only"
     )
 
-    def counts(
-        self,
-        domain: TableDomain,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        target: PrivacyTarget,
-    ) -> tuple[int, int, int]:
+    def counts(self, domain: TableDomain, facts: PlanFacts) -> tuple[int, int, int]:
         """d one-way measurements (less those the schema release made) and one per tree edge
         (and, with `label_edges`, one per feature no edge reaches); one selection per edge;
         2 rounds."""
+        info, config = facts.info, facts.config
         d, max_cells = len(domain.attributes), int(config["max_cells"])
         ones = d - len(released_one_ways(domain, info, config))
         if not config["label_edges"]:

@@ -6,7 +6,7 @@ Shared keys:
 - `selection_share`: the share of the budget (in Gaussian-DP terms, see
   `privacy/accounting/marginal_plan.py`) given to the exponential mechanism's selections.
 - `max_cells`: the largest marginal (cells) a selection may pick.
-- `iters`, `final_iters`: the most steps of the model's estimation (`mirror.py`) per round
+- `iters`, `final_iters`: the most steps of the model's estimation (`estimator.py`) per round
   and at the end (fewer when the loss stops improving).
 - `max_memory_mb`: the refusal cap of the memory estimate (before anything is spent).
 MST only:
@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 # Numbers: the public [min, max] in 10 equal-width bins plus the two bounds as bins of their
-# own (`bins` 12). The 10-bin grid is the one the marginal metric scores (`dpsynth.evaluate.
+# own (`bins` 12). The 10-bin grid is the one the marginal metric scores (`dpsynth.evaluation.
 # marginals`) and the one the SmartNoise bench gets; a grid that does not line up with it
 # spreads a spiky integer column (german-credit's durations at 12, 24, 36 months) across the
 # metric's bins. How 12 was chosen over 10, 16, 22 and 70 bins:

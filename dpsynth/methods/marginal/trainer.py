@@ -11,14 +11,12 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 
-from dpsynth.data.images import DataInfo
 from dpsynth.errors import DpsynthError
-from dpsynth.methods.base import PrivacyPlan, Trainer
+from dpsynth.methods.base import Trainer
 from dpsynth.methods.marginal.cliquetree import CliqueTree
 from dpsynth.methods.marginal.domain import codes_from_rows, table_domain
 from dpsynth.methods.marginal.generator import MarginalGenerator
@@ -26,6 +24,7 @@ from dpsynth.methods.marginal.junction import JunctionTree
 from dpsynth.methods.marginal.model import Measurement, Potentials, estimate
 from dpsynth.methods.marginal.one_ways import released_one_ways
 from dpsynth.methods.marginal.state import pack_cliques, unpack_cliques
+from dpsynth.privacy.accounting.events import PureDp
 from dpsynth.privacy.mechanisms.marginal_measure import MarginalCounter, MarginalQueries
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
@@ -38,28 +37,24 @@ class MarginalTrainer(Trainer):
 
     released_stats = ("measurements", "selections", "passes")
 
-    def __init__(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        randomness: PrivateRandomness,
-    ) -> None:
-        self.info, self.config, self.plan = info, config, plan
+    def setup(self, randomness: PrivateRandomness) -> None:
+        """The table's public domain, σ and ε_s from the plan's events, the secret streams of
+        the measurements and selections, and the model before any round."""
+        info, config, plan = self.info, self.config, self.plan
         self.domain = table_domain(info, config)
         self.sizes = self.domain.sizes
         self.n = float(info.n)
         # a privacy unit of K rows: the noise std is K·σ (the plan's events are at σ)
         self.unit_rows = int(info.rows_per_unit)
-        measure = next((e for e in plan.events if e.get("phase") == MEASURE_PHASE), None)
+        measure = next((e for e in plan.events if e.annotation("phase") == MEASURE_PHASE), None)
         if measure is None:
             raise DpsynthError("the plan has no marginal-measurement event")
-        select = next((e for e in plan.events if e.get("type") == "pure_dp"), None)
+        select = next((e for e in plan.events if isinstance(e, PureDp)), None)
         if plan.private:
-            self.sigma = float(measure["noise_multiplier"])
-            self.allowed_measurements = int(measure["count"])
-            self.select_epsilon = float(select["epsilon"]) if select else 0.0
-            self.allowed_selections = int(select["count"]) if select else 0
+            self.sigma = float(measure.noise_multiplier)  # type: ignore[attr-defined]
+            self.allowed_measurements = int(measure.times)  # type: ignore[attr-defined]
+            self.select_epsilon = float(select.epsilon) if select else 0.0
+            self.allowed_selections = int(select.times) if select else 0
         else:
             self.sigma, self.select_epsilon = 0.0, math.inf
             self.allowed_measurements = self.allowed_selections = 10**9

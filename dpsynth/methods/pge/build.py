@@ -104,8 +104,3 @@ def build_encoder(config: Mapping[str, Any], info: DataInfo) -> RandomConvEncode
     return RandomConvEncoder(
         info.shape[0], int(config["residual_channels"]), len(config["ch_mult"]) - 1
     )
-
-
-def subdict(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The saved tensors under `prefix`, the prefix cut off."""
-    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}

@@ -8,13 +8,12 @@ from typing import Any
 import torch
 
 from dpsynth.data.images import DataInfo, to_uint8
-from dpsynth.methods.base import Generator
+from dpsynth.methods.base import Generator, GeneratorState
 from dpsynth.methods.pge.build import (
     build_encoder,
     build_score_net,
     from_working,
     noise_levels,
-    subdict,
     to_working,
     working_shape,
 )
@@ -49,20 +48,15 @@ class PGEGenerator(Generator):
         self.last_acceptance: list[float] = []
 
     @classmethod
-    def from_state(
-        cls,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> PGEGenerator:
+    def from_state(cls, state: GeneratorState) -> PGEGenerator:
         """The sampler around the saved EMA score network (`ema.*`), the encoder, and the
         warm start's public releases (central means, frequency model) if the run kept them."""
+        info, config, tensors, device = state.info, state.config, state.tensors, state.device
         net = build_score_net(config, info)
-        net.load_state_dict(subdict(tensors, "ema."))
+        net.load_state_dict(state.under("ema."))
         encoder = build_encoder(config, info)
         if encoder is not None and any(k.startswith("encoder.") for k in tensors):
-            encoder.load_state_dict(subdict(tensors, "encoder."))
+            encoder.load_state_dict(state.under("encoder."))
         central = tensors.get("central.means")
         frequency = FrequencyModel.from_tensors(tensors)
         return cls(info, config, net.to(device), encoder, device, central, frequency)

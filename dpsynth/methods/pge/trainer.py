@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import torch
 from torch.func import grad, vmap
 
-from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import PrivacyPlan
+from dpsynth.methods.base import saved_under
 from dpsynth.methods.pge.build import (
     build_encoder,
     build_score_net,
     noise_levels,
-    subdict,
     to_working,
 )
 from dpsynth.methods.pge.generator import PGEGenerator
@@ -30,19 +27,11 @@ from dpsynth.privacy.releases.frequency import FrequencyModel
 class PGETrainer(StagedTrainer):
     """Mutable state of one PGE run: score net, EMA copy, Adam, and two secret RNG streams."""
 
-    def __init__(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> None:
+    def setup(self, randomness: PrivateRandomness) -> None:
+        """The score network (from the public seed), its EMA and optimiser, the secret streams."""
         from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
 
-        randomness = self.start(info, config, plan, device, seed, randomness)
-        device = self.device
+        info, config, plan, seed, device = self.info, self.config, self.plan, self.seed, self.device
         with seeded(seed):
             self.model = build_score_net(config, info).to(device)
         self.ema = copy.deepcopy(self.model).requires_grad_(False)
@@ -158,12 +147,12 @@ class PGETrainer(StagedTrainer):
 
     def load_own_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore what `own_state_tensors` wrote."""
-        self.model.load_state_dict(subdict(tensors, "model."))
-        self.ema.load_state_dict(subdict(tensors, "ema."))
+        self.model.load_state_dict(saved_under(tensors, "model."))
+        self.ema.load_state_dict(saved_under(tensors, "ema."))
         if self.encoder is not None and any(k.startswith("encoder.") for k in tensors):
-            self.encoder.load_state_dict(subdict(tensors, "encoder."))
+            self.encoder.load_state_dict(saved_under(tensors, "encoder."))
         opt_state: dict[int, dict[str, torch.Tensor]] = {}
-        for key, t in subdict(tensors, "opt.").items():
+        for key, t in saved_under(tensors, "opt.").items():
             idx, name = key.split(".", 1)
             opt_state.setdefault(int(idx), {})[name] = t
         state_dict = self.optimizer.state_dict()

@@ -13,14 +13,13 @@ rotation in [−45°, 45°), the mean-filled augmentation a classifier trained o
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch.nn import functional as F
 
-from dpsynth.data.images import DataInfo, to_uint8
-from dpsynth.methods.base import Generator
+from dpsynth.data.images import to_uint8
+from dpsynth.methods.base import Generator, GeneratorState
 
 
 def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -84,20 +83,14 @@ class PSGGenerator(Generator):
         self._emitted = [0] * len(self.classes)
 
     @classmethod
-    def from_state(
-        cls,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        tensors: Mapping[str, torch.Tensor],
-        device: torch.device,
-    ) -> PSGGenerator:
+    def from_state(cls, state: GeneratorState) -> PSGGenerator:
         """The sampler over the saved synthetic set (`synthetic.images`, `.labels`)."""
         return cls(
-            tensors["synthetic.images"],
-            tensors["synthetic.labels"],
-            info.classes,
-            device,
-            bool(config["augment_replicas"]),
+            state.tensors["synthetic.images"],
+            state.tensors["synthetic.labels"],
+            state.info.classes,
+            state.device,
+            bool(state.config["augment_replicas"]),
         )
 
     def _plan_chunk(self, labels: torch.Tensor) -> tuple[list[int], list[bool]]:

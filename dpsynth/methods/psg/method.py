@@ -32,7 +32,12 @@ from typing import Any
 
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import UsageError
-from dpsynth.methods.base import SMALL_EPSILON, PrivacyPlan, PrivacyTarget, is_large_image
+from dpsynth.methods.base import (
+    SMALL_EPSILON,
+    PlanFacts,
+    PrivacyPlan,
+    is_large_image,
+)
 from dpsynth.methods.psg.generator import PSGGenerator
 from dpsynth.methods.psg.model import NORMS
 from dpsynth.methods.psg.presets import PRESETS
@@ -100,15 +105,10 @@ class PSGMethod(StagedMethod):
         merged["steps"] = int(merged["runs"]) * int(merged["outer_loop"]) * int(merged["batches"])
         return merged
 
-    def plan_own(
-        self,
-        info: DataInfo,
-        target: PrivacyTarget,
-        config: Mapping[str, Any],
-        prior_events: tuple[dict[str, Any], ...] = (),
-    ) -> PrivacyPlan:
+    def plan_own(self, facts: PlanFacts) -> PrivacyPlan:
         """One `poisson_gaussian` event: R·T·K releases at q = B/N (checked against config)."""
+        config = facts.config
         releases = int(config["runs"]) * int(config["outer_loop"]) * int(config["batches"])
         if int(config["steps"]) != releases:
             raise UsageError("steps must equal runs · outer_loop · batches for --method psg")
-        return super().plan_own(info, target, config, prior_events)
+        return super().plan_own(facts)

@@ -13,7 +13,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import PrivacyPlan
+from dpsynth.methods.base import saved_under
 from dpsynth.methods.psg.generator import PSGGenerator
 from dpsynth.methods.psg.matching import match_loss
 from dpsynth.methods.psg.model import ConvNet
@@ -73,16 +73,9 @@ class PSGTrainer(StagedTrainer):
     # The match loss is a function of the released noisy gradient, S and θ only.
     released_stats = ("match_loss",)
 
-    def __init__(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> None:
-        randomness = self.start(info, config, plan, device, seed, randomness)
+    def setup(self, randomness: PrivateRandomness) -> None:
+        """S and its optimiser, the prior, the matching network and the secret streams."""
+        info, config, plan, seed = self.info, self.config, self.plan, self.seed
         self.num_classes = len(info.classes)
         self.spc = int(config["spc"])
         self.outer_loop = int(config["outer_loop"])
@@ -151,12 +144,7 @@ class PSGTrainer(StagedTrainer):
         # the model's samples (a frequency release), else mean[y] + jitter·N(0, I)
         central = CentralImages(release.means.cpu(), release.counts, release.model)
         targets = central.records(self.labels.cpu(), jitter, noise_rng).to(self.device)
-        if self.prior is None:
-            with torch.no_grad():
-                self.images.copy_(targets)
-        else:
-            self._fit_prior(targets, int(self.config["warm_start_steps"]))
-        self.syn_optimizer.state.clear()
+        self._start_from(targets, int(self.config["warm_start_steps"]))
 
     def public_uses(self, labelled: bool) -> tuple[str, ...]:
         """The synthetic set S (labelled images, `public_pretrain_steps` > 0, and no DP warm
@@ -179,13 +167,18 @@ class PSGTrainer(StagedTrainer):
             targets = torch.where(
                 found[:, None, None, None], chosen.to(self.device), self._synthetic().detach()
             )
-            if self.prior is None:
-                with torch.no_grad():
-                    self.images.copy_(targets)
-            else:
-                self._fit_prior(targets, int(self.config["public_pretrain_steps"]))
-            self.syn_optimizer.state.clear()
+            self._start_from(targets, int(self.config["public_pretrain_steps"]))
         self.teacher.pretrain_public(x, y)
+
+    def _start_from(self, targets: torch.Tensor, fit_steps: int) -> None:
+        """S set to `targets`: copied in, or with the generator prior `fit_steps` steps of G
+        towards them (`_fit_prior`); S's optimiser state restarts at zero."""
+        if self.prior is None:
+            with torch.no_grad():
+                self.images.copy_(targets)
+        else:
+            self._fit_prior(targets, fit_steps)
+        self.syn_optimizer.state.clear()
 
     def _fit_prior(self, targets: torch.Tensor, steps: int) -> None:
         """`steps` optimiser steps of G's outputs towards `targets` (mean squared error)."""
@@ -329,13 +322,13 @@ class PSGTrainer(StagedTrainer):
         with torch.no_grad():
             self.images.copy_(tensors["synthetic.images"].to(self.device))
         self.labels = tensors["synthetic.labels"].to(self.device, torch.int64)
-        self.net.load_state_dict(_with_prefix(tensors, "net."))
+        self.net.load_state_dict(saved_under(tensors, "net."))
         self.syn_optimizer.state.clear()
         if self.prior is not None:
             self.codes = tensors["prior.codes"].to(self.device)
-            self.prior.load_state_dict(_with_prefix(tensors, "prior.net."))
+            self.prior.load_state_dict(saved_under(tensors, "prior.net."))
             state: dict[int, dict[str, torch.Tensor]] = {}
-            for key, value in _with_prefix(tensors, "prior.optimizer.").items():
+            for key, value in saved_under(tensors, "prior.optimizer.").items():
                 index, slot = key.split(".", 1)
                 state.setdefault(int(index), {})[slot] = value.to(self.device)
             groups = self.syn_optimizer.state_dict()["param_groups"]
@@ -355,8 +348,3 @@ class PSGTrainer(StagedTrainer):
             self.device,
             bool(self.config["augment_replicas"]),
         )
-
-
-def _with_prefix(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The entries under `prefix`, with the prefix removed."""
-    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}

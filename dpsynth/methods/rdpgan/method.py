@@ -30,11 +30,11 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.base import (
     MAX_STEPS,
     SMALL_EPSILON,
+    PlanFacts,
     PrivacyPlan,
-    PrivacyTarget,
     is_large_image,
 )
-from dpsynth.methods.blocks import check_anchor_config
+from dpsynth.methods.blocks import check_fit_penalty_config
 from dpsynth.methods.rdpgan.generator import RDPGANGenerator
 from dpsynth.methods.rdpgan.plan import plan_rdpgan
 from dpsynth.methods.rdpgan.presets import CHOICES, PRESETS, TABLE_PRESETS
@@ -102,7 +102,7 @@ class RDPGANMethod(StagedMethod):
         for key in ("lr_d", "lr_g"):
             if not float(config[key]) > 0:
                 raise UsageError(f"--set {key}: must be positive, got {config[key]}")
-        check_anchor_config(config)
+        check_fit_penalty_config(config)
         if not 0.0 <= float(config["beta1"]) < 1.0:
             raise UsageError(f"--set beta1: must be in [0, 1), got {config['beta1']}")
         decay = float(config["decay"])
@@ -130,12 +130,6 @@ class RDPGANMethod(StagedMethod):
             return "mnist-eps1" if epsilon <= SMALL_EPSILON else "mnist"
         return "small-freq" if info.modality == "image" else "small"
 
-    def plan_own(
-        self,
-        info: DataInfo,
-        target: PrivacyTarget,
-        config: Mapping[str, Any],
-        prior_events: tuple[dict[str, Any], ...] = (),
-    ) -> PrivacyPlan:
+    def plan_own(self, facts: PlanFacts) -> PrivacyPlan:
         """The whole σ schedule, one event per distinct σ (`plan.plan_rdpgan`)."""
-        return plan_rdpgan(info, target, config, prior_events)
+        return plan_rdpgan(facts)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from dpsynth.methods.blocks import TableHead
+from dpsynth.methods.blocks import ConditionalNet, TableHead, mlp_layers
 
 
 def _flat(shape: tuple[int, ...]) -> int:
@@ -46,7 +46,7 @@ class MLPDiscriminator(nn.Module):
         return self.body(torch.cat([x.flatten(1), onehot], dim=1)).squeeze(1)
 
 
-class MLPGenerator(nn.Module):
+class MLPGenerator(ConditionalNet):
     """(z ‖ one-hot label) → hidden → hidden → flat record → tanh, reshaped to `shape`.
 
     With a table `layout` ((kind, size) blocks of the encoding), the output head is the shared
@@ -62,17 +62,8 @@ class MLPGenerator(nn.Module):
         layout: tuple[tuple[str, int], ...] = (),
         hard_head: bool = False,
     ) -> None:
-        super().__init__()
-        self.shape = tuple(int(s) for s in shape)
-        self.num_classes = num_classes
-        self.latent_dim = latent_dim
-        self.body = nn.Sequential(
-            nn.Linear(latent_dim + num_classes, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, _flat(shape)),
-        )
+        super().__init__(shape, num_classes, latent_dim)
+        self.body = nn.Sequential(*mlp_layers(latent_dim + num_classes, hidden, _flat(shape)))
         self.head: nn.Module = TableHead(layout, hard=hard_head) if layout else nn.Tanh()
 
     def forward(self, z: Tensor, onehot: Tensor) -> Tensor:
@@ -105,17 +96,14 @@ class ConvDiscriminator(nn.Module):
         return self.head(out.flatten(1)).squeeze(1)
 
 
-class ConvGenerator(nn.Module):
+class ConvGenerator(ConditionalNet):
     """(z ‖ one-hot) → Linear to 2w@(H/4) → BN-ReLU → ConvT(2w → w) → BN-ReLU → ConvT(w → C)
     → tanh (3 layers, spec §10.3)."""
 
     def __init__(
         self, shape: tuple[int, int, int], num_classes: int, latent_dim: int, width: int
     ) -> None:
-        super().__init__()
-        self.shape = tuple(int(s) for s in shape)
-        self.num_classes = num_classes
-        self.latent_dim = latent_dim
+        super().__init__(shape, num_classes, latent_dim)
         channels, height, side = self.shape
         self.start = (2 * width, height // 4, side // 4)
         self.fc = nn.Linear(latent_dim + num_classes, _flat(self.start))
@@ -132,14 +120,3 @@ class ConvGenerator(nn.Module):
         """Images [b, C, H, W] in [-1, 1]."""
         out = self.fc(torch.cat([z, onehot], dim=1)).view(-1, *self.start)
         return torch.tanh(self.body(out))
-
-
-def init_weights(module: nn.Module) -> None:
-    """DCGAN init: conv and linear weights N(0, 0.02), BN γ N(1, 0.02), biases 0."""
-    if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)):
-        nn.init.normal_(module.weight, 0.0, 0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.BatchNorm2d):
-        nn.init.normal_(module.weight, 1.0, 0.02)
-        nn.init.zeros_(module.bias)

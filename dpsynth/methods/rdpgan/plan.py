@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import ClippedGaussianSum, PrivacyPlan, PrivacyTarget
+from dpsynth.methods.base import ClippedGaussianSum, PlanFacts, PrivacyPlan
+from dpsynth.methods.blocks import loop_plan
 from dpsynth.methods.rdpgan import schedule as sched
 from dpsynth.privacy.accounting.calibration import calibrate_schedule
 from dpsynth.privacy.accounting.events import PoissonGaussian
@@ -31,26 +31,23 @@ def step_sigmas(plan: PrivacyPlan) -> tuple[list[int], list[float]]:
     """Cumulative step ends and σ of the plan's events, in order (σ of step s: first end > s)."""
     ends, sigmas, total = [], [], 0
     for event in plan.events:
-        if event.get("mechanism") in ("dp_classifier", "frequency_model"):
+        stored = event.to_json()  # steps: a field, or a non-private event's annotation
+        if stored.get("mechanism") in ("dp_classifier", "frequency_model"):
             continue  # the shared stages' releases (methods.blocks), not the loop's steps
-        total += int(event["steps"])
+        total += int(stored["steps"])
         ends.append(total)
-        sigmas.append(float(event.get("noise_multiplier", 0.0)))
+        sigmas.append(float(stored.get("noise_multiplier", 0.0)))
     return ends, sigmas
 
 
-def plan_rdpgan(
-    info: DataInfo,
-    target: PrivacyTarget,
-    config: Mapping[str, Any],
-    prior_events: tuple[dict[str, Any], ...] = (),
-) -> PrivacyPlan:
+def plan_rdpgan(facts: PlanFacts) -> PrivacyPlan:
     """The whole σ schedule, calibrated before any data access; one event per distinct σ.
 
     z₀ (the schedule's first σ) is the smallest value whose composed ε over all
     n_g·n_d D steps meets the target: the run always has the preset's length, and the
     decay shifts noise from late to early steps rather than shortening the run.
     """
+    info, target, config, prior_events = facts.unpacked()
     batch = int(config["batch_size"])
     steps = int(config["n_g"]) * int(config["n_d"])
     q = min(1.0, batch / info.n)
@@ -80,17 +77,6 @@ def plan_rdpgan(
             f"schedule factors rounded down on a geometric grid of ratio {ratio:.4g} "
             "(less noise than the formula, exactly as accounted)"
         )
-    return PrivacyPlan(
-        private=True,
-        target_epsilon=float(target.epsilon),
-        delta=target.delta,
-        sampling_rate=q,
-        steps=steps,
-        expected_batch_size=q * info.n,
-        events=tuple(events),
-        epsilon_bound=cal.epsilon,
-        total_epsilon_bound=cal.total_epsilon,
-        accountant=cal.accountant,
-        gaussian_sum=ClippedGaussianSum(min(sigmas), clip),
-        notes=(*notes, *cal.notes),
-    )
+    bounds = (cal.epsilon, cal.total_epsilon, cal.accountant)
+    clipped = ClippedGaussianSum(min(sigmas), clip)
+    return loop_plan(target, (q, steps, info.n), events, bounds, clipped, (*notes, *cal.notes))

@@ -6,24 +6,19 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from dpsynth.data.images import DataInfo
-from dpsynth.methods.base import PrivacyPlan, sample_truncation
-from dpsynth.methods.blocks import GeneratorAnchor, fit_generator_to_model
+from dpsynth.methods.blocks import FitPenalty, dcgan_init, fit_generator_to_model, one_hot_labels
 from dpsynth.methods.rdpgan.generator import (
     RDPGANGenerator,
     build_discriminator,
     build_generator,
     label_weights,
-    one_hot_labels,
 )
-from dpsynth.methods.rdpgan.nets import init_weights
 from dpsynth.methods.rdpgan.plan import step_sigmas
 from dpsynth.methods.template import (
     StagedTrainer,
@@ -42,16 +37,9 @@ class RDPGANTrainer(StagedTrainer):
     # Computed from generated samples and the (public) current weights only.
     released_stats = ("d_fake_loss", "g_loss", "noise_multiplier")
 
-    def __init__(
-        self,
-        info: DataInfo,
-        config: Mapping[str, Any],
-        plan: PrivacyPlan,
-        device: torch.device,
-        seed: int,
-        randomness: PrivateRandomness | None = None,
-    ) -> None:
-        randomness = self.start(info, config, plan, device, seed, randomness)
+    def setup(self, randomness: PrivateRandomness) -> None:
+        """D and G (from the public seed), their optimisers, the secret streams, D's mechanism."""
+        info, config, plan, seed = self.info, self.config, self.plan, self.seed
         self.num_classes = len(info.classes)
         self.batch_size = int(config["batch_size"])
         self.n_d = int(config["n_d"])
@@ -63,8 +51,8 @@ class RDPGANTrainer(StagedTrainer):
             self.net_d = build_discriminator(info, config).to(self.device)
             self.net_g = build_generator(info, config).to(self.device)
             if config["arch"] == "conv":
-                self.net_d.apply(init_weights)
-                self.net_g.apply(init_weights)
+                self.net_d.apply(dcgan_init)
+                self.net_g.apply(dcgan_init)
         betas = (float(config["beta1"]), 0.999)
         self.opt_d = torch.optim.Adam(
             self.net_d.parameters(), lr=float(config["lr_d"]), betas=betas
@@ -92,7 +80,7 @@ class RDPGANTrainer(StagedTrainer):
         self.steps_done = 0
         # `frequency_anchor` > 0: a frozen copy of G as fitted to the DP frequency model
         # (`warm_start`), which each G step is pulled towards at the same latents.
-        self.anchor = GeneratorAnchor(config)
+        self.fit_penalty = FitPenalty(config)
 
     def sigma_at(self, step: int) -> float:
         """The noise multiplier of loop step `step` (0-based), from the plan's events."""
@@ -154,19 +142,13 @@ class RDPGANTrainer(StagedTrainer):
         }
 
     def generator_step(self) -> float:
-        """Non-saturating G loss −log σ(D(G(u))) on a fresh fake batch, plus with an anchor
-        `frequency_anchor` · the mean squared distance of G(u) to the anchor's image at the
-        same latents; reads no data."""
+        """Non-saturating G loss −log σ(D(G(u))) on a fresh fake batch, plus with a fit
+        penalty `frequency_anchor` · the mean squared distance of G(u) to the frozen fit's image
+        at the same latents; reads no data."""
         z, onehot = self._latents(self.batch_size)
         fakes = self.net_g(z, onehot)
         loss = F.softplus(-self.net_d(fakes, onehot)).mean()
-        loss = loss + self.anchor.penalty(fakes, z, onehot)
-        grads = torch.autograd.grad(loss, list(self.net_g.parameters()))
-        self.opt_g.zero_grad(set_to_none=True)
-        for p, g in zip(self.net_g.parameters(), grads, strict=True):
-            p.grad = g
-        self.opt_g.step()
-        return float(loss.detach())
+        return self.fit_penalty.step_generator(self.net_g, self.opt_g, loss, (fakes, z, onehot))
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """One D step on the Poisson batch; then a G step after every n_d-th D step."""
@@ -177,7 +159,7 @@ class RDPGANTrainer(StagedTrainer):
         return stats
 
     def _modules(self) -> dict[str, nn.Module]:
-        return {"discriminator": self.net_d, "generator": self.net_g} | self.anchor.modules()
+        return {"discriminator": self.net_d, "generator": self.net_g} | self.fit_penalty.modules()
 
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"opt_d": self.opt_d, "opt_g": self.opt_g}
@@ -191,8 +173,8 @@ class RDPGANTrainer(StagedTrainer):
     def load_own_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore what `own_state_tensors` returned, so a resumed run continues exactly."""
         self.steps_done = int(tensors["trainer.steps_done"])
-        if GeneratorAnchor.in_checkpoint(tensors):
-            self.anchor.restore(self.net_g)
+        if FitPenalty.in_checkpoint(tensors):
+            self.fit_penalty.restore(self.net_g)
         load_module_tensors(tensors, self._modules(), self._optimizers(), self.device)
 
     def warm_start(self, release: CentralImages) -> None:
@@ -200,7 +182,7 @@ class RDPGANTrainer(StagedTrainer):
         (`frequency_fit_steps`; post-processing of the release, public latents)."""
         steps = int(self.config["frequency_fit_steps"])
         fit_generator_to_model(self.net_g, self.num_classes, release, steps, self.seed, self.device)
-        self.anchor.take(self.net_g)
+        self.fit_penalty.take(self.net_g)
 
     def public_uses(self, labelled: bool) -> tuple[str, ...]:
         """G and D (images, labelled or not) when `public_pretrain_steps` > 0, and the DP
@@ -263,8 +245,4 @@ class RDPGANTrainer(StagedTrainer):
 
     def own_generator(self) -> RDPGANGenerator:
         """A sampler over a copy of the current generator weights."""
-        net = build_generator(self.info, self.config)
-        net.load_state_dict(self.net_g.state_dict())
-        return RDPGANGenerator(
-            net, self.info.classes, self.device, self.info.modality, sample_truncation(self.config)
-        )
+        return RDPGANGenerator.loaded(self.net_g.state_dict(), self.info, self.config, self.device)

@@ -6,4 +6,7 @@
 - `calibration`: the noise that meets a target ε;
 - `plan`, `plan_check`, `marginal_plan`: a run's plan, fixed before the data is read, and its
   checks.
+
+The bottom of `dpsynth.privacy` (releases → mechanisms → accounting): nothing here imports a
+mechanism or a release; a mechanism builds its own events from `events`.
 """

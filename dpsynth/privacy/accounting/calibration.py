@@ -8,8 +8,7 @@ reports a σ whose ε is above the target.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from dpsynth.errors import BudgetExceededError, UsageError
 from dpsynth.privacy.accounting.compose import (
@@ -24,6 +23,7 @@ from dpsynth.privacy.accounting.compose import (
     validate_noise_multiplier,
     validate_probability_inputs,
 )
+from dpsynth.privacy.accounting.events import AnyEvent, DpEvent
 
 # Relative tolerance on σ when calibrating (the answer is always on the valid side).
 _SIGMA_RTOL = 0.004
@@ -36,7 +36,7 @@ _MIN_HEADROOM = REL_EPS_ERROR
 _MAX_NOISE_MULTIPLIER = 1e6
 
 
-def _check_prior(prior_events: Sequence[Mapping[str, Any]], epsilon: float, delta: float) -> float:
+def _check_prior(prior_events: Sequence[AnyEvent], epsilon: float, delta: float) -> float:
     prior = compose_epsilon(prior_events, delta).epsilon if prior_events else 0.0
     if prior >= epsilon:
         raise BudgetExceededError(
@@ -96,7 +96,7 @@ def calibrate_noise(
     delta: float,
     sampling_rate: float,
     steps: int,
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    prior_events: Sequence[AnyEvent] = (),
 ) -> Calibration:
     """The smallest noise multiplier (to 0.2%) whose composed ε bound is at most `epsilon`.
 
@@ -124,7 +124,7 @@ def gaussian_sigma_for_share(
     epsilon: float,
     delta: float,
     share: float,
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    prior_events: Sequence[AnyEvent] = (),
 ) -> float:
     """σ of one Gaussian release (sensitivity 1) at `share` of the ε left after `prior_events`.
 
@@ -224,7 +224,7 @@ def max_steps(
     epsilon: float,
     delta: float,
     sampling_rate: float,
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    prior_events: Sequence[AnyEvent] = (),
     limit: int = 10_000_000,
 ) -> Calibration:
     """The largest number of steps whose composed ε bound is at most `epsilon`.
@@ -291,7 +291,7 @@ def _largest_fitting_integer(
 
 def schedule_events(
     scale: float, sampling_rate: float, segments: Sequence[tuple[float, int]]
-) -> list[dict[str, Any]]:
+) -> list[DpEvent]:
     """One `poisson_gaussian` event per segment (factor f, steps n): σ = scale·f, in order."""
     return [
         poisson_gaussian_event(scale * float(factor), sampling_rate, int(steps))
@@ -304,7 +304,7 @@ def calibrate_schedule(
     delta: float,
     sampling_rate: float,
     segments: Sequence[tuple[float, int]],
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    prior_events: Sequence[AnyEvent] = (),
 ) -> Calibration:
     """The smallest scale z₀ (to 0.2%) such that the schedule σ_i = z₀·f_i meets `epsilon`.
 

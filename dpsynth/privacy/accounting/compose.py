@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import version
@@ -26,6 +26,7 @@ from typing import Any
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting import prv, rdp
 from dpsynth.privacy.accounting.events import (
+    AnyEvent,
     DpEvent,
     PoissonGaussian,
     ThresholdDelta,
@@ -294,7 +295,7 @@ def _compose_cached(
 
 
 def compose_epsilon(
-    events: Iterable[Mapping[str, Any]], delta: float, rel_error: float = REL_EPS_ERROR
+    events: Iterable[AnyEvent], delta: float, rel_error: float = REL_EPS_ERROR
 ) -> EpsilonBound:
     """The ε upper bound at `delta` of all `events` composed (heterogeneous PRV composition).
 
@@ -329,7 +330,7 @@ def compose_epsilon(
     )
 
 
-def threshold_delta(events: Iterable[Mapping[str, Any]]) -> float:
+def threshold_delta(events: Iterable[AnyEvent]) -> float:
     """Σ δ_t of the thresholding steps' events (0 when none)."""
     return sum(float(e.delta) for e in events_from_json(events) if isinstance(e, ThresholdDelta))
 
@@ -339,7 +340,7 @@ def epsilon_for(
     sampling_rate: float,
     steps: int,
     delta: float,
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    prior_events: Sequence[AnyEvent] = (),
     rel_error: float = REL_EPS_ERROR,
 ) -> EpsilonBound:
     """ε bound of `steps` Poisson-Gaussian steps composed with `prior_events`."""
@@ -352,7 +353,7 @@ def epsilon_report(
     delta: float,
     sampling_rate: float,
     steps: int,
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    prior_events: Sequence[AnyEvent] = (),
 ) -> Calibration:
     """ε of a given σ, q, T (alone and composed with `prior_events`), as a Calibration."""
     validate_probability_inputs(None, delta, sampling_rate, steps)

@@ -3,12 +3,12 @@ Poisson-subsampled Gaussian steps at rate q (the plan most image backends start 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting.calibration import calibrate_noise
 from dpsynth.privacy.accounting.compose import poisson_gaussian_event
+from dpsynth.privacy.accounting.events import AnyEvent
 from dpsynth.privacy.accounting.plan import ClippedGaussianSum, PrivacyPlan, PrivacyTarget
 
 
@@ -18,7 +18,7 @@ def plan_poisson_gaussian(
     expected_batch_size: float,
     steps: int,
     max_grad_norm: float,
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    prior_events: Sequence[AnyEvent] = (),
 ) -> PrivacyPlan:
     """The PrivacyPlan of a DP-SGD-like run: `steps` Poisson-subsampled Gaussian steps.
 

@@ -8,8 +8,11 @@ ever written keeps verifying: the JSON form is the one the project has always st
 to describe the event (`mechanism`, `label`, `stage`, …), which are kept as `annotations` and
 have no effect on ε.
 
-Every event is also a read-only mapping over its JSON form (`event["type"]`, `dict(event)`),
-so code that reads the stored dicts reads typed events the same way.
+An event is a plain frozen dataclass: its parameters are fields (`event.noise_multiplier`),
+its kind is `event.kind`, a writer's description is `event.annotation("mechanism")`, and
+equality is that of the fields. It is not a mapping: the ledger's dict is `to_json()`, and
+`event_from_json` reads one back. Code that takes either a typed event or a stored dict (the
+accountant, whose prior events come from the ledger) says `AnyEvent`.
 
 Adjacency is add/remove-one-record throughout (the Opacus and prv-accountant convention). The
 kinds:
@@ -26,7 +29,7 @@ kinds:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -37,10 +40,10 @@ from dpsynth.errors import UsageError
 CompositionKey = tuple[str, float, float]
 
 
-@dataclass(frozen=True, eq=False)
-class DpEvent(Mapping[str, Any]):
+@dataclass(frozen=True)
+class DpEvent:
     """One mechanism event; subclasses name their kind in `KIND` and their parameters as
-    fields. Equality is that of the JSON form, so an event equals the dict the ledger holds."""
+    fields."""
 
     KIND: ClassVar[str] = ""
     # (key, value) pairs, in order; a mapping given here is stored so (picklable, immutable).
@@ -50,6 +53,19 @@ class DpEvent(Mapping[str, Any]):
         pairs = self.annotations
         items = pairs.items() if isinstance(pairs, Mapping) else pairs
         object.__setattr__(self, "annotations", tuple((str(k), v) for k, v in items))
+
+    @property
+    def kind(self) -> str:
+        """The ledger's `type` of this event (`KIND`)."""
+        return self.KIND
+
+    def annotation(self, key: str, default: Any = None) -> Any:
+        """The value a writer annotated the event with under `key` (`mechanism`, `label`,
+        `stage`, …), or `default`; annotations have no effect on ε."""
+        for name, value in self.annotations:
+            if name == key:
+                return value
+        return default
 
     def to_json(self) -> dict[str, Any]:
         """The dict the ledger stores: `type`, the parameters that are set, the annotations."""
@@ -70,7 +86,7 @@ class DpEvent(Mapping[str, Any]):
         """One line for a person: what ran, how often and with what noise, after the name its
         `mechanism` annotation gives (up to its first colon or parenthesis)."""
         what = self._what()
-        name = str(dict(self.annotations).get("mechanism", "")).split(" (")[0].split(":")[0]
+        name = str(self.annotation("mechanism", "")).split(" (")[0].split(":")[0]
         return f"{name.strip()}: {what}" if name.strip() else what
 
     def _what(self) -> str:
@@ -81,20 +97,8 @@ class DpEvent(Mapping[str, Any]):
         """False when this event alone makes the composition ε = inf."""
         return True
 
-    def __getitem__(self, key: str) -> Any:
-        return self.to_json()[key]
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_json())
-
-    def __len__(self) -> int:
-        return len(self.to_json())
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.to_json()!r})"
-
-
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class PoissonGaussian(DpEvent):
     """`steps` Poisson-subsampled Gaussian steps (rate `sampling_rate`, `noise_multiplier` σ)."""
 
@@ -119,7 +123,7 @@ class PoissonGaussian(DpEvent):
         return f"{int(self.steps):,} Poisson-subsampled Gaussian steps (σ {sigma:.3g}, q {q:.3g})"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Gaussian(DpEvent):
     """`count` Gaussian mechanisms of sensitivity 1 (None: once, as old ledgers wrote it)."""
 
@@ -146,7 +150,7 @@ class Gaussian(DpEvent):
         return f"{self.times:,} Gaussian release{plural} (σ {float(self.noise_multiplier):.3g})"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class PureDp(DpEvent):
     """`count` pure `epsilon`-DP mechanisms, composed through their dominating pair,
     randomized response (Kairouz et al. 2015; its PRV is ±ε), which PRV composition allows
@@ -176,7 +180,7 @@ class PureDp(DpEvent):
         return f"{self.times:,} pure ε-DP release{plural} (ε {float(self.epsilon):.3g} each)"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class NonPrivate(DpEvent):
     """A step without noise (the `--epsilon inf` baseline); its annotations say what ran
     (`sampling_rate`, `steps`, a `label`)."""
@@ -191,7 +195,7 @@ class NonPrivate(DpEvent):
         return "no noise: not private"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class ThresholdDelta(DpEvent):
     """The failure probability `delta` of a thresholding step: no ε of its own; it is taken
     off the δ at which the rest is composed."""
@@ -209,12 +213,15 @@ class ThresholdDelta(DpEvent):
         return f"a threshold that fails with probability ≤ {float(self.delta):.3g} (off δ)"
 
 
+# A typed event, or the dict the ledger stores of one (what the accountant composes).
+AnyEvent = DpEvent | Mapping[str, Any]
+
 EVENT_KINDS: dict[str, type[DpEvent]] = {
     kind.KIND: kind for kind in (PoissonGaussian, Gaussian, PureDp, NonPrivate, ThresholdDelta)
 }
 
 
-def event_from_json(obj: Mapping[str, Any]) -> DpEvent:
+def event_from_json(obj: AnyEvent) -> DpEvent:
     """The typed event of a stored dict (an event passes through); UsageError for an unknown
     kind or a missing parameter. Values are kept as stored, so `to_json` gives the dict back."""
     if isinstance(obj, DpEvent):
@@ -233,9 +240,14 @@ def event_from_json(obj: Mapping[str, Any]) -> DpEvent:
         raise UsageError(f"a {kind.KIND} event lacks a parameter: {obj!r}") from exc
 
 
-def events_from_json(objs: Iterable[Mapping[str, Any]]) -> tuple[DpEvent, ...]:
+def events_from_json(objs: Iterable[AnyEvent]) -> tuple[DpEvent, ...]:
     """`event_from_json` of each."""
     return tuple(event_from_json(obj) for obj in objs)
+
+
+def events_to_json(events: Iterable[AnyEvent]) -> list[dict[str, Any]]:
+    """The dict the ledger stores of each event (`to_json`); a stored dict stays as it is."""
+    return [e.to_json() if isinstance(e, DpEvent) else dict(e) for e in events]
 
 
 def _positive(sigma: float) -> bool:

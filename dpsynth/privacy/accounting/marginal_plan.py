@@ -23,7 +23,7 @@ scale whose PRV bound, composed with the data set's earlier spends, is at most t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +31,7 @@ from scipy.stats import norm
 
 from dpsynth.errors import BudgetExceededError, UsageError
 from dpsynth.privacy.accounting.compose import compose_epsilon
-from dpsynth.privacy.mechanisms.marginal_measure import measurement_event
-from dpsynth.privacy.mechanisms.selection import selection_event
+from dpsynth.privacy.accounting.events import AnyEvent, DpEvent, Gaussian, PureDp
 
 # Relative precision of the scale t (the answer is always on the valid side).
 _SCALE_RTOL = 0.003
@@ -53,20 +52,16 @@ class MarginalSchedule:
     notes: tuple[str, ...] = ()
 
 
-def schedule_events(
-    noise_multiplier: float,
-    selection_epsilon: float,
-    measurements: int,
-    selections: int,
-    annotations: Mapping[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """The ledger events of a schedule: one `gaussian` and (if any) one `pure_dp` event.
-
-    `annotations` (e.g. the loop steps that read no Poisson batch) go on the first event.
-    """
-    events = [measurement_event(noise_multiplier, measurements, **dict(annotations or {}))]
+def accounted_events(
+    noise_multiplier: float, selection_epsilon: float, measurements: int, selections: int
+) -> list[DpEvent]:
+    """What the accountant composes of a schedule: `measurements` Gaussian mechanisms at σ and
+    (if any) `selections` pure ε_s-DP ones. The ledger's events
+    (`privacy/mechanisms/marginal_measure.schedule_events`) are these with annotations, which
+    have no effect on ε."""
+    events: list[DpEvent] = [Gaussian(float(noise_multiplier), int(measurements))]
     if selections:
-        events.append(selection_event(selection_epsilon, selections))
+        events.append(PureDp(float(selection_epsilon), int(selections)))
     return events
 
 
@@ -100,7 +95,7 @@ def calibrate_marginal_schedule(
     measurements: int,
     selections: int,
     selection_share: float,
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    prior_events: Sequence[AnyEvent] = (),
 ) -> MarginalSchedule:
     """The schedule with the least noise whose composed ε bound is at most `epsilon`.
 
@@ -123,7 +118,7 @@ def calibrate_marginal_schedule(
 
     def bound(scale: float, rel_error: float | None = None) -> Any:
         sigma, eps_s = _parameters(scale, measurements, selections, selection_share)
-        events = schedule_events(sigma, eps_s, measurements, selections)
+        events = accounted_events(sigma, eps_s, measurements, selections)
         if rel_error is None:
             return compose_epsilon([*prior_events, *events], delta)
         return compose_epsilon([*prior_events, *events], delta, rel_error)
@@ -157,7 +152,7 @@ def calibrate_marginal_schedule(
     else:  # pragma: no cover - 180 steps of 10% cover any gap
         raise UsageError(f"could not certify a marginal schedule for ε = {epsilon:g}")
     sigma, eps_s = _parameters(scale, measurements, selections, selection_share)
-    events = schedule_events(sigma, eps_s, measurements, selections)
+    events = accounted_events(sigma, eps_s, measurements, selections)
     alone = compose_epsilon(events, delta) if prior_events else total
     return MarginalSchedule(
         noise_multiplier=sigma,

@@ -98,7 +98,7 @@ class PrivacyPlan:
         if self.gaussian_sum is None:
             raise AttributeError(
                 "this plan has no clipped Gaussian sum: its noise is in its events "
-                f"({', '.join(sorted({str(e.get('type')) for e in self.events}))})"
+                f"({', '.join(sorted({e.kind for e in self.events}))})"
             )
         return self.gaussian_sum
 

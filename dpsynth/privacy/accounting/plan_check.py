@@ -8,25 +8,34 @@ refused before it runs, and name a run whose claimed ε is not a proven bound.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from dpsynth.errors import AnchorError
-from dpsynth.privacy.accounting.events import DpEvent, NonPrivate, PoissonGaussian
-from dpsynth.privacy.releases import classifier, frequency
+from dpsynth.privacy.accounting.events import (
+    AnyEvent,
+    DpEvent,
+    NonPrivate,
+    PoissonGaussian,
+    events_from_json,
+)
 
-# One-off stages a backend may put beside its loop (`methods.blocks`): their events are
-# accounted like any other, but they are not the loop's steps, so a noise schedule is read
-# from the other events.
-_STAGE_MECHANISMS = (frequency.MECHANISM, classifier.MECHANISM)
+# The `mechanism` annotations of the one-off stages a backend may put beside its loop
+# (`methods.blocks`): the frequency model (`privacy/releases/frequency.py`) and the DP classifier
+# of a teacher (`privacy/releases/classifier.py`), whose events take these names from here.
+# Their events are accounted like any other, but they are not the loop's steps, so a noise
+# schedule is read from the other events.
+FREQUENCY_MODEL_MECHANISM = "frequency_model"
+DP_CLASSIFIER_MECHANISM = "dp_classifier"
+_STAGE_MECHANISMS = (FREQUENCY_MODEL_MECHANISM, DP_CLASSIFIER_MECHANISM)
 
 
-def _same_events(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
+def _same_events(a: Sequence[DpEvent], b: Sequence[DpEvent]) -> bool:
     """Equal as JSON (the form the events take in config.json and the ledger)."""
-    return json.dumps([dict(e) for e in a], sort_keys=True) == json.dumps(
-        [dict(e) for e in b], sort_keys=True
+    return json.dumps([e.to_json() for e in a], sort_keys=True) == json.dumps(
+        [e.to_json() for e in b], sort_keys=True
     )
 
 
@@ -39,42 +48,40 @@ def loop_events(
     return PoissonGaussian(float(noise_multiplier), float(sampling_rate), int(steps))
 
 
-_ACCOUNTED_KEYS = ("type", "noise_multiplier", "sampling_rate", "steps")
 # The annotation by which an event declares loop steps that read no data (they cost nothing).
 IDLE_STEPS_KEY = "loop_steps_without_reads"
 
 
-def idle_loop_steps(events: Sequence[Mapping[str, Any]]) -> int:
+def idle_loop_steps(events: Sequence[DpEvent]) -> int:
     """How many of the loop's steps read no data, as the plan's events declare (a value that
     is not a whole number ≥ 0 is an edited plan: AnchorError)."""
     total = 0
     for event in events:
-        value = event.get(IDLE_STEPS_KEY, 0)
+        value = event.annotation(IDLE_STEPS_KEY, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise AnchorError(f"the plan's {IDLE_STEPS_KEY} must be a whole number ≥ 0")
         total += value
     return total
 
 
-def _merged_loop_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The events as the accountant composes them: annotation keys dropped, and the steps of
+def _merged_loop_events(events: Sequence[DpEvent]) -> list[PoissonGaussian]:
+    """The events as the accountant composes them: annotations dropped, and the steps of
     events with the same type, σ and q added up (a backend may record the phases of one loop,
     all at the loop's σ and q, as separate annotated events)."""
-    merged: dict[tuple, dict[str, Any]] = {}
+    merged: dict[tuple, PoissonGaussian] = {}
     for event in events:
-        if event.get("type") != "poisson_gaussian" or not isinstance(event.get("steps"), int):
+        if not isinstance(event, PoissonGaussian) or not isinstance(event.steps, int):
             continue
-        core = {k: event[k] for k in _ACCOUNTED_KEYS if k in event}
-        key = (core.get("noise_multiplier"), core.get("sampling_rate"))
+        key = (event.noise_multiplier, event.sampling_rate)
         if key in merged:
-            merged[key]["steps"] += core["steps"]
+            merged[key] = dataclasses.replace(merged[key], steps=merged[key].steps + event.steps)
         else:
-            merged[key] = core
+            merged[key] = dataclasses.replace(event, annotations=())
     return list(merged.values())
 
 
 def _is_schedule(
-    events: Sequence[Mapping[str, Any]],
+    events: Sequence[DpEvent],
     private: bool,
     noise_multiplier: float,
     sampling_rate: float,
@@ -87,15 +94,14 @@ def _is_schedule(
     ledger holds; the plan's single σ is their minimum, so every ε computed from it alone (the
     loop's progress display) is an upper bound on the schedule's.
     """
-    if not private or not events:
-        return False
-    if any(e.get("type") != "poisson_gaussian" for e in events):
+    loops = [e for e in events if isinstance(e, PoissonGaussian)]
+    if not private or not events or len(loops) != len(events):
         return False
     try:
-        rates = {float(e["sampling_rate"]) for e in events}
-        total = sum(int(e["steps"]) for e in events)
-        smallest = min(float(e["noise_multiplier"]) for e in events)
-    except (KeyError, TypeError, ValueError):
+        rates = {float(e.sampling_rate) for e in loops}
+        total = sum(int(e.steps) for e in loops)
+        smallest = min(float(e.noise_multiplier) for e in loops)
+    except (TypeError, ValueError):
         return False
     return (
         rates == {float(sampling_rate)}
@@ -105,7 +111,7 @@ def _is_schedule(
 
 
 def check_plan_parameters(
-    events: Sequence[Mapping[str, Any]],
+    events: Sequence[AnyEvent],
     *,
     private: bool,
     noise_multiplier: float | None,
@@ -118,8 +124,10 @@ def check_plan_parameters(
     The loop runs with the plan's σ, q and T; the ledger knows only the events. An edited σ in
     `config.json` that left the events alone would otherwise run at another noise than the one
     accounted for. A plan without a loop Gaussian sum (`noise_multiplier` None: mst, aim) must
-    declare every loop step as reading no Poisson batch.
+    declare every loop step as reading no Poisson batch. `events` may be the dicts of
+    config.json; they are read as typed events.
     """
+    events = events_from_json(events)
     if noise_multiplier is None:
         if int(steps) - idle_loop_steps(events) != 0:
             raise AnchorError(
@@ -139,7 +147,7 @@ def check_plan_parameters(
     expected = loop_events(private, noise_multiplier, sampling_rate, steps)
     exact = any(_same_events([expected], [event]) for event in events)
     merged = any(_same_events([expected], [e]) for e in _merged_loop_events(events))
-    loop_only = [e for e in events if e.get("mechanism") not in _STAGE_MECHANISMS]
+    loop_only = [e for e in events if e.annotation("mechanism") not in _STAGE_MECHANISMS]
     if (
         not exact
         and not merged
@@ -157,10 +165,14 @@ proven bound (a paper's own accounting, reproduced behind an explicit flag). Suc
 as not private everywhere: its dataset's total ε is inf and its ε never enters a statement."""
 
 
-def not_dp_label(events: Sequence[Mapping[str, Any]]) -> str | None:
-    """The label (with its mechanism) of the first labelled `non_private` event, or None."""
+def not_dp_label(events: Iterable[AnyEvent]) -> str | None:
+    """The label (with its mechanism) of the first labelled `non_private` event, or None.
+
+    `events` may be a ledger line's stored dicts, read as they are (a line of a kind this
+    version does not know is no labelled `non_private` event)."""
     for event in events:
-        if event.get("type") == "non_private" and event.get("label"):
-            mechanism = event.get("mechanism")
-            return f"{event['label']}: {mechanism}" if mechanism else str(event["label"])
+        stored = event.to_json() if isinstance(event, DpEvent) else event
+        if stored.get("type") == "non_private" and stored.get("label"):
+            mechanism = stored.get("mechanism")
+            return f"{stored['label']}: {mechanism}" if mechanism else str(stored["label"])
     return None

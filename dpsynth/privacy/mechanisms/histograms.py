@@ -34,7 +34,7 @@ from scipy.stats import norm
 
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting.calibration import calibrate_noise
-from dpsynth.privacy.accounting.events import Gaussian, ThresholdDelta
+from dpsynth.privacy.accounting.events import DpEvent, Gaussian, ThresholdDelta
 
 # Share of the run's δ given to the thresholding steps of the category release.
 THRESHOLD_DELTA_SHARE = 0.1
@@ -71,7 +71,7 @@ class HistogramReleasePlan:
     categorical_columns: int
     epsilon: float
     delta: float
-    events: tuple[dict[str, Any], ...]
+    events: tuple[DpEvent, ...]
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -85,7 +85,7 @@ class HistogramReleasePlan:
             "categorical_columns": self.categorical_columns,
             "epsilon": self.epsilon,
             "delta": self.delta,
-            "events": [dict(e) for e in self.events],
+            "events": [e.to_json() for e in self.events],
         }
 
 
@@ -188,7 +188,7 @@ class ClassWeightsPlan:
     noise_std: float
     epsilon: float
     delta: float
-    events: tuple[dict[str, Any], ...]
+    events: tuple[DpEvent, ...]
     # rows one privacy unit may hold: the histogram's L2 sensitivity (1: the unit is a row)
     sensitivity: float = 1.0
 
@@ -202,7 +202,7 @@ class ClassWeightsPlan:
             "floor": CLASS_WEIGHT_FLOOR,
             "epsilon": self.epsilon,
             "delta": self.delta,
-            "events": [dict(e) for e in self.events],
+            "events": [e.to_json() for e in self.events],
         }
 
 

@@ -23,15 +23,15 @@ counter for every clique a round will need at once, so a round costs at most one
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from dpsynth.errors import DpsynthError
-from dpsynth.privacy.accounting.events import Gaussian
-from dpsynth.privacy.mechanisms.selection import exponential_mechanism
+from dpsynth.privacy.accounting.events import DpEvent, Gaussian
+from dpsynth.privacy.mechanisms.selection import exponential_mechanism, selection_event
 
 MEASUREMENT_MECHANISM = "Gaussian marginal counts (L2 sensitivity 1 per marginal, add/remove)"
 
@@ -45,6 +45,24 @@ def measurement_event(noise_multiplier: float, count: int, **annotations: Any) -
         int(count),
         annotations={"mechanism": MEASUREMENT_MECHANISM, **annotations},
     )
+
+
+def schedule_events(
+    noise_multiplier: float,
+    selection_epsilon: float,
+    measurements: int,
+    selections: int,
+    annotations: Mapping[str, Any] | None = None,
+) -> list[DpEvent]:
+    """The ledger events of a marginal schedule (`privacy/accounting/marginal_plan.py`): one
+    `gaussian` and (if any) one `pure_dp` event. `annotations` (e.g. the loop steps that read
+    no Poisson batch) go on the first event."""
+    events: list[DpEvent] = [
+        measurement_event(noise_multiplier, measurements, **dict(annotations or {}))
+    ]
+    if selections:
+        events.append(selection_event(selection_epsilon, selections))
+    return events
 
 
 def cells(sizes: Sequence[int], clique: Clique) -> int:

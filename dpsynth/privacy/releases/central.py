@@ -24,7 +24,7 @@ printed ε (its plan's bound) covers the release and every DP-SGD step.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,7 +34,7 @@ from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting.calibration import gaussian_sigma_for_share
 from dpsynth.privacy.accounting.compose import compose_epsilon, poisson_gaussian_event
 from dpsynth.privacy.accounting.dpsgd_plan import plan_poisson_gaussian
-from dpsynth.privacy.accounting.events import DpEvent, gaussian_release
+from dpsynth.privacy.accounting.events import AnyEvent, DpEvent, gaussian_release
 from dpsynth.privacy.accounting.plan import PrivacyPlan, PrivacyTarget
 from dpsynth.privacy.mechanisms.aggregation import renorm_rows
 
@@ -72,16 +72,17 @@ class CentralImagesPlan:
         )
 
     @classmethod
-    def from_event(cls, event: Mapping[str, Any]) -> CentralImagesPlan:
+    def from_event(cls, event: DpEvent) -> CentralImagesPlan:
         """Inverse of `event`."""
-        sigma = float(event["noise_multiplier"]) if event["type"] == "gaussian" else 0.0
-        return cls(sigma, float(event["clip_norm"]), float(event["count_weight"]))
+        stored = event.to_json()
+        sigma = float(stored["noise_multiplier"]) if stored["type"] == "gaussian" else 0.0
+        return cls(sigma, float(stored["clip_norm"]), float(stored["count_weight"]))
 
 
-def central_plan_in(events: Sequence[Mapping[str, Any]]) -> CentralImagesPlan | None:
+def central_plan_in(events: Sequence[DpEvent]) -> CentralImagesPlan | None:
     """The central-images release among a plan's events (None if it has none)."""
     for event in events:
-        if event.get("mechanism") == MECHANISM:
+        if event.annotation("mechanism") == MECHANISM:
             return CentralImagesPlan.from_event(event)
     return None
 
@@ -96,7 +97,7 @@ def plan_dpsgd_with_central_images(
     share: float,
     clip_norm: float,
     count_weight: float = 1.0,
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    prior_events: Sequence[AnyEvent] = (),
 ) -> PrivacyPlan:
     """A DP-SGD plan (as `plan_poisson_gaussian`) preceded by a central-images release.
 

@@ -21,9 +21,8 @@ updates.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,12 +32,17 @@ from torch.func import functional_call
 from dpsynth.errors import BudgetExceededError, UsageError
 from dpsynth.privacy.accounting.calibration import calibrate_noise
 from dpsynth.privacy.accounting.compose import compose_epsilon
-from dpsynth.privacy.accounting.events import DpEvent, NonPrivate, PoissonGaussian
+from dpsynth.privacy.accounting.events import (
+    AnyEvent,
+    DpEvent,
+    NonPrivate,
+    PoissonGaussian,
+    events_from_json,
+)
 from dpsynth.privacy.accounting.plan import PrivacyPlan, PrivacyTarget
+from dpsynth.privacy.accounting.plan_check import DP_CLASSIFIER_MECHANISM as MECHANISM
 from dpsynth.privacy.mechanisms.dpsgd import PrivateGradient
 from dpsynth.privacy.mechanisms.poisson import PoissonSampler
-
-MECHANISM = "dp_classifier"
 
 Progress = Callable[[int, int], None]
 
@@ -106,17 +110,18 @@ class ClassifierPlan:
         )
 
     @classmethod
-    def from_event(cls, event: Mapping[str, Any], n: int) -> ClassifierPlan:
+    def from_event(cls, event: DpEvent, n: int) -> ClassifierPlan:
         """Inverse of `event` for N records."""
-        sigma = float(event["noise_multiplier"]) if event["type"] == "poisson_gaussian" else 0.0
-        q = float(event["sampling_rate"])
-        return cls(sigma, q, int(event["steps"]), float(event["max_grad_norm"]), q * n)
+        stored = event.to_json()
+        sigma = float(stored["noise_multiplier"]) if stored["type"] == "poisson_gaussian" else 0.0
+        q = float(stored["sampling_rate"])
+        return cls(sigma, q, int(stored["steps"]), float(stored["max_grad_norm"]), q * n)
 
 
-def classifier_plan_in(events: Sequence[Mapping[str, Any]], n: int) -> ClassifierPlan | None:
+def classifier_plan_in(events: Sequence[DpEvent], n: int) -> ClassifierPlan | None:
     """The DP classifier among a plan's events (None if it has none)."""
     for event in events:
-        if event.get("mechanism") == MECHANISM:
+        if event.annotation("mechanism") == MECHANISM:
             return ClassifierPlan.from_event(event, n)
     return None
 
@@ -126,7 +131,7 @@ def plan_classifier(
     delta: float,
     n: int,
     schedule: ClassifierSchedule,
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    prior_events: Sequence[AnyEvent] = (),
 ) -> ClassifierPlan:
     """σ for the schedule's T Poisson steps so that prior + this compose to at most ε.
 
@@ -273,8 +278,8 @@ def plan_with_classifier(
     n: int,
     schedule: ClassifierSchedule,
     share: float,
-    plan_rest: Callable[[PrivacyTarget, tuple[dict[str, Any], ...]], PrivacyPlan],
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    plan_rest: Callable[[PrivacyTarget, tuple[DpEvent, ...]], PrivacyPlan],
+    prior_events: Sequence[AnyEvent] = (),
 ) -> PrivacyPlan:
     """A run's plan with a DP classifier (a backend's teacher) beside its own mechanisms.
 
@@ -289,7 +294,7 @@ def plan_with_classifier(
     """
     if not 0.0 < share < 1.0:
         raise UsageError(f"--set teacher_share: must be in (0, 1), got {share}")
-    prior = tuple(dict(e) for e in prior_events)
+    prior = events_from_json(prior_events)
     if not target.private:
         teacher = plan_classifier(math.inf, target.delta, n, schedule)
         rest = plan_rest(target, prior)

@@ -25,18 +25,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting.calibration import gaussian_sigma_for_share
 from dpsynth.privacy.accounting.compose import compose_epsilon
-from dpsynth.privacy.accounting.events import DpEvent, gaussian_release
+from dpsynth.privacy.accounting.events import (
+    AnyEvent,
+    DpEvent,
+    events_from_json,
+    gaussian_release,
+)
 from dpsynth.privacy.accounting.plan import PrivacyPlan, PrivacyTarget
+from dpsynth.privacy.accounting.plan_check import FREQUENCY_MODEL_MECHANISM as MECHANISM
 from dpsynth.privacy.mechanisms.aggregation import renorm_rows
 
-MECHANISM = "frequency_model"
 COVARIANCES = ("pooled", "class")
 # The covariance post-processing (`model_from_release`).
 DENOISERS = ("clip", "spiked", "spiked-pooled")
@@ -86,22 +90,23 @@ class FrequencyPlan:
         )
 
     @classmethod
-    def from_event(cls, event: Mapping[str, Any]) -> FrequencyPlan:
+    def from_event(cls, event: DpEvent) -> FrequencyPlan:
         """Inverse of `event`."""
-        sigma = float(event["noise_multiplier"]) if event["type"] == "gaussian" else 0.0
+        stored = event.to_json()
+        sigma = float(stored["noise_multiplier"]) if stored["type"] == "gaussian" else 0.0
         return cls(
             sigma,
-            int(event["band"]),
-            float(event["clip_norm"]),
-            float(event["count_weight"]),
-            str(event["covariance"]),
+            int(stored["band"]),
+            float(stored["clip_norm"]),
+            float(stored["count_weight"]),
+            str(stored["covariance"]),
         )
 
 
-def frequency_plan_in(events: Sequence[Mapping[str, Any]]) -> FrequencyPlan | None:
+def frequency_plan_in(events: Sequence[DpEvent]) -> FrequencyPlan | None:
     """The frequency-model release among a plan's events (None if it has none)."""
     for event in events:
-        if event.get("mechanism") == MECHANISM:
+        if event.annotation("mechanism") == MECHANISM:
             return FrequencyPlan.from_event(event)
     return None
 
@@ -358,8 +363,8 @@ def plan_with_frequency(
     target: PrivacyTarget,
     release: FrequencyPlan,
     share: float,
-    plan_rest: Callable[[tuple[dict[str, Any], ...]], PrivacyPlan],
-    prior_events: Sequence[Mapping[str, Any]] = (),
+    plan_rest: Callable[[tuple[DpEvent, ...]], PrivacyPlan],
+    prior_events: Sequence[AnyEvent] = (),
 ) -> PrivacyPlan:
     """A run's plan with the frequency-model release in front of the rest.
 
@@ -370,7 +375,7 @@ def plan_with_frequency(
     """
     if not 0.0 < share < 1.0:
         raise UsageError(f"--set frequency_share: must be in (0, 1), got {share}")
-    prior = tuple(dict(e) for e in prior_events)
+    prior = events_from_json(prior_events)
     if not target.private:
         exact = replace(release, noise_multiplier=0.0)
         rest = plan_rest(prior)

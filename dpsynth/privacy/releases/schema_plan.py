@@ -39,7 +39,7 @@ from scipy.stats import norm
 
 from dpsynth.errors import UsageError
 from dpsynth.privacy.accounting.calibration import calibrate_noise
-from dpsynth.privacy.accounting.events import Gaussian, ThresholdDelta
+from dpsynth.privacy.accounting.events import DpEvent, Gaussian, ThresholdDelta
 from dpsynth.privacy.mechanisms.histograms import THRESHOLD_DELTA_SHARE
 from dpsynth.privacy.releases.schema_grids import range_grid
 from dpsynth.privacy.releases.schema_spans import FALSE_ALARM, FALSE_ALONE
@@ -88,7 +88,7 @@ class SchemaReleasePlan:
     rows: int
     epsilon: float
     delta: float
-    events: tuple[dict[str, Any], ...]
+    events: tuple[DpEvent, ...]
     # rows one privacy unit may hold (1: the unit is a row): every noise std is scaled by it
     unit_rows: int = 1
     # the target's label list, when released: less noise than the other lists (see the plan)
@@ -145,7 +145,7 @@ class SchemaReleasePlan:
             **({"sensitivity_rows": self.unit_rows} if self.unit_rows > 1 else {}),
             "epsilon": self.epsilon,
             "delta": self.delta,
-            "events": [dict(e) for e in self.events],
+            "events": [e.to_json() for e in self.events],
         }
 
 

@@ -19,6 +19,7 @@ from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpaf import DPAFMethod
 from dpsynth.methods.dpaf.model import Classifier, CondGenerator, Features, sin
 from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.events import events_to_json
 from dpsynth.privacy.accounting.plan_check import check_plan_parameters
 from dpsynth.privacy.mechanisms.aggregation import (
     noisy_feature_sum,
@@ -235,7 +236,7 @@ def test_window_noise_split_is_exact():
 
 def test_plan_events_phases_and_target():
     config, plan = _plan(5.0)
-    phase1, phase2 = plan.events
+    phase1, phase2 = events_to_json(plan.events)
     assert plan.steps == config["c_steps"] + config["windows"]
     assert phase1["steps"] == config["c_steps"] and phase2["steps"] == config["windows"]
     q = config["batch_size"] / DIGITS_INFO.n

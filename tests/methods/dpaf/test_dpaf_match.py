@@ -17,6 +17,7 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpaf import DPAFMethod
 from dpsynth.methods.dpaf.model import AggregateRows, Features
+from dpsynth.privacy.accounting.events import events_to_json
 from dpsynth.privacy.mechanisms.aggregation import (
     noisy_feature_sum,
     renorm_rows,
@@ -103,7 +104,7 @@ def test_frozen_conv2_split_and_plan_are_exact_poisson_gaussians():
     assert agg == pytest.approx(1.3 * 2) and conv2 == math.inf
     assert window_noise_multiplier(agg, conv2, 4) == pytest.approx(1.3)
     config, plan, trainer = _trainer(5.0)
-    _, phase2 = plan.events
+    _, phase2 = events_to_json(plan.events)
     assert phase2["conv2_noise_multiplier"] is None and "frozen" in phase2["mechanism"]
     assert phase2["agg_noise_multiplier"] == pytest.approx(plan.noise_multiplier)  # window 1
     assert trainer.agg_sigma == pytest.approx(plan.noise_multiplier)
@@ -112,7 +113,7 @@ def test_frozen_conv2_split_and_plan_are_exact_poisson_gaussians():
     # re-accounted independently (dp-accounting PLD): window 1 without conv2* is exactly a
     # Poisson-subsampled Gaussian per release
     accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
-    for event in plan.events:
+    for event in events_to_json(plan.events):
         accountant.compose(
             dp_event.PoissonSampledDpEvent(
                 event["sampling_rate"], dp_event.GaussianDpEvent(event["noise_multiplier"])

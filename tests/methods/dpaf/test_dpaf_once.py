@@ -21,6 +21,7 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpaf import DPAFMethod
 from dpsynth.methods.dpaf.plan import ONCE_PHASE
+from dpsynth.privacy.accounting.events import events_to_json
 from dpsynth.privacy.mechanisms.aggregation import noisy_group_sums, renorm_rows
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from tests.methods.dpaf.test_dpaf_match import INFO, _digits, straight_and_cut_runs
@@ -76,7 +77,7 @@ def test_group_sums_noise_is_sigma_times_the_bound_from_the_generator():
 
 def test_once_plan_is_phase1_and_one_gaussian_within_epsilon_under_pld():
     config, plan, trainer = _trainer(4.0)
-    phase1, release = plan.events
+    phase1, release = events_to_json(plan.events)
     assert phase1["type"] == "poisson_gaussian" and phase1["steps"] == config["c_steps"]
     assert release["type"] == "gaussian" and release["phase"] == ONCE_PHASE
     assert trainer.once_sigma == release["noise_multiplier"] > 0
@@ -94,7 +95,7 @@ def test_once_plan_is_phase1_and_one_gaussian_within_epsilon_under_pld():
     assert accountant.get_epsilon(plan.delta) <= plan.epsilon_bound
     # without phase 1 the release takes the whole ε
     _, alone, _ = _trainer(4.0, conv1_init="random")
-    (only,) = alone.events
+    (only,) = events_to_json(alone.events)
     assert only["type"] == "gaussian" and only["noise_multiplier"] < release["noise_multiplier"]
     assert 3.9 < alone.epsilon_bound <= 4.0
 
@@ -166,7 +167,7 @@ def test_the_anchor_check_counts_only_the_reading_steps():
         with pytest.raises(AnchorError, match="does not match"):
             check_plan_parameters(plan.events, steps=edited, **kwargs)
     for bad in ("5", -1, 2.5):
-        events = [*plan.events[:-1], {**plan.events[-1], "loop_steps_without_reads": bad}]
+        events = [*plan.events[:-1], {**plan.events[-1].to_json(), "loop_steps_without_reads": bad}]
         with pytest.raises(AnchorError, match="whole number"):
             check_plan_parameters(events, steps=plan.steps, **kwargs)
 
@@ -200,8 +201,8 @@ def test_28x28_gets_the_curriculum_presets_and_mnist_still_releases_once():
     assert method.recommended_preset(INFO, 1.0) == "small"
     config = method.config("mnist", {}, mnist)
     plan = method.plan(mnist, PrivacyTarget(10.0, 1e-5), config)
-    assert [e["type"] for e in plan.events] == ["poisson_gaussian", "gaussian"]
-    assert plan.events[-1]["loop_steps_without_reads"] == config["windows"]
+    assert [e.kind for e in plan.events] == ["poisson_gaussian", "gaussian"]
+    assert plan.events[-1].annotation("loop_steps_without_reads") == config["windows"]
     assert plan.epsilon_bound <= 10.0
     # The curriculum: the frequency model's release first, then phase 1 and the one release,
     # all composed to the target.
@@ -210,6 +211,6 @@ def test_28x28_gets_the_curriculum_presets_and_mnist_still_releases_once():
         plan = method.plan(mnist, PrivacyTarget(10.0, 1e-5), config)
         assert config["phase2_release"] == "once"
         assert config["frequency_share"] > 0
-        assert [e["type"] for e in plan.events][-2:] == ["poisson_gaussian", "gaussian"]
+        assert [e.kind for e in plan.events][-2:] == ["poisson_gaussian", "gaussian"]
         assert len(plan.events) > 2  # the frequency model's own events come first
         assert plan.epsilon_bound <= 10.0

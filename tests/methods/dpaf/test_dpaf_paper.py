@@ -17,6 +17,7 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.dpaf import DPAFMethod
 from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.events import events_to_json
 from dpsynth.privacy.accounting.plan_check import NOT_DP_LABEL, check_plan_parameters, not_dp_label
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
@@ -49,8 +50,8 @@ def test_strict_is_the_default_and_paper_needs_its_own_learning():
 def test_paper_plan_is_not_private_and_its_claim_is_only_an_annotation():
     config, plan = _paper(5.0)
     assert not plan.private and plan.epsilon_bound == math.inf
-    assert all(e["type"] == "non_private" for e in plan.events)
-    label = next(e for e in plan.events if e.get("label"))
+    assert all(e.kind == "non_private" for e in plan.events)
+    label = next(e for e in events_to_json(plan.events) if e.get("label"))
     assert label["label"] == NOT_DP_LABEL
     # the paper-style claim: three streams, each at its split, composed (≤ the sum of parts)
     assert 0.2 < label["claimed_epsilon"] <= 5.0 + 1e-6

@@ -21,6 +21,7 @@ from dpsynth.methods.dpkernel import (
     VectorGenerator,
     raw_embedding_gradient,
 )
+from dpsynth.privacy.accounting.events import events_to_json
 from dpsynth.privacy.mechanisms.functional import functional_sensitivity
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
@@ -118,7 +119,7 @@ def test_plan_events_are_within_target_under_dp_accounting():
         plan = _plan(epsilon, config["steps"])
         assert plan.sampling_rate == pytest.approx(config["batch_size"] / DIGITS_INFO.n)
         assert plan.max_grad_norm == pytest.approx(math.sqrt(3))  # √n_L: exact add/remove
-        (event,) = plan.events
+        (event,) = events_to_json(plan.events)
         assert event["type"] == "poisson_gaussian"
         assert event["noise_multiplier"] == plan.noise_multiplier
         accountant = pld.PLDAccountant()
@@ -483,9 +484,9 @@ def test_teacher_presets_are_the_measured_rows_and_compose_their_stages_within_e
     assert {**named, "preset": base} == measured
     assert teacher_preset not in {method.recommended_preset(MNIST_INFO, e) for e in (1.0, 10.0)}
     plan = method.plan(MNIST_INFO, PrivacyTarget(epsilon, 1e-5), named)
-    teacher = [e for e in plan.events if e.get("mechanism") == "dp_classifier"]
-    frequency = [e for e in plan.events if e.get("mechanism") == "frequency_model"]
-    rest = [e for e in plan.events if e.get("mechanism") != "dp_classifier"]
+    teacher = [e for e in plan.events if e.annotation("mechanism") == "dp_classifier"]
+    frequency = [e for e in plan.events if e.annotation("mechanism") == "frequency_model"]
+    rest = [e for e in plan.events if e.annotation("mechanism") != "dp_classifier"]
     assert len(teacher) == 1 and len(frequency) == 1 and len(rest) > 1
     # The backend's stages are planned for half of ε alone (the frequency model for half of
     # that); the teacher's DP-SGD fills the rest up to ε under PRV composition, so alone it
@@ -514,8 +515,8 @@ def test_the_public_preset_is_the_measured_row_and_gives_half_of_epsilon_to_the_
         method.recommended_preset(MNIST_INFO, e) for e in (1.0, 10.0)
     }
     plan = method.plan(MNIST_INFO, PrivacyTarget(1.0, 1e-5), named)
-    mechanisms = {e.get("mechanism") for e in plan.events}
+    mechanisms = {e.annotation("mechanism") for e in plan.events}
     assert "frequency_model" not in mechanisms and "dp_classifier" in mechanisms
-    own = [e for e in plan.events if e.get("mechanism") != "dp_classifier"]
+    own = [e for e in plan.events if e.annotation("mechanism") != "dp_classifier"]
     assert compose_epsilon(own, 1e-5).epsilon == pytest.approx(0.5, rel=0.02)
     assert plan.epsilon_bound <= 1.0 + 1e-9

@@ -117,7 +117,7 @@ def test_presets_default_to_no_warm_start() -> None:
     config = method.config("small", {}, info)
     assert config["warm_start_share"] == 0.0
     plan = method.plan(info, PrivacyTarget(1.0, 1e-5), config)
-    assert all(e.get("mechanism") != "central_images" for e in plan.events)
+    assert all(e.annotation("mechanism") != "central_images" for e in plan.events)
 
 
 @pytest.mark.parametrize(
@@ -143,9 +143,9 @@ def test_28x28_presets_plan_the_release_at_their_share(
     config = method.config(preset, overrides, info)
     assert config["warm_start_clip"] == pytest.approx(28.0)
     plan = method.plan(info, PrivacyTarget(10.0, 1e-5), config)
-    release = [e for e in plan.events if e.get("mechanism") == mechanism]
-    assert len(release) == 1 and release[0]["type"] == "gaussian"
+    release = [e for e in plan.events if e.annotation("mechanism") == mechanism]
+    assert len(release) == 1 and release[0].kind == "gaussian"
     assert compose_epsilon(release, 1e-5).epsilon == pytest.approx(share * 10.0, rel=0.02)
     other = {"central_images", "frequency_model"} - {mechanism}
-    assert all(e.get("mechanism") not in other for e in plan.events)
+    assert all(e.annotation("mechanism") not in other for e in plan.events)
     assert plan.epsilon_bound <= 10.0 + 1e-9

@@ -22,6 +22,7 @@ from dpsynth.ledger import Ledger
 from dpsynth.methods.blocks import TeacherFilter
 from dpsynth.methods.registry import get_method, method_names
 from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.events import event_from_json
 from dpsynth.privacy.accounting.plan import PrivacyTarget
 from dpsynth.privacy.accounting.plan_check import IDLE_STEPS_KEY, check_plan_parameters
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
@@ -88,7 +89,7 @@ def test_one_release_noised_as_planned_and_the_printed_epsilon_is_the_prv_bound(
     assert plan["events"] == spend["events"]
     assert plan["gaussian_sum"]["noise_multiplier"] == event["noise_multiplier"]
     # the noise: std σ·√(2 + w²) on the exact statistics, drawn from the run's secret stream
-    release = FrequencyPlan.from_event(event)
+    release = FrequencyPlan.from_event(event_from_json(event))
     sigma, weight = event["noise_multiplier"], event["count_weight"]
     assert release.noise_std == pytest.approx(sigma * math.sqrt(2 + weight**2))
     records = load_data("digits")
@@ -206,14 +207,15 @@ def test_the_plan_composes_with_earlier_spends_and_the_teacher_as_the_stages_do(
     assert plan.epsilon_bound == compose_epsilon(plan.events, 1e-5).epsilon
     assert plan.total_epsilon_bound == compose_epsilon([*prior, event], 1e-5).epsilon <= 4.0
     alone = backend.plan(DIGITS, target, config)
-    assert event["noise_multiplier"] > alone.events[0]["noise_multiplier"]  # less left
+    assert event.noise_multiplier > alone.events[0].noise_multiplier  # less left
     # the 28×28 teacher preset: 70% of ε to the teacher, the release on the rest
     mnist = backend.config("mnist-teacher", {}, MNIST)
     backend.validate_config(mnist, MNIST)
     plan = backend.plan(MNIST, PrivacyTarget(10.0, 1e-5), mnist)
-    assert [e["mechanism"] for e in plan.events] == ["dp_classifier", "frequency_model"]
+    assert [e.annotation("mechanism") for e in plan.events] == ["dp_classifier", "frequency_model"]
     assert plan.epsilon_bound == compose_epsilon(plan.events, 1e-5).epsilon <= 10.0
-    assert plan.events[1]["covariance"] == "class" and plan.events[1]["band"] == 10
+    stage = plan.events[1]
+    assert stage.annotation("covariance") == "class" and stage.annotation("band") == 10
 
 
 def test_presets_and_settings():

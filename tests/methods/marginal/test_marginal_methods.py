@@ -23,7 +23,7 @@ from dpsynth.data.builtin_tables import TABLES_DIR
 from dpsynth.data.csvtable import RawTable
 from dpsynth.data.sources import load_table, read_table
 from dpsynth.data.table_codec import codec_for
-from dpsynth.evaluate.marginals import discretise, marginal_columns
+from dpsynth.evaluation.marginals import discretise, marginal_columns
 from dpsynth.ledger import Ledger
 from dpsynth.methods.base import PrivacyTarget
 from dpsynth.methods.marginal.aim import AIMMethod
@@ -34,6 +34,7 @@ from dpsynth.methods.marginal.junction import JunctionTree
 from dpsynth.methods.marginal.model import Measurement, estimate
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.events import events_to_json
 from dpsynth.training import train_run
 
 runner = CliRunner()
@@ -332,7 +333,7 @@ def test_plan_is_public_and_declares_its_rounds() -> None:
         method = get_method(name)
         config = method.config("small", {}, info)
         plan = method.plan(info, PrivacyTarget(1.0, 1e-4), config)
-        measure = next(e for e in plan.events if e["type"] == "gaussian")
+        measure = next(e for e in events_to_json(plan.events) if e["type"] == "gaussian")
         assert measure["loop_steps_without_reads"] == plan.steps
         # not DP-SGD-shaped: the noise lives in the measurement and selection events only
         assert plan.gaussian_sum is None and measure["noise_multiplier"] > 0
@@ -343,7 +344,7 @@ def test_plan_is_public_and_declares_its_rounds() -> None:
 
 def _measurement_sigma(plan) -> float:
     """σ of a marginal plan's Gaussian measurements (its event, not a loop parameter)."""
-    return next(e for e in plan.events if e["type"] == "gaussian")["noise_multiplier"]
+    return next(e for e in plan.events if e.kind == "gaussian").noise_multiplier
 
 
 def _trained_mst(overrides: dict, epsilon: float):
@@ -387,8 +388,8 @@ def test_mst_label_edges_measure_a_feature_tree_with_the_target(one_torch_thread
         components[root(a)] = root(b)
     assert len({root(a) for a in range(d) if a != target}) == 1
     # The plan accounts exactly what was done.
-    measure = next(e for e in plan.events if e["type"] == "gaussian")
-    select = next(e for e in plan.events if e["type"] == "pure_dp")
+    measure = next(e for e in events_to_json(plan.events) if e["type"] == "gaussian")
+    select = next(e for e in events_to_json(plan.events) if e["type"] == "pure_dp")
     assert measure["count"] == len(cliques) and select["count"] == trainer.selections == d - 2
     # The exact counts the run may compute are the triples: the memory estimate counts them.
     assert method.memory_mb(domain, config, 800) > method.memory_mb(
@@ -523,7 +524,7 @@ def test_estimation_reaches_mbis_least_squares_fit_and_stays_in_the_simplex() ->
     jax.config.update("jax_enable_x64", True)
     import mbi
 
-    from dpsynth.methods.marginal import mirror
+    from dpsynth.methods.marginal import estimator
 
     sizes = (3, 4, 2, 5, 3)
     rng = np.random.default_rng(0)
@@ -544,7 +545,7 @@ def test_estimation_reaches_mbis_least_squares_fit_and_stays_in_the_simplex() ->
     theirs = mbi.estimation.MirrorDescent().estimate(domain, linear, 400.0, iters=1000)
     their_loss = float(mbi.marginal_loss.from_linear_measurements(linear, domain)(theirs.marginals))
     tree, _ = estimate(sizes, [Measurement(c, v, s) for c, v, s in measured], 400.0, 1000)
-    targets = mirror.Targets.of(cliques, measured)
+    targets = estimator.Targets.of(cliques, measured)
     ours = [tree.factors[tree.home[c[0]]].sum_to(c).values for c in cliques[:5]]
     ours += [tree.pair_marginals([c])[c] for c in cliques[5:]]
     assert targets.loss(ours) <= their_loss * 1.0001
@@ -554,9 +555,9 @@ def test_estimation_reaches_mbis_least_squares_fit_and_stays_in_the_simplex() ->
         assert (mine >= 0).all() and abs(mine.sum() - 400.0) < 1e-6
     # Mirror descent alone (no scaled steps) takes mbi's steps.
     junction = JunctionTree.triangulated(sizes, cliques)
-    oracle = mirror.TreeOracle(sizes, junction.cliques, junction.edges, cliques)
+    oracle = estimator.TreeOracle(sizes, junction.cliques, junction.edges, cliques)
     start = [np.zeros([sizes[j] for j in c]) for c in cliques]
-    plain = mirror.fit(oracle, targets, start, 400.0, 100, tolerance=-1.0, scaled=False)
+    plain = estimator.fit(oracle, targets, start, 400.0, 100, tolerance=-1.0, scaled=False)
     hundred = mbi.estimation.MirrorDescent().estimate(domain, linear, 400.0, iters=100)
     mus = oracle.clique_marginals(plain.marginals)
     for c, mine in zip(cliques, mus, strict=True):
@@ -592,13 +593,13 @@ def test_message_passing_matches_the_brute_force_joint_for_any_range_of_potentia
     (linear-space passing lost whole tables to underflow there)."""
     from scipy.special import logsumexp
 
-    from dpsynth.methods.marginal import mirror
+    from dpsynth.methods.marginal import estimator
 
     rng = np.random.default_rng(0)
     sizes = (3, 4, 2, 5, 3)
     cliques = [(0,), (1,), (2,), (3,), (4,), (0, 1), (1, 2), (1, 3), (2, 3), (3, 4)]
     tree = JunctionTree.triangulated(sizes, cliques)
-    oracle = mirror.TreeOracle(sizes, tree.cliques, tree.edges, cliques)
+    oracle = estimator.TreeOracle(sizes, tree.cliques, tree.edges, cliques)
     for _ in range(10):
         theta = [rng.normal(0.0, spread, [sizes[a] for a in c]) for c in cliques]
         joint = np.zeros(sizes)

@@ -175,7 +175,7 @@ def test_plan_counts_every_release_and_steps_cannot_be_overridden():
     assert plan.steps == 24
     assert plan.sampling_rate == pytest.approx(config["batch_size"] / 1000)
     (event,) = plan.events
-    assert event == {
+    assert event.to_json() == {
         "type": "poisson_gaussian",
         "noise_multiplier": plan.noise_multiplier,
         "sampling_rate": plan.sampling_rate,

@@ -25,6 +25,7 @@ from dpsynth.methods.rdpgan import RDPGANMethod
 from dpsynth.methods.rdpgan import schedule as sched
 from dpsynth.methods.rdpgan.trainer import RDPGANTrainer
 from dpsynth.privacy.accounting.compose import compose_epsilon
+from dpsynth.privacy.accounting.events import events_to_json
 from dpsynth.privacy.accounting.plan_check import check_plan_parameters
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 
@@ -64,7 +65,7 @@ def _trainer(epsilon: float = 2.0, seed: int = 0, lr_d: float | None = None, **o
 
 def _pld_epsilon(events: list[dict], delta: float) -> float:
     accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
-    for event in events:
+    for event in events_to_json(events):
         accountant.compose(
             dp_event.PoissonSampledDpEvent(
                 event["sampling_rate"], dp_event.GaussianDpEvent(event["noise_multiplier"])
@@ -178,14 +179,14 @@ def test_generator_step_touches_no_private_data(one_torch_thread):
 def test_schedule_events_reaccounted_under_pld_and_used_step_by_step(overrides):
     config, plan = _plan(3.0, tuple(sorted((k, str(v)) for k, v in overrides.items())))
     n_d, n_g = int(config["n_d"]), int(config["n_g"])
-    assert plan.steps == n_d * n_g == sum(e["steps"] for e in plan.events)
+    assert plan.steps == n_d * n_g == sum(e.steps for e in plan.events)
     assert plan.epsilon_bound <= 3.0
     # dp-accounting's PLD on the recorded events: never above the printed ε.
     assert _pld_epsilon(list(plan.events), plan.delta) <= plan.epsilon_bound
     # The trainer's σ at every step is z₀·f(t) of the schedule (t = generator iteration).
     trainer = RDPGANTrainer(DIGITS_INFO, config, plan, torch.device("cpu"), 0, PrivateRandomness(1))
     raw = sched.factors(config["schedule"], n_g, float(config["decay"]), int(config["step_every"]))
-    z0 = plan.events[0]["noise_multiplier"]
+    z0 = plan.events[0].noise_multiplier
     for step in range(plan.steps):
         expected = z0 * raw[step // n_d]
         assert trainer.sigma_at(step) == pytest.approx(expected, rel=1e-12)
@@ -222,7 +223,7 @@ def test_a_schedule_beside_a_shared_stage_passes_the_anchor_check_and_nothing_el
 
     overrides = {"schedule": "step", "decay": "0.5", "step_every": "2", "n_g": "6", **stage}
     config, plan = _plan(3.0, tuple(sorted(overrides.items())))
-    mechanisms = [e.get("mechanism") for e in plan.events]
+    mechanisms = [e.annotation("mechanism") for e in plan.events]
     assert mechanisms[0] in ("frequency_model", "dp_classifier") and len(plan.events) == 4
     trainer = RDPGANTrainer(DIGITS_INFO, config, plan, torch.device("cpu"), 0, PrivateRandomness(1))
     assert plan.noise_multiplier == min(trainer.sigma_at(s) for s in range(plan.steps))
@@ -231,7 +232,7 @@ def test_a_schedule_beside_a_shared_stage_passes_the_anchor_check_and_nothing_el
         steps=plan.steps, run_name="run",
     )  # fmt: skip
     check(noise_multiplier=plan.noise_multiplier)
-    for sigma in (plan.events[1]["noise_multiplier"], 1.01 * plan.noise_multiplier):
+    for sigma in (plan.events[1].noise_multiplier, 1.01 * plan.noise_multiplier):
         with pytest.raises(AnchorError):
             check(noise_multiplier=sigma)
     with pytest.raises(AnchorError):
@@ -243,7 +244,7 @@ def test_decaying_schedule_spends_no_more_than_constant_and_decays():
     _, step = _plan(
         3.0, (("decay", "0.5"), ("n_g", "6"), ("schedule", "step"), ("step_every", "2"))
     )
-    sigmas = [e["noise_multiplier"] for e in step.events]
+    sigmas = [e.noise_multiplier for e in step.events]
     assert sigmas == sorted(sigmas, reverse=True) and len(sigmas) == 3
     assert sigmas[1] == pytest.approx(0.5 * sigmas[0]) and sigmas[2] == pytest.approx(
         0.25 * sigmas[0]
@@ -381,7 +382,7 @@ def test_frequency_anchor_holds_g_near_its_copy_fitted_to_the_model(one_torch_th
         on = weight != "0"
         assert any(k.startswith("anchor.") for k in trainer.state_tensors()) == on
         if on:  # frozen: the anchor's weights are those G had after its fit
-            pairs = zip(trainer.anchor.net.parameters(), fitted.parameters(), strict=True)
+            pairs = zip(trainer.fit_penalty.net.parameters(), fitted.parameters(), strict=True)
             for frozen, start in pairs:
                 assert torch.equal(frozen, start) and not frozen.requires_grad
         distances[weight] = _anchor_distance(trainer, fitted)
@@ -501,12 +502,12 @@ def test_auto_picks_the_frequency_model_presets_for_images():
         config = method.config(preset, {}, info)
         method.validate_config(config, info)
         plan = method.plan(info, PrivacyTarget(1.0, 1e-5), config)
-        (release,) = [e for e in plan.events if e.get("mechanism") == "frequency_model"]
-        assert release["covariance"] == covariance
+        (release,) = [e for e in plan.events if e.annotation("mechanism") == "frequency_model"]
+        assert release.annotation("covariance") == covariance
         assert plan.epsilon_bound <= 1.0
         assert compose_epsilon(plan.events, 1e-5).epsilon <= 1.0
         # No teacher in a recommended preset (issue 45), and the GAN trains: ≥ 1,000 D steps.
-        assert not [e for e in plan.events if e.get("mechanism") == "dp_classifier"]
+        assert not [e for e in plan.events if e.annotation("mechanism") == "dp_classifier"]
         assert config["n_g"] * config["n_d"] >= 1000
 
 
