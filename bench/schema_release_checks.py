@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -30,21 +29,12 @@ from typing import Any
 import numpy as np
 
 from bench import machine, real_tables
+from bench.cli_runner import Cli
+from bench.tables_real_cells import draft_schema
 from dpsynth.errors import DpsynthError
 
 PRESENT_SHARE = 0.10  # a column written empty counts when real rows fill this share of cells
-
-
-def _draft(train: Path, target: str, folder: Path) -> Path:
-    done = subprocess.run(
-        [sys.executable, "-m", "dpsynth.cli", "data", "schema", f"csv:{train}", "--target", target],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    path = folder / "schema.json"
-    path.write_text(done.stdout)
-    return path
+DRAFT_MINUTES = 10.0  # wall limit of `data schema`
 
 
 def release_checks(train: Path, schema: Path, epsilon: float, seed: int) -> dict[str, Any]:
@@ -120,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.data:
         table = known[name]
         train, _ = real_tables.prepare(table, args.work, install=not args.no_install)
-        schema = _draft(train, table.target, train.parent)
+        drafted = draft_schema(Cli(args.work, None, DRAFT_MINUTES), table, train, train.parent)
+        if "error" in drafted:
+            report["tables"][name] = {"error": drafted["error"]}
+            continue
+        schema = Path(drafted["path"])
         try:
             runs = [release_checks(train, schema, args.epsilon, seed) for seed in range(args.seeds)]
         except DpsynthError as exc:  # refused before any spend (too small for its columns)

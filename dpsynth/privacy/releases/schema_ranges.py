@@ -89,6 +89,12 @@ def _extended(
     return max(first, 1), min(last, len(released) - 2)
 
 
+def _fullest_window(counts: np.ndarray) -> tuple[int, int]:
+    """The first and last bin of the _LAST_WIDTH adjacent noisy counts with the largest sum."""
+    start = int(np.argmax(np.convolve(counts, np.ones(_LAST_WIDTH), mode="valid")))
+    return start, start + _LAST_WIDTH - 1
+
+
 def _with_unseen_values(
     released: np.ndarray, span: tuple[int, int], present: float, std: float, zero: int
 ) -> tuple[int, int]:
@@ -106,9 +112,8 @@ def _with_unseen_values(
         rest[:zero] = 0.0
     elif last < zero:
         rest[zero:] = 0.0
-    sums = np.convolve(rest, np.ones(_LAST_WIDTH), mode="valid")
-    start = int(np.argmax(sums))
-    return min(first, start), max(last, start + _LAST_WIDTH - 1)
+    window = _fullest_window(rest)
+    return min(first, window[0]), max(last, window[1])
 
 
 def _weak_span(
@@ -130,9 +135,7 @@ def _weak_span(
         return span
     if present <= LAST_RESORT_Z * std:
         return None
-    sums = np.convolve(released, np.ones(_LAST_WIDTH), mode="valid")
-    start = int(np.argmax(sums))
-    return start, start + _LAST_WIDTH - 1
+    return _fullest_window(released)
 
 
 def _number_range(
