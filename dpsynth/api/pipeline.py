@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 from dpsynth.api.results import EvaluationReport, SampleResult, TrainResult
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dpsynth.auditing.planned_audit import AuditResult
+    from dpsynth.data.schema import Schema
     from dpsynth.training import ProgressCallback, TrainRequest
 
 
@@ -39,7 +42,7 @@ def _classes(classes: Sequence[str] | str | None) -> tuple[str, ...] | None:
 def train(
     *,
     method: str | None,
-    data: str | None,
+    data: str | Path | pd.DataFrame | None,
     epsilon: float | str | None,
     out: Path | str,
     delta: float | None = None,
@@ -49,43 +52,53 @@ def train(
     seed: int = 0,
     resume: bool = False,
     overrides: Mapping[str, Any] | None = None,
+    dataset_id: str | None = None,
+    public_size: int | None = None,
+    image_size: int | None = None,
+    channels: int | None = None,
+    classes: Sequence[str] | str | None = None,
+    public: str | None = None,
+    schema: Path | str | Schema | Mapping[str, Any] | None = None,
+    schema_public: bool = False,
+    schema_epsilon: float | None = None,
+    class_weights_epsilon: float | None = None,
+    engine: str = "auto",
+    memory_budget: int | str | None = None,
+    privacy_unit: str | None = None,
+    max_rows_per_unit: int | None = None,
+    checkpoint_every_s: float = 120.0,
+    log_private_loss: bool = False,
+    stop_after_steps: int | None = None,
+    privacy_seed: int | None = None,
     progress: ProgressCallback | None = None,
-    **options: Any,
 ) -> TrainResult | None:
     """Train `method` on `data` under (ε, δ)-DP into the run directory `out`.
 
     `epsilon` is the data set's total budget after this run ("inf": not private); the spend is
     reserved in `ledger` (default: $DPSYNTH_LEDGER, else ./dpsynth-ledger.jsonl; with
     `resume` and no ledger, the run's recorded one) before any record is read. `overrides`
-    are preset values by name (`dpsynth train --set`). `options` are the other fields of
-    `dpsynth.training.TrainRequest` by name, as the command's options: for tables `schema`
-    (a file) and, for its entries read off the data, `schema_public=True` or a DP release
-    costing `schema_epsilon`, `class_weights_epsilon`, `engine`, `memory_budget`, and a
-    privacy unit (`privacy_unit="subject_id"`, `max_rows_per_unit=3`: the guarantee is then
-    per person with at most that many rows, not per row); for images
-    `image_size`, `channels`, `classes` ("a,b,c" or a sequence) and `public`; and
-    `dataset_id`, `public_size`, `checkpoint_every_s`, `log_private_loss`.
+    are preset values by name (`dpsynth train --set`). The other keywords are the command's
+    options by name (`dpsynth.training.TrainRequest`'s fields). `data` is a spec, a path, or a
+    pandas DataFrame (a table, trained on in memory). For tables `schema` (a file, a `Schema` or
+    its JSON as a dict) and, for its entries read off the data, `schema_public=True` or a DP
+    release costing `schema_epsilon`, `class_weights_epsilon`, `engine`, `memory_budget` (bytes,
+    or "4G"), and a privacy unit (`privacy_unit="subject_id"`, `max_rows_per_unit=3`: the
+    guarantee is then per person with at most that many rows, not per row); for images
+    `image_size`, `channels`, `classes` ("a,b,c" or a sequence) and `public`; and `dataset_id`,
+    `public_size`, `checkpoint_every_s`, `log_private_loss`. `stop_after_steps` and
+    `privacy_seed` are for tests only (an early stop leaves the spend reserved; a known secret
+    voids the guarantee), never `dpsynth train` options.
     Raises `UsageError` (naming the parameter) before anything is written for a bad request,
     `BudgetExceededError` when the ledger's cap would be passed, `DataError` for bad data.
     Under torchrun every rank calls it; ranks other than 0 get None.
     """
+    # The keywords are the request's fields by name (tests/training/test_request_surface.py).
+    keywords = dict(locals())
     from dpsynth.training import TrainRequest
 
-    request = TrainRequest(
-        out=out,
-        method=method,
-        data=data,
-        epsilon=epsilon,  # type: ignore[arg-type]  # parsed when the request is built
-        delta=delta,
-        preset=preset,
-        ledger_path=None if resume and ledger is None else _ledger(ledger),
-        device=device,
-        seed=seed,
-        resume=resume,
-        overrides=dict(overrides or {}),
-        **options,
-    )
-    return train_request(request, progress)
+    del keywords["progress"]
+    keywords["ledger"] = None if resume and ledger is None else _ledger(ledger)
+    return train_request(TrainRequest.build(**keywords), progress)
 
 
 def train_request(
@@ -104,8 +117,8 @@ def train_request(
 
 def _recorded_ledger(request: TrainRequest, summary: Mapping[str, Any]) -> Path | None:
     """The ledger the run is charged to: the request's, else the one the run recorded."""
-    if request.ledger_path is not None:
-        return Path(request.ledger_path)
+    if request.run.ledger is not None:
+        return Path(request.run.ledger)
     from dpsynth.errors import DpsynthError
     from dpsynth.rundir import RunDir
     from dpsynth.training.resume import recorded_ledger
@@ -156,8 +169,8 @@ def sample(
 
 
 def evaluate(
-    synthetic: Path | str,
-    real: str,
+    synthetic: Path | str | pd.DataFrame,
+    real: str | Path | pd.DataFrame,
     *,
     metrics: Sequence[str] | str = "auto",
     classifier: str = "cnn",
@@ -166,7 +179,7 @@ def evaluate(
     fid_n: int | None = None,
     report: Path | str | None = None,
     inception_weights: Path | str | None = None,
-    real_train: str | None = None,
+    real_train: str | Path | pd.DataFrame | None = None,
     schema: Path | str | None = None,
     classes: Sequence[str] | str | None = None,
     channels: int | None = None,
@@ -176,8 +189,9 @@ def evaluate(
     cache_real_features: bool = False,
     **engine_options: Any,
 ) -> EvaluationReport:
-    """Score synthetic data (a sample folder, a run directory, or a table's sample file)
-    against the held-out `real` data spec.
+    """Score synthetic data (a sample folder, a run directory, a table's sample file, or the
+    DataFrame `Synthesizer.sample` returns) against the held-out `real` data (a spec, a path,
+    or for a table a DataFrame).
 
     Images: `metrics` from fid, accuracy, precision, recall (FID needs the Inception weights);
     tables (`real="csv:FILE"` or a built-in table): accuracy, roc_auc, ml, marginals; "auto"
@@ -189,6 +203,7 @@ def evaluate(
     0600) for the next evaluation against the same data; by default nothing is kept. Further
     `run_evaluation` options may be given by name.
     """
+    from dpsynth.data.frames import is_frame
     from dpsynth.evaluation.feature_cache import caching
     from dpsynth.evaluation.report import run_evaluation
 
@@ -196,7 +211,7 @@ def evaluate(
     # Per-record features of the real (private) images: on disk only when asked for.
     with caching(cache_real_features):
         summary = run_evaluation(
-            synthetic=os.fspath(synthetic),
+            synthetic=synthetic if is_frame(synthetic) else os.fspath(synthetic),
             real=real,
             metrics=[m.strip() for m in wanted if m.strip()],
             classifier=classifier,

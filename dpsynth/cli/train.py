@@ -1,4 +1,5 @@
-"""`dpsynth train`: builds a training request from the flags and runs it."""
+"""`dpsynth train`: the flags, which are the training request's fields by name, handed to
+`dpsynth.api.train`; the result rendered."""
 
 from __future__ import annotations
 
@@ -64,20 +65,6 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def _budget(text: str | None) -> int | None:
-    """`--memory-budget` in bytes (512M, 4G, …), None when not given."""
-    from dpsynth.data.limits import parse_bytes
-
-    if text is None:
-        return None
-    try:
-        return parse_bytes(text)
-    except UsageError:
-        raise UsageError(
-            f"--memory-budget {text!r}: expected a size in bytes such as 4G or 512M"
-        ) from None
-
-
 @app.command()
 @handle_errors
 @threads_option
@@ -122,7 +109,7 @@ def train(
             "never publish them.",
         ),
     ] = False,
-    set_: Annotated[
+    overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a preset value: key=value.")
     ] = None,
     image_size: Annotated[int | None, typer.Option(help="Resize images to this size.")] = None,
@@ -211,7 +198,9 @@ def train(
             "4G) [default: $DPSYNTH_MEMORY_BUDGET, else half the machine's memory].",
         ),
     ] = None,
-    checkpoint_every: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 120.0,
+    checkpoint_every_s: Annotated[
+        float, typer.Option("--checkpoint-every", help="Seconds between checkpoints.")
+    ] = 120.0,
     device: DeviceOpt = "auto",
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
@@ -222,44 +211,17 @@ def train(
     Under torchrun (`torchrun --nproc-per-node N --no-python dpsynth train ...`) it trains
     data-parallel with the same mechanism and accounting; rank 0 alone writes and prints.
     """
-    from dpsynth.api import train_request
+    # The parameters are the request's fields by name (tests/training/test_request_surface.py),
+    # and the two that say how to show the result.
+    fields = dict(locals())
+    from dpsynth.api import train as train_api
     from dpsynth.distributed import is_main_process
-    from dpsynth.training import TrainRequest
 
-    request = TrainRequest(
-        out=out,
-        method=method,
-        data=data,
-        epsilon=epsilon,
-        delta=delta,
-        preset=preset,
-        # --resume without --ledger (or $DPSYNTH_LEDGER): the run's recorded ledger.
-        ledger_path=(
-            None
-            if resume and ledger is None and not os.environ.get("DPSYNTH_LEDGER")
-            else resolve_ledger_path(ledger)
-        ),
-        device=device,
-        seed=seed,
-        resume=resume,
-        overrides=parse_sets(set_),
-        image_size=image_size,
-        dataset_id=dataset_id,
-        public_size=public_size,
-        classes=classes,
-        channels=channels,
-        checkpoint_every_s=checkpoint_every,
-        log_private_loss=log_private_loss,
-        schema=schema,
-        schema_public=schema_public,
-        schema_epsilon=schema_epsilon,
-        class_weights_epsilon=class_weights_epsilon,
-        privacy_unit=privacy_unit,
-        max_rows_per_unit=max_rows_per_unit,
-        public=public,
-        engine=engine,
-        memory_budget=_budget(memory_budget),
-    )
+    del fields["as_json"], fields["quiet"]
+    fields["overrides"] = parse_sets(overrides)
+    # --resume without --ledger (or $DPSYNTH_LEDGER): the run's recorded ledger.
+    recorded = resume and ledger is None and not os.environ.get("DPSYNTH_LEDGER")
+    fields["ledger"] = None if recorded else resolve_ledger_path(ledger)
     # Under torchrun only rank 0 shows progress and the result; the other ranks are quiet.
     main_rank = is_main_process()
     show = show_progress(quiet, as_json) and main_rank
@@ -268,7 +230,8 @@ def train(
     with progress_bar(show, "train") as bar:
         # The bar, and (unless --quiet) a line on stderr as soon as a first signal asks for a
         # stop: the loop honours it only after the step in progress.
-        trained = train_request(request, TrainProgressView(bar, tell_stops=not quiet and main_rank))
+        view = TrainProgressView(bar, tell_stops=not quiet and main_rank)
+        trained = train_api(**fields, progress=view)
     if not main_rank or trained is None:
         return
     result = trained.to_json()

@@ -20,7 +20,32 @@ from dpsynth.ledger import Ledger
 from dpsynth.ledger.key import is_legacy
 from dpsynth.methods.base import Method, Trainer
 from dpsynth.methods.registry import get_method, method_names
+from dpsynth.privacy.mechanisms.contribution import UnitBound
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
+from dpsynth.training.request import TrainRequest
+
+
+def open_images(
+    request: TrainRequest, backend: Method | None, randomness: PrivateRandomness
+) -> tuple[ImageData, UnitBound | None]:
+    """A new run's images as read, and with a privacy unit each person bounded to one image
+    (from the run's secret `randomness`) before anything is read; `backend` None: auto."""
+    if backend is not None:
+        check_modality(backend, "image")
+    data, images, privacy = request.input, request.images, request.privacy
+    records = load_data(
+        data.data,
+        image_size=images.image_size,
+        dataset_id=data.dataset_id,
+        classes=images.classes,
+        channels=images.channels,
+    )
+    if privacy.privacy_unit is None:
+        return records, None
+    from dpsynth.training.image_units import bounded_images
+
+    unit_spec = (data.data, privacy.privacy_unit, privacy.max_rows_per_unit or 1)
+    return bounded_images(*unit_spec, records, randomness)
 
 
 def load_recorded(

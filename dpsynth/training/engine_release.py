@@ -4,8 +4,8 @@ entries read off the data, from the counts the engine makes.
 The order is the in-memory path's (`training.table_schema`, `training.start`): the check pass
 (`training.table_source.prepare_table_source`: N, the content digest, every row checked); the
 release planned from public facts (N or `--public-size`, δ; `check_reach`); the run's training
-plan checked to fit after the release's events (`training.release_fit`, shared with the
-in-memory path); then one ledger entry (command `schema-release`) reserved, the release run,
+plan checked to fit after the release's events (`training.start`, as for the in-memory path);
+then one ledger entry (command `schema-release`) reserved, the release run,
 and the entry completed or aborted (`training.schema_spend.spend_release`). The release is
 `schema_entries.apply_release` on the engine's counts: round 1 one pass summing each chunk's
 `count_ranges`, round 2 a second pass summing `count_shapes` over the fine grids round 1
@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -43,12 +43,10 @@ from dpsynth.data.engines.source import TableSource, chunk_encoder
 from dpsynth.data.schema import Column, Schema
 from dpsynth.errors import UsageError
 from dpsynth.ledger import Ledger
-from dpsynth.methods.base import Method
 from dpsynth.privacy.accounting.calibration import default_delta
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from dpsynth.privacy.releases.schema_counts import RangeCounts, ShapeCounts
 from dpsynth.privacy.releases.schema_plan import SchemaReleasePlan
-from dpsynth.training.release_fit import check_training_fits, recommended
 from dpsynth.training.request import TrainRequest
 from dpsynth.training.schema_counting import count_ranges, count_shapes
 from dpsynth.training.schema_entries import (
@@ -61,60 +59,59 @@ from dpsynth.training.schema_entries import (
 )
 from dpsynth.training.schema_spend import spend_release
 from dpsynth.training.table_input import TableInput
-from dpsynth.training.table_schema import schema_share
 from dpsynth.training.table_source import prepare_table_source
-from dpsynth.training.table_units import check_unit_composition
 
 
-def engine_table(
+def prepare_engine_table(
     request: TrainRequest,
     engine: EngineChoice,
-    backend: Method | None,
     ledger: Ledger,
-    run_id: str,
-    randomness: PrivateRandomness,
+    share: float,
     on_pass: PassCallback | None = None,
-) -> tuple[TableSource, dict[str, Any] | None, Method]:
-    """The table as an engine's source under a public schema, the record of the DP release of
-    its entries (None: nothing released) and the run's backend (see the module)."""
-    assert request.data is not None
-    target_epsilon = request.target_epsilon
-    share = schema_share(backend is None or backend.reuses_one_ways)  # auto: mst or aim
+) -> tuple[TableSource, TableInput | None]:
+    """The table as an engine's source under a public schema (its check pass made), and the
+    DP release of its entries read off the data planned on it (None: nothing to release);
+    nothing is spent (see the module)."""
+    data, table = request.input, request.table
+    assert data.data is not None
     source, epsilon = prepare_table_source(
-        spec=request.data,
+        spec=data.data,
         engine=engine,
-        schema_path=request.schema,
-        schema_public=request.schema_public,
-        schema_epsilon=request.schema_epsilon,
-        class_weights_epsilon=request.class_weights_epsilon,
-        dataset_id=request.dataset_id,
-        target_epsilon=target_epsilon,
-        budget=request.memory_budget,
+        schema_path=table.schema,
+        schema_public=table.schema_public,
+        schema_epsilon=table.schema_epsilon,
+        class_weights_epsilon=table.class_weights_epsilon,
+        dataset_id=data.dataset_id,
+        target_epsilon=request.target_epsilon,
+        budget=table.memory_budget,
         on_pass=on_pass,
         share=share,
     )
+    if epsilon is None:
+        return source, None
     try:
-        if epsilon is None:
-            return source, None, backend or recommended(source.info(""), target_epsilon)
-        table = plan_engine_release(source, epsilon, request, ledger, share)
-        assert table.fingerprint is not None and table.delta is not None
-        # before the release is spent: the data set's earlier spends must protect rows
-        check_unit_composition(ledger, table.dataset, table.fingerprint, None)
-        info = source.info(table.fingerprint)
-        if request.public_size is not None:
-            info = replace(info, n=request.public_size)
-        backend = backend or recommended(info, target_epsilon)
-        check_training_fits(
-            backend, request, info, table.events, table.delta, ledger, rows_in_memory=False
-        )
-        run = EngineRun(source.counter)
-        schema, record = spend_release(table, ledger, backend.name, run_id, randomness, run)
-        if not table.schema_epsilon_given:
-            record["default_share"] = table.default_share  # the safe default, not a user's flag
-        return run.released_source(source, schema), record, backend
+        return source, plan_engine_release(source, epsilon, request, ledger, share)
     except BaseException:
         source.close()
         raise
+
+
+def spend_engine_release(
+    source: TableSource,
+    table: TableInput,
+    ledger: Ledger,
+    method: str,
+    run_id: str,
+    randomness: PrivateRandomness,
+) -> tuple[TableSource, dict[str, Any]]:
+    """Spend the planned release on the engine's counts (one ledger entry) and return the
+    source under the released schema with the release's record. The caller checks first that
+    training still fits after `table.events`."""
+    run = EngineRun(source.counter)
+    schema, record = spend_release(table, ledger, method, run_id, randomness, run)
+    if not table.schema_epsilon_given:
+        record["default_share"] = table.default_share  # the safe default, not a user's flag
+    return run.released_source(source, schema), record
 
 
 def plan_engine_release(
@@ -123,7 +120,7 @@ def plan_engine_release(
     """The release of the source's entries read off the data, planned from public facts (N
     from the check pass, or `--public-size`); nothing is spent. UsageError when it would not
     leave room for training, or keep hardly anything (`check_reach`)."""
-    given = request.schema_epsilon is not None
+    given = request.table.schema_epsilon is not None
     target = request.target_epsilon
     flag = "--schema-epsilon" if given else "the default --schema-epsilon"
     if not math.isfinite(target):
@@ -133,8 +130,9 @@ def plan_engine_release(
             f"{flag} ({epsilon:g}) must be below --epsilon {target:g} (the total, training "
             "included)"
         )
-    rows = request.public_size or source.n
-    delta = float(request.delta) if request.delta is not None else default_delta(rows)
+    rows = request.input.public_size or source.n
+    given_delta = request.privacy.delta
+    delta = float(given_delta) if given_delta is not None else default_delta(rows)
     # keyed under the ledger's secret key: the plain digest would be a membership test
     fingerprint = ledger.data_fingerprint(source.content_digest)
     release = plan_release(source.schema, rows, epsilon, delta)

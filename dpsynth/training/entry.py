@@ -19,24 +19,31 @@ from dpsynth.ledger import Ledger
 from dpsynth.rundir import RunDir
 from dpsynth.training.loop import run_loop
 from dpsynth.training.progress import ProgressCallback, pass_callback
-from dpsynth.training.request import TrainRequest, resolve_device
+from dpsynth.training.request import TrainRequest
 from dpsynth.training.resume import join_run, recorded_ledger, resume_run
 from dpsynth.training.session import Session
 from dpsynth.training.start import start_run
 
+# Older spellings `train_run` still takes, for the tests and the audit's black box that use it.
+_OLD_NAMES = {"ledger_path": "ledger"}
 
-def train_run(*, progress: ProgressCallback | None = None, **fields: Any) -> dict[str, Any]:
-    """`train` with the request's fields as keyword arguments (see `TrainRequest`)."""
-    return train(TrainRequest(**fields), progress)
+
+def train_run(*, progress: ProgressCallback | None = None, **keywords: Any) -> dict[str, Any]:
+    """`train` with the request's fields by name (`TrainRequest.build`, test-only fields
+    included): the training layer's own keyword entry, returning the JSON-ready summary."""
+    for old, new in _OLD_NAMES.items():
+        if old in keywords:
+            keywords[new] = keywords.pop(old)
+    return train(TrainRequest.build(**keywords), progress)
 
 
 def train(request: TrainRequest, progress: ProgressCallback | None = None) -> dict[str, Any]:
     """Train a backend on a data set under a DP guarantee and return a JSON-ready summary.
 
-    `request.epsilon` is the data set's total budget after this run: earlier spends recorded in
-    the ledger for the same dataset are composed in when σ is calibrated. `stop_after_steps`
-    ends the loop early as an interruption would (checkpoint written, ledger entry left
-    reserved); tests use it to exercise `resume`. With `resume` and no `ledger_path`, the
+    `request.privacy.epsilon` is the data set's total budget after this run: earlier spends
+    recorded in the ledger for the same dataset are composed in when σ is calibrated.
+    `stop_after_steps` ends the loop early as an interruption would (checkpoint written, ledger
+    entry left reserved); tests use it to exercise `resume`. With `resume` and no `ledger`, the
     ledger the run recorded is used. `log_private_loss` writes the noise-free losses of the
     private batches to `RUN/private/train-loss.jsonl` (and shows them in progress reports).
     `privacy_seed` fixes the secret of the DP randomness for tests only: a known secret
@@ -51,8 +58,9 @@ def train(request: TrainRequest, progress: ProgressCallback | None = None) -> di
     """
     launch = launch_from_env()
     if launch is None:
-        return _run(request, progress, resolve_device(request.device), None)
-    with process_group(launch, request.device) as device:
+        return _run(request, progress, request.run.torch_device, None)
+    # each rank takes cuda:LOCAL_RANK (or the CPU) for the device the request names
+    with process_group(launch, request.run.device) as device:
         return _run(request, progress, device, launch)
 
 
@@ -64,8 +72,8 @@ def _run(
 ) -> dict[str, Any]:
     loop_args = {
         "device": device,
-        "checkpoint_every_s": request.checkpoint_every_s,
-        "stop_after_steps": request.stop_after_steps,
+        "checkpoint_every_s": request.run.checkpoint_every_s,
+        "stop_after_steps": request.run.stop_after_steps,
         "launch": launch,
     }
     if launch is not None and not launch.is_main:
@@ -103,12 +111,13 @@ def _open(
     on_pass: PassCallback | None = None,
 ) -> Session | dict[str, Any]:
     """Start a new run, or check and load the run to resume (its summary if it had finished)."""
-    if not request.resume:
+    if not request.run.resume:
         return start_run(request, device, launch, on_pass)
-    run = RunDir(request.out)
+    run = RunDir(request.run.out)
     # Without a ledger given, the run's own (recorded) ledger; the anchor is checked anyway.
-    ledger = Ledger(request.ledger_path or recorded_ledger(run))
-    return resume_run(run, ledger, device, request.log_private_loss, request.public, on_pass)
+    ledger = Ledger(request.run.ledger or recorded_ledger(run))
+    log_private_loss, public = request.run.log_private_loss, request.images.public
+    return resume_run(run, ledger, device, log_private_loss, public, on_pass)
 
 
 def _tell_quietly(message: dict[str, Any], device: torch.device) -> None:

@@ -1,30 +1,31 @@
-"""The request of one `train`: its fields, their checks, and the device and ε it names.
+"""The request of one `train`: its typed parts, their checks, and the device and engine it names.
 
-`TrainRequest` is built by the CLI from its flags (or by Python code), and parsed and checked
-once, when it is built: ε becomes a float (inf: not private), and what cannot start is refused
-(UsageError, exit 2, naming the parameter) before anything is read or written.
+`TrainRequest` is the one spelling of what `train` takes. `TrainRequest.build(**keywords)`
+makes it from the flat keyword names that `dpsynth train`'s options and `dpsynth.train`'s
+keywords share (one name per concept, `FIELDS`; tests/training/test_request_surface.py checks
+both surfaces against it). Each part parses and checks its own fields when it is built (ε
+becomes a float, inf: not private; the device and the engine are resolved here, once); the
+request then checks what concerns several parts. What cannot start is refused (UsageError,
+exit 2, naming the parameter) before anything is read or written.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field, fields
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dpsynth.errors import UsageError
 
-_TABLE_PARAMETERS = (
-    "schema",
-    "schema_public",
-    "schema_epsilon",
-    "class_weights_epsilon",
-    "privacy_unit",
-    "max_rows_per_unit",
-)
+if TYPE_CHECKING:
+    import pandas
+
+    from dpsynth.data.engines import EngineChoice
+    from dpsynth.data.schema_file import SchemaInput
 
 
 def resolve_device(device: str) -> torch.device:
@@ -71,80 +72,227 @@ def parse_epsilon(value: str | float) -> float:
     return epsilon
 
 
+def _set(part: object, name: str, value: Any) -> None:
+    """A frozen part's field parsed in place while it is built."""
+    object.__setattr__(part, name, value)
+
+
 @dataclass(frozen=True)
-class TrainRequest:
-    """Everything one `train` needs: built by the CLI from its flags (or by Python code),
-        parsed and checked (`validate`) when built, before anything is read or written.
+class InputOptions:
+    """What is read: the data (a spec such as `digits` or `csv:FILE`, a pandas DataFrame, or a
+    path, made its spec here: `dpsynth.data.sources.spec_of_path`), its ledger id, and a public
+    bound N' on its record count used in place of N (q, δ, config.json)."""
 
-        A new run needs `method`, `data`, `epsilon` and `ledger_path`; `resume=True` needs only
-        `out` (the run's recorded settings are used, and its recorded ledger when `ledger_path` is
-        None). `epsilon` is the data set's total budget after this run (given as a number or
-    "inf", held as a float; math.inf: not private).
-        `stop_after_steps` and `privacy_seed` are for tests only (see `train`).
-    """
-
-    out: Path | str
-    method: str | None = None
-    data: str | None = None
-    epsilon: float | None = None
-    delta: float | None = None
-    preset: str = "auto"
-    ledger_path: Path | str | None = None
-    device: str = "auto"
-    seed: int = 0
-    resume: bool = False
-    overrides: Mapping[str, Any] = field(default_factory=dict)
-    image_size: int | None = None
+    data: str | pandas.DataFrame | None = None
     dataset_id: str | None = None
-    # A public upper bound N' on the record count, used in place of N (q, δ, config.json).
     public_size: int | None = None
-    classes: tuple[str, ...] | None = None  # a "a,b,c" string is split
-    channels: int | None = None
-    checkpoint_every_s: float = 120.0
-    stop_after_steps: int | None = None
-    log_private_loss: bool = False
-    privacy_seed: int | None = None
-    # Tables: the schema file (default: a built-in table's bundled schema), and what to do with
-    # its entries read off the data (declare them public, or release them with DP).
-    schema: Path | str | None = None
-    schema_public: bool = False
-    schema_epsilon: float | None = None
-    # Tables: release the target's class proportions with DP (this ε, part of the total).
-    class_weights_epsilon: float | None = None
-    # Images the data owner declares public (a data spec), pretrained on at no privacy cost;
-    # with `resume`, it must be the set the run recorded (which is used when this is None).
-    public: str | None = None
-    # Tables: where the marginals are counted (auto, memory, duckdb or dask://HOST:PORT; see
-    # `dpsynth.data.engines`) and the memory budget in bytes that `auto` and DuckDB keep to
-    # (None: `dpsynth.data.limits.memory_budget()`).
-    engine: str = "auto"
-    memory_budget: int | None = None
-    # Tables: the column naming a person and the most rows one person keeps (public): the
-    # guarantee is then per person, not per row (`dpsynth.training.table_units`).
-    privacy_unit: str | None = None
-    max_rows_per_unit: int | None = None
 
     def __post_init__(self) -> None:
-        # Parsed once into typed fields, then checked: a built request can start.
-        if self.epsilon is not None:
-            object.__setattr__(self, "epsilon", parse_epsilon(self.epsilon))
-        object.__setattr__(self, "overrides", dict(self.overrides or {}))
+        if isinstance(self.data, PurePath):  # one spelling from here on: the spec
+            from dpsynth.data.sources import spec_of_path
+
+            _set(self, "data", spec_of_path(self.data))
+        if self.public_size is not None and not 1 <= self.public_size < 2**53:
+            raise UsageError(
+                f"{{public_size}} must be a whole number ≥ 1, got {self.public_size}",
+                parameter="public_size",
+            )
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """Images: the size and channels they are brought to, the public label set ("a,b,c" is
+    split), and images the data owner declares public (a data spec), pretrained on at no
+    privacy cost (with `resume`, the set the run recorded, used when this is None)."""
+
+    image_size: int | None = None
+    channels: int | None = None
+    classes: tuple[str, ...] | None = None
+    public: str | None = None
+
+    def __post_init__(self) -> None:
         if isinstance(self.classes, str):
             from dpsynth.data.sources import parse_classes
 
-            object.__setattr__(self, "classes", parse_classes(self.classes))
+            _set(self, "classes", parse_classes(self.classes))
         elif self.classes is not None:
-            object.__setattr__(self, "classes", tuple(self.classes))
-        self.validate()
+            _set(self, "classes", tuple(self.classes))
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """Tables: the schema file (default: a built-in table's bundled schema), what to do with
+    its entries read off the data (declare them public, or release them with DP), the DP
+    release of the target's class proportions, where the marginals are counted (parsed into an
+    `EngineChoice` here, once) and the memory budget in bytes (a size such as "4G" is parsed;
+    None: `dpsynth.data.limits.memory_budget()`)."""
+
+    schema: SchemaInput | None = None  # a file, a Schema or its JSON as a dict
+    schema_public: bool = False
+    schema_epsilon: float | None = None
+    class_weights_epsilon: float | None = None
+    engine: EngineChoice = "auto"  # type: ignore[assignment]  # parsed when built
+    memory_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        from dpsynth.data.engines import ENGINES, parse_engine
+
+        if isinstance(self.engine, str):
+            try:
+                _set(self, "engine", parse_engine(self.engine))
+            except UsageError:
+                raise UsageError(
+                    f"{{engine}} must be one of {', '.join(ENGINES)}, got {self.engine!r}",
+                    parameter="engine",
+                ) from None
+        if isinstance(self.memory_budget, str):
+            from dpsynth.data.limits import parse_bytes
+
+            try:
+                _set(self, "memory_budget", parse_bytes(self.memory_budget))
+            except UsageError:
+                raise UsageError(
+                    f"{{memory_budget}} {self.memory_budget!r}: expected a size in bytes such "
+                    "as 4G or 512M",
+                    parameter="memory_budget",
+                ) from None
+        if self.memory_budget is not None and self.memory_budget < 2**16:
+            raise UsageError(
+                f"{{memory_budget}} must be at least 64K bytes, got {self.memory_budget}",
+                parameter="memory_budget",
+            )
+
+    @property
+    def flagged(self) -> bool:
+        """Whether any option that only a table takes was given."""
+        released = self.schema_epsilon is not None or self.class_weights_epsilon is not None
+        return self.schema is not None or self.schema_public or released
+
+
+@dataclass(frozen=True)
+class PrivacyOptions:
+    """The guarantee: ε, the data set's total budget after this run (a number or "inf", held
+    as a float; None only on resume), δ (None: the default for N), and for a table the column
+    naming a person with the most rows one person keeps (public; the guarantee is then per
+    person). `privacy_seed` fixes the secret of the DP randomness, for tests only."""
+
+    epsilon: float | None = None
+    delta: float | None = None
+    privacy_unit: str | None = None
+    max_rows_per_unit: int | None = None
+    privacy_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.epsilon is not None:
+            _set(self, "epsilon", parse_epsilon(self.epsilon))
 
     @property
     def target_epsilon(self) -> float:
         """The ε of a new run (math.inf: the non-private baseline)."""
         return math.inf if self.epsilon is None else float(self.epsilon)
 
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """What trains: the method (or `auto`), its preset (or `auto`), preset values by name
+    (`--set key=value`), and the seed of public randomness (initialisation, the preview)."""
+
+    method: str | None = None
+    preset: str = "auto"
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _set(self, "overrides", dict(self.overrides or {}))
+        if not -(2**63) <= self.seed < 2**63:
+            raise UsageError(f"{{seed}} must fit in 64 bits, got {self.seed}", parameter="seed")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Where and how it runs: the run directory, the ledger (None only on resume: the run's
+    recorded one), whether to resume, the device (resolved here, once, into `torch_device`),
+    seconds between checkpoints, whether to log the private losses; `stop_after_steps` ends
+    the loop early as an interruption would, for tests only."""
+
+    out: Path | str
+    ledger: Path | str | None = None
+    resume: bool = False
+    device: str = "auto"
+    checkpoint_every_s: float = 120.0
+    log_private_loss: bool = False
+    stop_after_steps: int | None = None
+    torch_device: torch.device = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _set(self, "torch_device", resolve_device(self.device))
+        if not (self.checkpoint_every_s >= 0 and math.isfinite(self.checkpoint_every_s)):
+            raise UsageError(
+                "{checkpoint_every_s} must be a number of seconds ≥ 0, got "
+                f"{self.checkpoint_every_s}",
+                parameter="checkpoint_every_s",
+            )
+
+
+_PARTS = {
+    "input": InputOptions,
+    "images": ImageOptions,
+    "table": TableOptions,
+    "privacy": PrivacyOptions,
+    "backend": BackendOptions,
+    "run": RunOptions,
+}
+# Every keyword of `TrainRequest.build`, with the part that holds it (one name per concept).
+FIELDS: dict[str, str] = {
+    f.name: part for part, cls in _PARTS.items() for f in fields(cls) if f.init
+}
+_TABLE_FLAGS = ("schema", "schema_public", "schema_epsilon", "class_weights_epsilon")
+# Fields for tests only (a known secret voids the guarantee; an early stop leaves the run's
+# spend reserved): keywords of `dpsynth.train`, never options of `dpsynth train`.
+TEST_ONLY = ("privacy_seed", "stop_after_steps")
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """Everything one `train` needs, in typed parts, built and checked once (`build` from flat
+    keywords), before anything is read or written.
+
+    A new run needs `method`, `data`, `epsilon` and `ledger`; `resume=True` needs only `out`
+    (the run's recorded settings are used, and its recorded ledger when `ledger` is None).
+    """
+
+    run: RunOptions
+    input: InputOptions = field(default_factory=InputOptions)
+    images: ImageOptions = field(default_factory=ImageOptions)
+    table: TableOptions = field(default_factory=TableOptions)
+    privacy: PrivacyOptions = field(default_factory=PrivacyOptions)
+    backend: BackendOptions = field(default_factory=BackendOptions)
+
+    @classmethod
+    def build(cls, **keywords: Any) -> TrainRequest:
+        """The request from its fields by name (`FIELDS`), each given to its part."""
+        unknown = sorted(set(keywords) - set(FIELDS))
+        if unknown:
+            raise TypeError(f"unknown training parameter(s): {', '.join(unknown)}")
+        grouped: dict[str, dict[str, Any]] = {part: {} for part in _PARTS}
+        for name, value in keywords.items():
+            grouped[FIELDS[name]][name] = value
+        if "out" not in grouped["run"]:
+            raise TypeError("a training request needs out (the run directory)")
+        parts = {part: _PARTS[part](**values) for part, values in grouped.items()}
+        return cls(**parts)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def target_epsilon(self) -> float:
+        """The ε of a new run (math.inf: the non-private baseline)."""
+        return self.privacy.target_epsilon
+
     @staticmethod
     def check_complete(
-        *, resume: bool, method: str | None, data: str | None, epsilon: float | str | None
+        *, resume: bool, method: str | None, data: object, epsilon: float | str | None
     ) -> None:
         """UsageError naming what a new run lacks (method, data, epsilon); a resumed run
         takes them from its directory."""
@@ -159,74 +307,46 @@ class TrainRequest:
             )
 
     def validate(self) -> None:
-        """UsageError (exit 2) for a request that cannot start, before anything is read (run
-        when the request is built)."""
+        """UsageError (exit 2) for what concerns several parts (each part checked its own
+        fields when it was built); run when the request is built."""
+        data = self.input.data
         self.check_complete(
-            resume=self.resume, method=self.method, data=self.data, epsilon=self.epsilon
+            resume=self.run.resume,
+            method=self.backend.method,
+            data=data,
+            epsilon=self.privacy.epsilon,
         )
-        resolve_device(self.device)
-        if not (self.checkpoint_every_s >= 0 and math.isfinite(self.checkpoint_every_s)):
-            raise UsageError(
-                "{checkpoint_every_s} must be a number of seconds ≥ 0, got "
-                f"{self.checkpoint_every_s}",
-                parameter="checkpoint_every_s",
-            )
-        if not -(2**63) <= self.seed < 2**63:
-            raise UsageError(f"{{seed}} must fit in 64 bits, got {self.seed}", parameter="seed")
-        if self.public_size is not None and not 1 <= self.public_size < 2**53:
-            raise UsageError(
-                f"{{public_size}} must be a whole number ≥ 1, got {self.public_size}",
-                parameter="public_size",
-            )
-        if self.engine != "auto":
-            from dpsynth.data.engines import ENGINES, parse_engine
+        if self.run.resume:
+            return
+        if self.run.ledger is None:
+            raise UsageError("a new run needs a ledger path")
+        from dpsynth.data.sources import is_table_spec
 
-            try:
-                parse_engine(self.engine)
-            except UsageError:
+        if self.images.public is not None and data is not None and is_table_spec(data):
+            raise UsageError(
+                "{public} takes images to pretrain on; {data} is a table",
+                parameters=("public", "data"),
+            )
+        from dpsynth.training.table_units import unit_bound
+
+        privacy = self.privacy
+        unit = unit_bound(privacy.privacy_unit, privacy.max_rows_per_unit)  # both or neither
+        if data is not None and (self.table.flagged or unit is not None):
+            if unit is not None and not is_table_spec(data):
+                from dpsynth.training.image_units import check_image_unit
+
+                check_image_unit(data, unit.column, unit.max_rows)
+            elif not is_table_spec(data):
                 raise UsageError(
-                    f"{{engine}} must be one of {', '.join(ENGINES)}, got {self.engine!r}",
-                    parameter="engine",
-                ) from None
-        if self.memory_budget is not None and self.memory_budget < 2**16:
-            raise UsageError(
-                f"{{memory_budget}} must be at least 64K bytes, got {self.memory_budget}",
-                parameter="memory_budget",
-            )
-        if not self.resume:
-            if self.ledger_path is None:
-                raise UsageError("a new run needs a ledger path")
-            if self.public is not None and self.data is not None:
-                from dpsynth.data.sources import is_table_spec
-
-                if is_table_spec(self.data):
-                    raise UsageError(
-                        "{public} takes images to pretrain on; {data} is a table",
-                        parameters=("public", "data"),
-                    )
-            from dpsynth.training.table_units import unit_bound
-
-            unit = unit_bound(self.privacy_unit, self.max_rows_per_unit)  # both or neither
-            table_flags = self.schema is not None or self.schema_public
-            released = self.schema_epsilon is not None or self.class_weights_epsilon is not None
-            if self.data is not None and (table_flags or released or unit is not None):
-                from dpsynth.data.sources import is_table_spec
-
-                if unit is not None and not is_table_spec(self.data):
-                    from dpsynth.training.image_units import check_image_unit
-
-                    check_image_unit(self.data, unit.column, unit.max_rows)
-                elif not is_table_spec(self.data):
-                    raise UsageError(
-                        "{schema}, {schema_public}, {schema_epsilon} and "
-                        "{class_weights_epsilon} are for tables",
-                        parameters=_TABLE_PARAMETERS[:4],
-                    )
-            for name, value in (
-                ("schema_epsilon", self.schema_epsilon),
-                ("class_weights_epsilon", self.class_weights_epsilon),
-            ):
-                if value is not None and not (math.isfinite(value) and value > 0):
-                    raise UsageError(
-                        f"{{{name}}} must be a positive number, got {value}", parameter=name
-                    )
+                    "{schema}, {schema_public}, {schema_epsilon} and "
+                    "{class_weights_epsilon} are for tables",
+                    parameters=_TABLE_FLAGS,
+                )
+        for name, value in (
+            ("schema_epsilon", self.table.schema_epsilon),
+            ("class_weights_epsilon", self.table.class_weights_epsilon),
+        ):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise UsageError(
+                    f"{{{name}}} must be a positive number, got {value}", parameter=name
+                )

@@ -52,8 +52,8 @@ def test_a_public_size_below_the_record_count_is_refused_before_any_spend(tmp_pa
 @pytest.mark.parametrize("bad", [0, -3])
 def test_a_public_size_must_be_positive(tmp_path: Path, bad: int) -> None:
     with pytest.raises(UsageError, match="public_size must be a whole number") as refused:
-        TrainRequest(out=tmp_path / "run", method="dpkernel", data="digits", epsilon=5,
-                     ledger_path=tmp_path / "l.jsonl", public_size=bad)  # fmt: skip
+        TrainRequest.build(out=tmp_path / "run", method="dpkernel", data="digits", epsilon=5,
+                           ledger=tmp_path / "l.jsonl", public_size=bad)  # fmt: skip
     assert refused.value.parameter == "public_size"
 
 

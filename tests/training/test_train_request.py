@@ -7,9 +7,11 @@ import json
 import math
 
 import pytest
+import torch
 from loop_backend import TemplateMethod
 
 from dpsynth.cli.flags import cli_message
+from dpsynth.data.engines import EngineChoice
 from dpsynth.errors import UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.methods import registry
@@ -25,25 +27,31 @@ def template_backend(monkeypatch):
 def _fields(tmp_path) -> dict:
     return dict(
         out=tmp_path / "run", method="templates", data="digits", epsilon=5.0, preset="tiny",
-        ledger_path=tmp_path / "ledger.jsonl", device="cpu", seed=3,
+        ledger=tmp_path / "ledger.jsonl", device="cpu", seed=3,
     )  # fmt: skip
 
 
 def request(tmp_path, **changes) -> TrainRequest:
-    return TrainRequest(**{**_fields(tmp_path), **changes})
+    return TrainRequest.build(**{**_fields(tmp_path), **changes})
 
 
 def test_a_request_holds_parsed_fields(tmp_path) -> None:
-    made = request(tmp_path, epsilon="inf", classes="a,b", overrides=None)
-    assert made.epsilon == math.inf and made.target_epsilon == math.inf
-    assert made.classes == ("a", "b") and made.overrides == {}
-    assert request(tmp_path, epsilon="2.5").epsilon == 2.5
+    made = request(tmp_path, epsilon="inf", classes="a,b", overrides=None, engine="duckdb")
+    assert made.privacy.epsilon == math.inf and made.target_epsilon == math.inf
+    assert made.images.classes == ("a", "b") and made.backend.overrides == {}
+    assert request(tmp_path, epsilon="2.5").privacy.epsilon == 2.5
+    # the engine and the device are resolved once, when the request is built
+    assert made.table.engine == EngineChoice("duckdb")
+    assert made.run.torch_device == torch.device("cpu")
+    assert request(tmp_path, memory_budget="4G").table.memory_budget == 4 << 30
 
 
 def test_a_request_cannot_be_changed_after_it_is_built(tmp_path) -> None:
     made = request(tmp_path)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        made.epsilon = 50.0  # type: ignore[misc]
+        made.privacy.epsilon = 50.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.privacy = made.privacy  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
@@ -59,7 +67,7 @@ def test_a_request_cannot_be_changed_after_it_is_built(tmp_path) -> None:
             "missing epsilon (or use resume)",
             "missing --epsilon (or use --resume)",
         ),
-        ({"ledger_path": None}, "a new run needs a ledger path", "a new run needs a ledger path"),
+        ({"ledger": None}, "a new run needs a ledger path", "a new run needs a ledger path"),
         (
             {"checkpoint_every_s": -1.0},
             "checkpoint_every_s must be a number of seconds",
@@ -67,6 +75,12 @@ def test_a_request_cannot_be_changed_after_it_is_built(tmp_path) -> None:
         ),
         ({"seed": 2**64}, "seed must fit in 64 bits", "--seed must fit in 64 bits"),
         ({"epsilon": "lots"}, "epsilon must be a number or 'inf', got 'lots'", "--epsilon must"),
+        (
+            {"memory_budget": "lots"},
+            "memory_budget 'lots': expected a size in bytes",
+            "--memory-budget 'lots': expected a size in bytes",
+        ),
+        ({"engine": "spark"}, "engine must be one of", "--engine must be one of"),
     ],
 )
 def test_the_library_refuses_a_bad_request_before_anything_is_written(
@@ -84,16 +98,19 @@ def test_the_library_refuses_a_bad_request_before_anything_is_written(
 
 
 def test_a_resumed_run_needs_only_its_directory(tmp_path) -> None:
-    TrainRequest(out=tmp_path / "run", resume=True).validate()
+    TrainRequest.build(out=tmp_path / "run", resume=True).validate()
+
+
+def test_an_unknown_field_is_refused(tmp_path) -> None:
+    with pytest.raises(TypeError, match="ledger_path"):
+        TrainRequest.build(**_fields(tmp_path), ledger_path=tmp_path / "other.jsonl")
 
 
 def test_train_with_a_request_is_train_run_with_keywords(tmp_path) -> None:
     secret = 0x0123456789ABCDEF0123456789ABCDEF
     progress: list[int] = []
     by_request = train(
-        request(
-            tmp_path, out=tmp_path / "a", ledger_path=tmp_path / "a.jsonl", privacy_seed=secret
-        ),
+        request(tmp_path, out=tmp_path / "a", ledger=tmp_path / "a.jsonl", privacy_seed=secret),
         lambda p: progress.append(p.step),
     )
     by_keywords = train_run(
