@@ -1,7 +1,8 @@
 """dpsynth: differentially private synthetic data release with a privacy ledger.
 
 The Python API (docs/api.md): `train`, `sample`, `evaluate`, `calibrate`, `audit`, the
-`Synthesizer` (DataFrame in, DataFrame out), the `Ledger`, the typed results and the errors.
+`Synthesizer` (DataFrame in, DataFrame out), the `PrivacyEngine` (DP-SGD for your own model), the
+`Ledger`, the typed results and the errors.
 They are the names of `dpsynth.api`, imported on first use (a PEP 562 module `__getattr__`), so
 `import dpsynth` (and the CLI's start) does not pay for torch. The code behind `evaluate` and
 `audit` is in the subpackages `dpsynth.evaluation` and `dpsynth.auditing`.
@@ -34,7 +35,9 @@ _API = (
     "AuditResult",
     "CalibrationResult",
     "EvaluationReport",
+    "ImageBatch",
     "Ledger",
+    "PrivacyEngine",
     "PrivacySpend",
     "SampleResult",
     "Synthesizer",

@@ -5,8 +5,10 @@
   `EvaluationReport`, `CalibrationResult` and `AuditResult` (frozen dataclasses with
   `to_json()`).
 - `Synthesizer`: DataFrame in, DataFrame out for tables (`Synthesizer.create("mst",
-  epsilon=1.0).fit(frame, schema=...).sample(n)`), a data spec in and uint8 records out for
-  images.
+  epsilon=1.0).fit(frame, schema=...).sample(n)`), a data spec or path in and an `ImageBatch` out
+  for images.
+- `PrivacyEngine`: DP-SGD for a torch model of your own, Opacus-style (`make_private_with_epsilon`,
+  `get_epsilon`), with the mechanisms and accountant every backend uses.
 - `Ledger`: the privacy ledger (spends, budgets, verification).
 - Errors are `dpsynth.errors` classes; one that refers to a parameter names it in
   `parameter` / `parameters`.
@@ -29,6 +31,8 @@ _WHERE = {
     "calibrate": "dpsynth.api.calibrate",
     "Synthesizer": "dpsynth.api.synthesizer",
     "PrivacySpend": "dpsynth.api.synthesizer",
+    "ImageBatch": "dpsynth.api.results",
+    "PrivacyEngine": "dpsynth.privacy.engine",
     "TrainResult": "dpsynth.api.results",
     "SampleResult": "dpsynth.api.results",
     "EvaluationReport": "dpsynth.api.results",

@@ -13,7 +13,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 def _epsilon(value: Any) -> float:
@@ -157,6 +161,34 @@ class SampleResult(_Result):
             partial=bool(training.get("partial")) if isinstance(training, Mapping) else False,
             summary=summary,
         )
+
+
+@dataclass(frozen=True, eq=False)
+class ImageBatch:
+    """Synthetic images in memory (`Synthesizer.sample` of an image run): `images` uint8
+    [N, C, H, W], `labels` int64 [N] (indices into `classes`), the class names, and the
+    release's manifest (its SHA-256 and ledger entry: a zero-cost release)."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    classes: tuple[str, ...]
+    manifest: Mapping[str, Any] = field(repr=False)
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    @property
+    def label_names(self) -> list[str]:
+        """Each image's class name."""
+        return [self.classes[i] for i in self.labels.tolist()]
+
+    def to_torch(self, scale: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(images, labels) as torch tensors, for a DataLoader: float32 in [0, 1] when
+        `scale`, else the uint8 values."""
+        import torch
+
+        images = torch.from_numpy(self.images)
+        return (images.float() / 255.0 if scale else images), torch.from_numpy(self.labels)
 
 
 @dataclass(frozen=True)

@@ -4,18 +4,17 @@
     synth.fit(frame, schema="schema.json")
     rows = synth.sample(1000)          # a pandas DataFrame with the schema's columns
 
-The DataFrame is written to a CSV file in a private temporary folder (mode 0700, removed as
-soon as training ends) and trained on through the same path as `dpsynth train --data
-csv:FILE`: the same checks, the spend reserved in the ledger before the first read, the same
-accountant. Sampling goes through `dpsynth sample` into another private temporary file that is
-read back and removed; the release is recorded in the ledger as for the command. Images work
-the same way with a data spec (`fit("mnist-5k")`, `fit("folder:DIR")`), and `sample(n)` returns
-uint8 records [n, C, H, W] and their labels.
+The DataFrame is trained on in memory, through the same path as `dpsynth train`: the same
+checks, the spend reserved in the ledger before the first read, the same accountant. It is read
+as its Arrow table, the way a Parquet file of it would be (`dpsynth.data.frames`); nothing of it
+is written to disk. `sample(n)` draws in memory too and records the release in the ledger as
+`dpsynth sample` does. Images work the same way with a data spec (`fit("mnist-5k")`,
+`fit("folder:DIR")`, or a `Path`), and `sample(n)` returns an `ImageBatch` (uint8 images
+[n, C, H, W], their labels and the class names).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import weakref
@@ -24,13 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpsynth.api.pipeline import sample as sample_run
 from dpsynth.api.pipeline import train
-from dpsynth.api.results import TrainResult
+from dpsynth.api.results import ImageBatch, TrainResult
 from dpsynth.errors import UsageError
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
 
     from dpsynth.data.schema import Schema
@@ -146,15 +143,16 @@ class Synthesizer:
 
     def fit(
         self,
-        data: pd.DataFrame | str,
+        data: pd.DataFrame | Path | str,
         *,
         schema: Schema | Mapping[str, Any] | Path | str | None = None,
         target: str | None = None,
         schema_public: bool | None = None,
         schema_epsilon: float | None = None,
     ) -> Synthesizer:
-        """Train on `data`: a pandas DataFrame (a table) or a data spec ("mnist-5k",
-        "folder:DIR", "csv:FILE", "german-credit", ...). Returns the synthesizer.
+        """Train on `data`: a pandas DataFrame (a table, trained on in memory), a path (a CSV
+        or Parquet file, an NPZ, an image folder) or a data spec ("mnist-5k", "folder:DIR",
+        "csv:FILE", "german-credit", ...). Returns the synthesizer.
 
         A table needs its public `schema` (a `Schema`, its JSON as a dict, or a file). A
         DataFrame without one is refused unless its entries read off the data are released
@@ -162,63 +160,57 @@ class Synthesizer:
         your statement): the schema is then drafted from the frame with `target` (default:
         the last column) as the label. A built-in table uses its bundled schema.
         """
+        from dpsynth.data.frames import FRAME, is_frame
+        from dpsynth.data.sources import is_table_spec
+
         if self._result is not None:
             raise UsageError("this synthesizer is already fitted; create another to fit again")
         public = self.schema_public if schema_public is None else schema_public
         released = self.schema_epsilon if schema_epsilon is None else schema_epsilon
-        private_dir = Path(tempfile.mkdtemp(prefix="dpsynth-fit-"))  # mode 0700
-        try:
-            spec, schema_path, dataset_id = self._prepare(
-                data, schema, target, public, released, private_dir
+        if not (isinstance(data, str | Path) or is_frame(data)):
+            raise UsageError(
+                "{data} must be a pandas DataFrame, a path or a data spec string",
+                parameter="data",
             )
-            table_options = (
-                {"schema": schema_path, "schema_public": public, "schema_epsilon": released}
-                if self._table
-                else {}
-            )
-            options = dict(self.options)
-            options["dataset_id"] = options["dataset_id"] or dataset_id
-            result = train(
-                method=self.method, data=spec, out=self._run_dir(), **options, **table_options
-            )
-            if result is None:
-                raise UsageError("a Synthesizer fits in one process, not under torchrun")
-            self._result = result
-        finally:
-            shutil.rmtree(private_dir, ignore_errors=True)  # the frame's private copy
+        self._table = is_table_spec(data)
+        if not self._table and schema is not None:
+            raise UsageError("{schema} is for tables; the data is images", parameter="schema")
+        if is_frame(data):
+            self._columns = tuple(str(c) for c in data.columns)  # type: ignore[union-attr]
+            if schema is None:
+                schema = _drafted_schema(data, target, public, released)
+        options = dict(self.options)
+        if is_frame(data):
+            options["dataset_id"] = options["dataset_id"] or FRAME
+        if self._table:
+            options |= {"schema": schema, "schema_public": public, "schema_epsilon": released}
+        result = train(method=self.method, data=data, out=self._run_dir(), **options)
+        if result is None:
+            raise UsageError("a Synthesizer fits in one process, not under torchrun")
+        self._result = result
         return self
 
-    def sample(
-        self, n: int, *, labels: str = "auto", seed: int = 0
-    ) -> pd.DataFrame | tuple[np.ndarray, np.ndarray]:
-        """`n` synthetic records (post-processing: no privacy cost; the release is recorded in
-        the ledger). A table: a pandas DataFrame with the schema's columns, identifiers fresh
-        surrogate keys. Images: uint8 records [n, C, H, W] and their int64 labels (indices
-        into the run's classes). `labels` as for `dpsynth sample --labels`."""
+    def sample(self, n: int, *, labels: str = "auto", seed: int = 0) -> pd.DataFrame | ImageBatch:
+        """`n` synthetic records, drawn in memory (post-processing: no privacy cost; the
+        release is recorded in the ledger). A table: a pandas DataFrame with the schema's
+        columns, typed by the schema (identifiers fresh surrogate keys). Images: an
+        `ImageBatch` (uint8 [n, C, H, W], int64 labels into its `classes`). `labels` as for
+        `dpsynth sample --labels`."""
+        from dpsynth.sampling.images import sample_images_array
+        from dpsynth.sampling.options import SampleOptions
+        from dpsynth.sampling.table import sample_table_frame
+
         result = self.result
-        scratch = Path(tempfile.mkdtemp(prefix="dpsynth-sample-"))
-        try:
-            if self._table:
-                import pandas as pd
-
-                path = scratch / "rows.csv"
-                sample_run(
-                    result.run_dir, n, path, labels=labels, seed=seed, ledger=result.ledger,
-                    device=self.options["device"],
-                )  # fmt: skip
-                # Cells as written: an empty cell is missing, "NA" and the like stay text.
-                return pd.read_csv(path, keep_default_na=False, na_values=[""])
-            import numpy as np
-
-            out = scratch / "images"
-            sample_run(
-                result.run_dir, n, out, fmt="npz", labels=labels, seed=seed,
-                ledger=result.ledger, device=self.options["device"],
-            )  # fmt: skip
-            with np.load(out / "samples.npz", allow_pickle=False) as archive:
-                return archive["x"], archive["y"]
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        opts = SampleOptions(
+            labels=labels, seed=seed, device=self.options["device"], ledger_path=result.ledger
+        )
+        if self._table:
+            if n < 1:
+                raise UsageError(f"{{n}} must be at least 1, got {n}", parameter="n")
+            rows, _ = sample_table_frame(result.run_dir, n, opts)
+            return rows
+        images, image_labels, classes, manifest = sample_images_array(result.run_dir, n, opts)
+        return ImageBatch(images, image_labels, tuple(classes), manifest)
 
     def _run_dir(self) -> Path:
         """The run directory: `out`, else a private temporary one kept while `self` lives."""
@@ -228,67 +220,23 @@ class Synthesizer:
         weakref.finalize(self, shutil.rmtree, holder, True)
         return holder / "run"
 
-    def _prepare(
-        self,
-        data: Any,
-        schema: Any,
-        target: str | None,
-        public: bool,
-        released: float | None,
-        private_dir: Path,
-    ) -> tuple[str, Path | None, str | None]:
-        """The data spec to train on, the schema file (tables) and the default dataset id."""
-        from dpsynth.data.sources import is_table_spec
 
-        if isinstance(data, str):
-            self._table = is_table_spec(data)
-            if not self._table and schema is not None:
-                raise UsageError("{schema} is for tables; the data is images", parameter="schema")
-            return data, self._schema_file(schema, private_dir), None
-        if not hasattr(data, "to_csv") or not hasattr(data, "columns"):
-            raise UsageError(
-                "{data} must be a pandas DataFrame or a data spec string", parameter="data"
-            )
-        self._table = True
-        self._columns = tuple(str(c) for c in data.columns)
-        path = private_dir / "data.csv"
-        data.to_csv(path, index=False)
-        spec = f"csv:{path}"
-        schema_path = self._schema_file(schema, private_dir)
-        if schema_path is None:
-            if not public and released is None:
-                raise UsageError(
-                    "a DataFrame needs its public {schema}; without one, pass "
-                    "{schema_epsilon}=E to release the schema read off the data with DP "
-                    "(part of epsilon) or {schema_public}=True to declare it public",
-                    parameters=("schema", "schema_epsilon", "schema_public"),
-                )
-            schema_path = _drafted_schema(spec, target, private_dir)
-        return spec, schema_path, "dataframe"
-
-    @staticmethod
-    def _schema_file(schema: Any, private_dir: Path) -> Path | None:
-        """The schema as a file train reads: a path as given, a `Schema` or dict written out."""
-        if schema is None or isinstance(schema, str | Path):
-            return None if schema is None else Path(schema)
-        obj = schema.to_json() if hasattr(schema, "to_json") else schema
-        if not isinstance(obj, Mapping):
-            raise UsageError(
-                "{schema} must be a Schema, its JSON as a dict, or a file", parameter="schema"
-            )
-        path = private_dir / "schema.json"
-        path.write_text(json.dumps(obj), encoding="utf-8")
-        return path
-
-
-def _drafted_schema(spec: str, target: str | None, private_dir: Path) -> Path:
-    """A schema drafted from the table (as `dpsynth data schema`), every entry read off the
-    data marked so: `train` then releases it with DP or takes the user's declaration."""
+def _drafted_schema(
+    frame: pd.DataFrame, target: str | None, public: bool, released: float | None
+) -> Schema:
+    """A schema drafted from the frame (as `dpsynth data schema`), every entry read off the
+    data marked so: `train` then releases it with DP or takes the user's declaration. Refused
+    (before any spend) when neither is asked for."""
+    from dpsynth.data.frames import read_frame
     from dpsynth.data.schema_draft import draft_table
-    from dpsynth.data.sources import read_table
 
-    raw, _, _ = read_table(spec)
+    if not public and released is None:
+        raise UsageError(
+            "a DataFrame needs its public {schema}; without one, pass {schema_epsilon}=E to "
+            "release the schema read off the data with DP (part of epsilon) or "
+            "{schema_public}=True to declare it public",
+            parameters=("schema", "schema_epsilon", "schema_public"),
+        )
+    raw = read_frame(frame)
     drafted, _ = draft_table(raw.header, raw.columns, target or raw.header[-1])
-    path = private_dir / "schema.json"
-    path.write_text(json.dumps(drafted.to_json()), encoding="utf-8")
-    return path
+    return drafted

@@ -23,6 +23,7 @@ declares, then the rows read so far after every batch). Every problem is a `Data
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +84,22 @@ def read_parquet_table(
 
 
 def _read(parquet: pq.ParquetFile, name: str, described: Schema | None) -> RawTable:
-    schema = parquet.schema_arrow
+    batches = parquet.iter_batches(batch_size=ROWS_PER_BATCH, use_threads=False)
+    return read_arrow_batches(
+        parquet.schema_arrow, batches, parquet.metadata.num_rows, name, described
+    )
+
+
+def read_arrow_batches(
+    schema: pa.Schema,
+    batches: Iterable[pa.RecordBatch],
+    declared: int,
+    name: str,
+    described: Schema | None = None,
+) -> RawTable:
+    """Arrow record batches of `schema` (`declared` rows in all) as a `RawTable` of stripped
+    strings, converted as a Parquet file's are (see the module docstring): a Parquet file and
+    a pandas DataFrame in memory (`dpsynth.data.frames`) share this reader."""
     if len(schema) > MAX_CSV_COLUMNS:
         raise DataError(f"{name}: {len(schema)} columns, more than the cap of {MAX_CSV_COLUMNS}")
     if len(schema) == 0:
@@ -91,7 +107,6 @@ def _read(parquet: pq.ParquetFile, name: str, described: Schema | None) -> RawTa
     header = header_names(list(schema.names), name)
     for field, column_name in zip(schema, header, strict=True):
         _check_type(field.type, column_name, name)
-    declared = parquet.metadata.num_rows
     problem = over_budget(declared * len(header) * BYTES_PER_FIELD)
     if problem:
         raise DataError(f"{name}: its {declared:,} rows {problem}")
@@ -102,7 +117,7 @@ def _read(parquet: pq.ParquetFile, name: str, described: Schema | None) -> RawTa
         for f, column_name in zip(schema, header, strict=True)
     ]  # fmt: skip
     rows = 0
-    for batch in parquet.iter_batches(batch_size=ROWS_PER_BATCH, use_threads=False):
+    for batch in batches:
         for builder, column_name, array in zip(columns, header, batch.columns, strict=True):
             if isinstance(builder, _TimeColumn):
                 builder.add(array)

@@ -243,6 +243,24 @@ def parse_schema(obj: Any, where: str = "schema") -> Schema:
 MAX_SCHEMA_BYTES = 16 << 20
 
 
+SchemaInput = Path | str | Schema | Mapping[str, Any]
+"""A schema as the API takes it: a JSON file, a `Schema`, or its JSON as a dict."""
+
+
+def as_schema(given: SchemaInput) -> Schema:
+    """A `Schema` from a file (`read_schema`), a dict of its JSON (checked the same way), or a
+    `Schema` as it is."""
+    if isinstance(given, Schema):
+        return given
+    if isinstance(given, Mapping):
+        return parse_schema(given, "schema")
+    if isinstance(given, str | Path):
+        return read_schema(given)
+    raise UsageError(
+        "{schema} must be a schema file, a Schema or its JSON as a dict", parameter="schema"
+    )
+
+
 def read_schema(path: Path | str) -> Schema:
     """Read and check a schema file (UsageError for a missing or malformed file)."""
     path = Path(path)

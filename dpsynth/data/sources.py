@@ -17,13 +17,15 @@ is required for a class folder that mixes grayscale and colour files.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import torch
 
 from dpsynth.data.builtin import BUILTINS, list_builtin
 from dpsynth.data.builtin_tables import TABLE_BUILTINS
+from dpsynth.data.frames import FRAME, FRAME_NAME, is_frame, read_frame, refuse_frame_spec
 from dpsynth.data.image_folder import read_image_folder
 from dpsynth.data.images import ImageData
 from dpsynth.data.readers import (
@@ -37,8 +39,16 @@ from dpsynth.data.schema import Schema
 from dpsynth.data.table_codec import RawTable, TableData, encode_table
 from dpsynth.errors import UsageError
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+DataInput: TypeAlias = "str | Path | pd.DataFrame"
+"""What names data: a spec string, a path (its kind read off the name, `spec_of_path`), or (a
+table) a pandas DataFrame in memory."""
+
 __all__ = [
     "KINDS",
+    "DataInput",
     "DataSpec",
     "inspect_data",
     "is_table_spec",
@@ -50,6 +60,7 @@ __all__ = [
     "parse_spec",
     "read_table",
     "read_table_file",
+    "spec_of_path",
 ]
 
 KINDS: tuple[str, ...] = ("mnist", "folder", "npz", "csv", "parquet")
@@ -72,13 +83,16 @@ class DataSpec:
 
     @property
     def is_table(self) -> bool:
-        """True for `csv:FILE`, `parquet:FILE` and the built-in tables."""
+        """True for `csv:FILE`, `parquet:FILE`, the built-in tables and a DataFrame."""
         builtin = self.kind == "builtin" and self.target in TABLE_BUILTINS
-        return self.kind in TABLE_KINDS or builtin
+        return self.kind in TABLE_KINDS or builtin or self.kind == "frame"
 
     @property
     def canonical(self) -> str:
-        """`NAME[:test]` for built-ins, `KIND:ABSOLUTE_PATH[:test]` for user data."""
+        """`NAME[:test]` for built-ins, `KIND:ABSOLUTE_PATH[:test]` for user data, `dataframe`
+        for a pandas DataFrame."""
+        if self.kind == "frame":
+            return FRAME
         base = self.target if self.kind == "builtin" else f"{self.kind}:{self.target}"
         return f"{base}:test" if self.split == "test" else base
 
@@ -101,9 +115,16 @@ def _split_suffix(text: str) -> tuple[str, str]:
     return text, "train"
 
 
-def parse_spec(spec: str) -> DataSpec:
-    """Parse a data spec without touching the file system beyond resolving the path."""
+def parse_spec(spec: DataInput) -> DataSpec:
+    """Parse a data spec without touching the file system beyond resolving the path; a pandas
+    DataFrame is a table of kind `frame` (see `dpsynth.data.frames`)."""
+    if is_frame(spec):
+        return DataSpec("frame", FRAME, "train", FRAME_NAME)
+    if isinstance(spec, PurePath):
+        return parse_spec(spec_of_path(spec))
+    assert isinstance(spec, str)
     text = spec.strip()
+    refuse_frame_spec(text)
     name, split = _split_suffix(text)
     if name in BUILTINS or name in TABLE_BUILTINS:
         return DataSpec("builtin", name, split, name)
@@ -124,6 +145,36 @@ def parse_spec(spec: str) -> DataSpec:
         raise UsageError(f"{text!r} names no path ({_usage_hint()})")
     absolute = Path(path_text).expanduser().resolve()
     return DataSpec(kind, str(absolute), split, path_text)
+
+
+def spec_of_path(path: PurePath) -> str:
+    """The spec of a path given as a `Path`: `parquet:` for a `.parquet` file or a folder of
+    them, `npz:` for `.npz`, `mnist:` for a folder of IDX files, `folder:` for another folder,
+    and `csv:` for any other file (plain or compressed)."""
+    where = Path(path).expanduser()
+    if where.is_dir():
+        if next(where.rglob("*.parquet"), None) is not None:
+            return f"parquet:{path}"
+        idx = next(where.glob("*idx[13]-ubyte*"), None) is not None
+        return f"{'mnist' if idx else 'folder'}:{path}"
+    suffix = where.suffix.lower()
+    kind = {".parquet": "parquet", ".npz": "npz"}.get(suffix, "csv")
+    return f"{kind}:{path}"
+
+
+def schema_needed(parsed: DataSpec) -> UsageError:
+    """The error for a user's table (a file or a DataFrame) given without its schema."""
+    if parsed.kind == "frame":
+        return UsageError(
+            "a DataFrame needs its public {schema}: a file, a Schema or its JSON as a dict "
+            "(draft one with dpsynth.data.schema_draft.draft_table and review it)",
+            parameter="schema",
+        )
+    spec = f"{parsed.kind}:{parsed.given}"
+    return UsageError(
+        f"{spec}: a {parsed.kind}: table needs --schema FILE.json (draft one with "
+        f"`dpsynth data schema {spec} > schema.json` and review it)"
+    )
 
 
 def _check_path(parsed: DataSpec) -> Path:
@@ -287,18 +338,23 @@ def inspect_data(
     return {**description, "content_digest": records.content_digest}
 
 
-def is_table_spec(spec: str) -> bool:
-    """True when a data spec names a table (`csv:FILE`, `parquet:FILE`, a built-in table)."""
+def is_table_spec(spec: DataInput) -> bool:
+    """True when a data spec names a table (`csv:FILE`, `parquet:FILE`, a built-in table) or is
+    a pandas DataFrame."""
     return parse_spec(spec).is_table
 
 
-def read_table(spec: str, schema: Schema | None = None) -> tuple[RawTable, DataSpec, Schema | None]:
+def read_table(
+    spec: DataInput, schema: Schema | None = None
+) -> tuple[RawTable, DataSpec, Schema | None]:
     """A table spec's rows as read (strings), its parsed spec and its bundled schema (None for
-    a user's `csv:` or `parquet:`, whose schema the user gives). `schema`, when known before
-    the read, gives a Parquet file's date and time columns their formats."""
+    a user's `csv:`, `parquet:` or DataFrame, whose schema the user gives). `schema`, when
+    known before the read, gives a Parquet file's (or frame's) time columns their formats."""
     from dpsynth.data.builtin_tables import load_builtin_table
 
     parsed = parse_spec(spec)
+    if parsed.kind == "frame":
+        return read_frame(spec, schema), parsed, None  # type: ignore[arg-type]
     if not parsed.is_table:
         raise UsageError(
             f"{spec!r} is image data; a table is csv:FILE, parquet:FILE or "
@@ -328,7 +384,9 @@ def read_table_file(
     return read_csv_table(path, source=source)
 
 
-def load_table(spec: str, schema: Schema | None = None, dataset_id: str | None = None) -> TableData:
+def load_table(
+    spec: DataInput, schema: Schema | None = None, dataset_id: str | None = None
+) -> TableData:
     """A table spec encoded under `schema` (default: the built-in table's bundled schema).
 
     The schema's entries must all be public here (declared or released): the caller checks
@@ -337,8 +395,5 @@ def load_table(spec: str, schema: Schema | None = None, dataset_id: str | None =
     raw, parsed, bundled = read_table(spec)
     schema = schema or bundled
     if schema is None:
-        raise UsageError(
-            f"{spec}: a {parsed.kind}: table needs --schema FILE.json (draft one with "
-            f"`dpsynth data schema {spec} > schema.json`)"
-        )
+        raise schema_needed(parsed)
     return encode_table(raw, schema, parsed.canonical, parsed.kind, dataset_id)

@@ -32,13 +32,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpsynth.data.frames import is_frame, read_frame
 from dpsynth.data.schema import Schema
 from dpsynth.data.schema_file import parse_schema, read_schema
-from dpsynth.data.sources import read_table, read_table_file
+from dpsynth.data.sources import DataInput, read_table, read_table_file
 from dpsynth.data.table_codec import RawTable, table_content_digest
 from dpsynth.errors import DataError, UsageError
 from dpsynth.evaluation.release import (
@@ -60,6 +61,9 @@ from dpsynth.evaluation.table_provenance import (
     schema_release_summary,
 )
 from dpsynth.rundir import write_bytes_atomic
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TABLE_METRICS = ("accuracy", "roc_auc")
 FIDELITY_METRICS = ("marginals",)
@@ -103,12 +107,13 @@ def check_columns(raw: RawTable, schema: Schema) -> None:
         )
 
 
-def _real_table(spec: str, schema: Schema | None) -> tuple[RawTable, Schema, str, str]:
+def _real_table(spec: DataInput, schema: Schema | None) -> tuple[RawTable, Schema, str, str]:
     raw, parsed, bundled = read_table(spec, schema)
     chosen = schema or bundled
     if chosen is None:
+        named = parsed.given if parsed.kind in ("builtin", "frame") else parsed.canonical
         raise UsageError(
-            f"{{real}} {spec}: pass {{schema}} FILE.json (the table's public schema)",
+            f"{{real}} {named}: pass {{schema}} FILE.json (the table's public schema)",
             parameters=("real", "schema"),
         )
     return raw, chosen, parsed.canonical, parsed.kind
@@ -116,16 +121,17 @@ def _real_table(spec: str, schema: Schema | None) -> tuple[RawTable, Schema, str
 
 def run_table_evaluation(
     *,
-    synthetic: str,
-    real: str,
+    synthetic: str | os.PathLike[str] | pd.DataFrame,
+    real: DataInput,
     metrics: Sequence[str],
     seeds: int = 3,
-    real_train: str | None = None,
+    real_train: DataInput | None = None,
     schema_path: str | os.PathLike[str] | None = None,
     report_dir: str | os.PathLike[str] | None = None,
     ledger_path: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate a synthetic CSV against a real held-out table (see the module docstring)."""
+    """Evaluate a synthetic CSV or Parquet file, or a DataFrame (as `Synthesizer.sample`
+    returns), against a real held-out table (see the module docstring)."""
     wanted = parse_table_metrics(metrics)
     if real_train is not None and not ml_metrics(wanted):
         raise UsageError(
@@ -136,14 +142,15 @@ def run_table_evaluation(
         raise UsageError(f"{{seeds}} must be at least 1, got {seeds}", parameter="seeds")
     if report_dir is not None:
         check_table_report_dir(Path(report_dir))
-    synth_path = Path(synthetic)
-    if synth_path.is_dir():
+    in_memory = is_frame(synthetic)
+    synth_path = Path("DataFrame" if in_memory else synthetic)  # type: ignore[arg-type]
+    if not in_memory and synth_path.is_dir():
         raise UsageError(
             f"{{synthetic}} {synthetic}: for a table give the file written by `sample --out "
             "FILE.csv` (or FILE.parquet)",
             parameter="synthetic",
         )
-    manifest = read_manifest(synth_path)
+    manifest = {} if in_memory else read_manifest(synth_path)
     schema = None
     if schema_path is not None:
         schema = read_schema(schema_path)
@@ -151,7 +158,11 @@ def run_table_evaluation(
         schema = parse_schema(manifest["schema"], f"{synthetic} manifest schema")
     raw_real, schema, real_spec, real_kind = _real_table(real, schema)
     check_columns(raw_real, schema)
-    synth_raw = read_table_file(synth_path, source=f"--synthetic {synthetic}", schema=schema)
+    synth_raw = (
+        read_frame(synthetic, schema)  # type: ignore[arg-type]
+        if in_memory
+        else read_table_file(synth_path, source=f"--synthetic {synthetic}", schema=schema)
+    )
     check_columns(synth_raw, schema)
     real_digest = table_content_digest(raw_real, schema)
     warnings_list: list[str] = []
@@ -217,8 +228,8 @@ def run_table_evaluation(
     }
     result: dict[str, Any] = {
         "modality": "table",
-        "synthetic": str(synth_path),
-        "synthetic_source": "sample" if manifest else "file",
+        "synthetic": "a DataFrame" if in_memory else str(synth_path),
+        "synthetic_source": "sample" if manifest else "frame" if in_memory else "file",
         "n_synthetic": n_synthetic,
         "real": real_spec,
         "real_kind": real_kind,

@@ -57,6 +57,47 @@ def generate(
     return images, torch.cat([chunk for _, chunk in batches]), info.classes
 
 
+def sample_images_array(
+    run_dir: Path | str, n: int, opts: SampleOptions
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...], dict[str, Any]]:
+    """N synthetic images of an image run in memory: uint8 [N,C,H,W], their int64 labels, the
+    class names, and the release's manifest (written nowhere). The records are those an NPZ
+    sample with the same options holds; the ledger records the release with the SHA-256 of
+    the images' and labels' bytes (uint8, then little-endian int64)."""
+    if not 1 <= n <= MAX_SAMPLES:
+        raise UsageError(f"{{n}} must be in [1, {MAX_SAMPLES:.0e}], got {n}", parameter="n")
+    batch_size = opts.batch(500)
+    check_batch_size("--batch-size", batch_size, 1)
+    privacy = run_privacy(run_dir, opts.ledger_path, partial=opts.partial)
+    generator, run_config, info = load_generator(run_dir, opts.device)
+    check_batch_size("--batch-size", batch_size, math.prod(info.shape))
+    set_truncation(generator, opts.truncation, run_config["method"])
+    counts = label_counts(opts.labels, n, len(info.classes))
+    parts, done = [], 0
+    for images, _ in labelled_batches(generator, counts, batch_size, opts.seed):
+        parts.append(np.ascontiguousarray(images.cpu().numpy(), dtype=np.uint8))
+        done += len(parts[-1])
+        if opts.progress is not None:
+            opts.progress(done, n)
+    x = np.concatenate(parts)
+    y = torch.cat(list(label_chunks(counts, 1 << 20))).numpy().astype(np.int64)
+    output_sha = hashlib.sha256(x.data.tobytes() + y.astype("<i8").tobytes()).hexdigest()
+    release = record_release(run_config, info, privacy["ledger"], output_sha, n, "arrays", None)
+    manifest = {
+        **release_header(run_dir, run_config, privacy),
+        "training": privacy["training"],
+        "n": n,
+        "format": "arrays",
+        "classes": list(info.classes),
+        "label_counts": counts,
+        "seed": opts.seed,
+        "shape": list(info.shape),
+        "output_sha256": output_sha,
+        "ledger": release,
+    }
+    return x, y, info.classes, manifest
+
+
 def _png_bytes(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)).save(

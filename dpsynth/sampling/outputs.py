@@ -51,11 +51,12 @@ def record_release(
     output_sha: str,
     n: int,
     fmt: str,
-    out: Path,
+    out: Path | None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Append the zero-cost `release` event of a sample (`extra`: more public details of
-    what was written); where it is in the ledger."""
+    what was written; `out` None: returned in memory, written nowhere); where it is in the
+    ledger."""
     path = ledger_path
     entry = Ledger(path).record_release(
         dataset_id=info.dataset_id,
@@ -64,7 +65,12 @@ def record_release(
         method=run_config["method"],
         run_id=run_config["run_id"],
         output_sha256=output_sha,
-        details={"n": n, "format": fmt, "out": str(out.resolve()), **(extra or {})},
+        details={
+            "n": n,
+            "format": fmt,
+            "out": str(out.resolve()) if out is not None else "in memory",
+            **(extra or {}),
+        },
     )
     return {"path": str(Path(path).resolve()), "seq": entry["seq"]}
 

@@ -3,11 +3,16 @@ or (`sampling.dataset`) a partitioned Parquet folder."""
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from dpsynth.data.frames import FRAME
 from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import UsageError
 from dpsynth.rundir import RunDir, write_json_atomic
@@ -48,11 +53,6 @@ def write_table(
     `batch_size` (rows generated and decoded at once) defaults to 500 for one file and to
     `DATASET_BATCH` for a partitioned release, where throughput matters most.
     """
-    import math
-    import os
-
-    from dpsynth.data.table_codec import codec_for
-
     if wants_partitions(out, n, opts.fmt, opts.partitions):
         if opts.fmt not in (None, "parquet"):
             raise UsageError(
@@ -64,7 +64,7 @@ def write_table(
 
         check_batch_size("--batch-size", opts.batch(DATASET_BATCH), 1)
         return sample_dataset(run_dir, n, Path(out), opts)
-    batch_size, seed = opts.batch(500), opts.seed
+    batch_size = opts.batch(500)
     check_batch_size("--batch-size", batch_size, 1)
     out = Path(out)
     fmt = table_format(out, opts.fmt)
@@ -80,48 +80,121 @@ def write_table(
                 f"--out {out} was not written by `sample` (no {manifest_path.name}); "
                 "--force replaces only an earlier sample"
             )
-    generator, run_config, info = load_generator(run_dir, opts.device)
-    check_batch_size("--batch-size", batch_size, math.prod(info.shape))
-    set_truncation(generator, opts.truncation, run_config["method"])
-    codec = codec_for(info)
-    counts, label_rule = table_labels(generator, opts.labels, n, info)
+    draw = _TableDraw(run_dir, n, opts, batch_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out.parent)  # CSVs that killed `sample` runs were writing
     replaced = out.exists()
     temporary = staging_file(out)
-    rng = np.random.default_rng(seed)
-    units = units_of(run_config, info.schema or {})  # synthetic people (a privacy unit)
-    keys = units.keys(seed) if units is not None else None
-    done = 0
     try:
-        with RowsFile(temporary, codec, fmt) as written:
-            # Rows in a random order from the seed, not class by class: the first rows of the
-            # file, or any split by row order, are a fair sample (the counts stay exact).
-            batches = labelled_batches(generator, counts, batch_size, seed, shuffle=True)
-            for rows, chunk in batches:
-                frame = codec.decode(rows.cpu().numpy(), chunk.numpy(), rng, start=done)
-                if keys is not None and units is not None:
-                    frame[units.column] = keys.next(len(frame))
+        with RowsFile(temporary, draw.codec, fmt) as written:
+            for frame in draw.frames():
                 written.write(frame)
-                done += len(frame)
-                if opts.progress is not None:
-                    opts.progress(done, n)
         output_sha = written.sha256
-        release = record_release(run_config, info, privacy["ledger"], output_sha, n, fmt, out)
-        drawn = {
-            "n": n,
-            "format": fmt,
-            "modality": "table",
-            "classes": list(info.classes),
-            "label_counts": counts,
-            "labels": label_rule,
-            "seed": seed,
-        }
-        manifest = table_manifest(run_dir, run_config, privacy, info, generator, drawn)
-        manifest |= {"output_sha256": output_sha, "ledger": release}
+        release = record_release(
+            draw.run_config, draw.info, privacy["ledger"], output_sha, n, fmt, out
+        )
+        manifest = draw.manifest(privacy, fmt) | {"output_sha256": output_sha, "ledger": release}
         write_json_atomic(manifest_path, manifest)
         os.replace(temporary, out)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
     return {"out": str(out), "manifest": str(manifest_path), "replaced": replaced, **manifest}
+
+
+def sample_table_frame(
+    run_dir: Path | str, n: int, opts: SampleOptions
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """N synthetic rows of a table's run as a pandas DataFrame in memory, typed by the schema
+    as a Parquet sample is (numbers, nullable integers, booleans, dates and times), and the
+    release's manifest (not written anywhere). The rows are those `write_table` would write
+    for the same options; the ledger records the release with the SHA-256 of their CSV text,
+    the digest a CSV sample of the same rows would have."""
+    import hashlib
+
+    import pyarrow as pa
+
+    from dpsynth.sampling.parquet_out import frame_to_arrow
+
+    batch_size = opts.batch(500)
+    check_batch_size("--batch-size", batch_size, 1)
+    privacy = run_privacy(run_dir, opts.ledger_path, partial=opts.partial)
+    draw = _TableDraw(run_dir, n, opts, batch_size)
+    digest, parts = hashlib.sha256(), []
+    for frame in draw.frames():
+        digest.update(draw.codec.csv_text(frame, header=not parts).encode("utf-8"))
+        parts.append(frame_to_arrow(frame, draw.codec.schema))
+    table = pa.concat_tables(parts) if parts else frame_to_arrow(draw.empty(), draw.codec.schema)
+    rows = table.to_pandas(types_mapper=_nullable_types)
+    output_sha = digest.hexdigest()
+    release = record_release(
+        draw.run_config, draw.info, privacy["ledger"], output_sha, n, FRAME, None
+    )
+    manifest = draw.manifest(privacy, FRAME) | {"output_sha256": output_sha, "ledger": release}
+    return rows, manifest
+
+
+def _nullable_types(kind: Any) -> Any:
+    """pandas' nullable dtypes for Arrow integers and booleans (missing stays missing, not a
+    float NaN); None keeps pandas' default for the other types."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(kind):
+        return pd.Int64Dtype()
+    if pa.types.is_boolean(kind):
+        return pd.BooleanDtype()
+    return None
+
+
+class _TableDraw:
+    """One draw of N rows from a run: the generator and its codec loaded, the label counts
+    chosen, then the decoded frames in a random order (`frames`) from the public seed."""
+
+    def __init__(self, run_dir: Path | str, n: int, opts: SampleOptions, batch_size: int) -> None:
+        from dpsynth.data.table_codec import codec_for
+
+        self.run_dir, self.n, self.opts, self.batch_size = run_dir, n, opts, batch_size
+        self.generator, self.run_config, self.info = load_generator(run_dir, opts.device)
+        check_batch_size("--batch-size", batch_size, math.prod(self.info.shape))
+        set_truncation(self.generator, opts.truncation, self.run_config["method"])
+        self.codec = codec_for(self.info)
+        self.counts, self.label_rule = table_labels(self.generator, opts.labels, n, self.info)
+
+    def frames(self) -> Iterator[pd.DataFrame]:
+        """The decoded batches: rows in a random order from the seed, not class by class, so
+        that the first rows, or any split by row order, are a fair sample (counts exact)."""
+        seed = self.opts.seed
+        rng = np.random.default_rng(seed)
+        units = units_of(self.run_config, self.info.schema or {})  # synthetic people
+        keys = units.keys(seed) if units is not None else None
+        done = 0
+        batches = labelled_batches(self.generator, self.counts, self.batch_size, seed, shuffle=True)
+        for rows, chunk in batches:
+            frame = self.codec.decode(rows.cpu().numpy(), chunk.numpy(), rng, start=done)
+            if keys is not None and units is not None:
+                frame[units.column] = keys.next(len(frame))
+            yield frame
+            done += len(frame)
+            if self.opts.progress is not None:
+                self.opts.progress(done, self.n)
+
+    def empty(self) -> pd.DataFrame:
+        """A frame of no rows with the schema's columns (a sample of n = 0)."""
+        return pd.DataFrame(
+            {c.name: pd.Series([], dtype=object) for c in self.codec.schema.columns}
+        )
+
+    def manifest(self, privacy: dict[str, Any], fmt: str) -> dict[str, Any]:
+        """The release's manifest without its digest and ledger entry."""
+        drawn = {
+            "n": self.n,
+            "format": fmt,
+            "modality": "table",
+            "classes": list(self.info.classes),
+            "label_counts": self.counts,
+            "labels": self.label_rule,
+            "seed": self.opts.seed,
+        }
+        return table_manifest(
+            self.run_dir, self.run_config, privacy, self.info, self.generator, drawn
+        )

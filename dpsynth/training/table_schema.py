@@ -32,14 +32,13 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Column, Schema
 from dpsynth.data.schema_draft import long_category_lists
-from dpsynth.data.schema_file import read_schema
-from dpsynth.data.sources import read_table
+from dpsynth.data.schema_file import SchemaInput, as_schema
+from dpsynth.data.sources import DataInput, read_table, schema_needed
 from dpsynth.data.table_codec import (
     RawTable,
     TableData,
@@ -87,18 +86,18 @@ def schema_share(reuses_one_ways: bool) -> float:
     return REUSED_SCHEMA_SHARE if reuses_one_ways else SCHEMA_SHARE
 
 
-def resolve_schema(spec: str, schema_path: Path | str | None) -> tuple[RawTable, str, str, Schema]:
-    """The table as read, its canonical spec and kind, and the schema to use (given or bundled)."""
+def resolve_schema(
+    spec: DataInput, schema_path: SchemaInput | None
+) -> tuple[RawTable, str, str, Schema]:
+    """The table as read, its canonical spec and kind, and the schema to use (given or
+    bundled). `schema_path` is a file, or a `Schema` (or its JSON as a dict) in memory."""
     raw, parsed, bundled = read_table(spec)
     if schema_path is not None:
-        schema = read_schema(schema_path)
+        schema = as_schema(schema_path)
     elif bundled is not None:
         schema = bundled
     else:
-        raise UsageError(
-            f"{spec}: a {parsed.kind}: table needs --schema FILE.json "
-            f"(draft one with `dpsynth data schema {spec} > schema.json` and review it)"
-        )
+        raise schema_needed(parsed)
     check_header(raw, schema)
     return raw, parsed.canonical, parsed.kind, schema
 
@@ -185,8 +184,8 @@ def public_marks(
 
 def read_table_input(
     *,
-    spec: str,
-    schema_path: Path | str | None,
+    spec: DataInput,
+    schema_path: SchemaInput | None,
     schema_public: bool,
     schema_epsilon: float | None,
     dataset_id: str | None,

@@ -40,8 +40,8 @@ from dpsynth.data.engines.chunks import footer_rows
 from dpsynth.data.engines.source import TableSource, chunk_encoder
 from dpsynth.data.limits import memory_budget
 from dpsynth.data.schema import Schema
-from dpsynth.data.schema_file import read_schema
-from dpsynth.data.sources import parse_spec
+from dpsynth.data.schema_file import SchemaInput, as_schema
+from dpsynth.data.sources import DataInput, parse_spec
 from dpsynth.data.table_codec import TableCodec, check_header
 from dpsynth.errors import UsageError
 from dpsynth.training.schema_entries import OTHER
@@ -55,9 +55,9 @@ from dpsynth.training.table_schema import (
 
 
 def table_engine(
-    spec: str,
+    spec: DataInput,
     choice: EngineChoice,
-    schema_path: Path | str | None,
+    schema_path: SchemaInput | None,
     budget: int | None,
     counts_marginals: bool = True,
 ) -> str:
@@ -65,11 +65,13 @@ def table_engine(
     `auto` keeps the in-memory path for a method that trains on rows (`counts_marginals`
     false), and wherever the in-memory reader should say what is wrong with the input."""
     parsed = parse_spec(spec)
-    if parsed.kind == "builtin":
+    if parsed.kind in ("builtin", "frame"):
         if choice.name not in ("auto", "memory"):
+            where = "a DataFrame is" if parsed.kind == "frame" else f"{spec} is built in and"
             raise UsageError(
-                f"--engine {choice.spec} reads csv:FILE or parquet:PATH; {spec} is built in "
-                "and read in memory (--engine memory)"
+                f"{{engine}} {choice.spec} reads csv:FILE or parquet:PATH; {where} read in "
+                "memory ({engine} memory)",
+                parameter="engine",
             )
         return "memory"
     if choice.name != "auto":
@@ -84,7 +86,7 @@ def table_engine(
     if schema_path is None:
         return "memory"  # the in-memory path says that a schema is needed
     files = table_files(spec)
-    width = TableCodec(read_schema(schema_path)).dim
+    width = TableCodec(as_schema(schema_path)).dim
     rows = footer_rows(files.paths[0]) if files.kind == "parquet" else None
     if files.kind == "parquet" and rows is None:
         return "memory"  # unreadable: the in-memory reader says why, naming the spec
@@ -93,9 +95,9 @@ def table_engine(
 
 def prepare_table_source(
     *,
-    spec: str,
+    spec: DataInput,
     engine: EngineChoice,
-    schema_path: Path | str | None,
+    schema_path: SchemaInput | None,
     schema_public: bool,
     schema_epsilon: float | None,
     class_weights_epsilon: float | None,
@@ -113,7 +115,7 @@ def prepare_table_source(
             f"--engine {engine.spec}: {spec} needs --schema FILE.json (draft one with "
             f"`dpsynth data schema {spec} > schema.json`)"
         )
-    schema = read_schema(schema_path)
+    schema = as_schema(schema_path)
     if schema_public and schema_epsilon is not None:
         raise UsageError("--schema-public and --schema-epsilon exclude each other")
     if class_weights_epsilon is not None:
@@ -151,7 +153,7 @@ def pending_schema(schema: Schema, names: Sequence[str]) -> Schema:
 
 
 def open_table_source(
-    spec: str,
+    spec: DataInput,
     schema: Schema,
     engine: EngineChoice,
     budget: int | None,
