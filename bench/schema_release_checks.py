@@ -11,7 +11,11 @@ against the exact training rows, which only this bench reads:
 
 - `clipped`: per number, the share of its present values beyond the released [min, max];
 - `over_2pct`: the numbers clipping more than 2% (the issue's target: none);
-- `empty`: the columns written empty (type `ignored`) that real rows fill in ≥ 10% of cells.
+- `empty`: the columns written empty (type `ignored`) that real rows fill in ≥ 10% of cells;
+- `ranges`: per number, the real [min, max] beside the released one, and `junk`: the share of
+  values drawn from the release's own 1-way histogram (its noisy counts summed into the model's
+  bins, clipped at 0: what mst's 1-way marginal starts from) and placed in their bins as
+  `sample` places them, that fall outside the real [min, max] (issue 68's junk values).
 
 Results (with date, machine, commit and command) go to `--json` or stdout.
 """
@@ -35,6 +39,38 @@ from dpsynth.errors import DpsynthError
 
 PRESENT_SHARE = 0.10  # a column written empty counts when real rows fill this share of cells
 DRAFT_MINUTES = 10.0  # wall limit of `data schema`
+
+
+SAMPLED = 20_000  # values drawn per number for the junk share
+
+
+def junk_shares(schema: Any, one_ways: dict[str, Any], n: int, real: dict[str, tuple]) -> dict:
+    """Per number with a reused 1-way histogram: the share of values drawn from it (bins by
+    the clipped noisy counts, values inside a bin as `sample` draws them) outside the real
+    [min, max] (`real`)."""
+    from dpsynth.data.discrete import schema_domain
+    from dpsynth.methods.marginal.domain import _bin_values
+    from dpsynth.methods.marginal.one_ways import released_measurements
+    from dpsynth.methods.marginal.presets import MST_PRESETS
+
+    preset = MST_PRESETS["small"]
+    domain = schema_domain(schema, int(preset["bins"]), bool(preset["bound_bins"]))
+    measured = released_measurements(domain, schema, one_ways, float(n))
+    rng = np.random.default_rng(0)
+    out: dict[str, float] = {}
+    for index, measurement in measured.items():
+        attribute = domain.attributes[index]
+        if attribute.kind in ("categorical", "target") or attribute.name not in real:
+            continue
+        counts = np.clip(np.asarray(measurement.values, dtype=np.float64), 0.0, None)
+        counts = counts[: attribute.present_size]
+        if counts.sum() <= 0:
+            continue
+        codes = rng.choice(len(counts), size=SAMPLED, p=counts / counts.sum())
+        values = _bin_values(codes, attribute, rng.random(SAMPLED))
+        low, high = real[attribute.name]
+        out[attribute.name] = round(float(np.mean((values < low) | (values > high))), 4)
+    return out
 
 
 def release_checks(train: Path, schema: Path, epsilon: float, seed: int) -> dict[str, Any]:
@@ -62,8 +98,10 @@ def release_checks(train: Path, schema: Path, epsilon: float, seed: int) -> dict
             target_epsilon=epsilon,
             share=schema_share(True),
         )
-        data, _ = release_table_schema(table, ledger, "mst", "bench", PrivateRandomness(seed))
+        data, release = release_table_schema(table, ledger, "mst", "bench", PrivateRandomness(seed))
     clipped: dict[str, float] = {}
+    ranges: dict[str, list[float]] = {}
+    real: dict[str, tuple[float, float]] = {}
     empty: list[str] = []
     for column in data.schema.columns:
         if column.name not in table.raw.header:
@@ -78,6 +116,9 @@ def release_checks(train: Path, schema: Path, epsilon: float, seed: int) -> dict
             if len(values):
                 beyond = (values < column.min) | (values > column.max)
                 clipped[column.name] = round(float(np.mean(beyond)), 4)
+                real[column.name] = (float(values.min()), float(values.max()))
+                ranges[column.name] = [*real[column.name], column.min, column.max]
+    junk = junk_shares(data.schema, (release or {}).get("one_ways", {}), table.raw.n, real)
     over = {name: share for name, share in clipped.items() if share > 0.02}
     return {
         "seed": seed,
@@ -86,7 +127,16 @@ def release_checks(train: Path, schema: Path, epsilon: float, seed: int) -> dict
         "over_2pct": over,
         "empty": empty,
         "clipped": clipped,
+        "junk": junk,
+        "median_junk": float(np.median(list(junk.values()))) if junk else 0.0,
+        "junk_over_5pct": {name: share for name, share in junk.items() if share > 0.05},
+        "ranges": ranges,
     }
+
+
+def _worst(shares: dict[str, float], count: int = 4) -> str:
+    top = sorted(shares.items(), key=lambda item: -item[1])[:count]
+    return ", ".join(f"{name} {share:.0%}" for name, share in top)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             print(
                 f"{name} seed {run['seed']}: {len(run['over_2pct'])}/{run['numbers']} numbers "
-                f"clip > 2% (median {run['median_clipped']:.2%}); written empty: {run['empty']}",
+                f"clip > 2% (median {run['median_clipped']:.2%}); written empty: {run['empty']}; "
+                f"{len(run['junk_over_5pct'])}/{len(run['junk'])} draw > 5% outside the real "
+                f"range (median {run['median_junk']:.2%}); worst: {_worst(run['junk'])}",
                 file=sys.stderr,
             )
     text = json.dumps(report, indent=1)
