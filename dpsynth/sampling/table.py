@@ -126,6 +126,8 @@ def sample_table_frame(
         parts.append(frame_to_arrow(frame, draw.codec.schema))
     table = pa.concat_tables(parts) if parts else frame_to_arrow(draw.empty(), draw.codec.schema)
     rows = table.to_pandas(types_mapper=_nullable_types)
+    for name in (f.name for f in table.schema if pa.types.is_date(f.type)):
+        rows[name] = pd.to_datetime(rows[name])  # dates as datetimes, as pandas reads them
     output_sha = digest.hexdigest()
     release = record_release(
         draw.run_config, draw.info, privacy["ledger"], output_sha, n, FRAME, None

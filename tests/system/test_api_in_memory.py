@@ -103,3 +103,21 @@ def test_images_come_back_as_a_typed_batch_equal_to_the_npz_sample(
     with np.load(npz.out / "samples.npz") as archive:
         assert np.array_equal(archive["x"], batch.images)
         assert np.array_equal(archive["y"], batch.labels)
+
+
+def test_a_drafted_frame_comes_back_typed(tmp_path: Path, one_torch_thread) -> None:
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(
+        {
+            "visits": rng.integers(0, 6, 300),
+            "seen": pd.Timestamp("2024-01-01") + pd.to_timedelta(rng.integers(0, 90, 300), "D"),
+            "ward": rng.choice(["a", "b", "c"], 300),
+            "label": rng.choice(["yes", "no"], 300),
+        }
+    )
+    frame["seen"] = frame["seen"].dt.date  # a date column, not a timestamp
+    synth = Synthesizer.create("mst", epsilon=5.0, preset="tiny", ledger=tmp_path / "l.jsonl")
+    rows = synth.fit(frame, schema_public=True).sample(100)
+    assert str(rows["visits"].dtype) == "Int64"
+    assert pd.api.types.is_datetime64_any_dtype(rows["seen"])
+    assert set(rows["ward"].dropna()) <= {"a", "b", "c"}
