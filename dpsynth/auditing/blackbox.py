@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,8 @@ class BlackBoxResult:
     confidence: float
     synthetic_rows: int
     mode: str = "black-box (train → sample, score from the released rows)"
+    # `train`'s `--set` values the run was trained with ("key=value").
+    overrides: tuple[str, ...] = ()
 
     @property
     def leaks(self) -> bool:
@@ -67,6 +70,7 @@ class BlackBoxResult:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict with the verdict."""
         out = dict(self.__dict__)
+        out["overrides"] = list(self.overrides)
         out["verdict"] = "FAIL" if self.leaks else "pass"
         return out
 
@@ -80,6 +84,7 @@ class BlackBoxResult:
         included: torch.Tensor,
         confidence: float,
         synthetic_rows: int,
+        overrides: Mapping[str, str] | None = None,
         **mode: str,
     ) -> BlackBoxResult:
         """The result of a trained run (`train_run`'s summary) whose canaries scored
@@ -100,6 +105,7 @@ class BlackBoxResult:
             correct=outcome.correct,
             confidence=confidence,
             synthetic_rows=synthetic_rows,
+            overrides=tuple(f"{k}={v}" for k, v in (overrides or {}).items()),
             **mode,
         )
 
@@ -152,9 +158,11 @@ def run_blackbox(
     seed: int | None = None,
     synthetic_rows: int | None = None,
     workdir: Path | str | None = None,
+    overrides: Mapping[str, str] | None = None,
 ) -> BlackBoxResult:
-    """One black-box run: canaries into the built-in table, `train` and `sample` through the
-    library, the guesses from the synthetic rows → a lower bound beside the run's claim."""
+    """One black-box run: canaries into the built-in table, `train` (with `overrides`, `train`'s
+    `--set` values) and `sample` through the library, the guesses from the synthetic rows → a
+    lower bound beside the run's claim."""
     from dpsynth.sampling import sample_table
     from dpsynth.training.entry import train_run
 
@@ -192,11 +200,12 @@ def run_blackbox(
             ledger_path=ledger,
             device="cpu",
             seed=0,
+            overrides=dict(overrides or {}),
         )
         count = int(synthetic_rows or table.n_train)
         sample_table(work / "run", count, work / "synthetic.csv", ledger_path=ledger, device="cpu")
         synthetic = pd.read_csv(work / "synthetic.csv", dtype=str, keep_default_na=False)
     scores = match_scores(schema, rows, synthetic)
     return BlackBoxResult.of_run(
-        trained, data, epsilon, {"matches": scores}, included, confidence, count
+        trained, data, epsilon, {"matches": scores}, included, confidence, count, overrides
     )

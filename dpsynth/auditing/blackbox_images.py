@@ -18,6 +18,7 @@ Only public data (the built-in set) and synthetic canaries are read.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -71,9 +72,11 @@ def run_image_blackbox(
     seed: int | None = None,
     synthetic_images: int | None = None,
     workdir: Path | str | None = None,
+    overrides: Mapping[str, str] | None = None,
 ) -> BlackBoxResult:
-    """One black-box run: canaries into the built-in image set's training split, `train` and
-    `sample` through the library, guesses from the released images → a lower bound."""
+    """One black-box run: canaries into the built-in image set's training split, `train` (with
+    `overrides`, `train`'s `--set` values) and `sample` through the library, guesses from the
+    released images → a lower bound."""
     from dpsynth.sampling.images import sample_run
     from dpsynth.training.entry import train_run
 
@@ -111,6 +114,7 @@ def run_image_blackbox(
             ledger_path=ledger,
             device="cpu",
             seed=0,
+            overrides=dict(overrides or {}),
         )
         count = int(synthetic_images or len(x))
         sample_run(work / "run", count, work / "synthetic", fmt="npz", ledger_path=ledger,
@@ -119,5 +123,6 @@ def run_image_blackbox(
             released, released_labels = release["x"], release["y"]
     scores = nearest_scores(pixels, labels, released, released_labels)
     return BlackBoxResult.of_run(
-        trained, data, epsilon, {"nearest": scores}, included, confidence, count, mode=MODE
-    )
+        trained, data, epsilon, {"nearest": scores}, included, confidence, count, overrides,
+        mode=MODE,
+    )  # fmt: skip

@@ -1,9 +1,12 @@
-"""The audit's deliberate errors: `--break MODE[:FACTOR]` (hidden, test only).
+"""The audit's deliberate errors: `dpsynth audit --break MODE[:FACTOR]`, a user option.
 
-A break makes one error inside the audited mechanism's own call, `FACTOR` times over (default
-`DEFAULT_FACTOR`): "noise" divides σ by it, "clip" clips that many times too loosely with the
-noise unchanged, "sensitivity" understates the plan's Δ by it (or counts every record that many
-times). The audit must then fail; a real `train` is never touched.
+A break makes one error inside the audit's own copy of the mechanism's call, `FACTOR` times
+over (default `DEFAULT_FACTOR`): "noise" divides σ by it, "clip" clips that many times too
+loosely with the noise unchanged, "sensitivity" understates the plan's Δ by it (a canary moves
+the release that many times further: a clipping bound that many times too loose, a counter
+that counts every record that many times). The audit should then fail; whoever changes a
+preset or writes a backend checks with it that the audit sees an error of their size. The
+mechanisms, the plan and the accountant are never changed: a real `train` is never touched.
 """
 
 from __future__ import annotations

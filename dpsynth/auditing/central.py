@@ -9,7 +9,7 @@ Design (as `auditing/frequency.py`): every canary is the all-white image, whose 
 record is the unit vector u = (1, …, 1)/√d when its norm √d exceeds C; canary i has its own
 label i (Δ does not depend on K), so its class sum u and its count w lie on coordinates of its
 own: an included canary moves the release by exactly Δ. Chunks of `_CHUNK` labels touch
-disjoint coordinates (the same release in distribution). `break_mode` (test only): "noise"
+disjoint coordinates (the same release in distribution). `break_mode` (`--break`): "noise"
 divides σ by F ("noise:F", `auditing/breaks.py`), "sensitivity:F" makes
 `CentralImagesPlan.sensitivity` F times too small.
 """

@@ -21,7 +21,7 @@ With `phase2_release=once` phase 2 is one Gaussian release of the per-class feat
 (`noisy_group_sums`, rows renormed to Δ): canary i is alone in its group i, so an included
 canary moves its group's sum by Δ (`once_scores`).
 
-`break_mode` (test only, `auditing/breaks.py`): "noise:F" divides σ_agg and σ_conv2 by F; "clip:F"
+`break_mode` (`--break`, `auditing/breaks.py`): "noise:F" divides σ_agg and σ_conv2 by F; "clip:F"
 or "sensitivity:F" renorms and clips F times too loosely with the noise unchanged.
 """
 

@@ -19,7 +19,7 @@ in distribution (parallel composition) with bounded memory. With the pooled seco
 each canary gets a release of its own (K = 1, one record or none): a multiple-run audit, whose
 canaries are independent trials that see all of Δ.
 
-`break_mode` (test only, `auditing/breaks.py`): "noise:F" divides σ by F; "sensitivity:F" makes
+`break_mode` (`--break`, `auditing/breaks.py`): "noise:F" divides σ by F; "sensitivity:F" makes
 `FrequencyPlan.sensitivity` F times too small (as a wrong Δ in the code would).
 """
 

@@ -12,13 +12,14 @@ points and canaries live in one dimension, each canary where its field's Mahalan
 largest, so it meets nearly all of the sensitivity (0.98 of √n_L with one bandwidth, 0.96 with
 three). A canary's score is the log-likelihood ratio of "in" vs "out" of its released values
 under the nominal mechanism summed over steps, and its largest standardised whitened
-projection over the steps (as in `whitebox`). `break_mode` (test only, `auditing/breaks.py`):
+projection over the steps (as in `whitebox`). `break_mode` (`--break`, `auditing/breaks.py`):
 "noise:F" divides σ by F; "clip:F" lets a canary's field be F× what the sensitivity allows
 (a clipping F times too loose).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -56,8 +57,16 @@ def canary_block(bandwidths: Sequence[float]) -> tuple[torch.Tensor, torch.Tenso
 
     `FIELD_POINTS` points on a line, `_SPACING`·(smallest bandwidth) apart (well conditioned), the
     canary where its field's Mahalanobis norm under the derivative-GP covariance C is largest
-    (grid search), so the audit sees as much of the sensitivity as it can.
+    (grid search), so the audit sees as much of the sensitivity as it can. Computed once per
+    set of bandwidths (the many-run audit asks for it every run); the tensors are copies.
     """
+    points, field, whitened = _canary_block(tuple(float(b) for b in bandwidths))
+    return points.clone(), field.clone(), whitened.clone()
+
+
+@functools.lru_cache(maxsize=8)
+def _canary_block(bandwidths: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`canary_block`'s grid search, cached."""
     spacing = _SPACING * min(bandwidths)
     positions = torch.arange(FIELD_POINTS, dtype=torch.float64) - (FIELD_POINTS - 1) / 2
     positions = positions * spacing

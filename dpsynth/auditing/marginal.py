@@ -33,7 +33,7 @@ Each part is an audit of its own event against that event's own proven bound, at
 the plan's δ, the selection's pure ε_s with the pure-DP test (δ = 0).
 A table's δ is large (1e-4 for N = 800) and the one-run p-value adds 2·m·δ, so the one-run
 test is weak on a table; `TABLE_CANARIES` is enough for the trials test to judge.
-`break_mode` (test only, `auditing/breaks.py`): "noise:F" divides σ by F and multiplies ε_s by F;
+`break_mode` (`--break`, `auditing/breaks.py`): "noise:F" divides σ by F and multiplies ε_s by F;
 "sensitivity:F" counts every record F times (a counter that overcounts, as a wrong
 `MarginalCounter` would), so a record moves a count, and a quality, by that much.
 """
@@ -63,6 +63,9 @@ __all__ = [
 ]
 
 TABLE_CANARIES = 20_000
+# The selection part's canaries per run at most: each is one `select` call (about 0.1 ms), so
+# `--canaries` in the millions (cheap for the measurements: one cell each) stays minutes there.
+SELECTION_CANARIES = 20_000
 TABLE_BREAKS = ("noise", "sensitivity")
 # The public estimates' rows: at least what an overcounting break makes of one record (its
 # factor), so that |count − estimate| moves by the whole count.
@@ -213,7 +216,9 @@ def audit_marginal_plan(
     break_mode: str | None = None,
     runs: int = 1,
 ) -> list[PartOutcome]:
-    """The measurement and selection audits of a marginal plan's events (`runs` runs each)."""
+    """The measurement and selection audits of a marginal plan's events (`runs` runs each, of
+    `canaries` canaries for the measurements and at most `SELECTION_CANARIES` for the
+    selections)."""
     check_break(break_mode, TABLE_BREAKS)
     part_confidence = 1.0 - (1.0 - confidence) / 2.0
     parts: list[PartOutcome] = []
@@ -223,7 +228,7 @@ def audit_marginal_plan(
             scorer, m = measurement_scores, canaries
             name = "marginal measurements (Gaussian)"
         elif isinstance(event, PureDp):
-            scorer, m = selection_scores, canaries
+            scorer, m = selection_scores, min(canaries, SELECTION_CANARIES)
             name = "marginal selection (exponential mechanism, pure DP, per selection)"
             # The pure-DP test (δ = 0) against one selection's ε_s: the event is `count` of
             # them, composed by basic composition (proven).

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dpsynth.auditing.breaks import break_mode_of, check_break
-from dpsynth.auditing.functional import FIELD_POINTS, audit_field, field_canary_scores
+from dpsynth.auditing.functional import audit_field, field_canary_scores
 from dpsynth.auditing.guesses import GuessOutcome
+from dpsynth.auditing.limits import audit_memory, check_audit_values
 from dpsynth.auditing.marginal import TABLE_CANARIES, audit_marginal_plan, canary_capacity
 from dpsynth.auditing.releases import (
     RELEASE_BREAKS,
@@ -44,7 +45,7 @@ from dpsynth.errors import UsageError
 from dpsynth.methods.recommend import AUTO, recommend_method, resolve_preset
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting.calibration import default_delta
-from dpsynth.privacy.accounting.events import DpEvent, PoissonGaussian
+from dpsynth.privacy.accounting.events import DpEvent
 from dpsynth.privacy.accounting.plan import PrivacyPlan, PrivacyTarget
 
 __all__ = ["AuditResult", "audit_memory", "check_audit_values", "public_info", "run_audit"]
@@ -193,40 +194,6 @@ def resolve_auto(
     if method_name == AUTO:
         method_name = recommend_method(info, float(epsilon))
     return method_name, resolve_preset(get_method(method_name), preset, info, float(epsilon))
-
-
-def check_audit_values(canaries: int, confidence: float, runs: int = 1) -> None:
-    """UsageError, before any work, for a canary or run count or confidence it cannot use."""
-    if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 2:
-        raise UsageError(f"--canaries must be an integer of at least 2, got {canaries!r}")
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
-        raise UsageError(f"--runs must be a positive integer, got {runs!r}")
-    if not 0.0 < confidence < 1.0:
-        raise UsageError(
-            f"--confidence must be strictly between 0 and 1 (e.g. 0.95), got {confidence:g}"
-        )
-
-
-def audit_memory(mechanism: str, plan: PrivacyPlan, canaries: int) -> float:
-    """Bytes the white-box audit of `canaries` canaries holds at its peak (an upper estimate).
-
-    DP-SGD: a few float64 vectors of length m, and per step the batch's records and their
-    per-record gradients, [b, m] each, b the largest Poisson batch expected (q·m/2 plus six
-    standard deviations). Functional: per step, the canaries' m releases of the field at one
-    block of points and the draws behind their noise, about a dozen float64 arrays [m, points].
-    """
-    m = float(canaries)
-    if mechanism == "functional":
-        return 8.0 * 12.0 * m * FIELD_POINTS
-    releases, steps = split_releases(plan.events)
-    # A one-shot release is scored in chunks of a few hundred labels (a few vectors of m);
-    # the DP classifier holds its included canaries as [m/2, m] float32 records.
-    extra = 2.0 * m * m if "dp_classifier" in {e.annotation("mechanism") for e in releases} else 0.0
-    loops = (*steps, *(r for r in releases if isinstance(r, PoissonGaussian)))
-    rates = [float(e.to_json().get("sampling_rate", 1.0)) for e in loops] or [0.0]
-    mean = max(rates) * m / 2.0
-    batch = min(m, mean + 6.0 * mean**0.5 + 1.0)
-    return 8.0 * m * (16.0 + 4.0 * batch) + extra
 
 
 def run_audit(

@@ -18,7 +18,7 @@ log-likelihood ratio under the nominal σ, q, C, and the largest standardised va
 Augmentation multiplicity is left off: it averages a record's copies before clipping, so the
 sensitivity (C) and the mechanism are the same.
 
-`break_mode` (test only, `auditing/breaks.py`): "noise:F" divides σ by F; "clip:F" or
+`break_mode` (`--break`, `auditing/breaks.py`): "noise:F" divides σ by F; "clip:F" or
 "sensitivity:F" lets each record move the sum by F·C while the noise stays σC (a clipping norm too
 large for the noise).
 """

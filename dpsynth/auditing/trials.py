@@ -14,12 +14,21 @@ log((rate_lb − δ) / rate_ub) holds at confidence 1 − β.
 S is a threshold region of one score, {s ≥ t} ("high": the in-rate over the out-rate) or
 {s ≤ t} ("low": the out-rate over the in-rate). It is chosen on every `SELECTION_STRIDE`-th
 canary (a public split, independent of the run) and judged on the others, so the choice costs
-no confidence. The one-run test (`bound.py`, Steinke, Nasr and Jagielski 2023) needs no
-independence but cannot tell ε = 1 from ε = 2 in one run; this test can, with enough canaries.
+no confidence. The choice is the bound the judging canaries would give with the selection's
+rates, each moved `_CAUTION` standard deviations against the region, over tails log-spaced
+down to `_MIN_AGAINST_HITS` selection canaries on the side that counts against it: with
+millions of trials (the many-run audit) the best region is a tail of 1e-4 or less, which a
+bound at the selection set's own size would never pick. Tuned on an exact Gaussian release at
+ε = 1 (4 million trials: 0.80 on average over four seeds, as at the best fixed region) and
+Poisson-subsampled DP-SGD (pge `tiny`, 10 million: 0.76 against 0.75); the fixed grid it
+replaces, judged at the selection's own size, gave 0.71 and 0.72. The one-run test
+(`bound.py`, Steinke, Nasr and Jagielski 2023) needs no independence but cannot tell ε = 1
+from ε = 2 in one run; this test can, with enough canaries.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -34,8 +43,13 @@ __all__ = ["SELECTION_STRIDE", "TrialsOutcome", "rate_bounds", "region_bound", "
 
 # Every 8th canary chooses the region (a few dozen candidates need few); the others judge it.
 SELECTION_STRIDE = 8
-# Candidate regions: the top (or bottom) fraction of the selection canaries' scores.
-_TAIL_FRACTIONS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+# Candidate regions: the top (or bottom) fraction of the selection canaries' scores, from half
+# of them down, `_FRACTIONS_PER_DECADE` a decade, while the side against the region keeps
+# `_MIN_AGAINST_HITS` selection canaries; each rate is moved `_CAUTION` standard deviations
+# against the region when it is chosen (less chased noise in far tails, more left power).
+_FRACTIONS_PER_DECADE = 8
+_MIN_AGAINST_HITS = 30
+_CAUTION = 1.0
 _DIRECTIONS = ("high", "low")
 
 
@@ -114,6 +128,26 @@ def _bound(
     return region_bound(hits_out, trials_out, hits_in, trials_in, delta, confidence)
 
 
+def _predicted(
+    counts: tuple[int, int, int, int], direction: str, scale: float, delta: float,
+    confidence: float, required: int,
+) -> float | None:  # fmt: skip
+    """The bound the judging canaries (`scale` times the selection's) would give with the
+    selection's rates moved `_CAUTION` standard deviations against the region; None when the
+    side against it has fewer than `required` selection canaries."""
+    hits_in, trials_in, hits_out, trials_out = counts
+    if direction == "low":
+        hits_in, trials_in, hits_out, trials_out = hits_out, trials_out, hits_in, trials_in
+    if hits_out < required:
+        return None
+    worse_for = max(0.0, hits_in - _CAUTION * math.sqrt(hits_in))
+    worse_against = min(float(trials_out), hits_out + _CAUTION * math.sqrt(hits_out))
+    return region_bound(
+        round(worse_for * scale), round(trials_in * scale), round(worse_against * scale),
+        round(trials_out * scale), delta, confidence,
+    )  # fmt: skip
+
+
 def trials_bound(
     scores: Mapping[str, torch.Tensor], included: torch.Tensor, delta: float, confidence: float
 ) -> TrialsOutcome:
@@ -126,20 +160,29 @@ def trials_bound(
     if m < 2 * SELECTION_STRIDE:
         raise UsageError(f"the trials test needs at least {2 * SELECTION_STRIDE} canaries")
     choose = torch.arange(m) % SELECTION_STRIDE == 0
+    selection = int(choose.sum())
+    scale = (m - selection) / selection
     best: tuple[float, str, str, float] | None = None
     for name, score in scores.items():
         picked = score[choose]
-        finite = picked[torch.isfinite(picked)]
-        if finite.numel() == 0:
+        ordered = torch.sort(picked[torch.isfinite(picked)]).values
+        if ordered.numel() == 0:
             continue
         for direction in _DIRECTIONS:
-            for fraction in _TAIL_FRACTIONS:
-                level = 1.0 - fraction if direction == "high" else fraction
-                threshold = float(torch.quantile(finite, level))
+            for step in itertools.count():
+                fraction = 0.5 * 10.0 ** (-step / _FRACTIONS_PER_DECADE)
+                place = round(fraction * (ordered.numel() - 1))
+                threshold = float(ordered[-1 - place if direction == "high" else place])
                 counts = _counts(picked, included[choose], direction, threshold)
-                found = _bound(counts, direction, delta, confidence)
+                # the widest region (half) always counts, so a small audit still has one
+                required = _MIN_AGAINST_HITS if step else 0
+                found = _predicted(counts, direction, scale, delta, confidence, required)
+                if found is None:
+                    break
                 if best is None or found > best[0]:
                     best = (found, name, direction, threshold)
+                if place == 0:
+                    break
     if best is None:
         raise UsageError("the trials test got no finite score")
     _, name, direction, threshold = best

@@ -15,9 +15,11 @@ bound: the one-run test and, since each canary's evidence is its own coordinate 
 Poisson draws, independent noise), the independent-trials test.
 
 No other record shares the sum: that is the worst case for privacy (the most an auditor can
-see), and it involves no user data at all. `break_mode` is a test-only switch that breaks the
-mechanism inside the audit's own run (`auditing/breaks.py`; "clip:F": a clipping norm F·C with the
-noise σC; "noise:F": σ/F) to show the audit's power; it never touches a real train.
+see), and it involves no user data at all. `break_mode` (`--break`, a user option) breaks the
+mechanism inside the audit's own run (`auditing/breaks.py`; "clip:F": a clipping norm F·C with
+the noise σC; "noise:F": σ/F) to show the audit's power; it never touches a real train. The
+stand-in model and its records are float32, as a training run's are (half the time of float64,
+which the many-run audit's millions of canaries feel); the scores are float64.
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ def canary_scores(
     # above every clipping norm the audit tries, so that a loose clip lets it all through
     canary_norm = max(CANARY_NORM_FACTOR, factor) * clip
     model = nn.Module()
-    model.w = nn.Parameter(torch.zeros(m, dtype=torch.float64))
+    # float32, as a training run's models are (half the time of float64); scored in float64
+    model.w = nn.Parameter(torch.zeros(m, dtype=torch.float32))
     scores = torch.zeros(m, dtype=torch.float64)
     peak = torch.full((m,), -math.inf, dtype=torch.float64)
     for step in steps:
@@ -124,10 +127,10 @@ def canary_scores(
         noise_std = step.noise_multiplier * clip
         for _ in range(step.steps):
             batch = members[sampler.next()]
-            records = torch.zeros(int(batch.numel()), m, dtype=torch.float64)
+            records = torch.zeros(int(batch.numel()), m, dtype=torch.float32)
             records[torch.arange(int(batch.numel())), batch] = canary_norm
             gradient.compute(records)
-            released = model.w.grad * gradient.expected_batch_size
+            released = model.w.grad.double() * gradient.expected_batch_size
             scores += _log_likelihood_ratio(released, clip, noise_std, step.sampling_rate)
             peak = torch.maximum(peak, released / noise_std)
     return {"llr": scores, "max": peak}
@@ -141,7 +144,7 @@ def _private_gradient(
     break_mode: str | None,
     factor: float,
 ) -> PrivateGradient:
-    """The privacy layer's DP-SGD gradient, or its test-only broken variant.
+    """The privacy layer's DP-SGD gradient, or the audit's broken copy of it (`--break`).
 
     The expected batch size is 1: dividing the noisy sum by the public qN is post-processing,
     so the audit reads the sum itself.

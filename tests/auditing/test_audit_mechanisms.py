@@ -125,12 +125,13 @@ def test_mst_breaks_are_caught(broken):
 def test_the_selection_audit_catches_its_error_and_passes_a_sound_selection(broken):
     """One selection through `MarginalQueries.select` at ε_s = 0.5, against ε_s with the pure-DP
     test: sound passes; ε_s × 2, a quality moved 2× by a record, and ε_s × 16 are caught
-    (40,000 canaries: the trials test)."""
+    (20,000 canaries × 2 runs, the most selections a run takes: the trials test)."""
     domain = _german_domain()
     event = PureDp(0.5, 1)
     (part,) = audit_marginal.audit_marginal_plan(
-        domain, [event], 1e-4, 40_000, 0.95, seed=7, break_mode=broken
-    )
+        domain, [event], 1e-4, audit_marginal.SELECTION_CANARIES, 0.95, seed=7,
+        break_mode=broken, runs=2,
+    )  # fmt: skip
     assert "pure DP" in part.mechanism and part.claimed_epsilon == 0.5
     assert part.outcome.test == "trials"
     assert part.leaks == (broken is not None)
