@@ -182,7 +182,7 @@ def test_huge_prv_mesh_falls_back_to_the_rdp_bound_and_says_so():
     assert "RDP upper bound" in out["accountant"]
     assert any("PRV mesh of" in note for note in out["notes"])
     # the RDP bound is an upper bound: at least the PLD accountant's ε of the same run
-    from test_accounting import pld_epsilon
+    from privacy.test_accounting import pld_epsilon  # tests/ is on the path
 
     event = poisson_gaussian_event(2.0, 0.5, 100_000)
     assert math.isfinite(out["epsilon"]) and out["epsilon"] >= pld_epsilon([event], 1e-6) * 0.999
