@@ -167,7 +167,8 @@ class Synthesizer:
             raise UsageError("this synthesizer is already fitted; create another to fit again")
         public = self.schema_public if schema_public is None else schema_public
         released = self.schema_epsilon if schema_epsilon is None else schema_epsilon
-        if not (isinstance(data, str | Path) or is_frame(data)):
+        in_memory = is_frame(data)
+        if not (isinstance(data, str | Path) or in_memory):
             raise UsageError(
                 "{data} must be a pandas DataFrame, a path or a data spec string",
                 parameter="data",
@@ -175,12 +176,12 @@ class Synthesizer:
         self._table = is_table_spec(data)
         if not self._table and schema is not None:
             raise UsageError("{schema} is for tables; the data is images", parameter="schema")
-        if is_frame(data):
+        if in_memory:
             self._columns = tuple(str(c) for c in data.columns)  # type: ignore[union-attr]
             if schema is None:
                 schema = _drafted_schema(data, target, public, released)
         options = dict(self.options)
-        if is_frame(data):
+        if in_memory:
             options["dataset_id"] = options["dataset_id"] or FRAME
         if self._table:
             options |= {"schema": schema, "schema_public": public, "schema_epsilon": released}

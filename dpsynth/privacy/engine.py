@@ -29,6 +29,7 @@ a `dpsynth.Ledger` (`Ledger.reserve`) beside the data set's other spends.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -155,7 +156,7 @@ class PrivacyEngine:
         `target_epsilon`, `target_delta` (BudgetExceededError when nothing is left)."""
         n = _record_count(tuple(data))
         q = min(1.0, float(expected_batch_size) / n)
-        self._prior = tuple(prior_events)
+        self._remember_prior(prior_events)
         earlier = [*self._prior, *self.events()]
         calibration = calibrate_noise(target_epsilon, target_delta, q, _steps(epochs, q), earlier)
         return self.make_private(
@@ -163,6 +164,15 @@ class PrivacyEngine:
             noise_multiplier=calibration.noise_multiplier, max_grad_norm=max_grad_norm,
             expected_batch_size=expected_batch_size, epochs=epochs, batch_loss_fn=batch_loss_fn,
         )  # fmt: skip
+
+    def _remember_prior(self, prior_events: Sequence[AnyEvent]) -> None:
+        """Keep every earlier spend ever given: a later call that passes fewer (or none) must
+        not drop one from `get_epsilon` (two lists are two readings of one ledger: their
+        union by count, never their sum)."""
+        kept = Counter(self._prior)
+        for event, count in Counter(prior_events).items():
+            kept[event] = max(kept[event], count)
+        self._prior = tuple(kept.elements())
 
     def events(self) -> list[AnyEvent]:
         """The typed events of the steps taken so far (one `PoissonGaussian` a model)."""

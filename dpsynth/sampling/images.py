@@ -81,7 +81,9 @@ def sample_images_array(
             opts.progress(done, n)
     x = np.concatenate(parts)
     y = torch.cat(list(label_chunks(counts, 1 << 20))).numpy().astype(np.int64)
-    output_sha = hashlib.sha256(x.data.tobytes() + y.astype("<i8").tobytes()).hexdigest()
+    digest = hashlib.sha256(memoryview(x).cast("B"))  # no copy of the images
+    digest.update(y.astype("<i8").tobytes())
+    output_sha = digest.hexdigest()
     release = record_release(run_config, info, privacy["ledger"], output_sha, n, "arrays", None)
     manifest = {
         **release_header(run_dir, run_config, privacy),

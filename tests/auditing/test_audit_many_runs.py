@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import math
 
-import torch
-from scipy.optimize import brentq
-from scipy.stats import norm
+from gaussian_reference import gaussian_mu, gaussian_scores
 from typer.testing import CliRunner
 
 import dpsynth.auditing.marginal as audit_marginal
@@ -20,45 +18,25 @@ from dpsynth.cli import app
 runner = CliRunner()
 
 
-def _gaussian_mu(epsilon: float, delta: float) -> float:
-    """μ of the Gaussian mechanism that is exactly (ε, δ)-DP (Balle and Wang 2018)."""
-
-    def gap(mu: float) -> float:
-        return (
-            norm.cdf(-epsilon / mu + mu / 2)
-            - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
-            - delta
-        )
-
-    return brentq(gap, 1e-3, 20.0)
-
-
-def _gaussian_trials(mu: float, m: int, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """An exact Gaussian mechanism of strength μ per canary: N(μ·b, 1), b ~ Bernoulli(1/2)."""
-    generator = torch.Generator().manual_seed(seed)
-    included = torch.rand(m, generator=generator) < 0.5
-    return {"z": torch.randn(m, generator=generator, dtype=torch.float64) + mu * included}, included
-
-
 def test_ten_million_trials_are_tight_for_a_sound_gaussian_and_catch_root_two():
     """An exactly (1, 1e-5)-DP Gaussian release: 10,000,000 trials (about what a marginal
     audit runs in two minutes) give a bound of at least 0.8 and at most 1 (the expected best is
     0.85, in a tail of about 2e-4); with the noise √2
     too small (true ε ≈ 1.5) the bound of 4,000,000 trials exceeds the claim."""
-    mu = _gaussian_mu(1.0, 1e-5)
-    scores, included = _gaussian_trials(mu, 10_000_000, 0)
+    mu = gaussian_mu(1.0, 1e-5)
+    scores, included = gaussian_scores(mu, 10_000_000, 0)
     sound = trials_bound(scores, included, 1e-5, 0.95)
     assert 0.8 <= sound.lower_bound <= 1.0
-    scores, included = _gaussian_trials(math.sqrt(2.0) * mu, 4_000_000, 1)
+    scores, included = gaussian_scores(math.sqrt(2.0) * mu, 4_000_000, 1)
     assert trials_bound(scores, included, 1e-5, 0.95).lower_bound > 1.0
 
 
 def test_a_sound_mechanism_is_not_caught_on_many_seeds_at_a_million_trials():
     """Soundness of the finer selection: the chosen region is judged on other canaries, so
     an exactly (1, 1e-5)-DP release stays under 1 at every seed."""
-    mu = _gaussian_mu(1.0, 1e-5)
+    mu = gaussian_mu(1.0, 1e-5)
     for seed in range(6):
-        scores, included = _gaussian_trials(mu, 1_000_000, 100 + seed)
+        scores, included = gaussian_scores(mu, 1_000_000, 100 + seed)
         outcome = trials_bound(scores, included, 1e-5, 0.95)
         assert outcome.lower_bound <= 1.0
         assert outcome.trials_in + outcome.trials_out == 1_000_000 - 1_000_000 // SELECTION_STRIDE

@@ -7,33 +7,12 @@ import math
 
 import pytest
 import torch
-from scipy.optimize import brentq
-from scipy.stats import binomtest, norm
+from gaussian_reference import gaussian_mu, gaussian_scores
+from scipy.stats import binomtest
 
 from dpsynth.auditing.guesses import TRIALS_FROM, best_guesses
 from dpsynth.auditing.trials import SELECTION_STRIDE, rate_bounds, region_bound, trials_bound
 from dpsynth.errors import UsageError
-
-
-def _gaussian_mu(epsilon: float, delta: float) -> float:
-    """μ of the Gaussian mechanism that is exactly (ε, δ)-DP (Balle and Wang 2018)."""
-
-    def gap(mu: float) -> float:
-        return (
-            norm.cdf(-epsilon / mu + mu / 2)
-            - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
-            - delta
-        )
-
-    return brentq(gap, 1e-3, 20.0)
-
-
-def _scores(mu: float, m: int, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """An exact Gaussian mechanism of strength μ per canary: N(μ·b, 1), b ~ Bernoulli(1/2)."""
-    generator = torch.Generator().manual_seed(seed)
-    included = torch.rand(m, generator=generator) < 0.5
-    values = torch.randn(m, generator=generator, dtype=torch.float64) + mu * included
-    return {"z": values}, included
 
 
 @pytest.mark.parametrize(("hits", "trials"), [(0, 50), (3, 50), (25, 50), (50, 50), (7, 9000)])
@@ -58,17 +37,17 @@ def test_region_bound_is_the_log_ratio_of_the_rate_bounds():
 
 def test_a_mechanism_at_its_claim_is_never_caught():
     """An exactly (1, 1e-5)-DP Gaussian mechanism: the bound stays under 1 on every seed."""
-    mu = _gaussian_mu(1.0, 1e-5)
+    mu = gaussian_mu(1.0, 1e-5)
     for seed in range(8):
-        scores, included = _scores(mu, 40_000, seed)
+        scores, included = gaussian_scores(mu, 40_000, seed)
         assert trials_bound(scores, included, 1e-5, 0.95).lower_bound <= 1.0
 
 
 def test_a_two_fold_noise_error_at_epsilon_one_is_caught():
     """σ/2 (μ doubled: a true ε of about 2.15) is caught with 100,000 canaries; the one-run
     test of the same scores is not (its bound stays well under 1)."""
-    mu = 2.0 * _gaussian_mu(1.0, 1e-5)
-    scores, included = _scores(mu, 100_000, 0)
+    mu = 2.0 * gaussian_mu(1.0, 1e-5)
+    scores, included = gaussian_scores(mu, 100_000, 0)
     outcome = best_guesses(scores, included, 1e-5, 0.95, independent=True)
     assert outcome.test == "trials" and outcome.trials is not None
     assert outcome.lower_bound == outcome.trials.lower_bound > 1.0
@@ -76,14 +55,14 @@ def test_a_two_fold_noise_error_at_epsilon_one_is_caught():
 
 
 def test_below_trials_from_the_one_run_test_judges():
-    scores, included = _scores(3.0, TRIALS_FROM - 1, 3)
+    scores, included = gaussian_scores(3.0, TRIALS_FROM - 1, 3)
     outcome = best_guesses(scores, included, 1e-5, 0.95, independent=True)
     assert outcome.test == "one-run" and outcome.trials is None and outcome.guesses > 0
     assert outcome.lower_bound == outcome.one_run_bound > 0
 
 
 def test_the_canaries_that_choose_the_region_do_not_judge_it():
-    scores, included = _scores(1.0, 8_000, 1)
+    scores, included = gaussian_scores(1.0, 8_000, 1)
     outcome = trials_bound(scores, included, 1e-5, 0.95)
     judged = 8_000 - 8_000 // SELECTION_STRIDE
     assert outcome.trials_in + outcome.trials_out == judged
@@ -91,7 +70,7 @@ def test_the_canaries_that_choose_the_region_do_not_judge_it():
 
 
 def test_a_trial_mask_keeps_one_canary_of_each_pair():
-    scores, included = _scores(1.0, 2 * TRIALS_FROM, 2)
+    scores, included = gaussian_scores(1.0, 2 * TRIALS_FROM, 2)
     mask = torch.arange(2 * TRIALS_FROM) % 2 == 0
     outcome = best_guesses(scores, included, 1e-5, 0.95, independent=True, trial_mask=mask)
     assert outcome.trials is not None

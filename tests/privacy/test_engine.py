@@ -13,6 +13,7 @@ from torch import nn
 from torch.func import functional_call
 
 from dpsynth.errors import BudgetExceededError, UsageError
+from dpsynth.privacy.accounting.compose import compose_epsilon
 from dpsynth.privacy.accounting.events import PoissonGaussian
 from dpsynth.privacy.engine import PrivacyEngine
 
@@ -74,7 +75,23 @@ def test_no_step_past_the_plan_and_earlier_spends_count() -> None:
     )  # fmt: skip
     for batch in training.batches():
         training.step(*batch)
-    assert engine.get_epsilon(1e-5) <= 3.0
+    spent = engine.get_epsilon(1e-5)
+    assert spent <= 3.0
+    # a second model without prior_events still counts the earlier spend
+    again = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data=(x, y),
+        loss_fn=_loss(model), noise_multiplier=5.0, max_grad_norm=1.0, expected_batch_size=20,
+    )  # fmt: skip
+    again.step(x[:2], y[:2])
+    assert engine.get_epsilon(1e-5) > spent
+    engine.make_private_with_epsilon(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data=(x, y),
+        loss_fn=_loss(model), target_epsilon=10.0, target_delta=1e-5, epochs=1,
+        expected_batch_size=20, max_grad_norm=1.0,
+    )  # fmt: skip
+    # the prior given earlier is kept, counted once
+    expected = compose_epsilon([*prior, *engine.events()], 1e-5).epsilon
+    assert engine.get_epsilon(1e-5) == pytest.approx(expected)
     with pytest.raises(UsageError):
         training.step(x[:2], y[:2])
     with pytest.raises(BudgetExceededError):  # the prior spend alone passes a tiny target
