@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -137,6 +138,17 @@ class ImageData:
     def as_float(self) -> torch.Tensor:
         """Pixels as float32 in [-1, 1], the scale every generator trains on."""
         return self.x.float().div(127.5).sub(1.0)
+
+    # the `Records` interface (`dpsynth.data.records`): images are held and handed over
+    engine: ClassVar[str] = "memory"  # records.MEMORY_ENGINE (records imports this module)
+    rows_in_memory: ClassVar[bool] = True
+    sampling_units: ClassVar[None] = None  # a person keeps one image (`image_units`)
+
+    def attach_to(self, trainer: object, method: str) -> None:
+        """Nothing: the loop hands the trainer its batches of images."""
+
+    def close(self) -> None:
+        """Nothing to release: the images are held."""
 
 
 def to_uint8(images: torch.Tensor) -> torch.Tensor:

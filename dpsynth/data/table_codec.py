@@ -23,7 +23,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 import pandas as pd
@@ -40,6 +40,7 @@ from dpsynth.data.column_values import (
 from dpsynth.data.csvtable import RawTable, read_csv_table
 from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import over_budget
+from dpsynth.data.records import MEMORY_ENGINE
 from dpsynth.data.schema import Column, Schema
 from dpsynth.data.timecols import format_time_series, time_series
 from dpsynth.errors import DataError
@@ -272,6 +273,22 @@ class TableData:
     def as_float(self) -> torch.Tensor:
         """The encoded rows (already floats on the generator's scale)."""
         return self.x
+
+    # the `Records` interface (`dpsynth.data.records`): the memory engine holds its rows
+    engine: ClassVar[str] = MEMORY_ENGINE
+    rows_in_memory: ClassVar[bool] = True
+
+    @property
+    def sampling_units(self) -> torch.Tensor | None:
+        """Each row's unit index when a unit keeps more than one row (the loop then samples
+        units), else None."""
+        return self.unit_codes if self.rows_per_unit > 1 else None
+
+    def attach_to(self, trainer: object, method: str) -> None:
+        """Nothing: the loop hands the trainer the rows, and a marginal trainer counts them."""
+
+    def close(self) -> None:
+        """Nothing to release: the rows are held."""
 
 
 class DescribedTable(Protocol):

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from dpsynth.data.engines import PassCallback
-from dpsynth.data.engines.source import TableSource
+from dpsynth.data.engines.source import TableSource, needs_rows_message
 from dpsynth.data.images import DataInfo, ImageData
 from dpsynth.data.schema_file import parse_schema
 from dpsynth.data.sources import load_data
@@ -18,7 +18,7 @@ from dpsynth.data.table_codec import TableData
 from dpsynth.errors import DataError, UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.key import is_legacy
-from dpsynth.methods.base import Method, Trainer
+from dpsynth.methods.base import Method
 from dpsynth.methods.registry import get_method, method_names
 from dpsynth.privacy.mechanisms.contribution import UnitBound
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
@@ -91,28 +91,11 @@ def load_recorded(
     return images
 
 
-def attach_source(trainer: Trainer, source: TableSource, method: str) -> None:
-    """Give a marginal trainer the engine's counter over its own binning (UsageError, exit 2,
-    for a trainer that needs the rows themselves: refused before anything is spent)."""
-    attach = getattr(trainer, "attach_counter", None)
-    domain = getattr(trainer, "domain", None)
-    if attach is None or domain is None:
-        raise UsageError(_needs_rows(source.engine, method))
-    attach(source.counter_for(domain))
-
-
 def check_engine_method(backend: Method, engine: str) -> None:
     """UsageError (exit 2), before the table is read, for a backend whose trainer needs the
     rows themselves on an out-of-core engine."""
     if not hasattr(getattr(backend, "trainer_class", None), "attach_counter"):
-        raise UsageError(_needs_rows(engine, backend.name))
-
-
-def _needs_rows(engine: str, method: str) -> str:
-    return (
-        f"--engine {engine}: --method {method} trains on the rows in memory; the out-of-core "
-        "engines count marginals for mst and aim (use --engine memory)"
-    )
+        raise UsageError(needs_rows_message(engine, backend.name))
 
 
 def check_modality(backend: Method, modality: str) -> None:

@@ -6,7 +6,7 @@ The order is the in-memory path's (`training.table_schema`, `training.start`): t
 release planned from public facts (N or `--public-size`, δ; `check_reach`); the run's training
 plan checked to fit after the release's events (`training.start`, as for the in-memory path);
 then one ledger entry (command `schema-release`) reserved, the release run,
-and the entry completed or aborted (`training.schema_spend.spend_release`). The release is
+and the entry completed or aborted (`training.table_prepare.spend_release`). The release is
 `schema_entries.apply_release` on the engine's counts: round 1 one pass summing each chunk's
 `count_ranges`, round 2 a second pass summing `count_shapes` over the fine grids round 1
 fixed (`TableCounter.fold`: DuckDB's processes or Dask's workers count their parts and the
@@ -30,7 +30,6 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import numpy as np
 import torch
@@ -57,7 +56,6 @@ from dpsynth.training.schema_entries import (
     number_spec,
     plan_release,
 )
-from dpsynth.training.schema_spend import spend_release
 from dpsynth.training.table_input import TableInput
 from dpsynth.training.table_source import prepare_table_source
 
@@ -96,22 +94,37 @@ def prepare_engine_table(
         raise
 
 
-def spend_engine_release(
-    source: TableSource,
-    table: TableInput,
-    ledger: Ledger,
-    method: str,
-    run_id: str,
-    randomness: PrivateRandomness,
-) -> tuple[TableSource, dict[str, Any]]:
-    """Spend the planned release on the engine's counts (one ledger entry) and return the
-    source under the released schema with the release's record. The caller checks first that
-    training still fits after `table.events`."""
-    run = EngineRun(source.counter)
-    schema, record = spend_release(table, ledger, method, run_id, randomness, run)
-    if not table.schema_epsilon_given:
-        record["default_share"] = table.default_share  # the safe default, not a user's flag
-    return run.released_source(source, schema), record
+class CountedOutOfCore:
+    """An out-of-core engine (a `table_prepare.TableEngine`): the source its check pass
+    opened, the release's rounds as the engine's passes (`EngineRun`), and the source under
+    the released schema afterwards."""
+
+    rows_in_memory = False
+
+    def __init__(self, source: TableSource) -> None:
+        self.source = source
+        self.run = EngineRun(source.counter)
+
+    @property
+    def name(self) -> str:
+        """The engine's spec (`duckdb`, `dask://…`)."""
+        return self.source.engine
+
+    def for_release(self, table: TableInput, randomness: PrivateRandomness) -> TableInput:
+        """The planned release as it stands: a privacy unit is refused out of core."""
+        return table
+
+    def release_run(self, table: TableInput) -> EngineRun:
+        """The schema entries' release on the engine's passes."""
+        return self.run
+
+    def released(self, table: TableInput, schema: Schema) -> TableSource:
+        """The source under the released schema (its encoder, N and digest)."""
+        return self.run.released_source(self.source, schema)
+
+    def close(self) -> None:
+        """Close the engine's connection or cluster client."""
+        self.source.close()
 
 
 def plan_engine_release(

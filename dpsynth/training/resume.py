@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from dpsynth.data.engines import PassCallback
-from dpsynth.data.engines.source import TableSource
 from dpsynth.errors import AnchorError, DataError, UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.ledger.anchors import SpendAnchor, verified_spend
@@ -25,7 +24,6 @@ from dpsynth.privacy.mechanisms.poisson import batch_sampler
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from dpsynth.rundir import RunDir
 from dpsynth.training.data import (
-    attach_source,
     load_recorded,
     public_info,
     recorded_fingerprint,
@@ -34,7 +32,6 @@ from dpsynth.training.data import (
 from dpsynth.training.public import check_resume_spec, needs_reload, reload_public
 from dpsynth.training.session import Session, central_generator
 from dpsynth.training.summary import run_summary
-from dpsynth.training.table_units import unit_rows
 
 
 def recorded_ledger(run: RunDir) -> Path:
@@ -114,11 +111,11 @@ def resume_run(
     trainer = backend.trainer(
         info, run_config["config"], plan, device, run_config["seed"], randomness
     )
-    if isinstance(records, TableSource):
-        attach_source(trainer, records, backend.name)
+    records.attach_to(trainer, backend.name)  # an engine's counter for a marginal trainer
     sampler = batch_sampler(
-        records.n, plan.sampling_rate, randomness.generator("loop/batches"), unit_rows(records)
-    )
+        records.n, plan.sampling_rate, randomness.generator("loop/batches"),
+        records.sampling_units,
+    )  # fmt: skip
     central_rng = central_generator(plan, randomness)
     start = 0
     restored = None
@@ -174,7 +171,10 @@ def join_run(start: Mapping[str, Any], device: torch.device) -> Session:
         info, run_config["config"], plan, device, run_config["seed"], randomness
     )
     sampler = batch_sampler(
-        records.n, plan.sampling_rate, randomness.generator("loop/batches"), unit_rows(records)
+        records.n,
+        plan.sampling_rate,
+        randomness.generator("loop/batches"),
+        records.sampling_units,
     )
     central_rng = central_generator(plan, randomness)
     if start["tensors"] is not None:

@@ -189,6 +189,14 @@ class AppliedRelease:
     category_noise: dict[str, float]
 
 
+# The schema entries' release on some rows: (schema, columns, plan, generator, source) → the
+# applied release (`apply_release` on the counts of whatever reads the rows: the rows held,
+# `schema_counting.release_in_memory`, or an engine's passes, `engine_release.EngineRun`).
+ReleaseRun = Callable[
+    [Schema, ReleaseColumns, SchemaReleasePlan, torch.Generator, str], AppliedRelease
+]
+
+
 def apply_release(
     schema: Schema,
     columns: ReleaseColumns,

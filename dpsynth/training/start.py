@@ -29,11 +29,11 @@ import torch
 
 from dpsynth import __version__
 from dpsynth.data.engines import PassCallback
-from dpsynth.data.engines.source import TableSource
 from dpsynth.data.images import DataInfo, ImageData
 from dpsynth.data.public import PublicImages
+from dpsynth.data.records import Records
+from dpsynth.data.schema_file import parse_schema
 from dpsynth.data.sources import is_table_spec
-from dpsynth.data.table_codec import TableData
 from dpsynth.distributed import Launch
 from dpsynth.errors import UsageError
 from dpsynth.ledger import Ledger
@@ -49,18 +49,16 @@ from dpsynth.privacy.mechanisms.contribution import UnitBound
 from dpsynth.privacy.mechanisms.poisson import PoissonSampler, batch_sampler
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
 from dpsynth.rundir import RunDir
-from dpsynth.training.data import attach_source, keyed_fingerprint, open_images, public_info
+from dpsynth.training.data import keyed_fingerprint, open_images, public_info
 from dpsynth.training.public import ledger_record, open_public
 from dpsynth.training.request import TrainRequest
-from dpsynth.training.schema_spend import with_released_one_ways
 from dpsynth.training.session import Session, central_generator
-from dpsynth.training.table_prepare import prepare_table
+from dpsynth.training.table_prepare import prepare_table, with_released_one_ways
 from dpsynth.training.table_units import (
     check_unit_composition,
     check_unit_method,
     id_columns_advice,
     unit_record,
-    unit_rows,
 )
 
 
@@ -106,7 +104,7 @@ class OpenedData:
     ledger's keyed fingerprint of the records (None: none yet), a table's release record and
     an image folder's privacy unit."""
 
-    records: ImageData | TableData | TableSource
+    records: Records
     info: DataInfo
     backend: Method
     existing: str | None
@@ -126,7 +124,8 @@ def open_data(
     """Step 1: the records and their public description; `--method auto` chosen on it."""
     assert request.input.data is not None
     schema_release, image_unit = None, None
-    if is_table_spec(request.input.data):
+    records: Records
+    if is_table_spec(request.input.data):  # its unit is checked against earlier spends there
         records, schema_release, backend = _open_table(
             request, backend, ledger, run_id, randomness, on_pass
         )
@@ -137,7 +136,7 @@ def open_data(
     # ledger without a key yet gets one only once nothing can refuse the command.
     existing = ledger.data_fingerprint(records.content_digest, create=False)
     info = public_info(records, existing or "", request.input.public_size)
-    if not isinstance(records, TableData):  # images, engines: one unit per data set
+    if info.modality == "image":  # a folder's images protect one unit per data set
         check_unit_composition(ledger, info.dataset_id, existing, image_unit)
     if image_unit is not None:
         info = replace(info, unit=image_unit.column, rows_per_unit=image_unit.max_rows)
@@ -149,7 +148,7 @@ def open_data(
 def _open_table(
     request: TrainRequest, backend: Method | None, ledger: Ledger, run_id: str,
     randomness: PrivateRandomness, on_pass: PassCallback | None,
-) -> tuple[TableData | TableSource, dict[str, Any] | None, Method]:  # fmt: skip
+) -> tuple[Records, dict[str, Any] | None, Method]:  # fmt: skip
     """The table (`training.table_prepare`), its release record (None: nothing released) and
     the run's backend (`--method auto` chosen on the description the release is planned on).
     The training plan is checked to fit after the release's events before it is spent."""
@@ -214,8 +213,8 @@ def plan_run(request: TrainRequest, data: OpenedData, ledger: Ledger) -> Planned
     warnings: list[str] = list((release or {}).get("warnings", []))
     if backend.table_advice and info.modality == "table":
         warnings.append(backend.table_advice)
-    if isinstance(data.records, TableData) and data.records.unit is None:
-        advice = id_columns_advice(data.records.schema)
+    if info.modality == "table" and info.unit is None:
+        advice = id_columns_advice(parse_schema(info.schema or {}, "the run's schema"))
         if advice:
             warnings.append(advice)
     delta = request.privacy.delta
@@ -230,7 +229,7 @@ def plan_run(request: TrainRequest, data: OpenedData, ledger: Ledger) -> Planned
     # Without a key no spend holds a keyed fingerprint; the plain digest (in memory only)
     # finds the spends a legacy ledger recorded under it.
     prior = ledger.events_for(info.dataset_id, data.existing or data.digest)
-    in_memory = not isinstance(data.records, TableSource)  # an engine counts: no rows held
+    in_memory = data.records.rows_in_memory  # an engine counts: no rows held
     planned = plan_training(backend, request, info, delta, prior, release, in_memory)
     if planned.preset in backend.preset_advice and info.modality == "image":
         warnings.append(backend.preset_advice[planned.preset])
@@ -267,8 +266,9 @@ def build_trainer(
         seed = request.backend.seed
         trainer = backend.trainer(data.info, planned.config, plan, torch_device, seed, randomness)
         sampler = batch_sampler(
-            records.n, plan.sampling_rate, randomness.generator("loop/batches"), unit_rows(records)
-        )
+            records.n, plan.sampling_rate, randomness.generator("loop/batches"),
+            records.sampling_units,
+        )  # fmt: skip
         central_rng = central_generator(plan, randomness)
         trainer.preflight()
     except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
@@ -276,8 +276,8 @@ def build_trainer(
         raise UsageError(
             f"--method {backend.name} cannot start with these settings: {exc}"
         ) from None
-    if isinstance(records, TableSource):  # refused here, before the reservation, if it can't
-        attach_source(trainer, records, backend.name)
+    # an engine's counter for a marginal trainer: refused here, before the reservation, if not
+    records.attach_to(trainer, backend.name)
     spec = request.images.public
     if spec is None:
         return BuiltTrainer(trainer, sampler, central_rng)
@@ -308,7 +308,7 @@ def reserve_spend(
         **info.to_json(), "image_size": request.images.image_size,
         "channels": request.images.channels,
     }  # fmt: skip
-    if isinstance(data.records, TableSource):  # --resume counts with the same engine
+    if not data.records.rows_in_memory:  # --resume counts with the same engine
         data_json["engine"] = data.records.engine
     if request.input.public_size is not None:  # `n` is then N', not the record count
         data_json["public_size"] = True

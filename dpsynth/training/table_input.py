@@ -1,5 +1,6 @@
 """A table read under its public schema, with its DP releases planned but not spent: what
-`training.table_schema.read_table_input` returns and `release_table_schema` spends."""
+`training.table_schema.read_table_input` returns and `training.table_prepare.PreparedTable.spend`
+spends."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from dpsynth.training.schema_entries import ReleaseColumns
 @dataclass(frozen=True)
 class TableInput:
     """A table read under its public schema, with the DP release of its entries planned but not
-    spent (`read_table_input`); `release_table_schema` spends it and encodes the table."""
+    spent (`read_table_input`); `PreparedTable.spend` spends it, and the memory engine
+    (`table_schema.RowsInMemory`) encodes the table."""
 
     raw: RawTable
     schema: Schema

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, ClassVar
 
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Column, Schema
@@ -56,11 +57,12 @@ from dpsynth.privacy.releases.unit_sizes import (
     UNIT_SIZES_SHARE,
     plan_unit_sizes_release,
 )
+from dpsynth.training.schema_counting import release_in_memory
 from dpsynth.training.schema_entries import (
+    ReleaseRun,
     check_reach,
     plan_release,
 )
-from dpsynth.training.schema_spend import spend_release
 from dpsynth.training.table_input import TableInput
 from dpsynth.training.table_units import (
     bound_table,
@@ -296,22 +298,35 @@ def read_table_input(
     )
 
 
-def release_table_schema(
-    table: TableInput, ledger: Ledger, method: str, run_id: str, randomness: PrivateRandomness
-) -> tuple[TableData, dict[str, Any] | None]:
-    """The encoded table, after spending its planned release (one ledger entry, command
-    `schema-release`, one event per release), and the release's record (None: nothing was
-    released). With a unit, every unit is first bounded to its K rows (secret randomness),
-    and every release and the training read only those. The caller checks first that
-    training still fits after `table.events`."""
-    if not table.events:
-        return table.encoded(), None
-    raw = bound_table(table.raw, table.unit, randomness) if table.unit else table.raw
-    schema, release = spend_release(replace(table, raw=raw), ledger, method, run_id, randomness)
-    if not table.schema_epsilon_given and table.schema_epsilon is not None:
-        release["default_share"] = table.default_share  # the safe default, not a user's flag
-    raw = rows_with_labels(raw, schema.target, schema.classes)
-    return table.encoded(raw, schema), release
+@dataclass(frozen=True)
+class RowsInMemory:
+    """The memory engine (a `table_prepare.TableEngine`): the rows held, as read
+    (`read_table_input`), counted by the release on its own (`schema_counting`), and encoded
+    under the released schema afterwards. With a unit, every unit is first bounded to its K
+    rows (secret randomness), and every release and the training read only those."""
+
+    read: TableInput  # the table as read: the content digest always names every row read
+    name: ClassVar[str] = "memory"
+    rows_in_memory: ClassVar[bool] = True
+
+    def for_release(self, table: TableInput, randomness: PrivateRandomness) -> TableInput:
+        """The rows the releases read: each unit bounded to its K rows."""
+        if table.unit is None:
+            return table
+        return replace(table, raw=bound_table(table.raw, table.unit, randomness))
+
+    def release_run(self, table: TableInput) -> ReleaseRun:
+        """The schema entries' release on the rows held."""
+        return partial(release_in_memory, table.raw)
+
+    def released(self, table: TableInput, schema: Schema) -> TableData:
+        """The released rows encoded under the released schema (a row whose label did not
+        clear the label set's release is left out, never relabelled)."""
+        raw = rows_with_labels(table.raw, schema.target, schema.classes)
+        return self.read.encoded(raw, schema)
+
+    def close(self) -> None:
+        """Nothing to release: the rows are held."""
 
 
 def _provisional(

@@ -16,7 +16,6 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import torch
 
 from dpsynth.data.column_values import missing_mask, table_content_digest
 from dpsynth.data.csvtable import RawTable
@@ -206,11 +205,3 @@ def load_bounded_table(
         rows_per_unit=bound.max_rows if bound else 1,
         unit_codes=unit_codes(raw, bound),
     )
-
-
-def unit_rows(records: object) -> torch.Tensor | None:
-    """Each row's unit index, for the loop's Poisson sampling of units, when a table keeps
-    more than one row a unit (None: rows are sampled, each its own unit)."""
-    if not isinstance(records, TableData) or records.rows_per_unit <= 1:
-        return None
-    return records.unit_codes

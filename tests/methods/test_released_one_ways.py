@@ -15,7 +15,7 @@ from dpsynth.methods.marginal.one_ways import released_measurements
 from dpsynth.methods.marginal.trainer import MEASURE_PHASE
 from dpsynth.training.schema_counting import release_in_memory
 from dpsynth.training.schema_entries import plan_release
-from dpsynth.training.schema_spend import one_way_record
+from dpsynth.training.table_prepare import one_way_record
 
 ROWS = 4000
 

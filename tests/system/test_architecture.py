@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -325,3 +326,24 @@ def test_no_module_is_over_the_size_limit() -> None:
     sizes = {_module_name(p): len(p.read_text().splitlines()) for p in _sources()}
     over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
     assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
+
+
+# The training layer takes a run's records through `dpsynth.data.records.Records`: rows in
+# memory are one engine among the others, never a twin path asked for by type.
+RECORD_TYPES = re.compile(r"isinstance\([^)]*\b(TableData|TableSource)\b")
+
+
+def test_the_training_layer_never_asks_which_records_it_has() -> None:
+    asking = [
+        f"{_module_name(p)}:{i}"
+        for p in sorted((PACKAGE / "training").glob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if RECORD_TYPES.search(line)
+    ]
+    assert not asking, f"branches on TableData/TableSource: {asking}"
+
+
+def test_the_record_type_check_sees_a_branch() -> None:
+    assert RECORD_TYPES.search("    if isinstance(data.records, TableSource):")
+    assert RECORD_TYPES.search("if not isinstance(records, (ImageData, TableData)):")
+    assert not RECORD_TYPES.search("if records.rows_in_memory:")

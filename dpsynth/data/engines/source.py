@@ -17,6 +17,7 @@ counted, and the check pass's digest still names every row read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from dpsynth.data.engines.base import TableCounter
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Schema
 from dpsynth.data.table_codec import TableCodec, table_info
+from dpsynth.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,27 @@ class TableSource:
         self.counter.use_domain(chunk_encoder(self.schema, domain))
         return self.counter
 
+    # the `Records` interface (`dpsynth.data.records`): no rows here, and no units sampled
+    rows_in_memory: ClassVar[bool] = False
+    sampling_units: ClassVar[None] = None
+
+    def attach_to(self, trainer: object, method: str) -> None:
+        """Give a marginal trainer the engine's counter over its own binning (UsageError,
+        exit 2, for a trainer that needs the rows themselves: refused before any spend)."""
+        attach = getattr(trainer, "attach_counter", None)
+        domain = getattr(trainer, "domain", None)
+        if attach is None or domain is None:
+            raise UsageError(needs_rows_message(self.engine, method))
+        attach(self.counter_for(domain))
+
     def close(self) -> None:
         """Release the engine (a cluster client; DuckDB holds nothing between passes)."""
         self.counter.close()
+
+
+def needs_rows_message(engine: str, method: str) -> str:
+    """Why a method that trains on the rows themselves cannot run on an out-of-core engine."""
+    return (
+        f"--engine {engine}: --method {method} trains on the rows in memory; the out-of-core "
+        "engines count marginals for mst and aim (use --engine memory)"
+    )
