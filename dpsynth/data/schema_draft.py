@@ -21,10 +21,14 @@ An identifier (`dpsynth.data.units.identifier_reason`) holds nearly one value pe
 numbers only when named like one or a dense run too, so that amounts stay numbers), or is
 named like one (`patient_id`, `case_no`, `PatientID`, `ssn`, ...) with more values than a
 category list may hold, or is a dense run of whole numbers spread evenly over its range and
-not named for a measurement (`age`, `year`, `days`, `amount`, ...). The last two include
-identifiers that repeat, a subject's number on each of its rows: such a column looks like a
-privacy unit, and the draft says so with its rows per unit (`dpsynth.data.units`). The draft
-never lists a value held by a single row as a category unless the column has few values.
+not named for a measurement (`age`, `year`, `days`, `amount`, ...), or holds repeated codes:
+at least 30 whole numbers of one width (3 digits or more) on 3 rows each or more on average,
+scattered over a range far wider than their count (a school's number on its pupils' rows),
+where a measurement that repeats piles up on side-by-side typical values; not named for a
+measurement either. The last three include identifiers that repeat, a subject's number on
+each of its rows: such a column looks like a privacy unit, and the draft says so with its
+rows per unit (`dpsynth.data.units`). The draft never lists a value held by a single row as a
+category unless the column has few values.
 `draft_table` also returns one remark per column it typed as an identifier (and one more when
 it repeats), free text, a shortened category list, a clock or an empty column, for the CLI to
 print (the schema never holds them).

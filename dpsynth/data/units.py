@@ -5,10 +5,11 @@ A data owner's table often holds people, not rows: a patient with several tests,
 with several orders. The person is then the privacy unit, and `train` protects one person
 only with `--privacy-unit COLUMN --max-rows-per-unit K` (at most K rows of each unit kept).
 `dpsynth data schema` types such a column `id` (`identifier_reason`: its name, nearly one
-value per row, or a dense run of whole numbers) and shows the owner how many rows each of its
-values holds, with a K to start from (`rows_per_unit_histogram`, `suggest_max_rows`). These
-counts are read off the private data: they are shown on the owner's terminal, never written
-to a schema, a run or a release.
+value per row, a dense run of whole numbers, or repeated codes: whole numbers of one width
+that name groups, a school on each of its pupils' rows) and shows the owner how many rows
+each of its values holds, with a K to start from (`rows_per_unit_histogram`,
+`suggest_max_rows`). These counts are read off the private data: they are shown on the
+owner's terminal, never written to a schema, a run or a release.
 """
 
 from __future__ import annotations
@@ -34,6 +35,23 @@ DENSE_MIN_VALUES = 100
 DENSE_ROWS_PER_VALUE = 20
 DENSE_SPAN = 2
 DENSE_TENTH_FLOOR = 0.25
+# Repeated codes (a school's, a hospital's number on each of its rows): at least CODE_VALUES
+# distinct whole numbers, all with the same number of digits (CODE_DIGITS or more), held by
+# CODE_ROWS_PER_VALUE rows each on average and yet sparse: the values holding the middle
+# CODE_CORE_SHARE of the rows use at most one in CODE_SPARSITY of the whole numbers between
+# them (counted in steps of their common divisor). A measurement repeats because it is
+# coarse, so its typical values sit side by side; codes repeat because groups hold many rows.
+# Codes are also scattered over their range (every tenth of it holds at least
+# CODE_TENTH_FLOOR of its even share of the rows, where a measurement's extreme tenths hold
+# few) and end in any digit (no last digit ends more than CODE_LAST_DIGIT of the values, where
+# rounded amounts end in 0, 5 or 9).
+CODE_VALUES = 30
+CODE_DIGITS = 3
+CODE_ROWS_PER_VALUE = 3
+CODE_CORE_SHARE = 0.8
+CODE_SPARSITY = 10
+CODE_TENTH_FLOOR = 0.1
+CODE_LAST_DIGIT = 1 / 3
 # A name's last word says "identifier" (`patient_id`, `case_no`, `Sample Number`, `ssn`,
 # `pid`) or names a person or an account (`patient`, `customer`); or its first word is `id`,
 # or one word joins a unit and a key (`patientid`). `code` does not: diagnosis and postal
@@ -107,6 +125,42 @@ def _dense_run(words: list[str], numbers: np.ndarray, sizes: np.ndarray, rows: i
     return bool(shares.min() >= DENSE_TENTH_FLOOR / 10)
 
 
+def _digits(number: float) -> int:
+    return len(str(int(number)))
+
+
+def _repeated_codes(words: list[str], numbers: np.ndarray, sizes: np.ndarray) -> bool:
+    """Whole numbers of one width naming groups, each on several rows and scattered over a
+    range far wider than their count (see CODE_VALUES), and not named for a measurement."""
+    low, high, present = numbers.min(), numbers.max(), int(sizes.sum())
+    if (
+        len(numbers) < CODE_VALUES
+        or present < CODE_ROWS_PER_VALUE * len(numbers)
+        or low < 10 ** (CODE_DIGITS - 1)
+        or high >= 2**53  # beyond a float's whole numbers
+        or _digits(low) != _digits(high)
+        or _named_like_measure(words)
+    ):
+        return False
+    order = np.argsort(numbers)
+    values, sizes = numbers[order].astype(np.int64), sizes[order]
+    if np.bincount(values % 10, minlength=10).max() > CODE_LAST_DIGIT * len(values):
+        return False
+    # the values holding the middle rows: a measurement's typical values sit side by side
+    step = int(np.gcd.reduce(values))
+    tail = (1 - CODE_CORE_SHARE) / 2 * present
+    cumulative = np.cumsum(sizes)
+    core = values[
+        np.searchsorted(cumulative, tail) : np.searchsorted(cumulative, present - tail) + 1
+    ]
+    if (core[-1] - core[0] + step) / step < CODE_SPARSITY * len(core):
+        return False
+    low, span = values[0], values[-1] - values[0] + 1
+    tenths = np.minimum((values - low) * 10 // span, 9)
+    shares = np.bincount(tenths, weights=sizes, minlength=10) / present
+    return bool(shares.min() >= CODE_TENTH_FLOOR / 10)
+
+
 def identifier_reason(
     name: str, sizes: np.ndarray, numbers: np.ndarray | None, rows: int, list_cap: int
 ) -> str | None:
@@ -117,8 +171,10 @@ def identifier_reason(
     `list_cap` the longest category list the draft writes. An identifier (1) holds nearly one
     value per row (whole numbers only when named like one or a dense run too: amounts may be
     nearly unique), (2) is named like one with more values than `list_cap` or
-    NAMED_ID_VALUES, or (3) is a dense run of whole numbers (`_dense_run`). (2) and (3) hold
-    for identifiers that repeat, a subject's number on each of its rows."""
+    NAMED_ID_VALUES, (3) is a dense run of whole numbers (`_dense_run`), or (4) holds repeated
+    codes, whole numbers of one width scattered over a wide range, each on several rows
+    (`_repeated_codes`). (2), (3) and (4) hold for identifiers that repeat, a subject's
+    number on each of its rows."""
     words = _words(name)
     present, distinct = int(sizes.sum()), len(sizes)
     named = _named_like_id(words)
@@ -135,6 +191,13 @@ def identifier_reason(
         return (
             f"a dense run of {distinct:,} whole numbers ({low:,}–{high:,}) spread evenly over "
             "its range, as subject numbers are"
+        )
+    if numbers is not None and _repeated_codes(words, numbers, sizes):
+        low, high = int(numbers.min()), int(numbers.max())
+        return (
+            f"repeated codes: {distinct:,} whole numbers of {_digits(low)} digits ({low}–{high}), "
+            f"{present / distinct:.0f} rows each on average, scattered over a range far wider "
+            "than their count as school or hospital numbers are"
         )
     return None
 
