@@ -64,6 +64,10 @@ def train(
     class_weights_epsilon: float | None = None,
     engine: str = "auto",
     memory_budget: int | str | None = None,
+    workers: int | None = None,
+    tls_ca_file: Path | str | None = None,
+    tls_cert: Path | str | None = None,
+    tls_key: Path | str | None = None,
     privacy_unit: str | None = None,
     max_rows_per_unit: int | None = None,
     checkpoint_every_s: float = 120.0,
@@ -82,7 +86,10 @@ def train(
     pandas DataFrame (a table, trained on in memory). For tables `schema` (a file, a `Schema` or
     its JSON as a dict) and, for its entries read off the data, `schema_public=True` or a DP
     release costing `schema_epsilon`, `class_weights_epsilon`, `engine`, `memory_budget` (bytes,
-    or "4G"), and a privacy unit (`privacy_unit="subject_id"`, `max_rows_per_unit=3`: the
+    or "4G"), `workers` (the out-of-core engines' counting processes, or the Dask tasks in
+    flight; the release does not depend on it), `tls_ca_file`, `tls_cert` and `tls_key` (the
+    client credentials of `engine="dask+tls://HOST:PORT"`; default: Dask's configuration), and
+    a privacy unit (`privacy_unit="subject_id"`, `max_rows_per_unit=3`: the
     guarantee is then per person with at most that many rows, not per row); for images
     `image_size`, `channels`, `classes` ("a,b,c" or a sequence) and `public`; and `dataset_id`,
     `public_size`, `checkpoint_every_s`, `log_private_loss`. `stop_after_steps` and

@@ -187,7 +187,8 @@ def train(
         typer.Option(
             help="Tables (mst, aim): where the marginals are counted: memory, duckdb (out of "
             "core: CSV or Parquet, a partitioned folder or a glob), dask://HOST:PORT (a Dask "
-            "cluster), or auto: memory when the table fits the memory budget, else duckdb.",
+            "cluster), dask+tls://HOST:PORT (one over TLS: see --tls-ca-file), or auto: "
+            "memory when the table fits the memory budget, else duckdb.",
         ),
     ] = "auto",
     memory_budget: Annotated[
@@ -196,6 +197,39 @@ def train(
             "--memory-budget",
             help="Tables: the memory that --engine auto and duckdb keep to (bytes, or 512M, "
             "4G) [default: $DPSYNTH_MEMORY_BUDGET, else half the machine's memory].",
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Tables counted out of core: the processes counting a Parquet source's parts "
+            "(duckdb; a CSV is read by one) or the most counting tasks in flight on a Dask "
+            "cluster [default: the CPUs; every task]. The counts, and the release, do not "
+            "depend on it.",
+        ),
+    ] = None,
+    tls_ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-ca-file",
+            help="--engine dask+tls://: the cluster's CA certificate (PEM), as `dask "
+            "scheduler --tls-ca-file` [default: Dask's distributed.comm.tls.ca-file].",
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-cert",
+            help="--engine dask+tls://: this client's certificate (PEM; Dask's TLS is mutual) "
+            "[default: Dask's distributed.comm.tls.client.cert].",
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-key",
+            help="--engine dask+tls://: the certificate's private key, unless it is in "
+            "--tls-cert's file [default: Dask's distributed.comm.tls.client.key].",
         ),
     ] = None,
     checkpoint_every_s: Annotated[

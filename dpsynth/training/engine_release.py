@@ -84,6 +84,7 @@ def prepare_engine_table(
         budget=table.memory_budget,
         on_pass=on_pass,
         share=share,
+        workers=table.workers,
     )
     if epsilon is None:
         return source, None

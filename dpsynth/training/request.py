@@ -124,8 +124,10 @@ class TableOptions:
     """Tables: the schema file (default: a built-in table's bundled schema), what to do with
     its entries read off the data (declare them public, or release them with DP), the DP
     release of the target's class proportions, where the marginals are counted (parsed into an
-    `EngineChoice` here, once) and the memory budget in bytes (a size such as "4G" is parsed;
-    None: `dpsynth.data.limits.memory_budget()`)."""
+    `EngineChoice` here, once), the memory budget in bytes (a size such as "4G" is parsed;
+    None: `dpsynth.data.limits.memory_budget()`), the out-of-core engines' counting processes
+    or, on Dask, tasks in flight (None: every CPU; every task), and a TLS cluster's client
+    credentials (None: Dask's own configuration), which the engine choice then carries."""
 
     schema: SchemaInput | None = None  # a file, a Schema or its JSON as a dict
     schema_public: bool = False
@@ -133,6 +135,10 @@ class TableOptions:
     class_weights_epsilon: float | None = None
     engine: EngineChoice = "auto"  # type: ignore[assignment]  # parsed when built
     memory_budget: int | None = None
+    workers: int | None = None
+    tls_ca_file: Path | str | None = None
+    tls_cert: Path | str | None = None
+    tls_key: Path | str | None = None
 
     def __post_init__(self) -> None:
         from dpsynth.data.engines import ENGINES, parse_engine
@@ -161,6 +167,11 @@ class TableOptions:
                 f"{{memory_budget}} must be at least 64K bytes, got {self.memory_budget}",
                 parameter="memory_budget",
             )
+        from dpsynth.data.engines import check_workers, with_tls
+
+        check_workers(self.workers, self.engine)
+        tls = (self.tls_ca_file, self.tls_cert, self.tls_key)
+        _set(self, "engine", with_tls(self.engine, *tls))  # checked, carried by the choice
 
     @property
     def flagged(self) -> bool:
@@ -317,6 +328,7 @@ class TrainRequest:
             epsilon=self.privacy.epsilon,
         )
         if self.run.resume:
+            self._check_resumed()
             return
         if self.run.ledger is None:
             raise UsageError("a new run needs a ledger path")
@@ -342,6 +354,11 @@ class TrainRequest:
                     "{class_weights_epsilon} are for tables",
                     parameters=_TABLE_FLAGS,
                 )
+        if self.table.workers is not None and data is not None and not is_table_spec(data):
+            raise UsageError(
+                "{workers} sets the processes that count a table out of core; {data} is images",
+                parameters=("workers", "data"),
+            )
         for name, value in (
             ("schema_epsilon", self.table.schema_epsilon),
             ("class_weights_epsilon", self.table.class_weights_epsilon),
@@ -350,3 +367,16 @@ class TrainRequest:
                 raise UsageError(
                     f"{{{name}}} must be a positive number, got {value}", parameter=name
                 )
+
+    def _check_resumed(self) -> None:
+        """UsageError for a resumed run's options that it would not use: it counts on the
+        engine it recorded, with the default workers and Dask's own TLS configuration."""
+        names = ("workers", "tls_ca_file", "tls_cert", "tls_key")
+        given = [name for name in names if getattr(self.table, name) is not None]
+        if given:
+            raise UsageError(
+                f"{', '.join('{' + name + '}' for name in given)}: a resumed run counts on the "
+                "engine it recorded, with the default workers and a TLS cluster's credentials "
+                "from Dask's configuration (distributed.comm.tls.*); drop them with {resume}",
+                parameters=(*given, "resume"),
+            )

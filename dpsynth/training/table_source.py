@@ -106,10 +106,12 @@ def prepare_table_source(
     budget: int | None,
     on_pass: PassCallback | None = None,
     share: float = SCHEMA_SHARE,
+    workers: int | None = None,
 ) -> tuple[TableSource, float | None]:
     """The table as an engine's source under its schema with this run's marks, and the ε of
     the DP release of its entries read off the data (None: nothing to release; the default:
-    `share` of a finite `target_epsilon`). Nothing is spent (see the module)."""
+    `share` of a finite `target_epsilon`), counted by `workers` (None: the engine's default).
+    Nothing is spent (see the module)."""
     if schema_path is None:
         raise UsageError(
             f"--engine {engine.spec}: {spec} needs --schema FILE.json (draft one with "
@@ -129,7 +131,7 @@ def prepare_table_source(
     released = default_schema_epsilon(schema, schema_public, schema_epsilon, target_epsilon, share)
     schema = public_marks(schema, schema_public, released, target_epsilon)
     pending = schema.data_derived() if released is not None else ()
-    source = open_table_source(spec, schema, engine, budget, dataset_id, on_pass, pending)
+    source = open_table_source(spec, schema, engine, budget, dataset_id, on_pass, pending, workers)
     check_public(schema, schema_public, schema_epsilon, source.n)
     return source, released
 
@@ -160,10 +162,11 @@ def open_table_source(
     dataset_id: str | None,
     on_pass: PassCallback | None = None,
     pending: Sequence[str] = (),
+    workers: int | None = None,
 ) -> TableSource:
     """The source on its engine after the check pass (DataError for a bad file or cell; the
     `pending` columns, which a DP release is about to replace, checked as `pending_schema`
-    says)."""
+    says), counted by `workers` (None: the engine's default)."""
     files = table_files(spec)
     if files.kind == "parquet":
         header, _ = parquet_rows(files)  # every footer checked before any row is read
@@ -171,7 +174,7 @@ def open_table_source(
     # the check pass encodes under any binning: a bad cell fails whatever the bins
     checked = pending_schema(schema, pending)
     encoder = chunk_encoder(checked, schema_domain(checked, 2, False))
-    counter = open_counter(engine, files, encoder, None, budget or memory_budget())
+    counter = open_counter(engine, files, encoder, None, budget or memory_budget(), workers)
     counter.on_pass = on_pass
     # A pass of its own, not folded into the counting pass: the reservation needs what it
     # gives (N sets the default δ and the plan; the keyed fingerprint of its digest composes

@@ -11,11 +11,19 @@ reader into byte blocks (every column as text). Each task reads its part, encode
 one encoding and returns int64 counts (the size of the marginals, never rows); the client
 sums them. One `counts` call is one pass; so is one `fold` (a DP schema release's round: each
 task returns its part's summed counts, `parts.part_fold`, merged in the same tree).
+
+`workers` (`train --workers`) caps the counting tasks in flight: a new one is submitted as one
+finishes, and finished results are merged `_FAN_IN` at a time as they come, so a shared cluster
+gives this run at most that many of its threads (None: every task submitted at once; the
+cluster's own workers and threads bound them). The sums are exact, so the counts do not depend
+on it. `dask+tls://host:port` connects over TLS with the client's credentials (`DaskTLS`, or
+Dask's own configuration), refused in one line when there are none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,6 +33,7 @@ from dpsynth.data.discrete import ChunkEncoder
 from dpsynth.data.engines.base import TableCounter
 from dpsynth.data.engines.chunks import TableFiles, raw_from_frame
 from dpsynth.data.engines.counting import Clique, CountSums
+from dpsynth.data.engines.dask_tls import DaskTLS, dask_security, dask_spec
 from dpsynth.data.engines.parts import part_counts, part_fold
 from dpsynth.errors import DataError, UsageError
 
@@ -39,6 +48,9 @@ CONNECT_TIMEOUT_S = 5
 Result = tuple[list[np.ndarray], int, np.ndarray, int]
 # What a task is run as: a function and its arguments (the part's or block's own first).
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
+# A task not yet submitted (a call that submits it and returns its future), and the rows it
+# will read (None: not known before).
+Pending = tuple[Callable[[], Any], int | None]
 
 
 def _frame_task(
@@ -72,18 +84,23 @@ def _fold_merge(*parts: tuple[Any, int]) -> tuple[Any, int]:
     return total, sum(rows for _, rows in parts)
 
 
-def connect(address: str) -> Any:
-    """A client of the scheduler at `address` (UsageError, one line, when none answers)."""
+def connect(address: str, tls: DaskTLS | None = None) -> Any:
+    """A client of the scheduler at `address` (`HOST:PORT`, or `tls://HOST:PORT` with the
+    client's credentials `tls`: `dask_security`); UsageError, one line, when none answers."""
     from distributed import Client
 
+    spec = dask_spec(address)
+    security = dask_security(tls) if address.startswith("tls://") else None
     try:
-        return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+        return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False, security=security)
     except (OSError, TimeoutError, ValueError) as exc:
         reason = type(exc).__name__
+        over = " over TLS (or it does not trust the client's certificate)" if security else ""
         raise UsageError(
-            f"--engine dask://{address.removeprefix('tcp://')}: no Dask scheduler answered "
-            f"within {CONNECT_TIMEOUT_S} s ({reason}); start one (`dask scheduler`) or check "
-            "the address"
+            f"{{engine}} {spec}: no Dask scheduler answered{over} within {CONNECT_TIMEOUT_S} s "
+            f"({reason}); start one (`dask scheduler`) or check the address"
+            + ("" if security else " (a scheduler over TLS is dask+tls://HOST:PORT)"),
+            parameter="engine",
         ) from None
 
 
@@ -93,25 +110,30 @@ class DaskCounter(TableCounter):
     engine = "dask"
 
     def __init__(
-        self, client: Any, files: TableFiles, encoder: ChunkEncoder, record_count: int | None
+        self,
+        client: Any,
+        files: TableFiles,
+        encoder: ChunkEncoder,
+        record_count: int | None,
+        workers: int | None = None,
     ) -> None:
         super().__init__(encoder, record_count)
         self.client, self.files = client, files
+        self.workers = None if workers is None else max(1, int(workers))
 
     def chunks(self, text: Sequence[str] = ()) -> Iterator[RawTable]:  # pragma: no cover
         """Unused: the workers read the chunks."""
         return iter(())
 
-    def _tasks(
-        self, part: Callable[[str, list[int]], Call], block: Call
-    ) -> list[tuple[Any, int | None]]:
-        """The pass's tasks, each with the rows it will read (None: not known before): `part`
-        of a Parquet file's row groups, or `block`'s function of each CSV block (its frame
+    def _tasks(self, part: Callable[[str, list[int]], Call], block: Call) -> list[Pending]:
+        """The pass's tasks, not yet submitted, each with the rows it will read: `part` of a
+        Parquet file's row groups, or `block`'s function of each CSV block (its frame
         first)."""
+        submit = self.client.submit
         if self.files.kind == "parquet":
             import pyarrow.parquet as pq
 
-            tasks: list[tuple[Any, int | None]] = []
+            tasks: list[Pending] = []
             for path in self.files.paths:
                 metadata = pq.read_metadata(path)
                 groups = metadata.num_row_groups
@@ -119,7 +141,7 @@ class DaskCounter(TableCounter):
                     chosen = list(range(start, min(start + _GROUPS_PER_TASK, groups)))
                     rows = sum(metadata.row_group(g).num_rows for g in chosen)
                     function, arguments = part(path, chosen)
-                    tasks.append((self.client.submit(function, *arguments, pure=False), rows))
+                    tasks.append((partial(submit, function, *arguments, pure=False), rows))
             return tasks
         import dask.dataframe as dd
 
@@ -131,36 +153,57 @@ class DaskCounter(TableCounter):
             skipinitialspace=True,
             blocksize=_CSV_BLOCK,
         )
-        parts = self.client.compute(frame.to_delayed())
         function, arguments = block
-        return [(self.client.submit(function, p, *arguments, pure=False), None) for p in parts]
+
+        def counted(piece: Any) -> Any:  # the block read, then counted, when submitted
+            return submit(function, self.client.compute(piece), *arguments, pure=False)
+
+        return [(partial(counted, piece), None) for piece in frame.to_delayed()]
 
     def _reduce(
         self,
-        tasks: Callable[[], list[tuple[Any, int | None]]],
+        tasks: Callable[[], list[Pending]],
         merge: Callable[..., Any],
         report: Callable[[int], None],
     ) -> Any:
-        """Every task's result, summed on the workers in a tree (`_FAN_IN` at a time), so that
-        this process receives one result however many tasks there are (None: no task)."""
+        """Every task's result, summed on the workers: at most `workers` tasks in flight (see
+        the module), finished results merged `_FAN_IN` at a time as they come, so that this
+        process receives one result however many tasks there are (None: no task)."""
         from distributed import as_completed
 
         try:
-            submitted = tasks()
-            level = [task for task, _ in submitted]
-            while len(level) > 1:
-                level = [
-                    self.client.submit(merge, *level[i : i + _FAN_IN], pure=False)
-                    for i in range(0, len(level), _FAN_IN)
-                ]
-            planned = dict((task.key, rows) for task, rows in submitted)
+            waiting = iter(tasks())
+            running = as_completed(loop=self.client.loop)
+            planned: dict[str, int | None] = {}
+
+            def submit_next() -> bool:
+                task = next(waiting, None)
+                if task is not None:
+                    future = task[0]()
+                    planned[future.key] = task[1]
+                    running.add(future)
+                return task is not None
+
+            while (self.workers is None or len(planned) < self.workers) and submit_next():
+                pass
+            ready: list[Any] = []
             done = 0
-            for leaf in as_completed([task for task, _ in submitted], loop=self.client.loop):
-                rows = planned[leaf.key]
-                if rows is not None:  # a Parquet task's rows come from its footer
-                    done += rows
-                    report(done)
-            return level[0].result() if level else None
+            for future in running:
+                if future.status == "error":
+                    future.result()  # a task's DataError is raised here
+                if future.key in planned:  # a counting task (not a merge): one more may start
+                    rows = planned.pop(future.key)
+                    if rows is not None:  # a Parquet task's rows come from its footer
+                        done += rows
+                        report(done)
+                    submit_next()
+                ready.append(future)
+                if len(ready) == _FAN_IN:
+                    running.add(self.client.submit(merge, *ready, pure=False))
+                    ready = []
+            if len(ready) > 1:
+                ready = [self.client.submit(merge, *ready, pure=False)]
+            return ready[0].result() if ready else None
         except DataError:
             raise
         except (OSError, TimeoutError) as exc:
