@@ -47,7 +47,8 @@ import numpy as np
 import torch
 
 from dpsynth.auditing.breaks import check_break, read_break
-from dpsynth.auditing.guesses import PartOutcome, best_guesses, pooled_runs
+from dpsynth.auditing.composition import ComposedBound, PartScores, composed_bound
+from dpsynth.auditing.guesses import TRIALS_FROM, PartOutcome, best_guesses, pooled_runs
 from dpsynth.errors import DpsynthError, UsageError
 from dpsynth.methods.marginal.domain import TableDomain, codes_from_rows, rows_from_codes
 from dpsynth.privacy.accounting.compose import compose_epsilon
@@ -215,20 +216,32 @@ def audit_marginal_plan(
     seed: int | None = None,
     break_mode: str | None = None,
     runs: int = 1,
-) -> list[PartOutcome]:
+) -> tuple[list[PartOutcome], ComposedBound | None]:
     """The measurement and selection audits of a marginal plan's events (`runs` runs each, of
     `canaries` canaries for the measurements and at most `SELECTION_CANARIES` for the
-    selections)."""
+    selections), and their bounds composed against the plan (`auditing/composition.py`; None
+    where a part is judged by the one-run test, whose bound does not compose)."""
     check_break(break_mode, TABLE_BREAKS)
-    part_confidence = 1.0 - (1.0 - confidence) / 2.0
+    # The parts compose when every part is judged by the trials test (its trials known before
+    # any run) and there is more than one trial's mechanism to compose: half of β then goes
+    # to the k parts' own tests and half to their composition, so that all hold together.
+    sizes = [_part_canaries(e, canaries) * runs for e in events]
+    compose = all(m >= TRIALS_FROM for m in sizes) and (
+        len(events) > 1 or any(isinstance(e, PureDp) and e.times > 1 for e in events)
+    )
+    shares = 2 * len(events) if compose else max(len(events), 1)
+    part_confidence = 1.0 - (1.0 - confidence) / shares
     parts: list[PartOutcome] = []
+    evidence: list[PartScores] = []
     for event in events:
         if isinstance(event, Gaussian):
             claim, part_delta = compose_epsilon([event], delta).epsilon, delta
             scorer, m = measurement_scores, canaries
+            copies = 1  # a canary's trial sees every one of the event's measurements
             name = "marginal measurements (Gaussian)"
         elif isinstance(event, PureDp):
             scorer, m = selection_scores, min(canaries, SELECTION_CANARIES)
+            copies = event.times  # a canary's trial is one of the plan's selections
             name = "marginal selection (exponential mechanism, pure DP, per selection)"
             # The pure-DP test (δ = 0) against one selection's ε_s: the event is `count` of
             # them, composed by basic composition (proven).
@@ -247,4 +260,15 @@ def audit_marginal_plan(
         # noise; each selection is its own run.
         outcome = best_guesses(scores, included, part_delta, part_confidence, independent=True)
         parts.append(PartOutcome(name, claim, outcome, int(included.numel())))
-    return parts
+        # the score the part's test chose (on its public selection split), else its first
+        chosen = outcome.trials.score if outcome.trials is not None else next(iter(scores))
+        evidence.append(PartScores(name, scores[chosen], included, copies))
+    if not compose:
+        return parts, None
+    return parts, composed_bound(evidence, delta, 1.0 - (1.0 - confidence) / 2.0)
+
+
+def _part_canaries(event: DpEvent, canaries: int) -> int:
+    """A part's canaries a run: every one for the measurements, at most SELECTION_CANARIES
+    selections."""
+    return min(canaries, SELECTION_CANARIES) if isinstance(event, PureDp) else canaries

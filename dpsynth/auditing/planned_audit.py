@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dpsynth.auditing.breaks import break_mode_of, check_break
+from dpsynth.auditing.composition import ComposedBound
 from dpsynth.auditing.functional import audit_field, field_canary_scores
 from dpsynth.auditing.guesses import GuessOutcome
 from dpsynth.auditing.limits import audit_memory, check_audit_values
@@ -95,6 +96,9 @@ class AuditResult:
     runs: int = 1
     # `train`'s `--set` values the plan was made with ("key=value").
     overrides: tuple[str, ...] = ()
+    # The parts' bounds composed (`auditing/composition.py`): a marginal plan's lower bound is
+    # the larger of it and its best part's.
+    composition: dict[str, Any] | None = None
 
     @property
     def leaks(self) -> bool:
@@ -244,10 +248,11 @@ def run_audit(
     if problem:
         raise UsageError(f"--canaries {canaries}: the audit {problem}; use fewer canaries")
     parts: tuple[dict[str, Any], ...] = ()
+    composition: ComposedBound | None = None
     # Without a clipped Gaussian sum (a marginal plan) a record moves each marginal's cell by 1.
     canary_norm = sensitivity = 1.0 if plan.gaussian_sum is None else plan.max_grad_norm
     if mechanism == "marginal":
-        outcome, parts, canaries = _marginal(
+        outcome, parts, canaries, composition = _marginal(
             config, info, plan, requested, confidence, seed, break_mode, runs
         )
         label = "marginal"
@@ -264,7 +269,7 @@ def run_audit(
         target_epsilon=float(epsilon),
         claimed_epsilon=plan.epsilon_bound,
         delta=plan.delta,
-        lower_bound=outcome.lower_bound,
+        lower_bound=max(outcome.lower_bound, composition.lower_bound if composition else 0.0),
         canaries=canaries,
         guesses=outcome.guesses,
         guesses_in=outcome.guesses_in,
@@ -282,6 +287,7 @@ def run_audit(
         test=outcome.test,
         runs=runs,
         overrides=tuple(f"{k}={v}" for k, v in (overrides or {}).items()),
+        composition=None if composition is None else composition.to_json(),
     )
 
 
@@ -294,21 +300,22 @@ def _marginal(
     seed: int | None,
     break_mode: str | None,
     runs: int,
-) -> tuple[GuessOutcome, tuple[dict[str, Any], ...], int]:
-    """A marginal plan's parts and the canaries per run (by default `TABLE_CANARIES`, or as
-    many as the table's cells allow); the headline is the part with the largest lower bound
-    (each holds at 1 − β/2, so it is a lower bound on the whole plan's ε at 1 − β)."""
+) -> tuple[GuessOutcome, tuple[dict[str, Any], ...], int, ComposedBound]:
+    """A marginal plan's parts, the canaries per run (by default `TABLE_CANARIES`, or as many
+    as the table's cells allow), the part with the largest lower bound and the parts' bounds
+    composed (each part holds at 1 − β/k, so these hold together at 1 − β and each is a lower
+    bound on the whole plan's ε)."""
     from dpsynth.methods.marginal.domain import table_domain
 
     domain = table_domain(info, config)
     if canaries is None:
         canaries = min(TABLE_CANARIES, canary_capacity(domain))
-    parts = audit_marginal_plan(
+    parts, composed = audit_marginal_plan(
         domain, plan.events, plan.delta, canaries, confidence, seed=seed, break_mode=break_mode,
         runs=runs,
     )  # fmt: skip
     best = max(parts, key=lambda p: p.outcome.lower_bound)
-    return best.outcome, tuple(p.to_json() for p in parts), canaries
+    return best.outcome, tuple(p.to_json() for p in parts), canaries, composed
 
 
 def _gradient_steps(

@@ -154,12 +154,32 @@ def audit(
                 )
                 for part in result.parts
             ),
+            *_composition_row(result),
             ("verdict", result.verdict),
         ]
         print_kv("privacy audit", rows)
         stderr.print(f"note: {result.note}", highlight=False)
     if result.leaks:
         raise typer.Exit(1)
+
+
+def _composition_row(result: AuditResult) -> list[tuple[str, str]]:
+    """The parts' bounds composed, with the copies of each part's region it used."""
+    composed = result.composition
+    if composed is None:
+        return []
+    used = [
+        f"{part['copies']} × {name.split(' (')[0]}"
+        for name, part in composed["parts"].items()
+        if part["copies"]
+    ]
+    return [
+        (
+            "  parts composed",
+            f"lower bound {composed['lower_bound']:.4g} vs the plan's claim "
+            f"{fmt_eps(result.claimed_epsilon)}" + (f" ({', '.join(used)})" if used else ""),
+        )
+    ]
 
 
 def _test_row(result: AuditResult) -> list[tuple[str, str]]:

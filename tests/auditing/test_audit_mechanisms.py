@@ -128,7 +128,7 @@ def test_the_selection_audit_catches_its_error_and_passes_a_sound_selection(brok
     (20,000 canaries × 2 runs, the most selections a run takes: the trials test)."""
     domain = _german_domain()
     event = PureDp(0.5, 1)
-    (part,) = audit_marginal.audit_marginal_plan(
+    (part,), _ = audit_marginal.audit_marginal_plan(
         domain, [event], 1e-4, audit_marginal.SELECTION_CANARIES, 0.95, seed=7,
         break_mode=broken, runs=2,
     )  # fmt: skip
