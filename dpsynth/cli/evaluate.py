@@ -24,9 +24,16 @@ from dpsynth.cli.render import (
 @threads_option
 def evaluate(
     synthetic: Annotated[
-        str, typer.Option(help="A folder written by `sample` (class sub-folders) or a run dir.")
+        str,
+        typer.Option(
+            help="A folder written by `sample` (class sub-folders) or a run dir; a table: a CSV, "
+            "a Parquet file, a folder of Parquet parts (a partitioned release) or a glob."
+        ),
     ],
-    real: Annotated[str, typer.Option(help="Held-out real data spec, e.g. digits:test.")],
+    real: Annotated[
+        str,
+        typer.Option(help="Held-out real data spec, e.g. digits:test, csv:FILE, parquet:DIR."),
+    ],
     metrics: Annotated[
         str,
         typer.Option(
@@ -68,6 +75,14 @@ def evaluate(
     schema: Annotated[
         Path | None,
         typer.Option(help="Tables: the schema reading --real [default: the sample's or built-in]."),
+    ] = None,
+    ml_rows: Annotated[
+        int | None,
+        typer.Option(
+            "--ml-rows",
+            help="Tables: the classifiers train on a seeded sample of at most this many "
+            "synthetic rows and are tested on at most this many real rows [default: 100000].",
+        ),
     ] = None,
     classes: ClassesOpt = None,
     channels: ChannelsOpt = None,
@@ -112,6 +127,7 @@ def evaluate(
             progress=on_progress,
             schema=schema,
             cache_real_features=cache_real_features,
+            **({"ml_rows": ml_rows} if ml_rows is not None else {}),
         ).to_json()
     if as_json:
         emit_json(result)
@@ -153,7 +169,13 @@ def evaluate(
 
 
 def _render_table(result: dict[str, Any]) -> None:
-    from dpsynth.evaluation.table_report import fmt_score, marginal_rows, ml_metrics, score_rows
+    from dpsynth.evaluation.table_markdown import (
+        fmt_score,
+        marginal_rows,
+        ml_metrics,
+        rows_line,
+        score_rows,
+    )
 
     print_warnings(list(result.get("warnings", [])))
     rows: list[tuple[str, Any]] = [
@@ -164,6 +186,10 @@ def _render_table(result: dict[str, Any]) -> None:
         rows.append(("privacy", result["privacy"]))
     if result.get("non_private"):
         rows.append(("privacy", "NOT PRIVATE: evaluated on data a DP run spent budget on"))
+    if result.get("synthetic_layout"):
+        rows[0] = ("synthetic", f"{rows[0][1]}, {result['synthetic_layout']}")
+    if rows_line(result):
+        rows.append(("classifier rows", rows_line(result)))
     for trained, kind, values in score_rows(result):
         for metric in ml_metrics(result["metrics_requested"]):
             rows.append((f"{metric}, {kind} trained on {trained}", fmt_score(values[metric])))

@@ -83,6 +83,7 @@ def run_evaluation(
     cnn_schedule: downstream.CnnSchedule | None = None,
     fid_batch_size: int = fid.DEFAULT_BATCH_SIZE,
     schema: str | os.PathLike[str] | None = None,
+    ml_rows: int | None = None,
 ) -> dict:
     """Evaluate synthetic images (a sample folder or a run dir) against a real data spec.
 
@@ -98,24 +99,27 @@ def run_evaluation(
     dict.
     A table (`--real csv:FILE` or a built-in table) is evaluated by
     `dpsynth.evaluation.table_report` (logistic regression and gradient boosting; `schema`
-    reads it).
+    reads it; `ml_rows` caps the rows they train and test on).
     """
     from dpsynth.data.sources import is_table_spec
 
     if [m.strip().lower() for m in metrics] in ([], ["auto"]):  # what fits the data
         metrics = list(AUTO_TABLE_METRICS if is_table_spec(real) else AUTO_IMAGE_METRICS)
     if is_table_spec(real):
+        from dpsynth.evaluation.table_pass import ML_ROWS
         from dpsynth.evaluation.table_report import run_table_evaluation
 
         return run_table_evaluation(
             synthetic=synthetic, real=real, metrics=metrics, seeds=seeds, real_train=real_train,
             schema_path=schema, report_dir=report_dir, ledger_path=ledger_path,
+            ml_rows=ML_ROWS if ml_rows is None else ml_rows, progress=progress,
         )  # fmt: skip
-    if schema is not None:
-        raise UsageError(
-            "{schema} is for tables ({real} csv:FILE or a built-in table)",
-            parameters=("schema", "real"),
-        )
+    for name, given in (("schema", schema), ("ml_rows", ml_rows)):
+        if given is not None:
+            raise UsageError(
+                f"{{{name}}} is for tables ({{real}} csv:FILE or a built-in table)",
+                parameters=(name, "real"),
+            )
     wanted = _parse_metrics(metrics)
     torch_device = resolve_device(device)
     if report_dir is not None:

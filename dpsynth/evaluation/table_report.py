@@ -2,12 +2,18 @@
 
 Logistic regression (one-hot categories, standardised numbers) and gradient boosting
 (scikit-learn's HistGradientBoostingClassifier, categories as native categorical features) are
-fitted on the synthetic rows only (a CSV, or Parquet when its name ends in `.parquet`) and
-tested on the real held-out table: accuracy and ROC-AUC
-(binary: of the second class's score; more classes: one-vs-rest macro average), mean ± std over
-`seeds` (the classifiers' random state; logistic regression is deterministic, so its std is 0).
+fitted on the synthetic rows only (a CSV, a Parquet file, a folder of Parquet parts or a
+glob: `dpsynth.evaluation.table_input`) and tested on the real held-out table: accuracy and
+ROC-AUC (binary: of the second class's score; more classes: one-vs-rest macro average), mean ±
+std over `seeds` (the classifiers' random state; logistic regression is deterministic, so its
+std is 0).
 The final model is reported, nothing is selected on the test rows. `--real-train SPEC` adds the
 same classifiers trained on real rows, for reference (a non-private statistic of those rows).
+
+Each table is read once (`dpsynth.evaluation.table_pass`), in memory or batch by batch: the
+marginals are exact counts over every row, the classifiers (and the report's figures) use a
+seeded uniform sample of at most `ml_rows` rows a table (every row of a smaller table), and
+the result states the rows used (`classifier_rows`).
 
 `--metrics marginals` adds the marginal fidelity (`dpsynth.evaluation.marginals`): the total
 variation distance of the 1-, 2- and 3-way marginals between the synthetic and the real rows,
@@ -29,43 +35,36 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpsynth.data.frames import is_frame, read_frame
+from dpsynth.data.frames import is_frame
 from dpsynth.data.schema import Schema
 from dpsynth.data.schema_file import parse_schema, read_schema
-from dpsynth.data.sources import DataInput, read_table, read_table_file
-from dpsynth.data.table_codec import RawTable, table_content_digest
+from dpsynth.data.sources import DataInput
+from dpsynth.data.table_codec import RawTable
 from dpsynth.errors import DataError, UsageError
+from dpsynth.evaluation.marginals import compare_counts
 from dpsynth.evaluation.release import (
     record_evaluation_release,
     report_fingerprint,
     training_data_warnings,
 )
-from dpsynth.evaluation.render import fingerprint_note
 from dpsynth.evaluation.table_classifiers import classifier_scores, table_frame
-from dpsynth.evaluation.table_figures import (
-    check_table_report_dir,
-    figure_markdown,
-    write_table_figures,
-)
-from dpsynth.evaluation.table_provenance import (
-    checked_manifest_privacy,
-    read_manifest,
-    schema_release_markdown,
-    schema_release_summary,
-)
+from dpsynth.evaluation.table_figures import check_table_report_dir, write_table_figures
+from dpsynth.evaluation.table_input import TableInput, open_real, open_synthetic, synthetic_manifest
+from dpsynth.evaluation.table_markdown import TABLE_METRICS, ml_metrics, render_table_markdown
+from dpsynth.evaluation.table_pass import ML_ROWS, SAMPLE_RULE, SAMPLE_SEED, TablePass, read_pass
+from dpsynth.evaluation.table_provenance import checked_manifest_privacy, schema_release_summary
 from dpsynth.rundir import write_bytes_atomic
 
 if TYPE_CHECKING:
     import pandas as pd
 
-TABLE_METRICS = ("accuracy", "roc_auc")
 FIDELITY_METRICS = ("marginals",)
 _ALIASES = {"ml": TABLE_METRICS, "auc": ("roc_auc",), "roc-auc": ("roc_auc",)}
 
@@ -91,11 +90,6 @@ def parse_table_metrics(metrics: Sequence[str]) -> list[str]:
     return wanted
 
 
-def ml_metrics(wanted: Sequence[str]) -> list[str]:
-    """The classifier metrics among the requested ones (accuracy, roc_auc)."""
-    return [m for m in wanted if m in TABLE_METRICS]
-
-
 def check_columns(raw: RawTable, schema: Schema) -> None:
     """DataError naming the schema's columns (all but ignored ones) that the table lacks."""
     missing = [c.name for c in schema.columns if c.type != "ignored" and c.name not in raw.header]
@@ -107,16 +101,25 @@ def check_columns(raw: RawTable, schema: Schema) -> None:
         )
 
 
-def _real_table(spec: DataInput, schema: Schema | None) -> tuple[RawTable, Schema, str, str]:
-    raw, parsed, bundled = read_table(spec, schema)
-    chosen = schema or bundled
+def _real_table(
+    spec: DataInput, schema: Schema | None, flag: str = "real"
+) -> tuple[TableInput, Schema, str, str]:
+    table, chosen, canonical, kind = open_real(spec, schema, flag)
     if chosen is None:
-        named = parsed.given if parsed.kind in ("builtin", "frame") else parsed.canonical
+        named = spec if kind in ("builtin", "frame") or not isinstance(spec, str) else canonical
+        named = "a DataFrame" if kind == "frame" else named
         raise UsageError(
-            f"{{real}} {named}: pass {{schema}} FILE.json (the table's public schema)",
-            parameters=("real", "schema"),
+            f"{{{flag}}} {named}: pass {{schema}} FILE.json (the table's public schema)",
+            parameters=(flag, "schema"),
         )
-    return raw, chosen, parsed.canonical, parsed.kind
+    return table, chosen, canonical, kind
+
+
+def _labelled(raw: RawTable, schema: Schema) -> tuple[pd.DataFrame, np.ndarray]:
+    """A sample's features and labels, the rows whose target is not a class left out."""
+    x, y = table_frame(raw, schema)
+    keep = y >= 0
+    return x[keep].reset_index(drop=True), y[keep]
 
 
 def run_table_evaluation(
@@ -129,9 +132,14 @@ def run_table_evaluation(
     schema_path: str | os.PathLike[str] | None = None,
     report_dir: str | os.PathLike[str] | None = None,
     ledger_path: str | os.PathLike[str] | None = None,
+    ml_rows: int = ML_ROWS,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate a synthetic CSV or Parquet file, or a DataFrame (as `Synthesizer.sample`
-    returns), against a real held-out table (see the module docstring)."""
+    """Evaluate a synthetic table (a CSV, a Parquet file, a folder of Parquet parts or a glob
+    of them, or a DataFrame as `Synthesizer.sample` returns) against a real held-out table
+    (see the module docstring). The classifiers train on at most `ml_rows` synthetic rows and
+    are tested on at most `ml_rows` real rows (seeded samples, `dpsynth.evaluation.table_pass`);
+    `progress(stage, rows read, rows)` follows each table's pass."""
     wanted = parse_table_metrics(metrics)
     if real_train is not None and not ml_metrics(wanted):
         raise UsageError(
@@ -140,37 +148,52 @@ def run_table_evaluation(
         )
     if seeds < 1:
         raise UsageError(f"{{seeds}} must be at least 1, got {seeds}", parameter="seeds")
+    if ml_rows < 2:
+        raise UsageError(f"{{ml_rows}} must be at least 2, got {ml_rows}", parameter="ml_rows")
     if report_dir is not None:
         check_table_report_dir(Path(report_dir))
     in_memory = is_frame(synthetic)
-    synth_path = Path("DataFrame" if in_memory else synthetic)  # type: ignore[arg-type]
-    if not in_memory and synth_path.is_dir():
-        raise UsageError(
-            f"{{synthetic}} {synthetic}: for a table give the file written by `sample --out "
-            "FILE.csv` (or FILE.parquet)",
-            parameter="synthetic",
-        )
-    manifest = {} if in_memory else read_manifest(synth_path)
+    warnings_list: list[str] = []
+    manifest: dict[str, Any] = {}
+    if not in_memory:
+        manifest, note = synthetic_manifest(synthetic)  # type: ignore[arg-type]
+        warnings_list += [note] if note else []
     schema = None
     if schema_path is not None:
         schema = read_schema(schema_path)
     elif isinstance(manifest.get("schema"), dict):
         schema = parse_schema(manifest["schema"], f"{synthetic} manifest schema")
-    raw_real, schema, real_spec, real_kind = _real_table(real, schema)
-    check_columns(raw_real, schema)
-    synth_raw = (
-        read_frame(synthetic, schema)  # type: ignore[arg-type]
-        if in_memory
-        else read_table_file(synth_path, source=f"--synthetic {synthetic}", schema=schema)
-    )
-    check_columns(synth_raw, schema)
-    real_digest = table_content_digest(raw_real, schema)
-    warnings_list: list[str] = []
+    real_in, schema, real_spec, real_kind = _real_table(real, schema)
+    check_columns(real_in.head, schema)
+    synth_in = open_synthetic(synthetic, schema)
+    check_columns(synth_in.head, schema)
+    synth_path = Path(synth_in.name)
+    classifier_metrics = ml_metrics(wanted)
+    sample_rows = ml_rows if classifier_metrics or report_dir is not None else 0
+
+    def stage(name: str) -> Callable[[int, int], None] | None:
+        return None if progress is None else lambda done, total: progress(name, done, total)
+
+    def read(table: TableInput, stream: int, marginals: bool) -> TablePass:
+        return read_pass(
+            table,
+            schema,
+            marginals=marginals,
+            max_rows=sample_rows,
+            stream=stream,
+            digest=stream > 0,  # the real tables' (the ledger's check)
+            progress=stage(f"read {table.name}"),
+        )
+
+    real_pass = read(real_in, 1, "marginals" in wanted)
+    synth_pass = read(synth_in, 0, "marginals" in wanted)
+    real_digest = real_pass.digest or ""
     real_id = SimpleNamespace(spec=real_spec, dataset_id=real_spec, content_digest=real_digest)
-    warnings_list += training_data_warnings(real_id, ledger_path, "--real")  # type: ignore[arg-type]
-    non_private = bool(warnings_list)
+    spent = training_data_warnings(real_id, ledger_path, "--real")  # type: ignore[arg-type]
+    non_private = bool(spent)
+    warnings_list += spent
     described = {column.name for column in schema.columns if column.type != "ignored"}
-    unscored = [name for name in synth_raw.header if name not in described]
+    unscored = [name for name in synth_in.header if name not in described]
     if unscored:
         shown = ", ".join(map(repr, unscored[:5])) + (" …" if len(unscored) > 5 else "")
         warnings_list.append(
@@ -178,44 +201,52 @@ def run_table_evaluation(
             f"describe (or ignores) are not scored: {shown}"
         )
     result_metrics: dict[str, Any] = {}
-    if "marginals" in wanted:
-        from dpsynth.evaluation.marginals import marginal_fidelity
-
-        result_metrics["marginals"] = marginal_fidelity(synth_raw, raw_real, schema)
-    classifier_metrics = ml_metrics(wanted)
-    n_synthetic, n_real = synth_raw.n, raw_real.n
+    if synth_pass.counts is not None and real_pass.counts is not None:
+        result_metrics["marginals"] = compare_counts(synth_pass.counts, real_pass.counts)
+    n_synthetic, n_real = synth_pass.rows, real_pass.rows
+    rows_used: dict[str, Any] | None = None
     if classifier_metrics:
-        x_real, y_real = table_frame(raw_real, schema)
-        x_syn, y_syn = table_frame(synth_raw, schema)
-        for name, labels in (("real", y_real), ("synthetic", y_syn)):
-            dropped = int((labels < 0).sum())
-            if dropped:
-                warnings_list.append(f"{dropped} {name} row(s) have a target outside the classes")
-        keep_real, keep_syn = y_real >= 0, y_syn >= 0
-        test = (x_real[keep_real].reset_index(drop=True), y_real[keep_real])
-        train = (x_syn[keep_syn].reset_index(drop=True), y_syn[keep_syn])
-        n_synthetic, n_real = len(train[1]), len(test[1])
+        for name, found in (("real", real_pass), ("synthetic", synth_pass)):
+            if found.outside:
+                warnings_list.append(
+                    f"{found.outside} {name} row(s) have a target outside the classes"
+                )
+        test, train = _labelled(real_pass.sample, schema), _labelled(synth_pass.sample, schema)
+        n_synthetic, n_real = (
+            synth_pass.rows - synth_pass.outside,
+            real_pass.rows - real_pass.outside,
+        )
+        rows_used = {
+            "synthetic": len(train[1]),
+            "synthetic_of": n_synthetic,
+            "real": len(test[1]),
+            "real_of": n_real,
+            "max_rows": ml_rows,
+            "seed": SAMPLE_SEED,
+            "rule": SAMPLE_RULE,
+        }
         if len(np.unique(train[1])) < 2:
             warnings_list.append("the synthetic rows hold fewer than two classes: no classifier")
         result_metrics["classifiers"] = classifier_scores(
             train, test, schema, classifier_metrics, seeds
         )
     if real_train is not None:
-        raw_train, _, train_spec, train_kind = _real_table(real_train, schema)
+        train_in, _, train_spec, train_kind = _real_table(real_train, schema, "real_train")
+        check_columns(train_in.head, schema)
+        train_pass = read(train_in, 2, False)
+        train_rows = _labelled(train_pass.sample, schema)
         train_id = SimpleNamespace(
-            spec=train_spec,
-            dataset_id=train_spec,
-            content_digest=table_content_digest(raw_train, schema),
+            spec=train_spec, dataset_id=train_spec, content_digest=train_pass.digest or ""
         )
         found = training_data_warnings(train_id, ledger_path, "--real-train")  # type: ignore[arg-type]
         non_private = non_private or bool(found)
         warnings_list += found
-        x_rt, y_rt = table_frame(raw_train, schema)
         result_metrics["real_train"] = train_spec
         result_metrics["real_train_classifiers"] = classifier_scores(
-            (x_rt[y_rt >= 0].reset_index(drop=True), y_rt[y_rt >= 0]),
-            test, schema, classifier_metrics, seeds,
-        )  # fmt: skip
+            train_rows, test, schema, classifier_metrics, seeds
+        )
+        if rows_used is not None:
+            rows_used["real_train"] = len(train_rows[1])
         if train_kind != "builtin":
             warnings_list.append(
                 f"the real-trained reference reads {train_spec} without DP: a non-private "
@@ -228,8 +259,9 @@ def run_table_evaluation(
     }
     result: dict[str, Any] = {
         "modality": "table",
-        "synthetic": "a DataFrame" if in_memory else str(synth_path),
+        "synthetic": synth_in.name,
         "synthetic_source": "sample" if manifest else "frame" if in_memory else "file",
+        "synthetic_layout": synth_in.layout,
         "n_synthetic": n_synthetic,
         "real": real_spec,
         "real_kind": real_kind,
@@ -241,6 +273,7 @@ def run_table_evaluation(
         "metrics_requested": wanted,
         "metrics": result_metrics,
         "seeds": seeds,
+        **({"classifier_rows": rows_used} if rows_used is not None else {}),
         "provenance": provenance,
         "schema_release": schema_release_summary(manifest),
         "warnings": warnings_list,
@@ -264,7 +297,8 @@ def run_table_evaluation(
         folder = Path(report_dir)
         folder.mkdir(parents=True, exist_ok=True)
         result["report_dir"] = str(folder)
-        figures = write_table_figures(folder, synth_raw, raw_real, schema)
+        figures = write_table_figures(folder, synth_pass.sample, real_pass.sample, schema)
+        figures["rows"] = {"synthetic": synth_pass.sample.n, "real": real_pass.sample.n}
         result["report_files"] = {"json": "report.json", "markdown": "report.md"} | {
             "columns": figures["columns"],
             **({"association": figures["association"]["file"]} if "association" in figures else {}),
@@ -285,96 +319,3 @@ def run_table_evaluation(
         ).hexdigest()
     result["release"] = record_evaluation_release(ledger_path, result, digest)
     return result
-
-
-def score_rows(result: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(trained on, classifier, {metric: {mean, std}}) rows of a result, synthetic first."""
-    metrics = result["metrics"]
-    rows = [("synthetic", k, v) for k, v in metrics.get("classifiers", {}).items()]
-    for kind, values in metrics.get("real_train_classifiers", {}).items():
-        rows.append((f"real ({metrics['real_train']})", kind, values))
-    return rows
-
-
-def fmt_score(value: dict[str, Any]) -> str:
-    """`mean ± std`, or n/a."""
-    if value.get("mean") is None:
-        return "n/a"
-    return f"{value['mean']:.4f} ± {value['std']:.4f}"
-
-
-def marginal_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) lines of a result's marginal fidelity; none when it was not requested."""
-    found = result["metrics"].get("marginals")
-    if not found:
-        return []
-
-    def tvd(part: dict[str, Any]) -> str:
-        if part["mean"] is None:
-            return "n/a (fewer columns)"
-        return f"{part['mean']:.4f} (max {part['max']:.4f}, {part['count']} marginals)"
-
-    three = found["three_way"]
-    rows = [
-        ("1-way TVD", tvd(found["one_way"])),
-        ("2-way TVD", tvd(found["two_way"])),
-        (f"3-way TVD (public random triples, seed {three['seed']})", tvd(three)),
-    ]
-    worst = found["two_way"]["worst"]
-    if worst:
-        rows.append(
-            ("worst 2-way", ", ".join(f"{'×'.join(w['columns'])} {w['tvd']:.3f}" for w in worst))
-        )
-    for side, shares in found["other_share"].items():
-        if shares:
-            shown = ", ".join(f"{k} {v:.1%}" for k, v in list(shares.items())[:8])
-            rows.append((f"{side} values outside the schema", shown))
-    return rows
-
-
-def render_table_markdown(result: dict[str, Any]) -> str:
-    """The Markdown page of a table evaluation."""
-    wanted = ml_metrics(result["metrics_requested"])
-    lines = [
-        "# dpsynth evaluation report (table)",
-        "",
-        f"- Synthetic: `{result['synthetic']}` ({result['n_synthetic']} rows)",
-        f"- Real held-out: `{result['real']}` ({result['real_n']} rows"
-        f"{fingerprint_note(result['real_fingerprint'])}), target `{result['target']}`",
-    ]
-    if result.get("privacy"):
-        lines.append(f"- Privacy of the synthetic rows: {result['privacy']}")
-    lines.append(f"- Mean ± std over {result['seeds']} seed(s); final models, no selection")
-    lines.append("")
-    if result["warnings"]:
-        lines += ["## Warnings", ""] + [f"- **{w}**" for w in result["warnings"]] + [""]
-    if wanted:
-        lines += [
-            "## Classifiers tested on the real held-out rows",
-            "",
-            "| trained on | classifier | " + " | ".join(wanted) + " |",
-            "|---|---|" + "---|" * len(wanted),
-        ]
-        for trained, kind, values in score_rows(result):
-            cells = " | ".join(fmt_score(values[m]) for m in wanted)
-            lines.append(f"| {trained} | {kind} | {cells} |")
-        lines.append("")
-    found = result["metrics"].get("marginals")
-    if found:
-        lines += [
-            "## Marginal fidelity (total variation distance to the real held-out rows)",
-            "",
-            f"Lower is better (0: the same distribution, 1: disjoint). {found['binning']}.",
-            "",
-            "| marginals | TVD |",
-            "|---|---|",
-        ]
-        lines += [f"| {label} | {value} |" for label, value in marginal_rows(result)]
-        lines += ["", "| column | 1-way TVD |", "|---|---|"]
-        per_column = found["one_way"]["per_column"]
-        lines += [f"| {name} | {value:.4f} |" for name, value in per_column.items()]
-        lines.append("")
-    if result.get("figures"):
-        lines += figure_markdown(result["figures"])
-    lines += schema_release_markdown(result["schema_release"])
-    return "\n".join(lines)
