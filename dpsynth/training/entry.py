@@ -99,9 +99,7 @@ def _run(
     try:
         return run_loop(session, progress=progress, **loop_args)
     finally:
-        close = getattr(session.records, "close", None)  # an engine's connection or client
-        if callable(close):
-            close()
+        session.records.close()  # an engine's connection or client
 
 
 def _open(
@@ -117,7 +115,7 @@ def _open(
     # Without a ledger given, the run's own (recorded) ledger; the anchor is checked anyway.
     ledger = Ledger(request.run.ledger or recorded_ledger(run))
     log_private_loss, public = request.run.log_private_loss, request.images.public
-    return resume_run(run, ledger, device, log_private_loss, public, on_pass)
+    return resume_run(run, ledger, device, log_private_loss, public, on_pass, request.table)
 
 
 def _tell_quietly(message: dict[str, Any], device: torch.device) -> None:

@@ -170,8 +170,23 @@ class TableOptions:
         from dpsynth.data.engines import check_workers, with_tls
 
         check_workers(self.workers, self.engine)
-        tls = (self.tls_ca_file, self.tls_cert, self.tls_key)
-        _set(self, "engine", with_tls(self.engine, *tls))  # checked, carried by the choice
+        if self.engine.name != "auto":  # `auto` with credentials: a resume (else refused)
+            _set(self, "engine", with_tls(self.engine, *self.tls))  # carried by the choice
+
+    @property
+    def tls(self) -> tuple[Path | str | None, Path | str | None, Path | str | None]:
+        """A TLS cluster's client credentials as given (CA, certificate, key)."""
+        return (self.tls_ca_file, self.tls_cert, self.tls_key)
+
+    def recorded_engine(self, recorded: str | None) -> EngineChoice:
+        """A resumed run's engine: the one it recorded (None: memory), with this request's
+        `workers` and TLS credentials checked against it (UsageError for an engine that would
+        not use them)."""
+        from dpsynth.data.engines import check_workers, parse_engine, with_tls
+
+        choice = parse_engine(recorded or "memory")
+        check_workers(self.workers, choice)
+        return with_tls(choice, *self.tls)
 
     @property
     def flagged(self) -> bool:
@@ -327,11 +342,14 @@ class TrainRequest:
             data=data,
             epsilon=self.privacy.epsilon,
         )
-        if self.run.resume:
-            self._check_resumed()
+        if self.run.resume:  # workers and credentials: checked against the recorded engine
             return
         if self.run.ledger is None:
             raise UsageError("a new run needs a ledger path")
+        if self.table.engine.name == "auto":
+            from dpsynth.data.engines import with_tls
+
+            with_tls(self.table.engine, *self.table.tls)  # credentials need dask+tls://
         from dpsynth.data.sources import is_table_spec
 
         if self.images.public is not None and data is not None and is_table_spec(data):
@@ -367,16 +385,3 @@ class TrainRequest:
                 raise UsageError(
                     f"{{{name}}} must be a positive number, got {value}", parameter=name
                 )
-
-    def _check_resumed(self) -> None:
-        """UsageError for a resumed run's options that it would not use: it counts on the
-        engine it recorded, with the default workers and Dask's own TLS configuration."""
-        names = ("workers", "tls_ca_file", "tls_cert", "tls_key")
-        given = [name for name in names if getattr(self.table, name) is not None]
-        if given:
-            raise UsageError(
-                f"{', '.join('{' + name + '}' for name in given)}: a resumed run counts on the "
-                "engine it recorded, with the default workers and a TLS cluster's credentials "
-                "from Dask's configuration (distributed.comm.tls.*); drop them with {resume}",
-                parameters=(*given, "resume"),
-            )

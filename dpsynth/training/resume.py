@@ -30,6 +30,7 @@ from dpsynth.training.data import (
     recorded_public_size,
 )
 from dpsynth.training.public import check_resume_spec, needs_reload, reload_public
+from dpsynth.training.request import TableOptions
 from dpsynth.training.session import Session, central_generator
 from dpsynth.training.summary import run_summary
 
@@ -49,10 +50,12 @@ def resume_run(
     log_private_loss: bool,
     public_spec: str | None = None,
     on_pass: PassCallback | None = None,
+    table: TableOptions | None = None,
 ) -> Session | dict[str, Any]:
     """Check a run's anchor and load its state (its summary if it had finished); a run
     started with `--public` reads its public set again when it restarts from scratch
-    (`public_spec`, if given, must name that set)."""
+    (`public_spec`, if given, must name that set); a table counted out of core counts again on
+    its recorded engine with `table`'s workers and TLS credentials, if given."""
     run_config = run.read_config()
     name = str(run.path)
     try:
@@ -69,6 +72,8 @@ def resume_run(
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DataError(f"{name}: config.json is not valid for resuming ({exc!r})") from None
     check_resume_spec(public_spec, run_config.get("public"), name)
+    if table is not None:  # workers and TLS files checked against the recorded engine
+        table.recorded_engine(data_cfg.get("engine"))
     # The spend this run may close is the one its anchor points at, checked before any data
     # is read: same hash, this run id and data, and events equal to the plan the loop will use.
     check_plan_parameters(
@@ -95,7 +100,7 @@ def resume_run(
     if spend.get("status") == "aborted":
         raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
     randomness = PrivateRandomness.from_json(run.read_secret())
-    records = load_recorded(data_cfg, name, on_pass, randomness)
+    records = load_recorded(data_cfg, name, on_pass, randomness, table)
     info = public_info(
         records,
         recorded_fingerprint(ledger, records.content_digest, fingerprint),

@@ -9,7 +9,9 @@
   address, never the credentials.
 - Refused in one line (exit 2) before anything is written: a TLS address without credentials,
   a missing certificate file, TLS files for another engine, `--workers` with `--engine
-  memory`, with `--resume` or below 1.
+  memory` or below 1.
+- A run stopped after a step on one process and resumed with `--workers 2` ends as the
+  uninterrupted run; TLS files given on resume are checked against the recorded engine.
 """
 
 from __future__ import annotations
@@ -225,7 +227,29 @@ def test_what_cannot_count_is_refused_before_anything_is_written(folder: Path) -
     _refused(folder, "memory", "--engine memory counts in this process", "--engine",
              "memory", "--workers", "2")  # fmt: skip
     _refused(folder, "zero", "--workers must be a whole number ≥ 1", "--workers", "0")
-    result = runner.invoke(app, ["train", "--resume", "--out", str(folder / "r"),
-                                 "--workers", "2"])  # fmt: skip
-    assert result.exit_code == 2 and "--workers: a resumed run" in result.stderr
-    assert "drop them with --resume" in result.stderr
+
+
+def test_a_resumed_run_counts_with_the_workers_it_is_given(
+    folder: Path, one_process: tuple[dict, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after its first step on one process and resumed on two, a run ends as the
+    uninterrupted one; credentials for a TLS cluster are refused for its DuckDB engine."""
+    dpsynth.train(
+        method="mst", data=f"parquet:{folder / 'parts'}", epsilon=2.0, out=folder / "stopped",
+        schema=folder / "schema.json", schema_public=True, preset="tiny", engine="duckdb",
+        ledger=folder / "stopped.jsonl", privacy_seed=SECRET, workers=1, stop_after_steps=1,
+    )  # fmt: skip
+    asked = _counted_by(monkeypatch)
+    result = dpsynth.train(
+        out=folder / "stopped", resume=True, method=None, data=None, epsilon=None, workers=2
+    )
+    assert result is not None and asked and set(asked) == {2}
+    checkpoints = sorted(
+        p for p in (folder / "stopped").rglob("*.safetensors") if "private" not in p.parts
+    )
+    config = json.loads((folder / "stopped" / "config.json").read_text())
+    _assert_same_run((config, load_file(checkpoints[-1])), one_process)
+    cert = folder / "schema.json"
+    refused = runner.invoke(app, ["train", "--resume", "--out", str(folder / "stopped"),
+                                  "--tls-ca-file", str(cert)])  # fmt: skip
+    assert refused.exit_code == 2 and "not --engine duckdb" in refused.stderr
