@@ -213,7 +213,7 @@ def train(
         typer.Option(
             "--tls-ca-file",
             help="--engine dask+tls://: the cluster's CA certificate (PEM), as `dask "
-            "scheduler --tls-ca-file` [default: Dask's distributed.comm.tls.ca-file].",
+            "scheduler --tls-ca-file` [default: Dask's TLS configuration].",
         ),
     ] = None,
     tls_cert: Annotated[
@@ -221,7 +221,7 @@ def train(
         typer.Option(
             "--tls-cert",
             help="--engine dask+tls://: this client's certificate (PEM; Dask's TLS is mutual) "
-            "[default: Dask's distributed.comm.tls.client.cert].",
+            "[default: Dask's TLS configuration].",
         ),
     ] = None,
     tls_key: Annotated[
@@ -229,7 +229,7 @@ def train(
         typer.Option(
             "--tls-key",
             help="--engine dask+tls://: the certificate's private key, unless it is in "
-            "--tls-cert's file [default: Dask's distributed.comm.tls.client.key].",
+            "--tls-cert's file [default: Dask's TLS configuration].",
         ),
     ] = None,
     checkpoint_every_s: Annotated[
