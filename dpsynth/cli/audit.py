@@ -220,13 +220,16 @@ def _black_box(
     from dpsynth.auditing.blackbox import run_blackbox
     from dpsynth.auditing.blackbox_images import run_image_blackbox
     from dpsynth.auditing.planned_audit import check_audit_values
+    from dpsynth.data.builtin import BUILTINS
     from dpsynth.methods.registry import get_method
 
     if break_mode is not None:
         raise UsageError("--break applies to the white-box audit only")
     count = 100 if canaries is None else canaries
     check_audit_values(count, confidence)
-    if "table" in get_method(method).modalities:
+    # a method of both modalities (dpkernel, rdpgan) is audited on the data it is given
+    modalities = get_method(method).modalities
+    if "table" in modalities and not ("image" in modalities and data in BUILTINS):
         result = run_blackbox(
             method, preset, epsilon, canaries=count, confidence=confidence, data=data, seed=seed,
             overrides=overrides,

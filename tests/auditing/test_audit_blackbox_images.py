@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -43,3 +44,20 @@ def test_an_image_run_passes_and_a_copying_release_is_caught(monkeypatch, tmp_pa
     leaky = run_image_blackbox("freq", "tiny", 1.0, canaries=40, seed=1, workdir=tmp_path)
     assert leaky.leaks and leaky.lower_bound > leaky.claimed_epsilon
     assert leaky.correct == leaky.guesses
+
+
+def test_a_method_of_both_modalities_is_audited_on_the_image_set_it_is_given():
+    """dpkernel trains tables and images: `--black-box --data digits` audits its image run
+    (canary images, scored from the released images), not a table run."""
+    from typer.testing import CliRunner
+
+    from dpsynth.cli import app
+
+    result = CliRunner().invoke(app, [
+        "audit", "--black-box", "--method", "dpkernel", "--preset", "tiny", "--data", "digits",
+        "--epsilon", "1", "--canaries", "40", "--seed", "0", "--json",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["method"] == "dpkernel" and out["data"] == "digits"
+    assert "released images" in out["mode"] and out["verdict"] == "pass"
