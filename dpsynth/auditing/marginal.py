@@ -236,11 +236,11 @@ def audit_marginal_plan(
     for event in events:
         if isinstance(event, Gaussian):
             claim, part_delta = compose_epsilon([event], delta).epsilon, delta
-            scorer, m = measurement_scores, canaries
+            scorer = measurement_scores
             copies = 1  # a canary's trial sees every one of the event's measurements
             name = "marginal measurements (Gaussian)"
         elif isinstance(event, PureDp):
-            scorer, m = selection_scores, min(canaries, SELECTION_CANARIES)
+            scorer = selection_scores
             copies = event.times  # a canary's trial is one of the plan's selections
             name = "marginal selection (exponential mechanism, pure DP, per selection)"
             # The pure-DP test (δ = 0) against one selection's ε_s: the event is `count` of
@@ -249,7 +249,7 @@ def audit_marginal_plan(
         else:
             raise UsageError(f"the marginal audit cannot run a {event.kind!r} event")
         scores, included = pooled_runs(
-            m,
+            _part_canaries(event, canaries),
             runs,
             seed,
             lambda inside, generator, scorer=scorer, event=event: scorer(

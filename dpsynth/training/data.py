@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from dpsynth.data.engines import PassCallback
+from dpsynth.data.engines import EngineChoice, PassCallback
 from dpsynth.data.engines.source import TableSource, needs_rows_message
 from dpsynth.data.images import DataInfo, ImageData
 from dpsynth.data.schema_file import parse_schema
@@ -22,7 +22,7 @@ from dpsynth.methods.base import Method
 from dpsynth.methods.registry import get_method, method_names
 from dpsynth.privacy.mechanisms.contribution import UnitBound
 from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
-from dpsynth.training.request import TableOptions, TrainRequest
+from dpsynth.training.request import TrainRequest
 
 
 def open_images(
@@ -53,20 +53,20 @@ def load_recorded(
     name: str,
     on_pass: PassCallback | None = None,
     randomness: PrivateRandomness | None = None,
-    table: TableOptions | None = None,
+    choice: EngineChoice | None = None,
+    workers: int | None = None,
 ) -> ImageData | TableData | TableSource:
     """The data a run recorded in config.json, read the same way (resume, other ranks; a
-    table counted out of core by the same engine, after its check pass again, with `table`'s
-    workers and TLS credentials when given; a table with a privacy unit bounded to the same
-    rows, which the run's secret `randomness` replays)."""
+    table counted out of core by the same engine, after its check pass again: `choice` is
+    that engine with the resumed request's TLS credentials, counting with `workers`; a table
+    with a privacy unit bounded to the same rows, which the run's secret `randomness`
+    replays)."""
     engine = data_cfg.get("engine")
-    choice = table.recorded_engine(engine) if table is not None else None
     if data_cfg.get("modality") == "table" and engine not in (None, "memory"):
         from dpsynth.data.engines import parse_engine
         from dpsynth.training.table_source import open_table_source
 
         schema = parse_schema(data_cfg["schema"], f"{name} schema")
-        workers = table.workers if table is not None else None
         return open_table_source(
             data_cfg["spec"], schema, choice or parse_engine(engine), None,
             data_cfg["dataset_id"], on_pass, workers=workers,

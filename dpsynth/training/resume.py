@@ -72,8 +72,9 @@ def resume_run(
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DataError(f"{name}: config.json is not valid for resuming ({exc!r})") from None
     check_resume_spec(public_spec, run_config.get("public"), name)
-    if table is not None:  # workers and TLS files checked against the recorded engine
-        table.recorded_engine(data_cfg.get("engine"))
+    # workers and TLS files checked against the recorded engine, before anything is read
+    choice = table.recorded_engine(data_cfg.get("engine")) if table is not None else None
+    workers = table.workers if table is not None else None
     # The spend this run may close is the one its anchor points at, checked before any data
     # is read: same hash, this run id and data, and events equal to the plan the loop will use.
     check_plan_parameters(
@@ -100,7 +101,7 @@ def resume_run(
     if spend.get("status") == "aborted":
         raise UsageError(f"the ledger entry of this run (seq {seq}) was aborted; start a new run")
     randomness = PrivateRandomness.from_json(run.read_secret())
-    records = load_recorded(data_cfg, name, on_pass, randomness, table)
+    records = load_recorded(data_cfg, name, on_pass, randomness, choice, workers)
     info = public_info(
         records,
         recorded_fingerprint(ledger, records.content_digest, fingerprint),
