@@ -78,11 +78,8 @@ def release_checks(train: Path, schema: Path, epsilon: float, seed: int) -> dict
     from dpsynth.data.column_values import column_numbers
     from dpsynth.ledger import Ledger
     from dpsynth.privacy.mechanisms.randomness import PrivateRandomness
-    from dpsynth.training.table_schema import (
-        read_table_input,
-        release_table_schema,
-        schema_share,
-    )
+    from dpsynth.training.table_prepare import spend_release
+    from dpsynth.training.table_schema import RowsInMemory, read_table_input, schema_share
 
     with tempfile.TemporaryDirectory() as folder:
         ledger = Ledger(Path(folder) / "ledger.jsonl")
@@ -98,7 +95,13 @@ def release_checks(train: Path, schema: Path, epsilon: float, seed: int) -> dict
             target_epsilon=epsilon,
             share=schema_share(True),
         )
-        data, release = release_table_schema(table, ledger, "mst", "bench", PrivateRandomness(seed))
+        engine = RowsInMemory(table)  # as `train` runs it on rows in memory
+        randomness = PrivateRandomness(seed)
+        released = engine.for_release(table, randomness)
+        schema_out, release = spend_release(
+            released, ledger, "mst", "bench", randomness, engine.release_run(released)
+        )
+        data = engine.released(released, schema_out)
     clipped: dict[str, float] = {}
     ranges: dict[str, list[float]] = {}
     real: dict[str, tuple[float, float]] = {}

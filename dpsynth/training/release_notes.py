@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsynth.data.column_values import RELEASED_PREFIX
+from dpsynth.data.schema_draft import OTHER
 
 _SHOWN = 6
 
@@ -33,7 +34,8 @@ def describe_released(
     if kind == "categorical":
         categories = [str(c) for c in entry.get("categories", [])]
         other = entry.get("other")
-        kept = [c for c in categories if c != other]
+        # the release's own catch-all is '(other)'; a kept value may absorb the rest instead
+        kept = [c for c in categories if c != other or not str(other).startswith(OTHER)]
         if name == target:
             return f"label set {_listed(kept)}; rows of another label are left out"
         if not kept:

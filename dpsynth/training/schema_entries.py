@@ -7,7 +7,9 @@ edges, a missing flag and maybe a precision; a boolean's missing flag) and calib
 (`dpsynth.training.schema_counting` in memory) and returns the schema with the released
 entries, each marked with its source. What becomes of a
 column whose release found too little:
-- a category list with no value above the threshold: only the `(other)` category;
+- a category list with no value above the threshold: only the `(other)` category; a list
+  whose kept values leave no significant rest: no `(other)`, the rest merges into the
+  commonest kept value (`catch_all`);
 - a number with no range: ignored (written empty), and a warning to declare bounds;
 - a missing flag not released although the file has empty cells: those cells are encoded at the
   middle of the range (a public rule, `dpsynth.data.column_values`).
@@ -42,6 +44,9 @@ from dpsynth.privacy.releases.schema_release import (
 )
 
 OTHER = "(other)"
+# A released list keeps its `(other)` category when N less the kept categories' noisy counts
+# clears this many deviations of its noise (`catch_all`).
+OTHER_Z = 2.0
 
 
 @dataclass(frozen=True)
@@ -248,11 +253,10 @@ def apply_release(
                 "the label set public in the schema to keep them all)"
             )
             continue
-        other = OTHER
-        while other in kept:
-            other += "*"
+        other = catch_all(kept, first.category_counts[column.name], plan)
+        listed = tuple(kept) if other in kept else (*kept, other)
         schema = schema.replace_column(
-            replace(column, categories=(*kept, other), other=other, source=source)
+            replace(column, categories=listed, other=other, source=source)
         )
     for column in columns.numbers:
         if column.name in found and shapes[column.name].empty:
@@ -289,6 +293,26 @@ def apply_release(
         name: (first.categories[name], first.category_counts[name]) for name in categories
     }
     return AppliedRelease(schema, warnings, clipped, shapes, kept_counts, noise)
+
+
+def catch_all(kept: Sequence[str], counts: Sequence[float], plan: SchemaReleasePlan) -> str:
+    """The category that absorbs a released list's unlisted values (post-processing of the
+    noisy counts). `(other)` when the rows the kept categories leave (N less their noisy
+    counts) clear OTHER_Z deviations of that difference's noise, or when nothing was kept;
+    otherwise the kept category with the largest noisy count. A column of two values (sex,
+    a city) then never writes `(other)`: its catch-all would hold noise only, which the
+    model would draw as a third value in about 1% of the rows. The price: unlisted values
+    that do exist but hide in the noise (a few per cent at most) merge into the commonest
+    category."""
+    other = OTHER
+    while other in kept:
+        other += "*"
+    if not kept:
+        return other
+    left = plan.rows - float(sum(counts))
+    if left > OTHER_Z * plan.category_noise_std * math.sqrt(len(kept)):
+        return other
+    return kept[int(np.argmax(counts))]
 
 
 def _core(first: RangeRelease, name: str) -> tuple[float, float]:

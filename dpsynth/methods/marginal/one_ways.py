@@ -10,7 +10,8 @@ ledger as before).
 
 A measurement here has one σ per bin (the estimator's weights): a bin summing m noisy cells
 has variance m·s². A category list's
-'(other)' is N minus the kept values' noisy counts (N is public). A column whose bins do not
+'(other)' (or the kept value that absorbs the rest) is N minus the other kept values' noisy
+counts (N is public). A column whose bins do not
 line up with the released cells (a time of day, a point mass inside a fine bin) is measured
 by the run as before.
 """
@@ -86,9 +87,12 @@ def _category(
         elif level != other:
             return None  # a level the release did not measure
     if other is not None and other in levels:
+        # the catch-all holds every row the other kept values do not: N less their counts
+        # (a kept value that is also the catch-all holds the unlisted rows too)
+        rest = {level: count for level, count in kept.items() if level != other}
         i = levels.index(other)
-        values[i] = n - sum(kept.values())
-        cells[i] = max(len(kept), 1)
+        values[i] = n - sum(rest.values())
+        cells[i] = max(len(rest), 1)
     return values, cells
 
 
