@@ -99,21 +99,32 @@ def _with_unseen_values(
     released: np.ndarray, span: tuple[int, int], present: float, std: float, zero: int
 ) -> tuple[int, int]:
     """`span`, joined by the fullest window of _LAST_WIDTH bins outside it when the values it
-    holds fall short of the present count by UNSEEN_Z deviations (post-processing). A span of
-    non-negative bins (`zero`: the bin [0, …)) looks among non-negative bins only (amounts and
-    counts: a window of noise among the negative ones would win as often as not)."""
+    holds fall short of the present count by UNSEEN_Z deviations (post-processing). Where the
+    window is looked for (`zero`: the bin [0, …)): a span of non-negative bins looks among
+    non-negative bins only (amounts and counts: a window of noise among the negative ones would
+    win as often as not), and only between 0 and itself unless it starts at 0 (the values a
+    range of scores from 1.4 to 32 misses are its small ones: above it, `_extended` already
+    took every bin that clears, and the fullest window of noise sent one release in eight to
+    1e5–1e10); a span starting at 0 looks above (a column of zeros whose amounts spread too
+    thin for any window). Negative spans alike, mirrored."""
     first, last = span
     unseen = present - float(released[first : last + 1].sum())
     if unseen <= UNSEEN_Z * std * math.sqrt(last - first + 2):
         return span
+    low, high = 0, len(released) - 1  # the bins the window may cover
+    if first >= zero:
+        low = zero
+        high = first - 1 if first > zero else high  # between 0 and the span
+    elif last < zero:
+        high = zero - 1
+        low = last + 1 if last < zero - 1 else low
     rest = released.copy()
     rest[first : last + 1] = 0.0
-    if first >= zero:
-        rest[:zero] = 0.0
-    elif last < zero:
-        rest[zero:] = 0.0
-    window = _fullest_window(rest)
-    return min(first, window[0]), max(last, window[1])
+    rest[:low], rest[high + 1 :] = 0.0, 0.0
+    start, end = _fullest_window(rest)
+    if high >= low:  # kept inside those bins (a window wider than them reaches past)
+        start, end = max(start, low), min(end, high)
+    return min(first, start), max(last, end)
 
 
 def _weak_span(
