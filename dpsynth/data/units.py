@@ -61,6 +61,7 @@ _ID_WORD = re.compile(
     r"email|phone|patient|subject|person|customer|client|user|member|participant|respondent|"
     r"account|household|employee|student"
 )
+_ROW_INDEX = re.compile(r"row[._ ]?names?|row[._ ]?(id|num|number)|unnamed: ?0|index|\.\.\.1")
 _JOINED_ID = re.compile(
     r"(patient|subject|person|customer|client|user|member|participant|account|case|record|"
     r"sample|visit|order|transaction|session|employee|student)(id|no|nr|num|number|key)"
@@ -90,6 +91,13 @@ TAIL_ROWS = 64
 def _words(name: str) -> list[str]:
     """A column name's words, lower case: 'PatientID' → ['patient', 'id']."""
     return [w.lower() for w in _WORDS.findall(name)]
+
+
+def _named_like_row_index(name: str) -> bool:
+    """Whether a whole column name is one that R's `write.csv` or pandas' `to_csv` gives a
+    table's row names or index (`rownames`, `Unnamed: 0`, `index`): row numbers, often the
+    original table's, scattered once a table has been sampled or split."""
+    return bool(_ROW_INDEX.fullmatch(name.strip().lower()))
 
 
 def _named_like_id(words: list[str]) -> bool:
@@ -177,7 +185,7 @@ def identifier_reason(
     number on each of its rows."""
     words = _words(name)
     present, distinct = int(sizes.sum()), len(sizes)
-    named = _named_like_id(words)
+    named = _named_like_id(words) or _named_like_row_index(name)
     near_unique = present >= NEAR_UNIQUE_ROWS and distinct >= NEAR_UNIQUE_SHARE * present
     dense = numbers is not None and _dense_run(words, numbers, sizes, rows)
     if near_unique and (numbers is None or named or dense):

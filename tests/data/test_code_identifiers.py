@@ -137,3 +137,18 @@ def test_measurements_that_repeat_stay_numbers() -> None:
     }
     kinds = {name: _drafted(name, values).column.type for name, values in numbers.items()}
     assert kinds == {name: "integer" for name in numbers}, kinds
+
+
+def test_row_names_written_by_r_or_pandas_are_identifiers() -> None:
+    """A table saved by R's write.csv (`rownames`) or pandas (`Unnamed: 0`, `index`) after a
+    sample or split carries the original row numbers, unique and scattered (ISLR's Wage:
+    3,000 of 7,373–453,870): drafted `id`, never a number whose range and values are
+    released. An amount that is nearly unique, or a column named like an index of prices,
+    stays a number."""
+    rng = np.random.default_rng(0)
+    rows = rng.choice(np.arange(7000, 460_000), 3000, replace=False)
+    for name in ("rownames", "row.names", "Unnamed: 0", "index", "...1"):
+        assert _drafted(name, rows).column.type == "id", name
+    amounts = rng.choice(np.arange(7000, 460_000), 3000, replace=False)
+    assert _drafted("salary", amounts).column.type == "integer"
+    assert _drafted("price_index", amounts).column.type == "integer"
