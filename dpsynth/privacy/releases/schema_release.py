@@ -52,6 +52,7 @@ from dpsynth.privacy.releases.schema_counts import (
 )
 from dpsynth.privacy.releases.schema_edges import (
     SIGNIFICANCE,
+    concentrated_span,
     edges_from_counts,
     trim_ends,
 )
@@ -155,6 +156,9 @@ def release_shapes_from_counts(
         fine = released[2:]
         present = float(max(released[1] + fine.sum(), 1.0))
         span = trim_ends(fine, std, present) if trim else None
+        if span is None and spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
+            # years binned coarser than their unit: the bins that hold them, as in round 2
+            span = concentrated_span(fine, std, plan.rows - float(released[0]), (grid[0], grid[-1]))
         edges = edges_from_counts(fine, grid, bins, spec.kind, span)
         zero_share = released[1] / max(np.clip(released, 0.0, None).sum(), 1.0)
         zero_bin = zero_counted(spec.kind, grid)
