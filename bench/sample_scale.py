@@ -10,11 +10,15 @@ fresh ledger, then `dpsynth sample RUN --n N --out DIR/ --workers W` writes the 
 (`--partitions` default: one per million rows). While `sample` runs, this script reads the
 resident memory (RSS) of every process of its process group from /proc every `POLL_S`
 seconds: the peaks of the parent, of the largest worker and of the group's sum are recorded
-(sampled, so a spike shorter than the interval can be missed). rows/s is n over the wall time
-of the `sample` command (start-up of the interpreter and the workers included). The load
-average at the start is recorded: the machine is shared, and other people's work slows it.
-Writes `bench/results/sample-scale-<date>.json` and `.md` (one entry per run, appended) and
-prints the entry.
+(sampled, so a spike shorter than the interval can be missed), and the peak of the group's
+summed PSS (proportional set size: the pages the processes share, such as torch's libraries,
+counted once, so it is what the group takes from the machine). rows/s is n over the wall time
+of the `sample` command (start-up of the interpreter and the workers included), cells/s n ×
+columns over it, and rows per CPU second n over the CPU time of the command and its workers
+(the steadier figure on a shared machine). The load average at the start and at the end is
+recorded: the machine is shared, and other people's work slows it. Writes
+`bench/results/<date>-sample-scale/sample-scale-<date>.json` and `.md` (or `--json PATH`; one
+entry per run, appended) and prints the entry.
 """
 
 from __future__ import annotations
@@ -36,13 +40,25 @@ from typing import Any
 from bench import big_table, leaderboard, machine
 from bench.measure import mb
 from bench.tables_peers import cli_json
-from dpsynth.sampling.partitions import DATASET_BATCH
 
 BENCH = Path(__file__).resolve().parent
 
 RESULTS = BENCH / "results"
 POLL_S = 0.5
 PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _pss_mb(pid: int) -> float:
+    """A process's proportional set size in MB (its private pages, and its share of the pages
+    it shares with others, such as torch's libraries mapped by every worker); 0 if gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def _group(pgid: int) -> dict[int, tuple[str, float]]:
@@ -67,8 +83,9 @@ def _group(pgid: int) -> dict[int, tuple[str, float]]:
 
 def run_sampled(command: list[str], env: dict[str, str]) -> dict[str, Any]:
     """Run `command` in its own process group; wall and CPU seconds, exit code, output and the
-    peak RSS (MB) of the parent, the largest worker and the group's sum."""
-    peaks = {"parent": 0.0, "worker": 0.0, "total": 0.0}
+    peak RSS (MB) of the parent, the largest worker and the group's sum, and the peak of the
+    group's summed PSS (`pss_total`: shared pages counted once)."""
+    peaks = {"parent": 0.0, "worker": 0.0, "total": 0.0, "pss_total": 0.0}
     workers: set[int] = set()
     done = threading.Event()
     before = os.times()
@@ -86,6 +103,7 @@ def run_sampled(command: list[str], env: dict[str, str]) -> dict[str, Any]:
                 if role == "worker":
                     workers.add(pid)
             peaks["total"] = max(peaks["total"], sum(rss for _, rss in group.values()))
+            peaks["pss_total"] = max(peaks["pss_total"], sum(_pss_mb(pid) for pid in group))
             done.wait(POLL_S)
 
     watcher = threading.Thread(target=poll, daemon=True)
@@ -181,14 +199,17 @@ def main(argv: list[str] | None = None) -> None:
         "partitions": len(summary["partitions"]),
         "workers": summary["workers"],
         "worker_processes_seen": sampled["worker_processes"],
-        "batch_size": args.batch_size or DATASET_BATCH,
+        "batch_size": summary.get("batch_size", args.batch_size),
         "sample_seconds": round(sampled["seconds"], 1),
         "sample_cpu_seconds": round(sampled["cpu_seconds"], 1),
         "rows_per_second": round(args.n / sampled["seconds"]),
+        "cells_per_second": round(args.n * columns / sampled["seconds"]),
+        "rows_per_cpu_second": round(args.n / max(sampled["cpu_seconds"], 1e-9)),
         "peak_rss_mb": sampled["peak_rss_mb"],
         "parquet_mb": round(size / 2**20, 1),
     }
-    json_path = args.json or RESULTS / f"sample-scale-{datetime.now(UTC):%Y-%m-%d}.json"
+    day = f"{datetime.now(UTC):%Y-%m-%d}"
+    json_path = args.json or RESULTS / f"{day}-sample-scale" / f"sample-scale-{day}.json"
     entries = json.loads(json_path.read_text()) if json_path.is_file() else []
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps([*entries, entry], indent=2) + "\n")
@@ -201,17 +222,24 @@ def markdown(entries: list[dict[str, Any]]) -> str:
     """One line per run: rows, partitions, workers, time, rows/s, peak RSS, load."""
     lines = [
         "# Sampling to partitioned Parquet\n",
-        "| date | method | n | partitions × workers | wall s (CPU s) | rows/s "
-        "| peak RSS MB: parent, largest worker, all | Parquet MB | load at start |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| date | method | n | partitions × workers | batch | wall s (CPU s) | rows/s "
+        "(per CPU s) | cells/s | peak RSS MB: parent, largest worker, all (PSS of all) "
+        "| Parquet MB "
+        "| load at start → end |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         rss = e["peak_rss_mb"]
+        per_cpu = e.get("rows_per_cpu_second")
+        cells = e.get("cells_per_second")
         lines.append(
             f"| {e['date'][:16]} | {e['method']} | {e['n']:,} | {e['partitions']} × "
-            f"{e['workers']} | {e['sample_seconds']:.0f} ({e['sample_cpu_seconds']:.0f}) "
-            f"| {e['rows_per_second']:,} | {rss['parent']}, {rss['worker']}, {rss['total']} "
-            f"| {e['parquet_mb']} | {e['load_average_1min_at_start']:.1f} |"
+            f"{e['workers']} | {e['batch_size']:,} | {e['sample_seconds']:.0f} "
+            f"({e['sample_cpu_seconds']:.0f}) | {e['rows_per_second']:,}"
+            f"{f' ({per_cpu:,})' if per_cpu else ''} | {f'{cells:,}' if cells else ''} "
+            f"| {rss['parent']}, {rss['worker']}, {rss['total']}"
+            f"{f' ({pss})' if (pss := rss.get('pss_total')) else ''} | {e['parquet_mb']} "
+            f"| {e['load_average_1min_at_start']:.1f} → {e['load_average_1min_at_end']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -90,7 +90,8 @@ def sample(
     batch_size: Annotated[
         int | None,
         typer.Option(
-            help="Records generated at once [default: 500; 10,000 for a partitioned table release]."
+            help="Records generated at once [default: 500; in a partitioned table release "
+            "65,536 for aim and mst, 10,000 for the others]."
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,

@@ -14,8 +14,10 @@ header and column order: categories by sampling each one-hot block as a distribu
 to the column's precision), missing cells where the missing block says so, dates and times as
 pandas datetimes in the column's zone, identifiers as fresh surrogate keys `<prefix><n>`
 (numbered across the whole release, never a real value), the target from the labels, ignored
-columns empty. `csv_text` writes that frame in the file's own spelling (formats, decimals,
-boolean words, empty cells).
+columns empty. It goes through `TableCodec.coded` (the sampled blocks and the numbers as
+`coded_rows.CodedRows`) and `coded_rows.coded_frame`, the decoding every output shares.
+`csv_text` writes that frame in the file's own spelling (formats, decimals, boolean words,
+empty cells).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpsynth.data.clock import minutes_to_hhmm
+from dpsynth.data.coded_rows import CodedRows, coded_frame
 from dpsynth.data.column_values import (
     check_header,
     check_values,
@@ -42,7 +44,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import over_budget
 from dpsynth.data.records import MEMORY_ENGINE
 from dpsynth.data.schema import Column, Schema
-from dpsynth.data.timecols import format_time_series, time_series
+from dpsynth.data.timecols import format_time_series
 from dpsynth.errors import DataError
 
 __all__ = [
@@ -126,48 +128,31 @@ class TableCodec:
         order (`start`: the release's row number of the first row, for surrogate keys).
 
         Each one-hot block is read as a distribution (negative parts clipped, an all-zero block
-        uniform) and sampled with `rng`; numbers are unscaled into [min, max].
+        uniform) and sampled with `rng`; numbers are unscaled into [min, max] (`coded`, then
+        `coded_rows.coded_frame`).
         """
-        rows = np.asarray(rows, dtype=np.float64)
-        b = len(rows)
-        data: dict[str, object] = {}
-        for column in self.schema.columns:
-            if column.name == self.schema.target:
-                classes = np.asarray(self.schema.classes, dtype=object)
-                data[column.name] = classes[np.asarray(labels, dtype=np.int64)]
-            elif column.type == "ignored":
-                data[column.name] = np.full(b, "", dtype=object)
-            elif column.type == "id":
-                numbers = np.arange(start + 1, start + b + 1)
-                data[column.name] = np.asarray([f"{column.prefix}{i}" for i in numbers], object)
-            else:
-                data[column.name] = self._decode_column(column, rows, rng)
-        return pd.DataFrame(data, columns=[c.name for c in self.schema.columns])
+        return coded_frame(self.schema, self.coded(rows, labels, rng, start))
 
-    def _decode_column(self, column: Column, rows: np.ndarray, rng: np.random.Generator) -> object:
-        value, flag = self.column_blocks(column)
-        part = rows[:, value.start : value.start + value.size]
-        if column.is_categorical:
-            levels = np.asarray(column.levels, dtype=object)[_sample_blocks(part, rng)]
-            if column.type != "boolean":
-                return levels
-            truth = pd.array(levels == column.categories[1], dtype="boolean")
-            truth[levels == ""] = pd.NA
-            return truth
-        numbers = _unscale(part[:, 0], column)
-        if flag is not None:
-            absent = _sample_blocks(rows[:, flag.start : flag.start + 2], rng) == 1
-            numbers = np.where(absent, np.nan, numbers)
-        if column.is_time:
-            return time_series(numbers, column)
-        if column.type == "integer":
-            if column.clock is not None:  # minutes since midnight back to HHMM
-                numbers = minutes_to_hhmm(numbers)
-            # NaN becomes <NA> in the nullable float, which then casts to nullable integers
-            return pd.array(numbers, dtype="Float64").astype("Int64")
-        if column.decimals is not None:
-            numbers = np.round(numbers, column.decimals)
-        return numbers
+    def coded(
+        self, rows: np.ndarray, labels: np.ndarray, rng: np.random.Generator, start: int = 0
+    ) -> CodedRows:
+        """Generated rows [b, D] with their labels [b] as `CodedRows`: each one-hot block (a
+        category, a missing flag) sampled with `rng`, one draw per block in file order, and
+        each number's value on the encoding's scale."""
+        rows = np.asarray(rows, dtype=np.float64)
+        levels: dict[str, np.ndarray] = {}
+        scaled: dict[str, np.ndarray] = {}
+        absent: dict[str, np.ndarray] = {}
+        for column in self.schema.features:
+            value, flag = self.column_blocks(column)
+            part = rows[:, value.start : value.start + value.size]
+            if column.is_categorical:
+                levels[column.name] = _sample_blocks(part, rng)
+                continue
+            scaled[column.name] = part[:, 0]
+            if flag is not None:
+                absent[column.name] = _sample_blocks(rows[:, flag.start : flag.start + 2], rng) == 1
+        return CodedRows(np.asarray(labels, dtype=np.int64), levels, scaled, absent, start)
 
     def text_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
         """A decoded frame as the file's text: formats, decimals, boolean words, "" missing."""
@@ -205,16 +190,6 @@ def _scale(values: np.ndarray, column: Column) -> np.ndarray:
         return np.zeros_like(values, dtype=np.float32)
     # divided before doubled: 2·(v − min) overflows for ranges near the float maximum
     return ((np.clip(values, low, high) - low) / (high - low) * 2.0 - 1.0).astype(np.float32)
-
-
-def _unscale(values: np.ndarray, column: Column) -> np.ndarray:
-    low, high = float(column.min), float(column.max)  # type: ignore[arg-type]
-    out = low + (np.clip(values, -1.0, 1.0) + 1.0) / 2.0 * (high - low)
-    if column.type == "integer":
-        return np.clip(np.rint(out), np.ceil(low), np.floor(high))
-    if column.type == "date":
-        return np.clip(np.rint(out / 86400.0) * 86400.0, low, high)
-    return out
 
 
 def _sample_blocks(part: np.ndarray, rng: np.random.Generator) -> np.ndarray:

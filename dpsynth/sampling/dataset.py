@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import re
@@ -44,11 +43,12 @@ from dpsynth.sampling.options import SampleOptions
 from dpsynth.sampling.outputs import check_release_target, record_release
 from dpsynth.sampling.partition_worker import start_worker, write_partition
 from dpsynth.sampling.partitions import (
-    DATASET_BATCH,
     Partition,
     check_workers,
+    dataset_batch,
     partition_count,
     plan_partitions,
+    row_values,
 )
 from dpsynth.sampling.table_release import check_not_protected, table_labels, table_manifest
 from dpsynth.sampling.trained_run import load_generator, run_privacy, set_truncation
@@ -87,7 +87,7 @@ def sample_dataset(run_dir: Path | str, n: int, out: Path, opts: SampleOptions) 
     finished (in the parent process)."""
     count = partition_count(n, opts.partitions)  # the options first: nothing read yet
     workers = check_workers(opts.workers, count)
-    batch_size, seed = opts.batch(DATASET_BATCH), opts.seed
+    seed = opts.seed
     run = RunDir(run_dir)
     privacy = run_privacy(run_dir, opts.ledger_path, partial=opts.partial)
     check_not_protected(out, run, privacy["ledger"])
@@ -100,7 +100,8 @@ def sample_dataset(run_dir: Path | str, n: int, out: Path, opts: SampleOptions) 
     # The parent loads the generator on the CPU for the label counts and the checks only; the
     # workers load it on `device` and draw the rows.
     generator, run_config, info = load_generator(run_dir, "cpu")
-    check_batch_size("--batch-size", batch_size, math.prod(info.shape))
+    batch_size = opts.batch(dataset_batch(generator))
+    check_batch_size("--batch-size", batch_size, row_values(generator, info))
     set_truncation(generator, opts.truncation, run_config["method"])
     counts, label_rule = table_labels(generator, opts.labels, n, info)
     plan = plan_partitions(n, counts, seed, count)
@@ -122,6 +123,7 @@ def sample_dataset(run_dir: Path | str, n: int, out: Path, opts: SampleOptions) 
             "modality": "table",
             "classes": list(info.classes),
             "seed": seed,
+            "batch_size": batch_size,  # rows drawn at once: a partition's rows depend on it
         }
         manifest = table_manifest(run_dir, run_config, privacy, info, generator, drawn)
         manifest |= {"label_counts": counts, "labels": label_rule, "partitions": written}

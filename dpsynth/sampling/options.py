@@ -20,7 +20,8 @@ class SampleOptions:
 
     `fmt`: png or npz for images, csv or parquet for a table (None: png, or the table file's
     ending); `labels`: balanced, per-class counts "a,b,c", auto, or for tables weights / model;
-    `batch_size`: records generated at once (None: 500; 10,000 for a partitioned release);
+    `batch_size`: records generated at once (None: 500; for a partitioned release 65,536 for
+    aim and mst, 10,000 for the others);
     `seed`: the public sampling seed; `device`: auto, cpu or cuda; `force`: replace an earlier
     output of `sample`; `ledger_path`: the ledger the run is anchored to (None: the run's own);
     `progress(done, n)`; `truncation`: the latent scale (None: the run's); `partial`: release

@@ -1,4 +1,4 @@
-"""Synthetic rows as Parquet: a decoded frame → an Arrow table typed by the public schema.
+"""Synthetic rows as Parquet: the Arrow types of the public schema, and the file's writer.
 
 The Arrow schema is built from the dpsynth schema's column types alone, never from a batch's
 values, so every batch of a release has the same one (and an empty batch would too):
@@ -15,13 +15,18 @@ values, so every batch of a release has the same one (and an empty batch would t
 | `id`          | string                                       |              |
 | `ignored`     | string, every cell null                      | null         |
 
-A type this table does not know is written as strings. `ParquetRows` streams the batches into
-one file (`pyarrow.parquet.ParquetWriter`), buffering them into row groups of
-`ROWS_PER_GROUP` rows; `sampling.rows_out` opens it for `sample --out FILE.parquet`.
+A type this table does not know is written as strings. `ParquetRows` streams a release's
+record batches (`sampling.arrow_rows`, whose categorical columns are dictionary-encoded: the
+writer stores their indices and dictionary pages as they are, with no string hashed per cell)
+into one file (`pyarrow.parquet.ParquetWriter`), in row groups of `ROWS_PER_GROUP` rows; the
+file declares the release's Arrow schema above (`ARROW:schema`), so readers get the
+categories as strings. `sampling.rows_out` opens it for `sample --out FILE.parquet`.
+`frame_to_arrow` converts a decoded frame (`TableCodec.decode`) to the same types.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import IO, Any
 
 import numpy as np
@@ -32,9 +37,11 @@ import pyarrow.parquet as pq
 
 from dpsynth.data.schema import Column, Schema
 
-# Rows per Parquet row group: sampling batches (500 rows by default) are gathered this far.
+# Rows per Parquet row group: sampling batches are gathered into groups of this many rows.
 ROWS_PER_GROUP = 65_536
 _STRING_TYPES = ("categorical", "id", "ignored")
+# The key of the file metadata where Arrow readers find a Parquet file's Arrow schema.
+ARROW_SCHEMA = "ARROW:schema"
 
 
 def arrow_type(column: Column) -> pa.DataType:
@@ -62,13 +69,14 @@ def frame_to_arrow(frame: pd.DataFrame, schema: Schema) -> pa.Table:
     """A decoded frame (`TableCodec.decode`) as an Arrow table of `arrow_schema(schema)`."""
     target = arrow_schema(schema)
     arrays = [
-        _column_array(frame[column.name], column, target.field(column.name).type)
+        column_array(frame[column.name], column, target.field(column.name).type)
         for column in schema.columns
     ]
     return pa.Table.from_arrays(arrays, schema=target)
 
 
-def _column_array(values: pd.Series, column: Column, kind: pa.DataType) -> pa.Array:
+def column_array(values: pd.Series, column: Column, kind: pa.DataType) -> pa.Array:
+    """A decoded frame's column (or a series of the same cells) as an Arrow array of `kind`."""
     name = str(column.type)
     n = len(values)
     if name == "ignored":
@@ -127,27 +135,31 @@ def _truth(values: pd.Series, column: Column) -> pd.arrays.BooleanArray:
 
 
 class ParquetRows:
-    """Decoded frames streamed into one Parquet file through an open binary handle (which
-    stays open): a context manager that always closes its writer."""
+    """Record batches of schema `arrow` (`ArrowRows.batch`) streamed into one Parquet file
+    through an open binary handle (which stays open), declared as the release's schema
+    `public`, with the writer's `options` (`ArrowRows.writer_options`): a context manager that
+    always closes its writer."""
 
-    def __init__(self, handle: IO[bytes], schema: Schema) -> None:
-        self.schema = schema
-        self.arrow = arrow_schema(schema)
-        self._writer = pq.ParquetWriter(handle, self.arrow)
-        self._pending: list[pa.Table] = []
+    def __init__(
+        self, handle: IO[bytes], arrow: pa.Schema, public: pa.Schema, **options: Any
+    ) -> None:
+        self.arrow, self.public = arrow, public
+        # The file's own Arrow schema is the release's (`public`), added when it closes: the
+        # writer would otherwise store the batches' dictionary types, and readers would get
+        # categorical columns as dictionaries where the release promises strings.
+        self._writer = pq.ParquetWriter(handle, arrow, store_schema=False, **options)
+        self._pending: list[pa.RecordBatch] = []
         self._rows = 0
 
-    def write(self, frame: pd.DataFrame) -> None:
-        """Append a decoded batch; a row group is written once ROWS_PER_GROUP rows wait."""
-        self._pending.append(frame_to_arrow(frame, self.schema))
-        self._rows += len(frame)
-        if self._rows >= ROWS_PER_GROUP:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._pending:
-            self._writer.write_table(pa.concat_tables(self._pending), ROWS_PER_GROUP)
-        self._pending, self._rows = [], 0
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Append a batch; every full row group of ROWS_PER_GROUP rows is written at once."""
+        self._pending.append(batch)
+        self._rows += batch.num_rows
+        while self._rows >= ROWS_PER_GROUP:
+            table = pa.Table.from_batches(self._pending, schema=self.arrow)
+            self._writer.write_table(table.slice(0, ROWS_PER_GROUP), ROWS_PER_GROUP)
+            rest = table.slice(ROWS_PER_GROUP)
+            self._pending, self._rows = rest.to_batches(), rest.num_rows
 
     def __enter__(self) -> ParquetRows:
         return self
@@ -157,6 +169,15 @@ class ParquetRows:
         # to a handle closed by then ("Exception ignored" on stderr).
         try:
             if exc[0] is None:
-                self._flush()
+                if self._pending:
+                    table = pa.Table.from_batches(self._pending, schema=self.arrow)
+                    self._writer.write_table(table, ROWS_PER_GROUP)
+                self._writer.add_key_value_metadata({ARROW_SCHEMA: _schema_text(self.public)})
         finally:
             self._writer.close()
+
+
+def _schema_text(schema: pa.Schema) -> str:
+    """An Arrow schema as Parquet files carry it under `ARROW:schema`: its IPC serialisation,
+    base64-encoded (what `ParquetWriter` writes with `store_schema`)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")

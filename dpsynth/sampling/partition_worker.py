@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from dpsynth.sampling.partitions import Partition
 from dpsynth.sampling.units import UnitSpec, units_of
 
@@ -71,23 +69,17 @@ def draw_partition(
     the partition's seed, surrogate keys numbered from its first row) and written to its file;
     with `units` (a run with a privacy unit), its rows grouped into synthetic people that
     never cross a partition (`sampling.units`)."""
-    from dpsynth.sampling.labels import labelled_batches
     from dpsynth.sampling.rows_out import RowsFile
+    from dpsynth.sampling.table_batches import coded_batches
 
-    rng = np.random.default_rng(partition.seed)
     done = 0
-    keys = units.keys(partition.seed, partition.start) if units is not None else None
     with RowsFile(folder / partition.name, codec, "parquet") as written:
         # the partition's rows in its own random order (classes mixed), from its seed
-        for rows, chunk in labelled_batches(
-            generator, partition.counts, batch_size, partition.seed, shuffle=True
+        for coded in coded_batches(
+            generator, codec, partition.counts, batch_size, partition.seed, partition.start, units
         ):
-            first = partition.start + done
-            frame = codec.decode(rows.cpu().numpy(), chunk.numpy(), rng, start=first)
-            if keys is not None and units is not None:
-                frame[units.column] = keys.next(len(frame))
-            written.write(frame)
-            done += len(frame)
+            written.write(coded)
+            done += len(coded)
     if done != partition.rows:  # a generator that yields fewer rows than asked is a bug
         raise RuntimeError(f"{partition.name}: {done} rows drawn, {partition.rows} planned")
     return {

@@ -1,8 +1,10 @@
 """The file a table's `sample` writes: CSV text, or Parquet when `--out` ends in `.parquet`.
 
-`RowsFile` writes decoded batches (`TableCodec.decode` frames) into the staging file, hashes
-what it wrote (SHA-256 of the file's bytes, for the manifest and the ledger's release) and
-fsyncs it before `sample_table` renames it into place.
+`RowsFile` writes generated batches (`CodedRows`) into the staging file: as CSV text of their
+decoded frame (`coded_rows.coded_frame`, `TableCodec.csv_text`), or as Arrow record batches
+(`sampling.arrow_rows`) into Parquet. It hashes what it wrote (SHA-256 of the file's bytes,
+for the manifest and the ledger's release) and fsyncs it before `sample_table` renames it
+into place.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from typing import TYPE_CHECKING
 from dpsynth.errors import UsageError
 
 if TYPE_CHECKING:
-    import pandas as pd
-
+    from dpsynth.data.coded_rows import CodedRows
     from dpsynth.data.table_codec import TableCodec
+    from dpsynth.sampling.arrow_rows import ArrowRows
     from dpsynth.sampling.parquet_out import ParquetRows
 
 TABLE_FORMATS = ("csv", "parquet")
@@ -42,8 +44,8 @@ def table_format(out: Path, fmt: str | None) -> str:
 
 
 class RowsFile:
-    """A context manager writing decoded frames to `path` as CSV or Parquet; `sha256` holds
-    the file's digest once it is closed without an error."""
+    """A context manager writing generated batches to `path` as CSV or Parquet; `sha256`
+    holds the file's digest once it is closed without an error."""
 
     def __init__(self, path: Path, codec: TableCodec, fmt: str) -> None:
         self.path = path
@@ -54,20 +56,28 @@ class RowsFile:
         self._header = True
         self._handle = path.open("wb")
         self._parquet: ParquetRows | None = None
+        self._arrow: ArrowRows | None = None
         if fmt == "parquet":
-            from dpsynth.sampling.parquet_out import ParquetRows  # pyarrow: imported on use
+            from dpsynth.sampling.arrow_rows import ArrowRows  # pyarrow: imported on use
+            from dpsynth.sampling.parquet_out import ParquetRows
 
             try:
-                self._parquet = ParquetRows(self._handle, codec.schema)
+                arrow = self._arrow = ArrowRows(codec.schema)
+                self._parquet = ParquetRows(
+                    self._handle, arrow.arrow, arrow.public, **arrow.writer_options
+                )
             except BaseException:
                 self._handle.close()
                 raise
 
-    def write(self, frame: pd.DataFrame) -> None:
-        """Append a decoded batch (the CSV header before the first)."""
-        if self._parquet is not None:
-            self._parquet.write(frame)
+    def write(self, coded: CodedRows) -> None:
+        """Append a batch of generated rows (the CSV header before the first)."""
+        if self._parquet is not None and self._arrow is not None:
+            self._parquet.write(self._arrow.batch(coded))
             return
+        from dpsynth.data.coded_rows import coded_frame
+
+        frame = coded_frame(self.codec.schema, coded)
         text = self.codec.csv_text(frame, header=self._header).encode("utf-8")
         self._header = False
         self._handle.write(text)

@@ -7,24 +7,27 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 
 from dpsynth.data.frames import FRAME
 from dpsynth.data.limits import check_batch_size
 from dpsynth.errors import UsageError
 from dpsynth.rundir import RunDir, write_json_atomic
-from dpsynth.sampling.labels import AUTO_LABELS, labelled_batches
+from dpsynth.sampling.labels import AUTO_LABELS
 from dpsynth.sampling.options import SampleOptions
 from dpsynth.sampling.outputs import record_release, table_manifest_path
 from dpsynth.sampling.partitions import DATASET_BATCH, wants_partitions
 from dpsynth.sampling.rows_out import RowsFile, table_format
+from dpsynth.sampling.table_batches import coded_batches
 from dpsynth.sampling.table_release import check_not_protected, table_labels, table_manifest
 from dpsynth.sampling.trained_run import load_generator, run_privacy, set_truncation
 from dpsynth.sampling.units import units_of
 from dpsynth.staging import remove_stale_staging, staging_file
+
+if TYPE_CHECKING:
+    from dpsynth.data.coded_rows import CodedRows
 
 
 def sample_table(run_dir: Path | str, n: int, out: Path | str, **options: Any) -> dict[str, Any]:
@@ -50,8 +53,9 @@ def write_table(
     A folder `out` (an existing one or a name ending in `/`), `partitions`, or Parquet of more
     than `PARTITION_ROWS` rows is a partitioned Parquet release written by `workers` processes
     (see `dpsynth.sampling.dataset.sample_dataset`; `on_partition` reports each partition).
-    `batch_size` (rows generated and decoded at once) defaults to 500 for one file and to
-    `DATASET_BATCH` for a partitioned release, where throughput matters most.
+    `batch_size` (rows generated and decoded at once) defaults to 500 for one file and, for a
+    partitioned release, where throughput matters most, to `partitions.dataset_batch` (65,536
+    for aim and mst, 10,000 for the others).
     """
     if wants_partitions(out, n, opts.fmt, opts.partitions):
         if opts.fmt not in (None, "parquet"):
@@ -87,8 +91,8 @@ def write_table(
     temporary = staging_file(out)
     try:
         with RowsFile(temporary, draw.codec, fmt) as written:
-            for frame in draw.frames():
-                written.write(frame)
+            for coded in draw.batches():
+                written.write(coded)
         output_sha = written.sha256
         release = record_release(
             draw.run_config, draw.info, privacy["ledger"], output_sha, n, fmt, out
@@ -114,17 +118,20 @@ def sample_table_frame(
 
     import pyarrow as pa
 
-    from dpsynth.sampling.parquet_out import frame_to_arrow
+    from dpsynth.data.coded_rows import coded_frame
+    from dpsynth.sampling.arrow_rows import ArrowRows
 
     batch_size = opts.batch(500)
     check_batch_size("--batch-size", batch_size, 1)
     privacy = run_privacy(run_dir, opts.ledger_path, partial=opts.partial)
     draw = _TableDraw(run_dir, n, opts, batch_size)
+    arrow = ArrowRows(draw.codec.schema)
     digest, parts = hashlib.sha256(), []
-    for frame in draw.frames():
+    for coded in draw.batches():
+        frame = coded_frame(draw.codec.schema, coded)
         digest.update(draw.codec.csv_text(frame, header=not parts).encode("utf-8"))
-        parts.append(frame_to_arrow(frame, draw.codec.schema))
-    table = pa.concat_tables(parts) if parts else frame_to_arrow(draw.empty(), draw.codec.schema)
+        parts.append(arrow.batch(coded))
+    table = arrow.public_table(parts)
     rows = table.to_pandas(types_mapper=_nullable_types)
     for name in (f.name for f in table.schema if pa.types.is_date(f.type)):
         rows[name] = pd.to_datetime(rows[name])  # dates as datetimes, as pandas reads them
@@ -150,7 +157,7 @@ def _nullable_types(kind: Any) -> Any:
 
 class _TableDraw:
     """One draw of N rows from a run: the generator and its codec loaded, the label counts
-    chosen, then the decoded frames in a random order (`frames`) from the public seed."""
+    chosen, then the generated batches in a random order (`batches`) from the public seed."""
 
     def __init__(self, run_dir: Path | str, n: int, opts: SampleOptions, batch_size: int) -> None:
         from dpsynth.data.table_codec import codec_for
@@ -162,29 +169,18 @@ class _TableDraw:
         self.codec = codec_for(self.info)
         self.counts, self.label_rule = table_labels(self.generator, opts.labels, n, self.info)
 
-    def frames(self) -> Iterator[pd.DataFrame]:
-        """The decoded batches: rows in a random order from the seed, not class by class, so
+    def batches(self) -> Iterator[CodedRows]:
+        """The generated batches: rows in a random order from the seed, not class by class, so
         that the first rows, or any split by row order, are a fair sample (counts exact)."""
-        seed = self.opts.seed
-        rng = np.random.default_rng(seed)
         units = units_of(self.run_config, self.info.schema or {})  # synthetic people
-        keys = units.keys(seed) if units is not None else None
         done = 0
-        batches = labelled_batches(self.generator, self.counts, self.batch_size, seed, shuffle=True)
-        for rows, chunk in batches:
-            frame = self.codec.decode(rows.cpu().numpy(), chunk.numpy(), rng, start=done)
-            if keys is not None and units is not None:
-                frame[units.column] = keys.next(len(frame))
-            yield frame
-            done += len(frame)
+        for coded in coded_batches(
+            self.generator, self.codec, self.counts, self.batch_size, self.opts.seed, 0, units
+        ):
+            yield coded
+            done += len(coded)
             if self.opts.progress is not None:
                 self.opts.progress(done, self.n)
-
-    def empty(self) -> pd.DataFrame:
-        """A frame of no rows with the schema's columns (a sample of n = 0)."""
-        return pd.DataFrame(
-            {c.name: pd.Series([], dtype=object) for c in self.codec.schema.columns}
-        )
 
     def manifest(self, privacy: dict[str, Any], fmt: str) -> dict[str, Any]:
         """The release's manifest without its digest and ledger entry."""

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dpsynth.data.images import DataInfo
 from dpsynth.errors import DataError, UsageError
 from dpsynth.ledger import Ledger
@@ -23,7 +25,6 @@ from dpsynth.ledger.anchors import (
 from dpsynth.methods.base import Generator, check_truncation
 from dpsynth.methods.registry import get_method
 from dpsynth.rundir import WEIGHTS_FILE, RunDir
-from dpsynth.training import resolve_device
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,16 @@ def check_finished(state: TrainingState, run_name: str, status: str | None) -> N
     )
 
 
+def _device(device: str) -> torch.device:
+    """The torch device `device` names (`training.resolve_device`); the CPU without importing
+    the training package, which a sampling worker would otherwise load at its start."""
+    if device == "cpu":
+        return torch.device("cpu")
+    from dpsynth.training import resolve_device
+
+    return resolve_device(device)
+
+
 def load_generator(run_dir: Path | str, device: str = "auto") -> tuple[Generator, dict, DataInfo]:
     """The generator of a run (from its last checkpoint), its config and its data info.
 
@@ -138,7 +149,7 @@ def load_generator(run_dir: Path | str, device: str = "auto") -> tuple[Generator
     """
     run = RunDir(run_dir)
     run_config = run.read_config()
-    torch_device = resolve_device(device)
+    torch_device = _device(device)
     try:
         info = DataInfo.from_json(run_config["data"])
         backend = get_method(run_config["method"])

@@ -29,6 +29,7 @@ from dpsynth.sampling import sample_run
 from dpsynth.sampling.dataset import MANIFEST, SUCCESS
 from dpsynth.sampling.parquet_out import arrow_schema
 from dpsynth.sampling.partitions import (
+    CODED_BATCH,
     PARTITION_ROWS,
     partition_seed,
     plan_partitions,
@@ -121,6 +122,7 @@ def test_a_partitioned_release_reads_back_as_one_typed_table(trained: Path, tmp_
     keys = table["patient_id"].to_pylist()
     assert keys == [f"syn-{i}" for i in range(1, 2001)]
     manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["batch_size"] == CODED_BATCH  # mst: a row group's rows drawn at once
     parts = manifest["partitions"]
     assert [p["rows"] for p in parts] == [667, 667, 666]
     assert [p["start"] for p in parts] == [0, 667, 1334]
