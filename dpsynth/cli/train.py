@@ -341,13 +341,11 @@ def train(
                 f"pretrained: {', '.join(used['used_by'])}",
             )
         )
-    if result.get("passes") is not None:
-        check = " after its check pass" if result.get("engine", "memory") != "memory" else ""
-        if check and result.get("schema_release"):  # its two rounds: a pass each
-            check += " and the schema release's three"
-        rows.append(
-            ("passes over the data", f"{result['passes']} counting ({result['engine']}){check}")
-        )
+    if result.get("pass_names"):  # an engine's passes, each named (`check, N marginals`, …)
+        names = "; ".join(result["pass_names"])
+        rows.append(("passes over the data", f"{result['passes']} ({result['engine']}): {names}"))
+    elif result.get("passes") is not None:
+        rows.append(("passes over the data", f"{result['passes']} counting ({result['engine']})"))
     if result.get("preview"):
         rows.append(("preview", result["preview"]))
     print_kv("train", rows)

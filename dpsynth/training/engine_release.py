@@ -7,10 +7,12 @@ release planned from public facts (N or `--public-size`, δ; `check_reach`); the
 plan checked to fit after the release's events (`training.start`, as for the in-memory path);
 then one ledger entry (command `schema-release`) reserved, the release run,
 and the entry completed or aborted (`training.table_prepare.spend_release`). The release is
-`schema_entries.apply_release` on the engine's counts: round 1 one pass summing each chunk's
-`count_ranges`, round 2 a second pass summing `count_shapes` over the fine grids round 1
-fixed (`TableCounter.fold`: DuckDB's processes or Dask's workers count their parts and the
-sums are merged). The counts are exact integers summed over chunks, and the noise is drawn
+`schema_entries.apply_release` on the engine's counts: round 1 each chunk's `count_ranges`
+summed by the check pass itself (the release's columns are known before the read; the sums
+wait in the counter, `TableCounter.take_folded`, until the round draws its noise after the
+reservation), rounds 2 and 3 a pass each summing `count_shapes` over the grids the round
+before fixed (`TableCounter.fold`: DuckDB's processes or Dask's workers count their parts and
+the sums are merged). The counts are exact integers summed over chunks, and the noise is drawn
 from the run's secret stream `schema/release` as in memory, so one privacy seed gives the same
 release whichever engine counted.
 
@@ -55,9 +57,10 @@ from dpsynth.training.schema_entries import (
     check_reach,
     number_spec,
     plan_release,
+    release_columns,
 )
 from dpsynth.training.table_input import TableInput
-from dpsynth.training.table_source import prepare_table_source
+from dpsynth.training.table_source import RELEASE_ROUND_1, FirstCounts, prepare_table_source
 
 
 def prepare_engine_table(
@@ -66,10 +69,12 @@ def prepare_engine_table(
     ledger: Ledger,
     share: float,
     on_pass: PassCallback | None = None,
+    ahead: FirstCounts | None = None,
 ) -> tuple[TableSource, TableInput | None]:
-    """The table as an engine's source under a public schema (its check pass made), and the
-    DP release of its entries read off the data planned on it (None: nothing to release);
-    nothing is spent (see the module)."""
+    """The table as an engine's source under a public schema (its check pass made, which
+    counts what `ahead` plans when nothing is to be released), and the DP release of its
+    entries read off the data planned on it (None: nothing to release); nothing is spent
+    (see the module)."""
     data, table = request.input, request.table
     assert data.data is not None
     source, epsilon = prepare_table_source(
@@ -85,6 +90,7 @@ def prepare_engine_table(
         on_pass=on_pass,
         share=share,
         workers=table.workers,
+        ahead=ahead,
     )
     if epsilon is None:
         return source, None
@@ -203,8 +209,12 @@ class EngineRun:
         """`apply_release` on this engine's counts."""
 
         def ranges() -> RangeCounts:
-            count = partial(count_ranges, columns=columns)
-            self.ranges = self.counter.fold(count, "schema release round 1") or RangeCounts()
+            # made by the check pass (the same columns, every row as read), else a pass now
+            taken, counted = self.counter.take_folded(RELEASE_ROUND_1)
+            if not taken or columns != release_columns(schema):
+                count = partial(count_ranges, columns=columns)
+                counted = self.counter.fold(count, RELEASE_ROUND_1)
+            self.ranges = counted or RangeCounts()
             return self.ranges
 
         def shapes(grids: Mapping[str, np.ndarray]) -> ShapeCounts:

@@ -150,9 +150,12 @@ def run_loop(
     )
     summary = {**run_summary(run, run_config, ledger, plan, step), "warnings": warnings}
     if info.modality == "table" and hasattr(trainer, "passes"):
-        # the marginal trainers' counting passes over the data, and the engine that made them
+        # the passes over the data (the trainer's counting passes in memory; all those an
+        # engine made, its check pass included), and the engine that made them
         summary["engine"] = run_config["data"].get("engine", "memory")
-        summary["passes"] = int(trainer.passes)
+        summary["passes"] = int(getattr(records, "passes", trainer.passes))
+        if hasattr(records, "pass_names"):
+            summary["pass_names"] = list(records.pass_names)
     if run_config.get("schema_release"):
         release = run_config["schema_release"]
         schema = run_config["data"].get("schema") or {}

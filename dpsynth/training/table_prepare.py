@@ -197,8 +197,10 @@ def _open_out_of_core(
     request: TrainRequest, backend: Method | None, chosen: str, ledger: Ledger,
     unit: UnitBound | None, share: float, on_pass: PassCallback | None,
 ) -> PreparedTable:  # fmt: skip
-    """An out-of-core engine (DuckDB, Dask): its check pass made over the table."""
+    """An out-of-core engine (DuckDB, Dask): its check pass made over the table (counting the
+    trainer's first marginals too under a public schema: `table_source.first_counts`)."""
     from dpsynth.training.engine_release import CountedOutOfCore, prepare_engine_table
+    from dpsynth.training.table_source import first_counts
 
     engine = request.table.engine
     if engine.name == "auto":  # DuckDB, chosen for the table's size
@@ -211,7 +213,8 @@ def _open_out_of_core(
             "unit bounds rows in memory for now (--engine memory, within the memory budget)",
             parameters=("privacy_unit", "engine"),
         )
-    source, pending = prepare_engine_table(request, engine, ledger, share, on_pass)
+    ahead = first_counts(request, backend)
+    source, pending = prepare_engine_table(request, engine, ledger, share, on_pass, ahead)
     counted = CountedOutOfCore(source)
     if pending is None:
         return PreparedTable(counted, source.info(""), source)

@@ -129,7 +129,11 @@ def raw_from_frame(frame: pd.DataFrame, source: str) -> RawTable:
 
 
 def raw_from_batch(
-    batch: pa.RecordBatch, source: str, schema: Schema | None, text: Sequence[str] = ()
+    batch: pa.RecordBatch,
+    source: str,
+    schema: Schema | None,
+    text: Sequence[str] = (),
+    header: Sequence[str] | None = None,
 ) -> RawTable:
     """An Arrow record batch as the canonical stripped strings of `dpsynth.data.parquetfile`
     (dates and timestamps in the schema's `format` where it gives one), except the integer,
@@ -137,7 +141,8 @@ def raw_from_batch(
     `TypedChunk`), the values their text would parse to, without the text (but for those named
     in `text`, whose canonical text is kept beside: a release counts the decimals a number is
     written with); and text columns stay dictionary-encoded (their distinct values converted
-    once)."""
+    once). `header`: the file's columns, when the batch holds only some of them (the others,
+    unused, are empty placeholders)."""
     formats = {c.name: c for c in schema.columns if c.format} if schema is not None else {}
     columns_of = schema.columns if schema is not None else ()
     numeric = {c.name for c in columns_of if c.is_numeric and not c.is_time}
@@ -181,10 +186,14 @@ def raw_from_batch(
         codes, uniques = pd.factorize(texts, use_na_sentinel=False)
         stripped = np.asarray([str(u).strip() for u in uniques.tolist()], dtype=object)
         columns.append(stripped[codes])
-    header = tuple(batch.schema.names)
+    names = tuple(batch.schema.names)
+    if header is not None and tuple(header) != names:  # the unused columns, unread
+        by_name = dict(zip(names, columns, strict=True))
+        names = tuple(header)
+        columns = [by_name.get(name, blank) for name in names]
     if numbers or categories:
-        return TypedChunk(header, tuple(columns), source, numbers, categories)
-    return RawTable(header, tuple(columns), source)
+        return TypedChunk(names, tuple(columns), source, numbers, categories)
+    return RawTable(names, tuple(columns), source)
 
 
 def _is_text(kind: pa.DataType) -> bool:

@@ -121,12 +121,17 @@ def row_hash_sums(raw: RawTable, schema: Schema) -> np.ndarray:
         for column in schema.columns:
             if column.type == "ignored":
                 continue
-            rows = rows * _MIX + _column_hashes(raw, column)
+            rows *= _MIX  # in place: the same wrapping sums, no array allocated per column
+            rows += _column_hashes(raw, column)
         return np.array([rows.sum(dtype=np.uint64), (rows * rows).sum(dtype=np.uint64)])
 
 
 # An odd 64-bit constant folding the column hashes of a row in order.
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+# The hashes of a dictionary-encoded column's distinct values, by those values (the same
+# dictionary comes back batch after batch): at most this many lists of at most this many values.
+_HASHED: dict[tuple[str, ...], np.ndarray] = {}
+_HASHED_LISTS, _HASHED_VALUES = 512, 4096
 
 
 def _column_hashes(raw: RawTable, column: Column) -> np.ndarray:
@@ -137,8 +142,22 @@ def _column_hashes(raw: RawTable, column: Column) -> np.ndarray:
     typed = getattr(raw, "categories", {}).get(column.name)
     if typed is not None:
         indices, uniques = typed
-        return pd.util.hash_array(uniques)[indices]
+        return _distinct_hashes(uniques)[indices]
     return pd.util.hash_array(np.asarray(raw.column(column.name), dtype=object))
+
+
+def _distinct_hashes(uniques: np.ndarray) -> np.ndarray:
+    """`pd.util.hash_array` of a column's distinct values, remembered for a short list (a
+    hash depends on its value only: the same hashes as hashing them again)."""
+    if len(uniques) > _HASHED_VALUES:
+        return pd.util.hash_array(uniques)
+    key = tuple(uniques.tolist())
+    hashes = _HASHED.get(key)
+    if hashes is None:
+        if len(_HASHED) >= _HASHED_LISTS:
+            _HASHED.clear()
+        hashes = _HASHED[key] = pd.util.hash_array(uniques)
+    return hashes
 
 
 def rows_digest(schema: Schema, rows: int, sums: np.ndarray) -> str:
@@ -150,12 +169,18 @@ def rows_digest(schema: Schema, rows: int, sums: np.ndarray) -> str:
 
 class CountSums:
     """Running int64 sums of several cliques' counts (starting from zeros), and optionally
-    the row-hash sums of the content digest. `rows` are the rows read (the digest names them
-    all); `kept` the rows counted, fewer when the encoder leaves rows out (a DP-released label
-    set: `source.LabelledEncoder`)."""
+    the row-hash sums of the content digest and the sum of a `fold` of every chunk as read
+    (other exact counts: a DP schema release's first round, summed by their `.add`; None for
+    no row). `rows` are the rows read (the digest names them all); `kept` the rows counted,
+    fewer when the encoder leaves rows out (a DP-released label set:
+    `source.LabelledEncoder`)."""
 
     def __init__(
-        self, sizes: Sequence[int], cliques: Sequence[Clique], schema: Schema | None = None
+        self,
+        sizes: Sequence[int],
+        cliques: Sequence[Clique],
+        schema: Schema | None = None,
+        fold: Callable[[RawTable], Any] | None = None,
     ) -> None:
         self.sizes = tuple(int(s) for s in sizes)
         self.cliques = tuple(tuple(int(j) for j in c) for c in cliques)
@@ -165,15 +190,19 @@ class CountSums:
         self.kept = 0
         self.schema = schema  # given: the digest's sums are kept too
         self.hash_sums = np.zeros(2, dtype=np.uint64)
+        self.fold = fold
+        self.folded: Any = None
 
     def add_codes(self, codes: np.ndarray, raw: RawTable | None = None) -> None:
         """Add one chunk's codes [n, d] (of the rows its encoder kept of `raw`: all but for a
-        `LabelledEncoder`), and its raw cells to the digest, when kept."""
+        `LabelledEncoder`), and its raw cells to the digest and the fold, when kept."""
         hashes = None
         if self.schema is not None and raw is not None:
             hashes = row_hash_sums(raw, self.schema)
+        folded = self.fold(raw) if self.fold is not None and raw is not None else None
         rows = raw.n if raw is not None else len(codes)
-        self.add(chunk_counts(codes, self.sizes, self.cliques), rows, hashes, len(codes))
+        counts = chunk_counts(codes, self.sizes, self.cliques)
+        self.add(counts, rows, hashes, len(codes), folded)
 
     def add(
         self,
@@ -181,9 +210,10 @@ class CountSums:
         rows: int,
         hashes: np.ndarray | None = None,
         kept: int | None = None,
+        folded: Any = None,
     ) -> None:
         """Add one chunk's (or one worker's) int64 counts, rows read (and counted: `kept`,
-        all of them unless given) and digest sums."""
+        all of them unless given), digest sums and folded counts."""
         for total, part in zip(self.totals, counts, strict=True):
             total += part
         self.rows += int(rows)
@@ -191,6 +221,13 @@ class CountSums:
         if hashes is not None:
             with np.errstate(over="ignore"):
                 self.hash_sums += np.asarray(hashes, dtype=np.uint64)
+        if folded is not None:
+            self.folded = folded if self.folded is None else self.folded.add(folded)
+
+    def part(self) -> tuple[list[np.ndarray], int, np.ndarray, int, Any]:
+        """What a worker sends back for these sums: counts, rows, digest sums, rows counted
+        and folded counts (`add` takes them in that order)."""
+        return self.totals, self.rows, self.hash_sums, self.kept, self.folded
 
     def digest(self) -> str:
         """The content digest of the rows added (with a schema only)."""
@@ -209,10 +246,11 @@ def count_chunks(
     cliques: Sequence[Clique],
     on_chunk: ChunkCallback | None = None,
     schema: Schema | None = None,
+    fold: Callable[[RawTable], Any] | None = None,
 ) -> CountSums:
     """The int64 counts of every clique over all chunks (one pass); with `schema`, the
-    content digest's sums too."""
-    sums = CountSums(sizes, cliques, schema)
+    content digest's sums too, and with `fold`, its sum over the chunks."""
+    sums = CountSums(sizes, cliques, schema, fold)
     for raw in chunks:
         sums.add_codes(encode(raw), raw)
         if on_chunk is not None:

@@ -57,15 +57,18 @@ class DuckDBCounter(TableCounter):
         self.workers = default_workers() if workers is None else max(1, int(workers))
 
     def count(
-        self, cliques: Sequence[Clique], report: Callable[[int], None], digest: bool
+        self,
+        cliques: Sequence[Clique],
+        report: Callable[[int], None],
+        digest: bool,
+        fold: Callable[[RawTable], Any] | None = None,
     ) -> CountSums:
         """One pass: a Parquet source's parts in `workers` processes (see the module), a
         CSV's DuckDB batches in this one."""
         if self.files.kind != "parquet":
-            return super().count(cliques, report, digest)
-        parts = parquet_parts(self.files)
-        name = self.files.name
-        return count_parts(parts, self.encoder, cliques, digest, name, self.workers, report)
+            return super().count(cliques, report, digest, fold)
+        parts, name, encoder = parquet_parts(self.files), self.files.name, self.encoder
+        return count_parts(parts, encoder, cliques, digest, name, self.workers, report, fold)
 
     def fold_chunks(
         self, count: Callable[[RawTable], Any], text: tuple[str, ...], report: Callable[[int], None]

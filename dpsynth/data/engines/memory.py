@@ -8,6 +8,7 @@ encoding, which gives the same codes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from dpsynth.data.csvtable import RawTable
 from dpsynth.data.discrete import ChunkEncoder
@@ -36,9 +37,13 @@ class MemoryCounter(TableCounter):
         self._codes = encoder(self._raw)
 
     def count(
-        self, cliques: Sequence[Clique], report: Callable[[int], None], digest: bool
+        self,
+        cliques: Sequence[Clique],
+        report: Callable[[int], None],
+        digest: bool,
+        fold: Callable[[RawTable], Any] | None = None,
     ) -> CountSums:
         """The bincounts of the codes held."""
-        sums = CountSums(self.sizes, cliques, self.encoder.schema if digest else None)
+        sums = CountSums(self.sizes, cliques, self.encoder.schema if digest else None, fold)
         sums.add_codes(self._codes, self._raw)
         return sums

@@ -1,9 +1,12 @@
 """A Parquet source's passes split into parts (runs of a file's row groups), counted in parallel.
 
-A part is read with pyarrow, its text columns with their Parquet dictionaries
-(`read_dictionary`: no per-row strings are made, and `chunks.raw_from_batch` takes the indices
-as they are), encoded with the one encoding (`ChunkEncoder`) and counted into int64 sums
-(`counting.CountSums`); the result is the counts, the rows and the digest's sums, never a row.
+A part is read with pyarrow, only the columns the schema uses (an `ignored` column is never
+decoded: `chunks.raw_from_batch` gives it an empty placeholder), its text columns with their
+Parquet dictionaries (`read_dictionary`: no per-row strings are made, and
+`chunks.raw_from_batch` takes the indices as they are), in batches of whole row groups (up to
+`BATCH_ROWS`: a bincount's fixed cost is spread over more rows), encoded with the one encoding
+(`ChunkEncoder`) and counted into int64 sums (`counting.CountSums`); the result is the
+counts, the rows and the digest's sums, never a row.
 The sums are exact integers and wrapping uint64 sums, so they add up to the same figures in
 any order: the counts and the content digest do not depend on the parts, their order or the
 number of processes.
@@ -34,12 +37,15 @@ from dpsynth.data.engines.counting import Clique, CountSums, fold_chunks
 from dpsynth.data.schema import Schema
 from dpsynth.errors import DataError
 
-# The rows a part reads at once, and about the rows of a part (whole row groups).
-BATCH_ROWS = 65_536
+# The most rows a part reads at once (a row group, or a slice of a larger one), the fewest it
+# asks for, and about the rows of a part (whole row groups).
+BATCH_ROWS = 131_072
+MIN_BATCH_ROWS = 65_536
 PART_ROWS = 1_000_000
 
-# A part's result: its int64 counts per clique, its rows, its digest sums and its rows counted.
-Result = tuple[list[np.ndarray], int, np.ndarray, int]
+# A part's result: its int64 counts per clique, its rows, its digest sums, its rows counted and
+# its folded counts (None without a fold: `counting.CountSums.part`).
+Result = tuple[list[np.ndarray], int, np.ndarray, int, Any]
 
 
 @dataclass(frozen=True)
@@ -83,28 +89,42 @@ def part_chunks(
     path: str, groups: Sequence[int], name: str, schema: Schema | None, text: Sequence[str] = ()
 ) -> Iterator[RawTable]:
     """One part's rows in batches (`chunks.raw_from_batch`; DataError, one line, for a file
-    that cannot be read)."""
+    that cannot be read): the columns `schema` uses (all without one), a batch a row group."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         parquet = pq.ParquetFile(path)
+        header = tuple(parquet.schema_arrow.names)
+        used = set(header) if schema is None else _used_columns(schema, text)
+        read = [n for n in header if n in used]
         strings = [
             f.name
             for f in parquet.schema_arrow
-            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+            if f.name in used and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type))
         ]
+        metadata = parquet.metadata
+        largest = max((metadata.row_group(g).num_rows for g in groups), default=0)
+        batch_rows = min(max(largest, MIN_BATCH_ROWS), BATCH_ROWS)
         parquet.close()
         parquet = pq.ParquetFile(path, read_dictionary=strings)
         try:
-            batches = parquet.iter_batches(BATCH_ROWS, row_groups=list(groups), use_threads=False)
+            batches = parquet.iter_batches(
+                batch_rows, row_groups=list(groups), columns=read, use_threads=False
+            )
             for batch in batches:
-                yield raw_from_batch(batch, name, schema, text)
+                yield raw_from_batch(batch, name, schema, text, header)
         finally:
             parquet.close()
     except (pa.ArrowException, OSError) as exc:
         line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise DataError(f"{path}: could not read it ({line})") from None
+
+
+def _used_columns(schema: Schema, text: Sequence[str]) -> set[str]:
+    """The columns a pass under `schema` reads: every one it uses (not `ignored`), and those
+    whose text is asked for."""
+    return {c.name for c in schema.columns if c.type != "ignored"} | set(text)
 
 
 def part_counts(
@@ -114,13 +134,15 @@ def part_counts(
     cliques: list[Clique],
     name: str,
     digest: bool,
+    fold: Callable[[RawTable], Any] | None = None,
 ) -> Result:
-    """One part's counts, rows, digest sums and rows counted (DataError, one line, for a bad
-    cell or file)."""
-    sums = CountSums(encoder.domain.sizes, cliques, encoder.schema if digest else None)
+    """One part's counts, rows, digest sums, rows counted and `fold` of its batches, summed
+    (DataError, one line, for a bad cell or file)."""
+    schema = encoder.schema if digest else None
+    sums = CountSums(encoder.domain.sizes, cliques, schema, fold)
     for raw in part_chunks(path, groups, name, encoder.schema):
         sums.add_codes(encoder(raw), raw)
-    return sums.totals, sums.rows, sums.hash_sums, sums.kept
+    return sums.part()
 
 
 def part_fold(
@@ -186,17 +208,19 @@ def count_parts(
     name: str,
     workers: int,
     report: Callable[[int], None],
+    fold: Callable[[RawTable], Any] | None = None,
 ) -> CountSums:
-    """Every part counted (in `workers` processes) and summed: one pass."""
+    """Every part counted (in `workers` processes) and summed, with `fold` of every batch
+    (None: none): one pass."""
     wanted = [tuple(c) for c in cliques]
-    sums = CountSums(encoder.domain.sizes, wanted, encoder.schema if digest else None)
+    sums = CountSums(encoder.domain.sizes, wanted, encoder.schema if digest else None, fold)
 
     def add(result: Result) -> None:
-        counts, rows, hashes, kept = result
-        sums.add(counts, rows, hashes if digest else None, kept)
+        counts, rows, hashes, kept, folded = result
+        sums.add(counts, rows, hashes if digest else None, kept, folded)
 
     def call(part: Part) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return part_counts, (part.path, part.groups, encoder, wanted, name, digest)
+        return part_counts, (part.path, part.groups, encoder, wanted, name, digest, fold)
 
     _each_part(parts, call, add, name, workers, report)
     return sums

@@ -97,6 +97,17 @@ class TableSource:
         return self.counter.kept_count
 
     @property
+    def passes(self) -> int:
+        """The passes the engine made over the data in this command (public: the run's
+        schedule and settings fix them), the check pass included."""
+        return self.counter.passes
+
+    @property
+    def pass_names(self) -> tuple[str, ...]:
+        """What each of those passes did, in order (`check, 1,226 marginals`, …)."""
+        return tuple(self.counter.pass_names)
+
+    @property
     def shape(self) -> tuple[int]:
         """Per-record shape (D,): the encoded width."""
         return (self.codec.dim,)

@@ -97,6 +97,15 @@ class MarginalMethod(Method):
         """The cliques whose exact counts a run may compute (every pair within the cap)."""
         return list(pairs_within(domain, int(config["max_cells"])))
 
+    def first_cliques(
+        self, domain: TableDomain, config: Mapping[str, Any]
+    ) -> list[tuple[int, ...]]:
+        """The cliques a new run's trainer asks to count first (its one pass: the one-ways and
+        every candidate), from public facts: an out-of-core engine's check pass counts them
+        too (`training.table_source`)."""
+        ones: list[tuple[int, ...]] = [(a,) for a in range(len(domain.attributes))]
+        return [*ones, *self.candidate_cliques(domain, config)]
+
     @abstractmethod
     def counts(self, domain: TableDomain, facts: PlanFacts) -> tuple[int, int, int]:
         """(measurements, selections, loop steps) of the schedule, from public facts."""

@@ -84,6 +84,19 @@ def lonely_features(domain: TableDomain, pool: list[tuple[int, int]], max_cells:
     ]
 
 
+def edge_cliques(domain: TableDomain, config: Mapping[str, Any]) -> list[tuple[int, ...]]:
+    """Every marginal a tree may measure after the one-ways: each allowed edge's (the pair,
+    or with `label_edges` the pair and the target) and the lonely features' pairs with the
+    target (public: from the domain and the config)."""
+    max_cells = int(config["max_cells"])
+    if not config["label_edges"]:
+        return list(pairs_within(domain, max_cells))
+    target = domain.target
+    pool = label_edge_pool(domain, max_cells)
+    lonely = [(a, target) for a in lonely_features(domain, pool, max_cells)]
+    return [*((a, b, target) for a, b in pool), *lonely]
+
+
 class MSTMethod(MarginalMethod):
     """MST on tables: a spanning tree of DP-selected pairs, mbi estimation."""
 
@@ -119,20 +132,19 @@ class MSTMethod(MarginalMethod):
         target = domain.target
         return [(a, b, target) for a, b in label_edge_pool(domain, int(config["max_cells"]))]
 
+    def first_cliques(
+        self, domain: TableDomain, config: Mapping[str, Any]
+    ) -> list[tuple[int, ...]]:
+        """The trainer's one pass: the one-ways and `edge_cliques`."""
+        return [*((a,) for a in range(len(domain.attributes))), *edge_cliques(domain, config)]
+
 
 class MSTTrainer(MarginalTrainer):
     """Round 0: the one-way marginals; round 1: the tree's pairs and the final fit."""
 
     def upfront_cliques(self) -> list[tuple[int, ...]]:
         """The one-ways, every edge's marginal and the lonely features' pairs: one pass."""
-        max_cells = int(self.config["max_cells"])
-        if self.config["label_edges"]:
-            pool = label_edge_pool(self.domain, max_cells)
-            target = self.domain.target
-            lonely = [(a, target) for a in lonely_features(self.domain, pool, max_cells)]
-        else:
-            pool, lonely = pairs_within(self.domain, max_cells), []
-        return [*super().upfront_cliques(), *(self._edge_clique(p) for p in pool), *lonely]
+        return [*super().upfront_cliques(), *edge_cliques(self.domain, self.config)]
 
     def run_round(self, step: int) -> None:
         """See the module docstring."""
