@@ -18,10 +18,22 @@ gives this run at most that many of its threads (None: every task submitted at o
 cluster's own workers and threads bound them). The sums are exact, so the counts do not depend
 on it. `dask+tls://host:port` connects over TLS with the client's credentials (`DaskTLS`, or
 Dask's own configuration), refused in one line when there are none.
+
+A counting task runs with roomier allocator thresholds (`_with_heap`). A Dask worker is started
+with `MALLOC_TRIM_THRESHOLD_=65536` (Dask's default `distributed.nanny.pre-spawn-environ`),
+which also turns off glibc's sliding mmap threshold: every array of 128 KiB or more (each
+batch's codes, bincount keys and counts) was mapped afresh and its pages faulted in. Measured
+on the same parts (`bench/tables_dask_cpu.py`, 2M rows): 9-28 times the page faults of the
+pool's processes and 1.7-1.8 times their CPU; under `_with_heap`, within 12% of it (the rest
+is the worker's event loop, its sampling profiler about half). While a task of this engine
+runs, a worker started so has glibc's own ceilings as thresholds; the last such task puts the
+environment's back and trims the heap (`malloc_trim`), as Dask wants its workers to.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
@@ -43,9 +55,25 @@ _CSV_BLOCK = "64MB"
 # Task results summed on a worker at once (the tree that keeps the client's traffic to one).
 _FAN_IN = 8
 CONNECT_TIMEOUT_S = 5
+# Counting tasks run under `_with_heap` (see the module; False: as they are, for a bench).
+ROOMY_HEAP = True
+# glibc's mallopt parameters, its sliding mmap threshold's ceiling on 64-bit (twice it for the
+# trim threshold, as glibc slides them) and its fixed defaults, which the environment variables
+# below leave in place; any of those variables turns the sliding threshold off.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_ROOMY_MMAP = 32 * 2**20
+_DEFAULT_THRESHOLD = 128 * 2**10
+_FIXED_BY = (
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_MMAP_MAX_",
+)
+# This worker process's counting tasks under way, and glibc's functions (None: not glibc).
+_HEAP: dict[str, Any] = {"lock": threading.Lock(), "tasks": 0}
 
 
-Result = tuple[list[np.ndarray], int, np.ndarray, int]
+Result = tuple[list[np.ndarray], int, np.ndarray, int, Any]  # as `parts.Result`
 # What a task is run as: a function and its arguments (the part's or block's own first).
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
 # A task not yet submitted (a call that submits it and returns its future), and the rows it
@@ -53,21 +81,86 @@ Call = tuple[Callable[..., Any], tuple[Any, ...]]
 Pending = tuple[Callable[[], Any], int | None]
 
 
+def _glibc() -> Any | None:
+    """glibc's `mallopt` and `malloc_trim` in this process (None: another C library)."""
+    if "libc" not in _HEAP:
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None)
+            _HEAP["libc"] = (
+                libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+            )
+        except OSError:
+            _HEAP["libc"] = None
+    return _HEAP["libc"]
+
+
+def _heap_settings(roomy: bool) -> None:
+    """glibc's thresholds for counting (`roomy`), or those the environment gave the process."""
+    libc = _glibc()
+    if libc is None:
+        return
+    if roomy:
+        libc.mallopt(_M_MMAP_THRESHOLD, _ROOMY_MMAP)
+        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _ROOMY_MMAP)
+        return
+    for parameter, variable in (
+        (_M_MMAP_THRESHOLD, _FIXED_BY[1]),
+        (_M_TRIM_THRESHOLD, _FIXED_BY[0]),
+    ):
+        given = os.environ.get(variable, "")
+        libc.mallopt(parameter, int(given) if given.isdigit() else _DEFAULT_THRESHOLD)
+    libc.malloc_trim(0)
+
+
+def _with_heap(function: Callable[..., Any], *arguments: Any) -> Any:
+    """`function(*arguments)` on a worker, under roomy allocator thresholds when the process's
+    environment fixed glibc's (see the module): set by the first of this process's counting
+    tasks under way, put back by the last. Only the allocator changes: never a count."""
+    if not any(v in os.environ for v in _FIXED_BY):
+        return function(*arguments)  # glibc slides its own thresholds (as in the pool's)
+    with _HEAP["lock"]:
+        _HEAP["tasks"] += 1
+        if _HEAP["tasks"] == 1:
+            _heap_settings(roomy=True)
+    try:
+        return function(*arguments)
+    finally:
+        with _HEAP["lock"]:
+            _HEAP["tasks"] -= 1
+            if _HEAP["tasks"] == 0:
+                _heap_settings(roomy=False)
+
+
+def _submitted(function: Callable[..., Any], *arguments: Any) -> tuple[Any, ...]:
+    """A counting task's function and arguments as submitted: under `_with_heap` (unless
+    `ROOMY_HEAP` is off)."""
+    return (_with_heap, function, *arguments) if ROOMY_HEAP else (function, *arguments)
+
+
 def _frame_task(
-    frame: Any, encoder: ChunkEncoder, cliques: list[Clique], name: str, digest: bool
+    frame: Any,
+    encoder: ChunkEncoder,
+    cliques: list[Clique],
+    name: str,
+    digest: bool,
+    fold: Callable[[RawTable], Any] | None = None,
 ) -> Result:
-    sums = CountSums(encoder.domain.sizes, cliques, encoder.schema if digest else None)
+    sums = CountSums(encoder.domain.sizes, cliques, encoder.schema if digest else None, fold)
     raw = raw_from_frame(frame, name)
     sums.add_codes(encoder(raw), raw)
-    return sums.totals, sums.rows, sums.hash_sums, sums.kept
+    return sums.part()
 
 
 def _merge(*parts: Result) -> Result:
-    """The sum of several tasks' counts, row counts and digest sums (on a worker)."""
+    """The sum of several tasks' counts, row counts, digest sums and folded counts (on a
+    worker)."""
     counts = [np.sum(column, axis=0) for column in zip(*(p[0] for p in parts), strict=True)]
     with np.errstate(over="ignore"):
         hashes = np.sum([p[2] for p in parts], axis=0, dtype=np.uint64)
-    return counts, sum(p[1] for p in parts), hashes, sum(p[3] for p in parts)
+    folded, _ = _fold_merge(*((p[4], 0) for p in parts))
+    return counts, sum(p[1] for p in parts), hashes, sum(p[3] for p in parts), folded
 
 
 def _frame_fold(frame: Any, count: Callable[[RawTable], Any], name: str) -> tuple[Any, int]:
@@ -141,7 +234,8 @@ class DaskCounter(TableCounter):
                     chosen = list(range(start, min(start + _GROUPS_PER_TASK, groups)))
                     rows = sum(metadata.row_group(g).num_rows for g in chosen)
                     function, arguments = part(path, chosen)
-                    tasks.append((partial(submit, function, *arguments, pure=False), rows))
+                    call = _submitted(function, *arguments)
+                    tasks.append((partial(submit, *call, pure=False), rows))
             return tasks
         import dask.dataframe as dd
 
@@ -156,7 +250,8 @@ class DaskCounter(TableCounter):
         function, arguments = block
 
         def counted(piece: Any) -> Any:  # the block read, then counted, when submitted
-            return submit(function, self.client.compute(piece), *arguments, pure=False)
+            call = _submitted(function, self.client.compute(piece), *arguments)
+            return submit(*call, pure=False)
 
         return [(partial(counted, piece), None) for piece in frame.to_delayed()]
 
@@ -210,21 +305,25 @@ class DaskCounter(TableCounter):
             raise DataError(f"{self.files.name}: the Dask cluster failed ({exc})") from None
 
     def count(
-        self, cliques: Sequence[Clique], report: Callable[[int], None], digest: bool
+        self,
+        cliques: Sequence[Clique],
+        report: Callable[[int], None],
+        digest: bool,
+        fold: Callable[[RawTable], Any] | None = None,
     ) -> CountSums:
-        """One pass: every task's counts, summed on the workers."""
+        """One pass: every task's counts (and `fold` of its rows), summed on the workers."""
         wanted = [tuple(c) for c in cliques]
-        sums = CountSums(self.sizes, wanted, self.encoder.schema if digest else None)
+        sums = CountSums(self.sizes, wanted, self.encoder.schema if digest else None, fold)
         encoder, name = self.encoder, self.files.name
 
         def part(path: str, groups: list[int]) -> Call:
-            return part_counts, (path, groups, encoder, wanted, name, digest)
+            return part_counts, (path, groups, encoder, wanted, name, digest, fold)
 
-        block = (_frame_task, (encoder, wanted, name, digest))
+        block = (_frame_task, (encoder, wanted, name, digest, fold))
         result = self._reduce(lambda: self._tasks(part, block), _merge, report)
         if result is not None:
-            counts, rows, hashes, kept = result
-            sums.add(counts, rows, hashes if digest else None, kept)
+            counts, rows, hashes, kept, folded = result
+            sums.add(counts, rows, hashes if digest else None, kept, folded)
         return sums
 
     def fold_chunks(
