@@ -157,7 +157,7 @@ class GroupPeak:
 def markdown(report: dict[str, Any]) -> str:
     """One line per (method, rows, ε): train time and memory, then each sample size's."""
     lines = [
-        "| method | preset | rows × columns | input, engine (counting passes) | ε "
+        "| method | preset | rows × columns | input, engine (passes over the data) | ε "
         "| train wall s (CPU s) | train peak MB (largest process, all) "
         "| sample n: wall s, peak MB |",
         "|---|---|---|---|---|---|---|---|",
