@@ -89,12 +89,17 @@ def column_numbers(raw: RawTable, column: Column, lenient: bool | None = None) -
 
 def level_codes(raw: RawTable, column: Column, strict: bool = True) -> np.ndarray:
     """Indices of a categorical or boolean column's cells in its `levels` (a boolean matched
-    regardless of case, its missing tokens to ""); -1 for an unlisted value when not
+    regardless of case, its missing tokens to "", and "false"/"true", the text of a Parquet
+    boolean, read as its two spellings); -1 for an unlisted value when not
     `strict`, else DataError (exit 4) naming the row."""
     values = raw.column(column.name)
     levels = column.levels
     if column.type == "boolean":
         lookup = {level.lower(): i for i, level in enumerate(levels)}
+        # a Parquet boolean reads as "false"/"true" whatever the schema spells (a release
+        # written as Parquet, scored against the CSV it was trained on: 0 and 1)
+        lookup.setdefault("false", 0)
+        lookup.setdefault("true", 1)
         keys = np.where(missing_mask(values), "", np.char.lower(values.astype(str)))
     else:
         lookup = {c: i for i, c in enumerate(levels)}

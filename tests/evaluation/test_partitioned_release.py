@@ -35,6 +35,8 @@ SCHEMA = {
         {"name": "x", "type": "numeric", "min": 0, "max": 100, "missing": True},
         {"name": "age", "type": "integer", "min": 18, "max": 90},
         {"name": "c", "type": "categorical", "categories": ["a", "b", "c"]},
+        # a boolean the CSV spells 0/1 and a Parquet file holds as Arrow booleans
+        {"name": "flag", "type": "boolean", "true": "1", "false": "0"},
         {"name": "label", "type": "categorical", "categories": ["no", "yes"]},
     ],
 }
@@ -51,7 +53,8 @@ def rows(n: int, seed: int) -> pd.DataFrame:
     c = np.where(rng.random(n) < 0.7, np.where(label == "yes", "a", "b"), "c")
     c[5] = "zzz"  # not in the schema's list
     age = rng.integers(18, 91, n)
-    return pd.DataFrame({"x": x, "age": age, "c": c, "label": label})
+    flag = rng.random(n) < np.where(label == "yes", 0.8, 0.3)
+    return pd.DataFrame({"x": x, "age": age, "c": c, "flag": flag, "label": label})
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +74,7 @@ def tables(tmp_path: Path) -> dict[str, Path]:
     synthetic, real = rows(300, 0), rows(120, 1)
     out = {"schema": tmp_path / "schema.json", "csv": tmp_path / "synth.csv"}
     out["schema"].write_text(json.dumps(SCHEMA))
-    synthetic.to_csv(out["csv"], index=False)
+    synthetic.astype({"flag": int}).to_csv(out["csv"], index=False)
     out["parts"] = tmp_path / "synth"
     out["parts"].mkdir()
     for i, (a, b) in enumerate([(0, 90), (90, 200), (200, 300)]):
@@ -80,7 +83,7 @@ def tables(tmp_path: Path) -> dict[str, Path]:
     out["file"] = tmp_path / "synth.parquet"
     pq.write_table(pa.Table.from_pandas(synthetic, preserve_index=False), out["file"])
     out["real"] = tmp_path / "real.csv"
-    real.to_csv(out["real"], index=False)
+    real.astype({"flag": int}).to_csv(out["real"], index=False)
     out["real_parts"] = tmp_path / "real"
     out["real_parts"].mkdir()
     for i, (a, b) in enumerate([(0, 50), (50, 120)]):
