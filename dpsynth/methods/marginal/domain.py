@@ -128,6 +128,22 @@ def _edge_values(codes: np.ndarray, attribute: Attribute, uniform: np.ndarray) -
     return np.clip(values, attribute.low, attribute.high)
 
 
+def scaled_numbers(
+    codes: np.ndarray, attribute: Attribute, uniform: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """A numeric attribute's codes [b] as numbers on the encoding's scale, float32 as
+    an encoded row holds them (drawn inside their bins by `uniform`),
+    and the rows where the value is missing (None for a column without missing cells)."""
+    absent = codes >= attribute.present_size if attribute.missing else None
+    present = codes if absent is None else np.where(absent, 0, codes)
+    values = _bin_values(present, attribute, uniform)
+    span = attribute.high - attribute.low
+    scaled = np.zeros(len(codes)) if span == 0 else 2.0 * (values - attribute.low) / span - 1.0
+    if absent is not None:
+        scaled = np.where(absent, 0.0, scaled)
+    return scaled.astype(np.float32), absent
+
+
 def rows_from_codes(
     codes: np.ndarray, domain: TableDomain, uniform: np.ndarray
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,12 +160,9 @@ def rows_from_codes(
         if attribute.kind == "categorical":
             rows[np.arange(b), attribute.start + column] = 1.0
             continue
-        absent = column >= attribute.present_size if attribute.missing else np.zeros(b, bool)
-        values = _bin_values(np.where(absent, 0, column), attribute, uniform[:, j])
-        span = attribute.high - attribute.low
-        scaled = np.zeros(b) if span == 0 else 2.0 * (values - attribute.low) / span - 1.0
-        rows[:, attribute.start] = np.where(absent, 0.0, scaled).astype(np.float32)
-        if attribute.missing:
+        scaled, absent = scaled_numbers(column, attribute, uniform[:, j])
+        rows[:, attribute.start] = scaled
+        if absent is not None:
             rows[np.arange(b), attribute.flag_start + absent.astype(np.int64)] = 1.0
     labels = torch.from_numpy(codes[:, domain.target].astype(np.int64))
     return torch.from_numpy(rows), labels

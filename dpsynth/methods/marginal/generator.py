@@ -26,10 +26,9 @@ from dpsynth.data.coded_rows import CodedRows
 from dpsynth.methods.base import Generator, GeneratorState
 from dpsynth.methods.marginal.cliquetree import CliqueTree
 from dpsynth.methods.marginal.domain import (
-    Attribute,
     TableDomain,
-    _bin_values,
     rows_from_codes,
+    scaled_numbers,
     table_domain,
 )
 from dpsynth.methods.marginal.state import unpack_cliques
@@ -183,22 +182,6 @@ class TreeSampler:
     def sample(self, labels: np.ndarray, uniform: np.ndarray) -> np.ndarray:
         """Codes [b, d] with the target set to `labels`; `uniform` [b, steps] are U(0, 1)."""
         return self.draw(labels, np.ascontiguousarray(np.asarray(uniform).T)).T
-
-
-def scaled_numbers(
-    codes: np.ndarray, attribute: Attribute, uniform: np.ndarray
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """A numeric attribute's codes [b] as numbers on the encoding's scale, float32 as
-    `rows_from_codes` writes them into an encoded row (drawn inside their bins by `uniform`),
-    and the rows where the value is missing (None for a column without missing cells)."""
-    absent = codes >= attribute.present_size if attribute.missing else None
-    present = codes if absent is None else np.where(absent, 0, codes)
-    values = _bin_values(present, attribute, uniform)
-    span = attribute.high - attribute.low
-    scaled = np.zeros(len(codes)) if span == 0 else 2.0 * (values - attribute.low) / span - 1.0
-    if absent is not None:
-        scaled = np.where(absent, 0.0, scaled)
-    return scaled.astype(np.float32), absent
 
 
 def coded_rows(
