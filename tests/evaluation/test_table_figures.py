@@ -299,5 +299,11 @@ def test_report_of_a_real_mst_run_with_a_dp_schema_release(tmp_path: Path) -> No
     assert "Released with DP by the run's ledger entry 0" in section
     assert re.search(r"\| ward \| categorical \| kept \d+ categor", section)
     assert re.search(r"\| age \| integer \| range \[\d+, \d+\]", section)
-    assert "| rare | ignored | dropped: no range cleared the noise" in section
+    # dropped either way; which round found too little depends on the run's secret noise
+    # (no range in round 1, or a range whose values' count round 3 could not tell from noise)
+    assert re.search(
+        r"\| rare \| ignored \| dropped: (no range cleared the noise|its values' count did not "
+        r"clear the noise)",
+        section,
+    )
     assert "| outcome | categorical | label set no, yes" in section
