@@ -168,6 +168,11 @@ def _normalise(events: Iterable[DpEvent]) -> tuple[bool, dict[tuple, int]]:
     return non_private, groups
 
 
+def composition_groups(events: Iterable[DpEvent]) -> tuple[bool, dict[tuple, int]]:
+    """(whether any event is non-private, composition key → compositions) of `events`."""
+    return _normalise(events)
+
+
 def _prv(key: tuple) -> Any:
     """The prv-accountant package's PRV of a mechanism (imported only where it is used)."""
     from prv_accountant.privacy_random_variables import (

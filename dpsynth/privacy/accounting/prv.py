@@ -221,19 +221,50 @@ def _convolve_same(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     return out[start : start + len(left)]
 
 
-def prv_epsilon(
+@dataclass(frozen=True)
+class ComposedPrv:
+    """The composed PRV's tail sums on its mesh: δ̂(t_i) = d1[i] − e^{t_i}·d2[i].
+
+    `rounding` is the float64 rounding bound before the tail sums' share (`rounding_allowance`);
+    `eps_error` and `delta_error` are the paper's discretisation errors (Theorem 5.5).
+    """
+
+    t: np.ndarray
+    d1: np.ndarray
+    d2: np.ndarray
+    rounding: float
+    eps_error: float
+    delta_error: float
+
+    @property
+    def estimate_deltas(self) -> np.ndarray:
+        """δ̂ at every node t_i (the discretised PRV's privacy profile)."""
+        return self.d1 - np.exp(self.t) * self.d2
+
+    def rounding_at(self, index: np.ndarray | int) -> np.ndarray | float:
+        """The whole float64 rounding bound where the tail sums are read at `index`."""
+        return self.rounding + 4.0 * self.t.size * _MACHINE_EPS * np.maximum(self.d1[index], 0.0)
+
+    def epsilon_at(self, delta_target: float) -> float:
+        """ε̂ at which the discretised PRV's δ̂ equals `delta_target`."""
+        ndelta = -self.estimate_deltas
+        i = int(np.searchsorted(ndelta, -delta_target, side="left"))
+        if i <= 0 or i >= self.t.size:
+            raise RuntimeError("Cannot compute epsilon")
+        return float(np.log((self.d1[i] - delta_target) / self.d2[i]))
+
+
+def compose_prv(
     keys: Sequence[tuple],
     counts: Sequence[int],
-    delta: float,
     eps_error: float,
     delta_error: float,
     length: float,
-) -> tuple[float, float]:
-    """(estimate, upper bound) of ε at `delta` for `counts[i]` compositions of `keys[i]`.
+) -> ComposedPrv:
+    """The PRV of `counts[i]` compositions of `keys[i]`, discretised on the aligned mesh of
+    half-width `length` (the package's `eps_max`, which the caller sizes safely).
 
-    `keys` are `("gaussian", σ, 1.0)`, `("poisson_gaussian", σ, q)` or `("pure_dp", ε, 1.0)`;
-    `length` is the
-    half-width of the domain (the package's `eps_max`), which the caller sizes safely.
+    `keys` are `("gaussian", σ, 1.0)`, `("poisson_gaussian", σ, q)` or `("pure_dp", ε, 1.0)`.
     """
     if length > _MAX_LENGTH:
         raise NeedsLongDouble(f"a PRV domain of ±{length:.4g} overflows float64's exp")
@@ -262,28 +293,36 @@ def prv_epsilon(
     # Tail sums from the right: δ(ε) = Σ_{t>ε} p(t) − e^ε Σ_{t>ε} p(t) e^{−t}.
     d1 = np.cumsum(composed[::-1])[::-1]
     d2 = np.cumsum((composed * np.exp(-t))[::-1])[::-1]
-    ndelta = np.exp(t) * d2 - d1
-    if not (np.isfinite(ndelta).all() and np.isfinite(d2).all()):
+    if not (np.isfinite(np.exp(t) * d2 - d1).all() and np.isfinite(d2).all()):
         raise NeedsLongDouble("the tail sums left float64's range")
+    rounding = rounding_allowance(size, total, float(np.max(np.abs(composed))))
+    return ComposedPrv(t, d1, d2, rounding, eps_error, delta_error)
 
-    def find_epsilon(delta_target: float) -> float:
-        i = int(np.searchsorted(ndelta, -delta_target, side="left"))
-        if i <= 0:
-            raise RuntimeError("Cannot compute epsilon")
-        return float(np.log((d1[i] - delta_target) / d2[i]))
 
+def prv_epsilon(
+    keys: Sequence[tuple],
+    counts: Sequence[int],
+    delta: float,
+    eps_error: float,
+    delta_error: float,
+    length: float,
+) -> tuple[float, float]:
+    """(estimate, upper bound) of ε at `delta` for `counts[i]` compositions of `keys[i]`
+    (`compose_prv`'s arguments)."""
+    prv_ = compose_prv(keys, counts, eps_error, delta_error, length)
+    size = prv_.t.size
     # The δ at which the upper bound is read is lowered by the float64 rounding (see
     # `rounding_allowance`); the sums' share of it scales with the tail sum where ε is read.
-    rounding = rounding_allowance(size, total, float(np.max(np.abs(composed))))
-    tail = float(d1[min(int(np.searchsorted(ndelta, -(delta - delta_error - rounding))), size - 1)])
-    rounding += 4.0 * size * _MACHINE_EPS * max(tail, 0.0)
+    ndelta = -prv_.estimate_deltas
+    read = min(int(np.searchsorted(ndelta, -(delta - delta_error - prv_.rounding))), size - 1)
+    rounding = float(prv_.rounding_at(read))
     if rounding > 0.01 * delta or delta - delta_error - rounding <= 0:
         raise NeedsLongDouble(
             f"float64 rounding ({rounding:.2g}) is too large for δ={delta:g}; "
             "use the long-double accountant"
         )
-    estimate = find_epsilon(delta)
-    upper = find_epsilon(delta - delta_error - rounding) + eps_error
+    estimate = prv_.epsilon_at(delta)
+    upper = prv_.epsilon_at(delta - delta_error - rounding) + eps_error
     return estimate, upper
 
 
