@@ -81,10 +81,19 @@ class ComposedBound:
 
     lower_bound: float
     parts: dict[str, dict[str, Any]]
+    # The family tests' factors composed (`auditing/family.py`): each part's factor on its
+    # sensitivity-to-noise ratio, and the accountant's ε of the plan at those factors.
+    family_lower_bound: float = 0.0
+    family_factors: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {"lower_bound": self.lower_bound, "parts": self.parts}
+        return {
+            "lower_bound": self.lower_bound,
+            "parts": self.parts,
+            "family_lower_bound": self.family_lower_bound,
+            "family_factors": self.family_factors,
+        }
 
 
 def _copy_counts(times: int) -> list[int]:

@@ -161,4 +161,4 @@ def audit_field(
         )
 
     scores, included = pooled_runs(canaries, runs, seed, score_run)
-    return best_guesses(scores, included, delta, confidence, independent=True)
+    return best_guesses(scores, included, delta, confidence, independent=True, family=events)

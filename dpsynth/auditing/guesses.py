@@ -16,8 +16,10 @@ import torch
 from torch import Tensor
 
 from dpsynth.auditing.bound import epsilon_lower_bound
+from dpsynth.auditing.family import FamilyOutcome, family_bound
 from dpsynth.auditing.trials import TrialsOutcome, trials_bound
 from dpsynth.errors import UsageError
+from dpsynth.privacy.accounting.events import DpEvent
 
 __all__ = [
     "TRIALS_FROM",
@@ -43,13 +45,15 @@ TRIALS_FROM = 10_000
 @dataclass(frozen=True)
 class GuessOutcome:
     """The audit's result: the one-run test's best guessing rule (guesses made, correct ones,
-    its bound), or the trials test's region where that test judged (`trials`)."""
+    its bound), or the trials test's region where that test judged (`trials`), and the family
+    test's beside it where the mechanism's family was given (`family`)."""
 
     guesses_in: int = 0
     guesses_out: int = 0
     correct: int = 0
     one_run_bound: float = 0.0
     trials: TrialsOutcome | None = None
+    family: FamilyOutcome | None = None
 
     @property
     def guesses(self) -> int:
@@ -58,13 +62,22 @@ class GuessOutcome:
 
     @property
     def lower_bound(self) -> float:
-        """The judging test's ε lower bound."""
-        return self.trials.lower_bound if self.trials is not None else self.one_run_bound
+        """The judging tests' ε lower bound (the larger of the trials and family tests')."""
+        if self.trials is None:
+            return self.one_run_bound
+        return max(self.trials.lower_bound, self.family_bound)
+
+    @property
+    def family_bound(self) -> float:
+        """The family test's ε lower bound (0 where it did not run)."""
+        return 0.0 if self.family is None else self.family.lower_bound
 
     @property
     def test(self) -> str:
-        """The judging test: "trials" or "one-run"."""
-        return "trials" if self.trials is not None else "one-run"
+        """The test whose bound is reported: "family", "trials" or "one-run"."""
+        if self.trials is None:
+            return "one-run"
+        return "family" if self.family_bound > self.trials.lower_bound else "trials"
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,7 @@ class PartOutcome:
             "correct": self.outcome.correct,
             "test": self.outcome.test,
             "trials": None if self.outcome.trials is None else self.outcome.trials.to_json(),
+            "family": None if self.outcome.family is None else self.outcome.family.to_json(),
             "verdict": "FAIL" if self.leaks else "pass",
         }
 
@@ -104,6 +118,7 @@ def best_guesses(
     confidence: float,
     independent: bool = False,
     trial_mask: Tensor | None = None,
+    family: Sequence[DpEvent] | None = None,
 ) -> GuessOutcome:
     """Guess "in" for the top scores and "out" for the bottom ones; the best bound over a fixed
     grid of (score, guess counts) rules, each tested at 1 − (1 − confidence)/(number of rules)
@@ -113,12 +128,20 @@ def best_guesses(
     evidence on coordinates of its own: every white-box design). With at least `TRIALS_FROM`
     such trials the trials test (`auditing/trials.py`) judges instead. `trial_mask` (bool [m])
     keeps the canaries that are independent trials where only some are (one of each pair that
-    competes in one selection).
+    competes in one selection). `family`: the events whose noise family the trials are of;
+    the family test (`auditing/family.py`) then judges beside the trials test, each at half
+    of β.
     """
     keep = torch.ones_like(included) if trial_mask is None else trial_mask
     if independent and int(keep.sum()) >= TRIALS_FROM:
         kept = {name: score[keep] for name, score in scores.items()}
-        return GuessOutcome(trials=trials_bound(kept, included[keep], delta, confidence))
+        if not family:
+            return GuessOutcome(trials=trials_bound(kept, included[keep], delta, confidence))
+        each = 1.0 - (1.0 - confidence) / 2.0
+        return GuessOutcome(
+            trials=trials_bound(kept, included[keep], delta, each),
+            family=family_bound(kept, included[keep], family, delta, each),
+        )
     m = int(included.numel())
     counts = sorted({max(1, round(f * m)) for f in _GUESS_FRACTIONS})
     rules = [(k, 0) for k in counts] + [(k, k) for k in counts if 2 * k <= m]

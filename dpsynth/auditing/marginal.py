@@ -40,6 +40,7 @@ test is weak on a table; `TABLE_CANARIES` is enough for the trials test to judge
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -48,6 +49,7 @@ import torch
 
 from dpsynth.auditing.breaks import check_break, read_break
 from dpsynth.auditing.composition import ComposedBound, PartScores, composed_bound
+from dpsynth.auditing.family import FamilyOutcome, composed_family_bound, logistic_factor
 from dpsynth.auditing.guesses import TRIALS_FROM, PartOutcome, best_guesses, pooled_runs
 from dpsynth.errors import DpsynthError, UsageError
 from dpsynth.methods.marginal.domain import TableDomain, codes_from_rows, rows_from_codes
@@ -74,7 +76,8 @@ _ESTIMATE = 8.0
 # Candidate 0's log-odds without the canary, −R at the nominal ε_s: rare enough that the ratio
 # of its rates nears e^ε_s, common enough to be counted (R = 1 for an error near 2×).
 _RARITIES = (0.125, 1.0)
-_COMMON_SHARE = 0.2  # the share of canaries with the first (commoner) rarity
+_COMMON_SHARE = 0.2  # the share of canaries with the first rarity (R = 1/8, less rare)
+_KIND = "kind"  # the selection scorer's public record of each canary's rarity (not a score)
 # The largest clique the measurement audit counts (cells): 16 M float64 is 128 MiB.
 _MAX_CELLS = 1 << 24
 
@@ -204,7 +207,8 @@ def selection_scores(
             [clique, clique], [rare, common], offsets, [1.0, 1.0], epsilon, generator
         )
         chosen[i] = 1.0 + kind if pick == 0 else 0.0
-    return {"chosen": chosen}
+    # the kinds are public (drawn independently of who is in); the family test reads them
+    return {"chosen": chosen, _KIND: kinds.to(torch.float64)}
 
 
 def audit_marginal_plan(
@@ -229,10 +233,13 @@ def audit_marginal_plan(
     compose = all(m >= TRIALS_FROM for m in sizes) and (
         len(events) > 1 or any(isinstance(e, PureDp) and e.times > 1 for e in events)
     )
-    shares = 2 * len(events) if compose else max(len(events), 1)
+    # a selection's family test (`_selection_family`) takes one more share of β
+    selections = sum(isinstance(e, PureDp) for e in events)
+    shares = (2 * len(events) if compose else max(len(events), 1)) + selections
     part_confidence = 1.0 - (1.0 - confidence) / shares
     parts: list[PartOutcome] = []
     evidence: list[PartScores] = []
+    factors: list[float] = []
     for event in events:
         if isinstance(event, Gaussian):
             claim, part_delta = compose_epsilon([event], delta).epsilon, delta
@@ -256,16 +263,65 @@ def audit_marginal_plan(
                 domain, event, inside, generator, break_mode
             ),
         )
+        kinds = scores.pop(_KIND, None)
         # Independent trials: the measurements' canaries have distinct cells and independent
         # noise; each selection is its own run.
-        outcome = best_guesses(scores, included, part_delta, part_confidence, independent=True)
+        # The measurements' family is their Gaussian event; a selection's is judged as pure DP.
+        family = [event] if isinstance(event, Gaussian) else None
+        outcome = best_guesses(
+            scores, included, part_delta, part_confidence, independent=True, family=family
+        )
+        if kinds is not None:
+            family_outcome = _selection_family(
+                scores["chosen"], kinds, included, claim, part_confidence
+            )
+            outcome = dataclasses.replace(outcome, family=family_outcome)
         parts.append(PartOutcome(name, claim, outcome, int(included.numel())))
+        factors.append(0.0 if outcome.family is None else outcome.family.factor)
         # the score the part's test chose (on its public selection split), else its first
         chosen = outcome.trials.score if outcome.trials is not None else next(iter(scores))
         evidence.append(PartScores(name, scores[chosen], included, copies))
     if not compose:
         return parts, None
-    return parts, composed_bound(evidence, delta, 1.0 - (1.0 - confidence) / 2.0)
+    composed = composed_bound(evidence, delta, 1.0 - (1.0 - confidence) * len(events) / shares)
+    names = [p.mechanism for p in parts]
+    return parts, dataclasses.replace(
+        composed,
+        family_lower_bound=composed_family_bound(events, factors, delta),
+        family_factors=dict(zip(names, factors, strict=True)),
+    )
+
+
+def _selection_family(
+    chosen: torch.Tensor,
+    kinds: torch.Tensor,
+    included: torch.Tensor,
+    epsilon: float,
+    confidence: float,
+) -> FamilyOutcome:
+    """The selection's family test: its factor k on ε_s (`family.logistic_factor`) from the
+    canaries of rarity R = 1 (their odds of choosing the rare candidate move by exactly
+    e^{k·ε_s} when the canary is in), and k·ε_s as its bound. All of them judge: the region
+    (the rare candidate chosen) is fixed before any run."""
+    kind = float(_RARITIES.index(1.0))
+    rarity_one = kinds == kind
+    picked = (chosen == 1.0 + kind) & rarity_one
+    counts = (
+        int((picked & included).sum()), int((rarity_one & included).sum()),
+        int((picked & ~included).sum()), int((rarity_one & ~included).sum()),
+    )  # fmt: skip
+    factor = logistic_factor(*counts, epsilon, confidence)
+    return FamilyOutcome(
+        score="chosen",
+        direction="high",
+        threshold=1.0 + kind,
+        trials_in=counts[1],
+        trials_out=counts[3],
+        hits_in=counts[0],
+        hits_out=counts[2],
+        factor=factor,
+        lower_bound=factor * epsilon,
+    )
 
 
 def _part_canaries(event: DpEvent, canaries: int) -> int:

@@ -89,7 +89,8 @@ class AuditResult:
     # Audits of single events against their own claims (a marginal plan's measurements and
     # selections): each part's verdict counts.
     parts: tuple[dict[str, Any], ...] = ()
-    # The test that judged ("one-run": the guesses above; "trials": the region in `trials`).
+    # The test whose bound is reported ("one-run": the guesses above; "trials": the region in
+    # `trials`; "family": the region and factor in `family`, `auditing/family.py`).
     trials: dict[str, Any] | None = None
     test: str = "one-run"
     # Independent runs of the mechanism, each on `canaries` canaries of its own.
@@ -99,6 +100,8 @@ class AuditResult:
     # The parts' bounds composed (`auditing/composition.py`): a marginal plan's lower bound is
     # the larger of it and its best part's.
     composition: dict[str, Any] | None = None
+    # The family test beside the trials test (the plan's noise family, a common factor k).
+    family: dict[str, Any] | None = None
 
     @property
     def leaks(self) -> bool:
@@ -269,7 +272,13 @@ def run_audit(
         target_epsilon=float(epsilon),
         claimed_epsilon=plan.epsilon_bound,
         delta=plan.delta,
-        lower_bound=max(outcome.lower_bound, composition.lower_bound if composition else 0.0),
+        # each part's bound is one on the whole plan too (its release is part of the output)
+        lower_bound=max(
+            outcome.lower_bound,
+            *(p["lower_bound"] for p in parts),
+            composition.lower_bound if composition else 0.0,
+            composition.family_lower_bound if composition else 0.0,
+        ),
         canaries=canaries,
         guesses=outcome.guesses,
         guesses_in=outcome.guesses_in,
@@ -284,6 +293,7 @@ def run_audit(
         note=TABLE_NOTE if mechanism == "marginal" else DATA_NOTE,
         parts=parts,
         trials=None if outcome.trials is None else outcome.trials.to_json(),
+        family=None if outcome.family is None else outcome.family.to_json(),
         test=outcome.test,
         runs=runs,
         overrides=tuple(f"{k}={v}" for k, v in (overrides or {}).items()),

@@ -124,9 +124,13 @@ def audit_with_releases(
                 delta,
                 split,
                 independent=True,
+                family=[event],
             ),
             int(included.numel()),
         )
         for index, event in enumerate(releases)
     ]
-    return best_guesses(headline, included, delta, split, independent=True), own
+    headline_outcome = best_guesses(
+        headline, included, delta, split, independent=True, family=list(events)
+    )
+    return headline_outcome, own

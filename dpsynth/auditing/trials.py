@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,7 +39,16 @@ from scipy.stats import beta as beta_distribution
 
 from dpsynth.errors import UsageError
 
-__all__ = ["SELECTION_STRIDE", "TrialsOutcome", "rate_bounds", "region_bound", "trials_bound"]
+__all__ = [
+    "SELECTION_STRIDE",
+    "TrialsOutcome",
+    "candidate_regions",
+    "judged_counts",
+    "rate_bounds",
+    "region_bound",
+    "selection_split",
+    "trials_bound",
+]
 
 # Every 8th canary chooses the region (a few dozen candidates need few); the others judge it.
 SELECTION_STRIDE = 8
@@ -148,21 +157,13 @@ def _predicted(
     )  # fmt: skip
 
 
-def trials_bound(
-    scores: Mapping[str, torch.Tensor], included: torch.Tensor, delta: float, confidence: float
-) -> TrialsOutcome:
-    """The ε lower bound of the region chosen on the selection canaries, judged on the rest.
-
-    Valid when the canaries' scores are independent given `included` (bool [m]); each score is
-    float64 [m], larger meaning "more likely in".
-    """
-    m = int(included.numel())
-    if m < 2 * SELECTION_STRIDE:
-        raise UsageError(f"the trials test needs at least {2 * SELECTION_STRIDE} canaries")
-    choose = torch.arange(m) % SELECTION_STRIDE == 0
-    selection = int(choose.sum())
-    scale = (m - selection) / selection
-    best: tuple[float, str, str, float] | None = None
+def candidate_regions(
+    scores: Mapping[str, torch.Tensor], included: torch.Tensor, choose: torch.Tensor
+) -> Iterator[tuple[str, str, float, tuple[int, int, int, int], bool]]:
+    """The candidate regions on the selection canaries (`choose`, bool [m]): (score, direction,
+    threshold, the selection's counts there, whether the side against the region must keep
+    `_MIN_AGAINST_HITS` of them); the widest region (half) never needs them, so a small audit
+    still has one."""
     for name, score in scores.items():
         picked = score[choose]
         ordered = torch.sort(picked[torch.isfinite(picked)]).values
@@ -174,20 +175,50 @@ def trials_bound(
                 place = round(fraction * (ordered.numel() - 1))
                 threshold = float(ordered[-1 - place if direction == "high" else place])
                 counts = _counts(picked, included[choose], direction, threshold)
-                # the widest region (half) always counts, so a small audit still has one
-                required = _MIN_AGAINST_HITS if step else 0
-                found = _predicted(counts, direction, scale, delta, confidence, required)
-                if found is None:
+                yield name, direction, threshold, counts, step > 0
+                against = counts[0] if direction == "low" else counts[2]
+                if place == 0 or (step > 0 and against < _MIN_AGAINST_HITS):
                     break
-                if best is None or found > best[0]:
-                    best = (found, name, direction, threshold)
-                if place == 0:
-                    break
+
+
+def selection_split(m: int) -> torch.Tensor:
+    """The public split: every `SELECTION_STRIDE`-th canary chooses the region (bool [m])."""
+    if m < 2 * SELECTION_STRIDE:
+        raise UsageError(f"the trials test needs at least {2 * SELECTION_STRIDE} canaries")
+    return torch.arange(m) % SELECTION_STRIDE == 0
+
+
+def judged_counts(
+    score: torch.Tensor, included: torch.Tensor, direction: str, threshold: float
+) -> tuple[int, int, int, int]:
+    """(hits_in, trials_in, hits_out, trials_out) of the region on the judging canaries."""
+    judge = ~selection_split(int(included.numel()))
+    return _counts(score[judge], included[judge], direction, threshold)
+
+
+def trials_bound(
+    scores: Mapping[str, torch.Tensor], included: torch.Tensor, delta: float, confidence: float
+) -> TrialsOutcome:
+    """The ε lower bound of the region chosen on the selection canaries, judged on the rest.
+
+    Valid when the canaries' scores are independent given `included` (bool [m]); each score is
+    float64 [m], larger meaning "more likely in".
+    """
+    choose = selection_split(int(included.numel()))
+    selection = int(choose.sum())
+    scale = (int(included.numel()) - selection) / selection
+    best: tuple[float, str, str, float] | None = None
+    for name, direction, threshold, counts, needs in candidate_regions(scores, included, choose):
+        required = _MIN_AGAINST_HITS if needs else 0
+        found = _predicted(counts, direction, scale, delta, confidence, required)
+        if found is None:
+            continue
+        if best is None or found > best[0]:
+            best = (found, name, direction, threshold)
     if best is None:
         raise UsageError("the trials test got no finite score")
     _, name, direction, threshold = best
-    judge = ~choose
-    counts = _counts(scores[name][judge], included[judge], direction, threshold)
+    counts = judged_counts(scores[name], included, direction, threshold)
     hits_in, trials_in, hits_out, trials_out = counts
     return TrialsOutcome(
         score=name,

@@ -210,4 +210,4 @@ def audit_events(
             steps, max_grad_norm, inside, generator, break_mode
         ),
     )
-    return best_guesses(scores, included, delta, confidence, independent=True)
+    return best_guesses(scores, included, delta, confidence, independent=True, family=events)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -92,9 +92,11 @@ def audit(
     White-box (default): m synthetic canaries run through the backend's mechanism with its
     planned σ, q, T and clipping, and how well one can guess which canaries were in gives a
     lower bound on ε. --runs R repeats the mechanism's own release R times on fresh canaries:
-    from 10,000 canaries in all the likelihood-ratio test of the noise family with
-    Clopper-Pearson bounds judges, and its bound nears the true ε as R grows (at ε = 1 about
-    0.8 from 4 million canaries for a Gaussian release). It never reads your data or ledger.
+    from 10,000 canaries in all two tests judge the likelihood-ratio scores with
+    Clopper-Pearson bounds: the trials test, which assumes only independent canaries (at
+    ε = 1 about 0.8 of the claim from 4 million canaries for a Gaussian release), and the
+    family test, which judges against the plan's own noise family with its scale unknown
+    (about 0.8 from 100,000). It never reads your data or ledger.
     --break MODE:FACTOR audits a deliberately broken copy (the audit should then fail).
     --black-box: canaries in a built-in table (rows) or image set (images), a whole train →
     sample run, and guesses from the synthetic release only.
@@ -173,13 +175,24 @@ def _composition_row(result: AuditResult) -> list[tuple[str, str]]:
         for name, part in composed["parts"].items()
         if part["copies"]
     ]
-    return [
+    rows = [
         (
             "  parts composed",
             f"lower bound {composed['lower_bound']:.4g} vs the plan's claim "
             f"{fmt_eps(result.claimed_epsilon)}" + (f" ({', '.join(used)})" if used else ""),
         )
     ]
+    factors = composed.get("family_factors")
+    if factors:
+        each = ", ".join(f"{name.split(' (')[0]} ≥ {k:.3g}" for name, k in factors.items())
+        rows.append(
+            (
+                "  parts' families composed",
+                f"lower bound {composed['family_lower_bound']:.4g} vs the plan's claim "
+                f"{fmt_eps(result.claimed_epsilon)} (factors: {each})",
+            )
+        )
+    return rows
 
 
 def _test_row(result: AuditResult) -> list[tuple[str, str]]:
@@ -193,14 +206,31 @@ def _test_row(result: AuditResult) -> list[tuple[str, str]]:
                 f"{result.correct} correct",
             )
         ]
-    side = "≥" if trials["direction"] == "high" else "≤"
-    return [
+    rows = [
         (
-            "trials test: region",
-            f"{trials['score']} {side} {trials['threshold']:.4g}: {trials['hits_in']} of "
-            f"{trials['trials_in']} in, {trials['hits_out']} of {trials['trials_out']} out",
+            "trials test (assumes independence only)",
+            f"{_region(trials)}: ε ≥ {trials['lower_bound']:.4g}",
         )
     ]
+    family = result.family
+    if family is not None:
+        rows.append(
+            (
+                "family test (the plan's noise, its scale unknown)",
+                f"{_region(family)}; sensitivity/noise ≥ {family['factor']:.4g} × the claim's: "
+                f"ε ≥ {family['lower_bound']:.4g}",
+            )
+        )
+    return rows
+
+
+def _region(test: dict[str, Any]) -> str:
+    """A judged region and its counts, with the bound of the test that judged it."""
+    side = "≥" if test["direction"] == "high" else "≤"
+    return (
+        f"{test['score']} {side} {test['threshold']:.4g}: {test['hits_in']} of "
+        f"{test['trials_in']} in, {test['hits_out']} of {test['trials_out']} out"
+    )
 
 
 def _black_box(
