@@ -34,8 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,6 +42,7 @@ from scipy.special import gammaln, logsumexp
 
 from dpsynth.auditing.trials import (
     _CAUTION,
+    TrialsOutcome,
     candidate_regions,
     judged_counts,
     rate_bounds,
@@ -79,23 +79,11 @@ _EPS_ERROR = 0.002
 
 
 @dataclass(frozen=True)
-class FamilyOutcome:
-    """The judged region, the smallest factor k on every release's sensitivity-to-noise ratio
-    its rates allow, and the scaled plan's ε (the lower bound)."""
+class FamilyOutcome(TrialsOutcome):
+    """The judged region (as the trials test's), the smallest factor k on every release's
+    sensitivity-to-noise ratio its rates allow, and the scaled plan's ε (`lower_bound`)."""
 
-    score: str
-    direction: str
-    threshold: float
-    trials_in: int
-    trials_out: int
-    hits_in: int
-    hits_out: int
     factor: float
-    lower_bound: float
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return asdict(self)
 
 
 def scaled_events(events: Sequence[DpEvent], factor: float) -> list[DpEvent]:
