@@ -49,7 +49,7 @@ def junk_shares(schema: Any, one_ways: dict[str, Any], n: int, real: dict[str, t
     the clipped noisy counts, values inside a bin as `sample` draws them) outside the real
     [min, max] (`real`)."""
     from dpsynth.data.discrete import schema_domain
-    from dpsynth.methods.marginal.domain import _bin_values
+    from dpsynth.methods.marginal.domain import bin_values
     from dpsynth.methods.marginal.one_ways import released_measurements
     from dpsynth.methods.marginal.presets import MST_PRESETS
 
@@ -67,7 +67,7 @@ def junk_shares(schema: Any, one_ways: dict[str, Any], n: int, real: dict[str, t
         if counts.sum() <= 0:
             continue
         codes = rng.choice(len(counts), size=SAMPLED, p=counts / counts.sum())
-        values = _bin_values(codes, attribute, rng.random(SAMPLED))
+        values = bin_values(codes, attribute, rng.random(SAMPLED))
         low, high = real[attribute.name]
         out[attribute.name] = round(float(np.mean((values < low) | (values > high))), 4)
     return out

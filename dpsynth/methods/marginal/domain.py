@@ -36,7 +36,15 @@ from dpsynth.data.discrete import (
     table_domain,
 )
 
-__all__ = ["Attribute", "TableDomain", "codes_from_rows", "rows_from_codes", "table_domain"]
+__all__ = [
+    "Attribute",
+    "TableDomain",
+    "bin_values",
+    "codes_from_rows",
+    "rows_from_codes",
+    "scaled_numbers",
+    "table_domain",
+]
 
 # Encoded rows converted per chunk (bounds the temporary memory on a million rows).
 _CHUNK = 65_536
@@ -64,7 +72,7 @@ def codes_from_rows(rows: torch.Tensor, labels: torch.Tensor, domain: TableDomai
     return out
 
 
-def _bin_values(codes: np.ndarray, attribute: Attribute, uniform: np.ndarray) -> np.ndarray:
+def bin_values(codes: np.ndarray, attribute: Attribute, uniform: np.ndarray) -> np.ndarray:
     """Numbers in [low, high] for bin codes: uniform inside the bin (integers: among its
     integers), the bounds themselves for bound bins, the value itself for a point mass."""
     if attribute.kind == "edges":
@@ -136,7 +144,7 @@ def scaled_numbers(
     and the rows where the value is missing (None for a column without missing cells)."""
     absent = codes >= attribute.present_size if attribute.missing else None
     present = codes if absent is None else np.where(absent, 0, codes)
-    values = _bin_values(present, attribute, uniform)
+    values = bin_values(present, attribute, uniform)
     span = attribute.high - attribute.low
     scaled = np.zeros(len(codes)) if span == 0 else 2.0 * (values - attribute.low) / span - 1.0
     if absent is not None:
