@@ -40,14 +40,7 @@ import numpy as np
 import torch
 from scipy.special import gammaln, logsumexp
 
-from dpsynth.auditing.trials import (
-    _CAUTION,
-    TrialsOutcome,
-    candidate_regions,
-    judged_counts,
-    rate_bounds,
-    selection_split,
-)
+from dpsynth.auditing.trials import TrialsOutcome, cautious_counts, choose_region, rate_bounds
 from dpsynth.privacy.accounting.events import DpEvent, Gaussian, PoissonGaussian, PureDp
 from dpsynth.privacy.accounting.profile import (
     PrivacyProfile,
@@ -175,18 +168,6 @@ def smallest_factor(profiles: _Profiles, rate_in: float, rate_out: float, refine
     return 2.0**left
 
 
-def _predicted_counts(
-    counts: tuple[int, int, int, int], direction: str, scale: float
-) -> tuple[float, float, float, float]:
-    """The judging canaries' counts (`scale` times the selection's) with each rate moved
-    `_CAUTION` standard deviations against the region."""
-    hits_in, trials_in, hits_out, trials_out = counts
-    toward = -_CAUTION if direction == "high" else _CAUTION
-    moved_in = min(max(hits_in + toward * math.sqrt(hits_in), 0.0), trials_in)
-    moved_out = min(max(hits_out - toward * math.sqrt(hits_out), 0.0), trials_out)
-    return moved_in * scale, trials_in * scale, moved_out * scale, trials_out * scale
-
-
 def family_bound(
     scores: Mapping[str, torch.Tensor],
     included: torch.Tensor,
@@ -199,20 +180,15 @@ def family_bound(
     profiles = _Profiles(events)
     if profiles(0.0) is None:
         return None
-    choose = selection_split(int(included.numel()))
-    selection = int(choose.sum())
-    scale = (int(included.numel()) - selection) / selection
-    best: tuple[float, str, str, float] | None = None
-    for name, direction, threshold, counts, _ in candidate_regions(scores, included, choose):
-        predicted = _predicted_counts(counts, direction, scale)
-        rate_in, rate_out = region_rates(predicted, direction, confidence)
-        found = smallest_factor(profiles, rate_in, rate_out)
-        if best is None or found > best[0]:
-            best = (found, name, direction, threshold)
-    if best is None:
+
+    def predict(counts: tuple[int, int, int, int], direction: str, scale: float, _: bool) -> float:
+        cautious = cautious_counts(counts, direction, scale)
+        return smallest_factor(profiles, *region_rates(cautious, direction, confidence))
+
+    chosen = choose_region(scores, included, predict)
+    if chosen is None:
         return None
-    _, name, direction, threshold = best
-    counts = judged_counts(scores[name], included, direction, threshold)
+    name, direction, threshold, counts = chosen
     rate_in, rate_out = region_rates(counts, direction, confidence)
     factor = smallest_factor(profiles, rate_in, rate_out, _REFINE)
     bound = 0.0

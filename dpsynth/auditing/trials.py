@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -43,6 +43,8 @@ __all__ = [
     "SELECTION_STRIDE",
     "TrialsOutcome",
     "candidate_regions",
+    "cautious_counts",
+    "choose_region",
     "judged_counts",
     "rate_bounds",
     "region_bound",
@@ -137,24 +139,53 @@ def _bound(
     return region_bound(hits_out, trials_out, hits_in, trials_in, delta, confidence)
 
 
+def cautious_counts(
+    counts: tuple[int, int, int, int], direction: str, scale: float
+) -> tuple[float, float, float, float]:
+    """The judging canaries' counts (`scale` times the selection's `counts`, in the same order)
+    with each rate moved `_CAUTION` standard deviations against the region."""
+    hits_in, trials_in, hits_out, trials_out = counts
+    toward = -_CAUTION if direction == "high" else _CAUTION
+    moved_in = min(max(hits_in + toward * math.sqrt(hits_in), 0.0), trials_in)
+    moved_out = min(max(hits_out - toward * math.sqrt(hits_out), 0.0), trials_out)
+    return moved_in * scale, trials_in * scale, moved_out * scale, trials_out * scale
+
+
 def _predicted(
     counts: tuple[int, int, int, int], direction: str, scale: float, delta: float,
     confidence: float, required: int,
 ) -> float | None:  # fmt: skip
-    """The bound the judging canaries (`scale` times the selection's) would give with the
-    selection's rates moved `_CAUTION` standard deviations against the region; None when the
-    side against it has fewer than `required` selection canaries."""
-    hits_in, trials_in, hits_out, trials_out = counts
-    if direction == "low":
-        hits_in, trials_in, hits_out, trials_out = hits_out, trials_out, hits_in, trials_in
-    if hits_out < required:
+    """The bound the judging canaries would give with the selection's cautious rates
+    (`cautious_counts`); None when the side against the region has fewer than `required`
+    selection canaries."""
+    against = counts[0] if direction == "low" else counts[2]
+    if against < required:
         return None
-    worse_for = max(0.0, hits_in - _CAUTION * math.sqrt(hits_in))
-    worse_against = min(float(trials_out), hits_out + _CAUTION * math.sqrt(hits_out))
-    return region_bound(
-        round(worse_for * scale), round(trials_in * scale), round(worse_against * scale),
-        round(trials_out * scale), delta, confidence,
-    )  # fmt: skip
+    moved = tuple(round(c) for c in cautious_counts(counts, direction, scale))
+    return _bound(moved, direction, delta, confidence)  # type: ignore[arg-type]
+
+
+def choose_region(
+    scores: Mapping[str, torch.Tensor],
+    included: torch.Tensor,
+    predict: Callable[[tuple[int, int, int, int], str, float, bool], float | None],
+) -> tuple[str, str, float, tuple[int, int, int, int]] | None:
+    """The candidate region (`candidate_regions`) whose `predict(counts, direction, scale,
+    needs)` is largest on the selection canaries, with its counts on the judging canaries
+    (None when every prediction is None). `scale` is judging over selection canaries; `needs`
+    says whether the region must keep `_MIN_AGAINST_HITS` selection canaries against it."""
+    choose = selection_split(int(included.numel()))
+    selection = int(choose.sum())
+    scale = (int(included.numel()) - selection) / selection
+    best: tuple[float, str, str, float] | None = None
+    for name, direction, threshold, counts, needs in candidate_regions(scores, included, choose):
+        found = predict(counts, direction, scale, needs)
+        if found is not None and (best is None or found > best[0]):
+            best = (found, name, direction, threshold)
+    if best is None:
+        return None
+    _, name, direction, threshold = best
+    return name, direction, threshold, judged_counts(scores[name], included, direction, threshold)
 
 
 def candidate_regions(
@@ -204,21 +235,16 @@ def trials_bound(
     Valid when the canaries' scores are independent given `included` (bool [m]); each score is
     float64 [m], larger meaning "more likely in".
     """
-    choose = selection_split(int(included.numel()))
-    selection = int(choose.sum())
-    scale = (int(included.numel()) - selection) / selection
-    best: tuple[float, str, str, float] | None = None
-    for name, direction, threshold, counts, needs in candidate_regions(scores, included, choose):
-        required = _MIN_AGAINST_HITS if needs else 0
-        found = _predicted(counts, direction, scale, delta, confidence, required)
-        if found is None:
-            continue
-        if best is None or found > best[0]:
-            best = (found, name, direction, threshold)
-    if best is None:
+    chosen = choose_region(
+        scores,
+        included,
+        lambda counts, direction, scale, needs: _predicted(
+            counts, direction, scale, delta, confidence, _MIN_AGAINST_HITS if needs else 0
+        ),
+    )
+    if chosen is None:
         raise UsageError("the trials test got no finite score")
-    _, name, direction, threshold = best
-    counts = judged_counts(scores[name], included, direction, threshold)
+    name, direction, threshold, counts = chosen
     hits_in, trials_in, hits_out, trials_out = counts
     return TrialsOutcome(
         score=name,
