@@ -93,7 +93,7 @@ def _words(name: str) -> list[str]:
     return [w.lower() for w in _WORDS.findall(name)]
 
 
-def _named_like_row_index(name: str) -> bool:
+def named_like_row_index(name: str) -> bool:
     """Whether a whole column name is one that R's `write.csv` or pandas' `to_csv` gives a
     table's row names or index (`rownames`, `Unnamed: 0`, `index`): row numbers, often the
     original table's, scattered once a table has been sampled or split."""
@@ -185,7 +185,7 @@ def identifier_reason(
     number on each of its rows."""
     words = _words(name)
     present, distinct = int(sizes.sum()), len(sizes)
-    named = _named_like_id(words) or _named_like_row_index(name)
+    named = _named_like_id(words) or named_like_row_index(name)
     near_unique = present >= NEAR_UNIQUE_ROWS and distinct >= NEAR_UNIQUE_SHARE * present
     dense = numbers is not None and _dense_run(words, numbers, sizes, rows)
     if near_unique and (numbers is None or named or dense):

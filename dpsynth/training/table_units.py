@@ -23,6 +23,7 @@ from dpsynth.data.images import DataInfo
 from dpsynth.data.schema import Column, Schema
 from dpsynth.data.sources import read_table
 from dpsynth.data.table_codec import TableData, encode_table
+from dpsynth.data.units import named_like_row_index
 from dpsynth.errors import DpsynthError, UsageError
 from dpsynth.ledger import Ledger
 from dpsynth.methods.base import Method
@@ -128,9 +129,11 @@ def id_columns_advice(schema: Schema) -> str | None:
     ids = [c.name for c in schema.columns if c.type == "id"]
     if not ids:
         return None
+    # a row index (`rownames`, `Unnamed: 0`) holds one row each: never the unit to suggest
+    named = [name for name in ids if not named_like_row_index(name)] or ids
     return (
         "the guarantee is per row: if one person may hold several rows, give "
-        f"--privacy-unit {ids[0]} --max-rows-per-unit K (id column(s): {', '.join(ids)})"
+        f"--privacy-unit {named[0]} --max-rows-per-unit K (id column(s): {', '.join(ids)})"
     )
 
 

@@ -290,3 +290,26 @@ def test_the_dp_sgd_table_backends_sample_people_and_scale_for_k_rows(
     summary = json.loads(trained.stdout[trained.stdout.index("{") :])
     assert summary["privacy_unit"]["max_rows_per_unit"] == 3
     assert all(s["privacy_unit"]["max_rows_per_unit"] == 3 for s in _spends(tmp_path))
+
+
+def test_the_per_row_advice_names_an_id_column_that_is_not_a_row_index():
+    from dpsynth.data.schema_file import parse_schema
+    from dpsynth.training.table_units import id_columns_advice
+
+    schema = parse_schema(
+        {"target": "passed", "columns": [
+            {"name": "rownames", "type": "id"}, {"name": "School", "type": "id"},
+            {"name": "score", "type": "numeric", "min": 0, "max": 1},
+            {"name": "passed", "type": "categorical", "categories": ["no", "yes"]}]},
+        "test",
+    )  # fmt: skip
+    advice = id_columns_advice(schema)
+    assert "--privacy-unit School " in advice and "rownames, School" in advice
+    only_index = parse_schema(
+        {"target": "passed", "columns": [
+            {"name": "rownames", "type": "id"},
+            {"name": "score", "type": "numeric", "min": 0, "max": 1},
+            {"name": "passed", "type": "categorical", "categories": ["no", "yes"]}]},
+        "test",
+    )  # fmt: skip
+    assert "--privacy-unit rownames " in id_columns_advice(only_index)
