@@ -371,9 +371,11 @@ def _gradient_steps(
             return outcome, mechanism, ()
 
         def rest(events, included, generator):  # type: ignore[no-untyped-def]
+            # the ghost path: the steps behind a release are the audit's dearest canaries
             return canary_scores(
-                mechanism_steps(events), plan.max_grad_norm, included, generator, step_break
-            )
+                mechanism_steps(events), plan.max_grad_norm, included, generator, step_break,
+                grad_mode="ghost",
+            )  # fmt: skip
 
     outcome, own = audit_with_releases(
         plan.events, info.shape, rest, plan.delta, canaries, confidence, seed, break_mode, runs

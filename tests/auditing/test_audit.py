@@ -272,6 +272,26 @@ def test_the_audit_noise_comes_from_the_audit_seed():
     assert not torch.allclose(scores(1), scores(2))
 
 
+@pytest.mark.parametrize("break_mode", [None, "clip:2"])
+def test_the_ghost_and_vmap_paths_release_the_same_noisy_sums(break_mode):
+    """The audit's two `PrivateGradient` paths (per-record gradients, ghost norms) draw the same
+    noise from one seed and clip the canaries alike, so their scores agree to float32 rounding;
+    the ghost path is the one a plan's steps behind a release take."""
+    from dpsynth.auditing.whitebox import MechanismStep, canary_scores
+
+    steps = [MechanismStep(1.5, 0.3, 6)]
+    included = torch.rand(200, generator=torch.Generator().manual_seed(4)) < 0.5
+
+    def scores(mode: str) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(9)
+        return canary_scores(steps, 0.5, included, generator, break_mode, grad_mode=mode)
+
+    ghost, vmap = scores("ghost"), scores("vmap")
+    for name in ("llr", "max"):
+        assert torch.allclose(ghost[name], vmap[name], atol=1e-5)
+    assert float(ghost["llr"][included].mean()) > float(ghost["llr"][~included].mean())
+
+
 def test_full_batch_events_score_without_a_math_domain_error():
     """q = 1 (the frequency model's full-batch release) is the unmixed ratio, not log1p(−1)."""
     from dpsynth.auditing.whitebox import mixture_log_ratio
