@@ -22,14 +22,14 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
   minutes) `auto` takes `mst`, which fits one tree of pairs in one round. A 24-column numeric
   table reaches it at about 7 million rows (before the estimator of 2026-11-28, aim took 30
   minutes on 100,000 rows × 18 columns; it now takes about 2);
-- images of at least `LARGE_IMAGE_VALUES` values (28×28): `rdpgan`, whose 28×28 presets fit
-  a generator to the DP frequency model and, above ε = 3, label its release with a DP teacher
-  (mnist-5k, the leaderboard run of 2026-11-27 20:01 UTC: 0.756 at ε = 1 against 0.742–0.774
-  for the other four, and 0.748–0.793 over its five runs; 0.915 at ε = 10 against pge's 0.918
-  and psg's 0.911; in 63–81 s of training against pge's 29–64, psg's 342–403, dpaf's 397–402
-  and dpkernel's 142–401; on 28×28 digits, the same commit, 0.728 / 0.919 at ε = 1 / 10
-  against 0.716–0.774 / 0.868–0.938, and 0.806 / 0.915 in an earlier run). pge is level with
-  it at ε = 10 but samples 5× slower and is weaker at ε = 1 over its runs (0.735–0.771);
+- images of at least `LARGE_IMAGE_VALUES` values (28×28): `dpkernel` (its `mnist` and
+  `mnist-eps1` presets), ahead of every other method on FID and CNN accuracy together in the
+  runs of record (docs/leaderboard.md): on mnist-5k at ε = 10 CNN 0.849 / FID 82.6 against
+  rdpgan's 0.768 / 160.1, the choice before (of 2026-11-27, on accuracy alone), whose images
+  are nearly one template a class; at ε = 1 0.711 / 178.5 against 0.653 / 216.5; on the
+  unseen digits28 at ε = 10 0.894 / 154.1 against 0.849 / 236.2. It trains in 8.9 minutes
+  at ε = 10 on the idle 2-core CPU (rdpgan 3.0), within the 15 minutes of a recommended
+  preset; only the frequency model alone is more accurate at ε = 1 (0.793), at FID 274.8;
 - smaller images (8×8 digits): `pge` at ε ≤ `SMALL_EPSILON` (0.838 at ε = 1, the best, and
   the one release ahead of DP-SGD on the records, 0.778), `dpkernel` above (0.889 at ε = 10,
   the best, in 15 s of training).
@@ -67,7 +67,7 @@ def recommend_method(info: DataInfo, epsilon: float) -> str:
             return "aim"
         return "mst"
     if is_large_image(info):
-        return "rdpgan"
+        return "dpkernel"
     return "pge" if epsilon <= SMALL_EPSILON else "dpkernel"
 
 

@@ -57,8 +57,8 @@ def test_the_rule_follows_the_public_shape_and_epsilon() -> None:
     # 100,000 × 18 table took the aim before 2026-11-28 30 minutes; now about 2)
     assert recommend_method(_table(18, rows=100_000), 1.0) == "aim"
     assert recommend_method(_table(18, rows=10**7), 1.0) == "mst"
-    assert recommend_method(_image((1, 28, 28)), 1.0) == "rdpgan"
-    assert recommend_method(_image((1, 28, 28)), 10.0) == "rdpgan"
+    assert recommend_method(_image((1, 28, 28)), 1.0) == "dpkernel"
+    assert recommend_method(_image((1, 28, 28)), 10.0) == "dpkernel"
     assert recommend_method(_image((1, 8, 8)), 1.0) == "pge"
     assert recommend_method(_image((1, 8, 8)), 10.0) == "dpkernel"
     # every recommendation is a registered backend that takes that kind of data
