@@ -129,7 +129,8 @@ def id_columns_advice(schema: Schema) -> str | None:
     ids = [c.name for c in schema.columns if c.type == "id"]
     if not ids:
         return None
-    # a row index (`rownames`, `Unnamed: 0`) holds one row each: never the unit to suggest
+    # a row index (`rownames`, `Unnamed: 0`) holds one row each: named only when no other id
+    # column is there to suggest
     named = [name for name in ids if not named_like_row_index(name)] or ids
     return (
         "the guarantee is per row: if one person may hold several rows, give "
