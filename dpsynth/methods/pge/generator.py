@@ -68,10 +68,25 @@ class PGEGenerator(Generator):
         for chunk in labels.split(max(1, int(batch_size))):
             yield self._sample_batch(chunk.to(self.device, torch.int64), generator)
 
+    def _starts_from_a_release(self) -> bool:
+        """Whether the chains start at a DP release's image (the central means or a sample of
+        the frequency model) rather than at uniform noise."""
+        init = self.config.get("sampler_init")
+        return (init == "central" and self.central is not None) or (
+            init == "frequency" and self.frequency is not None
+        )
+
     def _round_levels(self) -> list[int]:
-        """The noise level of each HMC round, spread from `sampler_first_level` to the last."""
+        """The noise level of each HMC round, spread from the first level to the last.
+
+        The first is `sampler_first_level` when the chains start at a release's image, and
+        level 0 (the widest) when they start at uniform noise: a run without the release its
+        sampler was set for (the method alone) then still anneals through every level.
+        """
         rounds, n_levels = int(self.config["sampler_rounds"]), len(self.sigmas)
-        first = min(int(self.config.get("sampler_first_level", 0)), n_levels - 1)
+        first = 0
+        if self._starts_from_a_release():
+            first = min(int(self.config.get("sampler_first_level", 0)), n_levels - 1)
         if rounds == 1:
             return [n_levels - 1]
         return [first + round(m * (n_levels - 1 - first) / (rounds - 1)) for m in range(rounds)]

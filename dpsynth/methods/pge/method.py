@@ -32,7 +32,7 @@ from dpsynth.methods.pge.trainer import PGETrainer
 from dpsynth.methods.template import StagedMethod
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "ssm_variant": ("plain", "vr"),
+    "ssm_variant": ("plain", "vr", "stein"),
     "divergence": ("jvp", "fd"),
     "residual": ("random-conv", "none"),
     "step_schedule": ("sigma", "paper"),

@@ -51,9 +51,14 @@ def make_record_loss(
     Shapes (no batch dim): x [C,H,W]; y [] int64 (the label, or the "no label" token);
     sigma [K]; noise, v, r [K,C,H,W]; z [K, c_z, h, w] residual-module input (ignored when the
     model has no residual module). `variant` "plain" is Eq. 8 (½(vᵀs)²), "vr" the
-    variance-reduced SSM (½‖s‖²), which has the same minimiser.
+    variance-reduced SSM (½‖s‖²), which has the same minimiser, and "stein" the same
+    noise-conditional objective as "vr" estimated without a projection: Stein's identity
+    E[εᵀ f(x + σε)] = σ E[tr J_f] turns σ²·tr J_s into σ·εᵀs, so
+    σ²[tr J_s + ½‖s‖²] and ½‖σs + ε‖² − ½‖ε‖² have the same expectation and the same expected
+    gradient (the denoising form of Vincent 2011). It needs one forward pass and no
+    Jacobian-vector product; v and r are ignored.
     """
-    if variant not in ("plain", "vr"):
+    if variant not in ("plain", "vr", "stein"):
         raise ValueError(f"unknown SSM variant {variant!r}")
     use_z = getattr(model, "residual_channels", 0) > 0
 
@@ -76,6 +81,9 @@ def make_record_loss(
         def net_fn(inp: torch.Tensor) -> torch.Tensor:
             return functional_call(model, (params, buffers), (inp, sigma, labels, z_in))
 
+        if variant == "stein":
+            # With out = σs: ½‖out + ε‖² = σ²·½‖s‖² + σ·εᵀs + ½‖ε‖² (a constant in θ).
+            return (0.5 * (net_fn(x_tilde) + noise).flatten(1).pow(2).sum(dim=1)).mean()
         out, div = divergence_term(net_fn, x_tilde, r, div_mode)
         # With s = out/σ: σ²·[rᵀ J_s r] = σ·rᵀ J_out r and σ²·½(vᵀs)² = ½(vᵀout)².
         if variant == "plain":

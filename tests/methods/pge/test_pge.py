@@ -60,7 +60,7 @@ def record_batch(b: int = 3, k: int = 2, seed: int = 0) -> tuple[torch.Tensor, .
     return x, y, sigma, noise, v, r, z
 
 
-@pytest.mark.parametrize("variant", ["plain", "vr"])
+@pytest.mark.parametrize("variant", ["plain", "vr", "stein"])
 def test_per_record_gradient_from_vmap_matches_a_loop(variant: str) -> None:
     net = tiny_net()
     loss = make_record_loss(net, variant, "jvp")
