@@ -171,8 +171,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "micro_batch_size": 256,
     },
 }
-# 28×28 images at ε ≤ 3: `mnist` with the pooled within-class covariance (K times less noise
-# per entry) and 100 DP-SGD steps; no teacher.
+# 28×28 images at ε ≤ 3: the earlier `mnist` with the pooled within-class covariance (K times
+# less noise per entry) and 100 DP-SGD steps; no teacher.
 PRESETS["mnist-eps1"] = {
     **_MNIST_FREQUENCY_START,
     "frequency_share": 0.5,
