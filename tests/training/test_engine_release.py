@@ -118,7 +118,7 @@ def in_memory(folder: Path) -> tuple[dict, dict]:
     """The in-memory run of record: its config and final state."""
     _, config, state = _train(folder, "memory", f"parquet:{folder / 'whole.parquet'}")
     release = config["schema_release"]
-    assert release["default_share"] == 0.5 and release["ledger_seq"] == 0
+    assert release["default_share"] == 0.7 and release["ledger_seq"] == 0
     schema = {c["name"]: c for c in config["data"]["schema"]["columns"]}
     assert "rare" not in schema["outcome"]["categories"]  # 4 rows: below the threshold
     assert config["data"]["n"] == ROWS - 4  # the rare label's rows are left out
