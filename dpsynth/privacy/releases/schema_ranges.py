@@ -54,6 +54,8 @@ LAST_RESORT_Z, _LAST_WIDTH = 3.0, 16
 # clears UNSEEN_Z deviations of its noise (a column of zeros whose amounts spread too thin
 # for any window: 40% of a column written 0): the fullest window beside it joins the span.
 UNSEEN_Z = 4.0
+# ... the window nearest to the span whose noisy sum holds this share of those values.
+UNSEEN_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,31 @@ def _fullest_window(counts: np.ndarray) -> tuple[int, int]:
     return start, start + _LAST_WIDTH - 1
 
 
+def _nearest_holding(counts: np.ndarray, span: tuple[int, int], rows: float) -> tuple[int, int]:
+    """The window of _LAST_WIDTH adjacent noisy counts nearest to `span` whose sum reaches
+    `rows`; the fullest window when none does (post-processing). Among some sixty windows of
+    noise alone one is fuller than the window that holds a column's thin amounts as often as
+    not (ames' veneer areas, 0-1,378 beside 60% zeros, were released up to 1e12 in half of the
+    releases), while the nearest window holding half of the values missed is theirs unless
+    noise alone reaches half of them nearer to the span."""
+    sums = np.convolve(counts, np.ones(_LAST_WIDTH), mode="valid")
+    starts = np.arange(len(sums))
+    ends = starts + _LAST_WIDTH - 1
+    # windows clear of the span (one reaching into it holds only its near end of the values)
+    holding = (sums >= rows) & ((starts > span[1]) | (ends < span[0]))
+    if not holding.any():
+        return _fullest_window(counts)
+    distance = np.maximum(starts - span[1], 0) + np.maximum(span[0] - ends, 0)
+    start = int(np.flatnonzero(holding)[np.argmin(distance[holding])])
+    return start, start + _LAST_WIDTH - 1
+
+
 def _with_unseen_values(
     released: np.ndarray, span: tuple[int, int], present: float, std: float, zero: int
 ) -> tuple[int, int]:
-    """`span`, joined by the fullest window of _LAST_WIDTH bins outside it when the values it
-    holds fall short of the present count by UNSEEN_Z deviations (post-processing). Where the
+    """`span`, joined by a window of _LAST_WIDTH bins outside it (`_nearest_holding`) when the
+    values it holds fall short of the present count by UNSEEN_Z deviations (post-processing).
+    Where the
     window is looked for (`zero`: the bin [0, …)): a span of non-negative bins looks among
     non-negative bins only (amounts and counts: a window of noise among the negative ones would
     win as often as not), and only between 0 and itself unless it starts at 0 (the values a
@@ -121,7 +143,7 @@ def _with_unseen_values(
     rest = released.copy()
     rest[first : last + 1] = 0.0
     rest[:low], rest[high + 1 :] = 0.0, 0.0
-    start, end = _fullest_window(rest)
+    start, end = _nearest_holding(rest, span, UNSEEN_SHARE * unseen)
     if high >= low:  # kept inside those bins (a window wider than them reaches past)
         start, end = max(start, low), min(end, high)
     return min(first, start), max(last, end)
