@@ -53,11 +53,12 @@ CODE_SPARSITY = 10
 CODE_TENTH_FLOOR = 0.1
 CODE_LAST_DIGIT = 1 / 3
 # A name's last word says "identifier" (`patient_id`, `case_no`, `Sample Number`, `ssn`,
-# `pid`) or names a person or an account (`patient`, `customer`); or its first word is `id`,
-# or one word joins a unit and a key (`patientid`). `code` does not: diagnosis and postal
-# codes are categories.
+# `pid`, a survey's sequence number `seqn`) or names a person or an account (`patient`,
+# `customer`); or its first word is `id`, or one word joins a unit and a key (`patientid`).
+# `code` does not: diagnosis and postal codes are categories.
 _ID_WORD = re.compile(
     r"ids?|identifier|key|uuid|guid|[psu]id|no|nr|num|number|mrn|ssn|passport|licen[cs]e|iban|"
+    r"seqn|seqno|seq|sequence|"
     r"email|phone|patient|subject|person|customer|client|user|member|participant|respondent|"
     r"account|household|employee|student"
 )

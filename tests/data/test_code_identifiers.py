@@ -152,3 +152,14 @@ def test_row_names_written_by_r_or_pandas_are_identifiers() -> None:
     amounts = rng.choice(np.arange(7000, 460_000), 3000, replace=False)
     assert _drafted("salary", amounts).column.type == "integer"
     assert _drafted("price_index", amounts).column.type == "integer"
+
+
+def test_a_survey_sequence_number_is_an_identifier() -> None:
+    """NHEFS and NHANES key their respondents by `seqn`: unique whole numbers scattered over a
+    range (233–25,061 for 1,629 people), neither a dense run nor named with an id word. It was
+    drafted an integer, and the synthetic rows drew numbers equal to 51 real respondents'."""
+    rng = np.random.default_rng(1)
+    people = rng.choice(np.arange(233, 25_062), 1629, replace=False)
+    for name in ("seqn", "SEQN", "seqno", "sequence", "resp_seq"):
+        assert _drafted(name, people).column.type == "id", name
+    assert _drafted("weight", people).column.type == "integer"
