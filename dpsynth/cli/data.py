@@ -168,9 +168,9 @@ def data_schema(
     emit_json(drafted.to_json())
 
 
-# A draft whose DP release needs more than this ε gets a remark (the default release spends a
-# quarter of --epsilon: at ε = 1 it has 0.25).
-_COSTLY_RELEASE = 0.5
+# A draft whose DP release needs more than this ε gets a remark: what the default release of
+# mst and aim has at ε = 1 (`table_schema.REUSED_SCHEMA_SHARE`, imported lazily for start-up).
+_COSTLY_RELEASE = 0.7
 
 
 def _release_remark(drafted: Schema, rows: int) -> list[str]:
@@ -182,12 +182,15 @@ def _release_remark(drafted: Schema, rows: int) -> list[str]:
     needed = epsilon_needed(drafted, rows, default_delta(rows))
     if needed is None or needed <= _COSTLY_RELEASE:
         return []
+    from dpsynth.training.table_schema import REUSED_SCHEMA_SHARE
+
     reach = f"--schema-epsilon {needed:.2g}" if needed != float("inf") else "no ε"
     return [
         f"{rows:,} rows: a DP release of the marked entries keeps the values held by a tenth "
-        f"of the rows from {reach} at the default δ (train spends half of --epsilon on it by "
-        "default with mst and aim, and refuses a release too small to keep much): declare "
-        "the entries you know from public sources (category lists, min and max) to spend less"
+        f"of the rows from {reach} at the default δ (train spends {REUSED_SCHEMA_SHARE:.0%} of "
+        "--epsilon on it by default with mst and aim, and refuses a release too small to keep "
+        "much): declare the entries you know from public sources (category lists, min and "
+        "max) to spend less"
     ]
 
 
