@@ -52,9 +52,9 @@ _TAIL_WIDTHS = (2, 4, 8)
 LAST_RESORT_Z, _LAST_WIDTH = 3.0, 16
 # A found span leaves values unseen when the noisy present count less the span's noisy mass
 # clears UNSEEN_Z deviations of its noise (a column of zeros whose amounts spread too thin
-# for any window: 40% of a column written 0): the fullest window beside it joins the span.
+# for any window: 40% of a column written 0): the window nearest to the span whose noisy sum
+# holds UNSEEN_SHARE of those values joins it (`_nearest_holding`).
 UNSEEN_Z = 4.0
-# ... the window nearest to the span whose noisy sum holds this share of those values.
 UNSEEN_SHARE = 0.5
 
 
@@ -121,8 +121,7 @@ def _with_unseen_values(
 ) -> tuple[int, int]:
     """`span`, joined by a window of _LAST_WIDTH bins outside it (`_nearest_holding`) when the
     values it holds fall short of the present count by UNSEEN_Z deviations (post-processing).
-    Where the
-    window is looked for (`zero`: the bin [0, …)): a span of non-negative bins looks among
+    Where the window is looked for (`zero`: the bin [0, …)): a span of non-negative bins looks among
     non-negative bins only (amounts and counts: a window of noise among the negative ones would
     win as often as not), and only between 0 and itself unless it starts at 0 (the values a
     range of scores from 1.4 to 32 misses are its small ones: above it, `_extended` already
