@@ -85,6 +85,12 @@ __all__ += ["shape_grid"]
 # costs a value the model learns to be nearly empty; one too few encodes the missing cells at
 # mid-range).
 MISSING_SIGNIFICANCE = 1.5
+# A boolean's missing bin when it clears BOOLEAN_MISSING_SIGNIFICANCE: the flag is chosen on
+# the noisy count the model then measures it by, so a false flag carries at least 1.5
+# deviations of phantom empty cells (nhefs, 25 booleans none of which has an empty cell: four
+# were flagged in one release, one written empty in 14% of its rows). Over eight real tables
+# no boolean had an empty cell; one with a few deviations' worth keeps its flag.
+BOOLEAN_MISSING_SIGNIFICANCE = 2.5
 # A number's present values (N less its noisy missing count) must clear PRESENT_SIGNIFICANCE
 # deviations of the noise.
 PRESENT_SIGNIFICANCE = 3.0
@@ -191,7 +197,7 @@ def release_shapes_from_counts(
     boolean_std = plan.boolean_noise_std
     for name, exact in counts.booleans.items():
         released = noisy(exact, boolean_std, generator)
-        missing = bool(released[2] > MISSING_SIGNIFICANCE * boolean_std)
+        missing = bool(released[2] > BOOLEAN_MISSING_SIGNIFICANCE * boolean_std)
         out[name] = ReleasedShape(
             None, missing, None, counts=tuple(float(c) for c in released), noise_std=boolean_std
         )
