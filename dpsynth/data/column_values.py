@@ -5,7 +5,8 @@ or one of `schema.MISSING_TOKENS`); a column without `missing` refuses one (exit
 schema entry was released with DP (`lenient`: the release found too few missing cells to give
 them a bin, so they are encoded at the middle of the range: a public, per-row rule). Categorical
 and boolean cells become indices into the column's `levels`; a value outside them goes to the
-column's `other` category when it declares one, else it is an error.
+column's `other` category when it declares one, else it is an error. A released boolean without
+a missing level encodes its missing cells false, by the same rule.
 """
 
 from __future__ import annotations
@@ -100,6 +101,10 @@ def level_codes(raw: RawTable, column: Column, strict: bool = True) -> np.ndarra
         # written as Parquet, scored against the CSV it was trained on: 0 and 1)
         lookup.setdefault("false", 0)
         lookup.setdefault("true", 1)
+        if is_released(column) and not column.missing:
+            # the release found too few missing cells to give them a level: they are encoded
+            # false (a public, per-row rule, as a number's are at mid-range)
+            lookup.setdefault("", 0)
         keys = np.where(missing_mask(values), "", np.char.lower(values.astype(str)))
     else:
         lookup = {c: i for i, c in enumerate(levels)}

@@ -11,7 +11,7 @@ the draft is a starting point, not a public declaration. Per column, in this ord
   (minutes since midnight inside, `dpsynth.data.clock`). Empty cells (and the usual
   missing-value tokens, `schema.MISSING_TOKENS`) give `missing: true`, never a categorical;
 - yes/no, true/false, t/f, y/n in any case → `boolean`; so is a column of exactly 0 and 1 (an
-  indicator, written back as 0 and 1);
+  indicator, written back as the file spells them: 0 and 1, or 0.0 and 1.0);
 - dates and times of one format (ISO 8601 and what pandas recognises) → `date` or `datetime`,
   with their `format` and UTC offset;
 - text: long or mostly unique free text → `ignored`; identifiers (below) → `id`; a category
@@ -161,12 +161,18 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
         )
     counts = pd.Series(present).value_counts()
     distinct = [str(v) for v in counts.index]
-    if set(distinct) == {"0", "1"}:
-        # an indicator: a boolean written back as 0 and 1 (a number column still), whose DP
-        # release needs one small histogram where a number's needs a range and a shape
-        flag = Column(name, "boolean", categories=("0", "1"), missing=missing, source=DATA_SOURCE)
-        return DraftedColumn(flag, f"{name}: only 0 and 1 → boolean (written as 0 and 1)")
     numbers = _numbers(distinct)
+    if numbers is not None and len(distinct) == 2 and set(numbers.tolist()) == {0.0, 1.0}:
+        # an indicator (0 and 1, or 0.0 and 1.0 as a float column writes them): a boolean
+        # written back as the file spells it (a number column still), whose DP release needs
+        # one small histogram where a number's needs a range and a shape
+        false, true = sorted(distinct, key=lambda v: float(v))
+        flag = Column(
+            name, "boolean", categories=(false, true), missing=missing, source=DATA_SOURCE
+        )
+        return DraftedColumn(
+            flag, f"{name}: only {false} and {true} → boolean (written as {false} and {true})"
+        )
     if numbers is not None:
         integral = bool(np.all(numbers == np.round(numbers)))
         # Whole numbers stay numbers, however few their values: as a category list, a count's

@@ -254,3 +254,50 @@ def test_an_indicator_of_zeros_and_ones_is_a_boolean_written_as_numbers() -> Non
     frame = codec.decode(x.numpy(), y.numpy(), np.random.default_rng(0))
     written = codec.text_frame(frame)
     assert written["honors"].tolist() == cells.tolist()
+
+
+def test_an_indicator_written_as_floats_is_a_boolean_written_as_the_file_spells_it() -> None:
+    """A 0/1 column saved from a float column (`0.0`, `1.0`, loanapp's `min30`) is a boolean
+    written back as 0.0 and 1.0: drafted an integer, its range spanned 0-4 and a sixth of its
+    synthetic values were 2, 3 or 4. 0.0, 1.0 and 2.0 stay a whole number."""
+    from dpsynth.data.csvtable import RawTable
+    from dpsynth.data.schema_draft import draft_table
+    from dpsynth.data.table_codec import TableCodec
+
+    flags = np.random.default_rng(1).integers(0, 2, 500)
+    cells = np.array([f"{v:.1f}" for v in flags], dtype=object)
+    drafted = draft_column("min30", cells, rows=500)
+    assert drafted.column.type == "boolean"
+    assert drafted.column.categories == ("0.0", "1.0")
+    three = np.concatenate([cells, ["2.0"]])
+    assert draft_column("visits", three, rows=501).column.type == "integer"
+    labels = np.array(["a", "b"] * 250, dtype=object)
+    raw = RawTable(("min30", "y"), (cells, labels), "t")
+    schema, _ = draft_table(["min30", "y"], [cells, labels], "y")
+    codec = TableCodec(schema)
+    x, y = codec.encode(raw)
+    frame = codec.decode(x.numpy(), y.numpy(), np.random.default_rng(0))
+    assert codec.text_frame(frame)["min30"].tolist() == cells.tolist()
+
+
+def test_a_released_boolean_without_a_missing_level_encodes_its_empty_cells_false() -> None:
+    """loanapp's `married` has 3 empty cells in 1,591 rows: the DP release gives it no missing
+    level, and training stopped after the spend (exit 4, "not in the schema's spellings"). Its
+    empty cells are now encoded false, as a released number's are at mid-range; a declared
+    boolean without `missing` still refuses them."""
+    from dataclasses import replace
+
+    import pytest
+
+    from dpsynth.data.column_values import RELEASED_PREFIX, level_codes
+    from dpsynth.data.csvtable import RawTable
+    from dpsynth.errors import DataError
+
+    cells = np.array(["1.0", "", "0.0", "1.0", ""], dtype=object)
+    raw = RawTable(("married",), (cells,), "t")
+    declared = draft_column("married", cells, rows=5).column
+    assert declared.type == "boolean" and declared.missing
+    released = replace(declared, missing=False, source=f"{RELEASED_PREFIX} (--schema-epsilon 1)")
+    assert level_codes(raw, released).tolist() == [1, 0, 0, 1, 0]
+    with pytest.raises(DataError, match="not in the schema's spellings"):
+        level_codes(raw, replace(declared, missing=False, source=None))
