@@ -168,22 +168,17 @@ def data_schema(
     emit_json(drafted.to_json())
 
 
-# A draft whose DP release needs more than this ε gets a remark: what the default release of
-# mst and aim has at ε = 1 (`table_schema.REUSED_SCHEMA_SHARE`, imported lazily for start-up).
-_COSTLY_RELEASE = 0.7
-
-
 def _release_remark(drafted: Schema, rows: int) -> list[str]:
     """One remark when `train`'s default DP release of the drafted entries would need a large
     ε at this size (a small table): what it needs, and the cheaper way (public entries)."""
     from dpsynth.privacy.accounting.calibration import default_delta
     from dpsynth.training.schema_entries import epsilon_needed
-
-    needed = epsilon_needed(drafted, rows, default_delta(rows))
-    if needed is None or needed <= _COSTLY_RELEASE:
-        return []
     from dpsynth.training.table_schema import REUSED_SCHEMA_SHARE
 
+    needed = epsilon_needed(drafted, rows, default_delta(rows))
+    # a remark when the release needs more than the default of mst and aim has at ε = 1
+    if needed is None or needed <= REUSED_SCHEMA_SHARE:
+        return []
     reach = f"--schema-epsilon {needed:.2g}" if needed != float("inf") else "no ε"
     return [
         f"{rows:,} rows: a DP release of the marked entries keeps the values held by a tenth "
