@@ -29,6 +29,7 @@ from dpsynth.privacy.releases.schema_spans import (
     FALSE_ALARM,
     FALSE_ALONE,
     coarse_span,
+    grown_span,
     supported_bins,
 )
 
@@ -77,18 +78,7 @@ def _extended(
     RANGE_Z deviations of its noise (kept off the overflow bins). A number's tail bin of a
     fifth of the rows beside the span is kept whole, not trimmed as padding; a time's year
     bins grow by RANGE_WINDOW only (a year is wide: one just past the span is padding)."""
-    first, last = span
-
-    def holds(window: np.ndarray) -> bool:
-        return bool(window.sum() > RANGE_Z * std * math.sqrt(max(len(window), 1)))
-
-    while first > 1 and any(holds(released[max(first - w, 0) : first]) for w in widths):
-        first -= 1
-    while last < len(released) - 2 and any(
-        holds(released[last + 1 : last + 1 + w]) for w in widths
-    ):
-        last += 1
-    return max(first, 1), min(last, len(released) - 2)
+    return grown_span(released, span, std, RANGE_Z, widths, (1, len(released) - 2))
 
 
 def _fullest_window(counts: np.ndarray) -> tuple[int, int]:

@@ -28,6 +28,32 @@ def supported_bins(counts: np.ndarray, cut: float, alone_cut: float) -> np.ndarr
     return np.flatnonzero((clears & neighbour) | (counts > alone_cut))
 
 
+def grown_span(
+    counts: np.ndarray,
+    span: tuple[int, int],
+    noise_std: float,
+    z: float,
+    widths: tuple[int, ...],
+    bounds: tuple[int, int] | None = None,
+) -> tuple[int, int]:
+    """`span` grown outward, one bin at a time, while the next 1, 2, … (`widths`) bins beside
+    it together hold a noisy count over `z` deviations of that sum's noise (post-processing),
+    kept within `bounds` (first and last bin; the whole histogram when None). Read from the
+    span outward, a far run of empty bins cannot hide a heavy bin beside the span, as a sum
+    read from the far end inward can (its noise grows with every bin it adds)."""
+    low, high = bounds if bounds is not None else (0, len(counts) - 1)
+    first, last = span
+
+    def holds(window: np.ndarray) -> bool:
+        return bool(window.sum() > z * noise_std * math.sqrt(max(len(window), 1)))
+
+    while first > low and any(holds(counts[max(first - w, low) : first]) for w in widths):
+        first -= 1
+    while last < high and any(holds(counts[last + 1 : min(last + w, high) + 1]) for w in widths):
+        last += 1
+    return max(first, low), min(last, high)
+
+
 def trimmed_span(counts: np.ndarray, noise_std: float) -> tuple[int, int] | None:
     """The first and last fine bins whose noisy count clears a false-alarm cut (post-processing).
 
