@@ -124,11 +124,13 @@ class RDPGANMethod(StagedMethod):
 
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
         """`mnist` for 28×28-sized images (≥ 400 values a record), `mnist-eps1` at ε ≤ 3;
-        `small-freq` for smaller images, `small` for tables. Public facts only (the modality,
-        the shape, ε)."""
+        `small-freq` for smaller images, `small-eps1` at ε ≤ 3; `small` for tables. Public
+        facts only (the modality, the shape, ε)."""
+        if info.modality != "image":
+            return "small"
         if is_large_image(info):
             return "mnist-eps1" if epsilon <= SMALL_EPSILON else "mnist"
-        return "small-freq" if info.modality == "image" else "small"
+        return "small-eps1" if epsilon <= SMALL_EPSILON else "small-freq"
 
     def plan_own(self, facts: PlanFacts) -> PrivacyPlan:
         """The whole σ schedule, one event per distinct σ (`plan.plan_rdpgan`)."""

@@ -488,17 +488,19 @@ def test_paper_preset_takes_a_step_at_mnist_size(one_torch_thread):
 
 def test_auto_picks_the_frequency_model_presets_for_images():
     # Public facts choose (the modality, the shape and ε): 28×28 images get `mnist` /
-    # `mnist-eps1`, smaller images `small-freq` at every ε.
+    # `mnist-eps1`, smaller images `small-freq` / `small-eps1` (ε ≤ 3).
     mnist = DataInfo(**{**DIGITS_INFO.__dict__, "shape": (1, 28, 28), "n": 4000})
     method = RDPGANMethod()
     assert method.recommended_preset(DIGITS_INFO, 10.0) == "small-freq"
-    assert method.recommended_preset(DIGITS_INFO, 1.0) == "small-freq"
+    assert method.recommended_preset(DIGITS_INFO, 1.0) == "small-eps1"
+    assert method.recommended_preset(DIGITS_INFO, 3.0) == "small-eps1"
     assert method.recommended_preset(mnist, 10.0) == "mnist"
     assert method.recommended_preset(mnist, 1.0) == "mnist-eps1"
     table = DataInfo(**{**DIGITS_INFO.__dict__, "modality": "table"})
     assert method.recommended_preset(table, 10.0) == "small"  # tables: TABLE_PRESETS
     cases = (("mnist", "class", mnist), ("mnist-eps1", "pooled", mnist))
-    for preset, covariance, info in (*cases, ("small-freq", "pooled", DIGITS_INFO)):
+    small = (("small-freq", "pooled", DIGITS_INFO), ("small-eps1", "pooled", DIGITS_INFO))
+    for preset, covariance, info in (*cases, *small):
         config = method.config(preset, {}, info)
         method.validate_config(config, info)
         plan = method.plan(info, PrivacyTarget(1.0, 1e-5), config)
@@ -512,14 +514,15 @@ def test_auto_picks_the_frequency_model_presets_for_images():
 
 
 def test_cli_auto_on_small_images_releases_the_fitted_frequency_model(tmp_path, one_torch_thread):
-    # `--preset auto` on the 8×8 digits: `small-freq`, whose frequency model covers the whole
-    # image (the 10×10 band clipped to 8×8); its release is charged, and `sample` gives 8×8
-    # images. A short fit keeps the test quick.
+    # `--preset auto` on the 8×8 digits at ε = 1: `small-eps1`, whose frequency model covers
+    # the whole image (the 10×10 band clipped to 8×8), G anchored to its fit; its release is
+    # charged, and `sample` gives 8×8 images. A short fit keeps the test quick.
     result, spend, _ = _cli_train_then_sample(
         tmp_path, "1", "auto", ["frequency_fit_steps=5"], ["--format", "npz"]
     )
     config = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert config["preset"] == "small-freq" and float(result["epsilon"]) <= 1.0
+    assert config["preset"] == "small-eps1" and float(result["epsilon"]) <= 1.0
+    assert config["config"]["frequency_anchor"] == 0.3
     (model,) = [e for e in spend["events"] if e.get("mechanism") == "frequency_model"]
     assert model["covariance"] == "pooled" and model["band"] == 10
     assert not [e for e in spend["events"] if e.get("mechanism") == "dp_classifier"]
