@@ -235,7 +235,10 @@ def apply_release(
     )
     # round 3: the shapes inside the trimmed spans (their own fine grids, whole numbers one a
     # bin when few), the booleans and the decimals
-    grids = {name: shape_grid(specs[name], spans[name].span, plan) for name in found}
+    grids = {
+        name: shape_grid(specs[name], spans[name].span, plan, spans[name].concentrated)
+        for name in found
+    }
     shapes = release_shapes_from_counts(
         count_shapes(grids),
         {name: (specs[name], grids[name], False) for name in found},

@@ -189,11 +189,14 @@ def beyond_range(noisy_range: np.ndarray, kind: str, span: tuple[float, float]) 
 
 @dataclass(frozen=True)
 class ReleasedSpan:
-    """Round 2's output for a number: its range with the empty padding trimmed, and the
-    share of its values estimated beyond that range (rounds 1 and 2, noisy counts)."""
+    """Round 2's output for a number: its range with the empty padding trimmed, the share of
+    its values estimated beyond that range (rounds 1 and 2, noisy counts), and whether its
+    whole numbers were found in a bin or two coarser than their unit (`concentrated_span`:
+    round 3 counts them finer)."""
 
     span: tuple[float, float]
     clipped: float
+    concentrated: bool = False
 
 
 def release_spans_from_counts(
@@ -216,6 +219,7 @@ def release_spans_from_counts(
             int(np.clip(np.searchsorted(grid, core[0], side="right") - 1, 0, last_bin)),
             int(np.clip(np.searchsorted(grid, core[1], side="left") - 1, 0, last_bin)),
         )
+        concentrated = False
         # inside round 1's range (√2 bins: too wide to keep whole for a year of 2013) only when
         # the noise over it is below PRECISE_SHARE of the values and a thin tail can clear it;
         # else the padding alone (the noise of a sparse column would trim its thin tails)
@@ -235,6 +239,7 @@ def release_spans_from_counts(
             if spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
                 held = concentrated_span(fine, std, plan.rows - float(released[0]), core)
                 first, last = held or (first, last)
+                concentrated = held is not None
         low, high = float(grid[first]), float(grid[last + 1])
         unit = {"integer": 1.0, "date": 86400.0}.get(spec.kind)
         if unit:  # whole numbers and days: a bin [a, b) ends at b less one unit
@@ -242,5 +247,5 @@ def release_spans_from_counts(
         if zero_counted(spec.kind, grid) and released[1] > SIGNIFICANCE * std:
             low, high = min(low, 0.0), max(high, 0.0)  # zeros stay inside the range
         share = clipped_share(fine, (first, last), outside, present)
-        out[name] = ReleasedSpan((low, high), share)
+        out[name] = ReleasedSpan((low, high), share, concentrated)
     return out
