@@ -22,25 +22,28 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
   minutes) `auto` takes `mst`, which fits one tree of pairs in one round. A 24-column numeric
   table reaches it at about 7 million rows (before the estimator of 2026-11-28, aim took 30
   minutes on 100,000 rows × 18 columns; it now takes about 2);
-- images of at least `LARGE_IMAGE_VALUES` values (28×28): `dpkernel` (its `mnist` and
-  `mnist-eps1` presets), ahead of every other method on FID and CNN accuracy together in the
+- images: `dpkernel`. Of at least `LARGE_IMAGE_VALUES` values (28×28), its `mnist` and
+  `mnist-eps1` presets, ahead of every other method on FID and CNN accuracy together in the
   runs of record (docs/leaderboard.md): on mnist-5k at ε = 10 CNN 0.849 / FID 82.6 against
   rdpgan's 0.768 / 160.1, the choice before (of 2026-11-27, on accuracy alone), whose images
   are nearly one template a class; at ε = 1 0.711 / 178.5 against 0.653 / 216.5; on the
   unseen digits28 at ε = 10 0.894 / 154.1 against 0.849 / 236.2. It trains in 8.9 minutes
   at ε = 10 on the idle 2-core CPU (rdpgan 3.0), within the 15 minutes of a recommended
   preset; only the frequency model alone is more accurate at ε = 1 (0.793), at FID 274.8;
-- smaller images (8×8 digits): `pge` at ε ≤ `SMALL_EPSILON` (in the digits run of record,
-  2026-11-30: CNN 0.784 at ε = 1, the best, ahead of DP-SGD on the records' 0.750, at FID
-  103.5), `dpkernel` above (0.884 at ε = 10 with the best FID, 33.1, in under a minute of
-  training; dpaf and pge are 0.896 and 0.888 at FID 46.5 and 55.0).
+- smaller images (8×8 digits): its `small-eps1` at every ε. At ε = 1 pge's CNN accuracy is
+  3 points above dpkernel's (0.777 against 0.746, the mean of two runs each, seed deviations
+  0.03) at more than twice its FID (digits, 2026-12-06: dpkernel 0.761 / 39.8, pge 0.770 /
+  93.4; 2026-11-30: 0.730 / 41.5 against 0.784 / 103.5); dpkernel's grid reads as clean
+  digits where pge's are speckled, and it trains in about a minute against pge's two (pge
+  was the choice at ε ≤ 3 until 2026-12-06). At ε = 10 0.884 with the best FID, 33.1 (dpaf
+  and pge 0.896 and 0.888 at FID 46.5 and 55.0).
 """
 
 from __future__ import annotations
 
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema_file import parse_schema
-from dpsynth.methods.base import SMALL_EPSILON, Method, is_large_image
+from dpsynth.methods.base import SMALL_EPSILON, Method
 from dpsynth.methods.registry import get_method
 
 AUTO = "auto"
@@ -67,9 +70,7 @@ def recommend_method(info: DataInfo, epsilon: float) -> str:
         if narrow and epsilon <= SMALL_EPSILON and aim_fits_the_budget(info, epsilon):
             return "aim"
         return "mst"
-    if is_large_image(info):
-        return "dpkernel"
-    return "pge" if epsilon <= SMALL_EPSILON else "dpkernel"
+    return "dpkernel"
 
 
 def resolve_preset(backend: Method, preset: str, info: DataInfo, epsilon: float) -> str:

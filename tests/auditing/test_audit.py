@@ -224,13 +224,16 @@ def test_audit_is_listed_with_its_options():
 
 def test_auto_audits_what_train_would_pick_for_the_data_and_epsilon():
     """`--method auto --preset auto` audits the method and preset `train`'s auto rule picks on
-    the built-in's public description (so at ε = 1 and 10 on digits, two different ones)."""
+    the built-in's public description, at each ε (psg's preset on digits differs between ε = 1
+    and 10; `--method auto` picks dpkernel's `small-eps1` at both)."""
     info = audit_run.public_info("digits")
     picks = {eps: audit_run.resolve_auto("auto", "auto", eps, "digits") for eps in (1.0, 10.0)}
     for eps, (name, preset) in picks.items():
         assert name == recommend_method(info, eps)
         assert preset == get_method(name).recommended_preset(info, eps)
-    assert picks[1.0] != picks[10.0]
+    assert picks[1.0] == picks[10.0] == ("dpkernel", "small-eps1")
+    psg = {eps: audit_run.resolve_auto("psg", "auto", eps, "digits") for eps in (1.0, 10.0)}
+    assert psg[1.0] == ("psg", "small-eps1") and psg[10.0] == ("psg", "small")
     assert audit_run.resolve_auto("auto", "tiny", 10.0, "digits") == (picks[10.0][0], "tiny")
     assert audit_run.resolve_auto("psg", "auto", 1.0, "digits")[0] == "psg"
     result = runner.invoke(

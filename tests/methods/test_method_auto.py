@@ -59,7 +59,7 @@ def test_the_rule_follows_the_public_shape_and_epsilon() -> None:
     assert recommend_method(_table(18, rows=10**7), 1.0) == "mst"
     assert recommend_method(_image((1, 28, 28)), 1.0) == "dpkernel"
     assert recommend_method(_image((1, 28, 28)), 10.0) == "dpkernel"
-    assert recommend_method(_image((1, 8, 8)), 1.0) == "pge"
+    assert recommend_method(_image((1, 8, 8)), 1.0) == "dpkernel"
     assert recommend_method(_image((1, 8, 8)), 10.0) == "dpkernel"
     # every recommendation is a registered backend that takes that kind of data
     for info in (_table(3), _table(40), _image((1, 28, 28)), _image((1, 8, 8))):
