@@ -35,8 +35,8 @@ the target ε), so the choice spends nothing. It follows what the leaderboard me
   0.03) at more than twice its FID (digits, 2026-12-06: dpkernel 0.761 / 39.8, pge 0.770 /
   93.4; 2026-11-30: 0.730 / 41.5 against 0.784 / 103.5); dpkernel's grid reads as clean
   digits where pge's are speckled, and it trains in about a minute against pge's two (pge
-  was the choice at ε ≤ 3 until 2026-12-06). At ε = 10 0.884 with the best FID, 33.1 (dpaf
-  and pge 0.896 and 0.888 at FID 46.5 and 55.0).
+  was the choice at ε ≤ 3 until 2026-12-06). At ε = 10 (2026-12-06) 0.881 with the best FID,
+  33.7 (dpaf 0.881 at 52.4, pge 0.869 at 58.3).
 """
 
 from __future__ import annotations
