@@ -122,8 +122,7 @@ def shape_grid(
     bins = fine_bins(plan.rows, plan.shape_noise_std)
     if spec.kind == "integer":
         values = math.floor(span[1]) - math.ceil(span[0]) + 1
-        bins = max(bins, values) if values <= INTEGER_FINE_BINS else bins
-        if concentrated:
+        if values <= INTEGER_FINE_BINS or concentrated:
             bins = max(bins, min(values, INTEGER_FINE_BINS))
     return fine_grid(span[0], span[1], spec.kind, bins)
 
