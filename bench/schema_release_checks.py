@@ -16,7 +16,8 @@ only this bench reads:
 - `ranges`: per number, the real [min, max] beside the released one, and `junk`: the share of
   values drawn from the release's own 1-way histogram (its noisy counts summed into the model's
   bins, clipped at 0: what mst's 1-way marginal starts from) and placed in their bins as
-  `sample` places them, that fall outside the real [min, max] (issue 68's junk values).
+  `sample` places them (end bins by their tails), that fall outside the real [min, max]
+  (issue 68's junk values).
 
 Results (with date, machine, commit and command) go to `--json` or stdout.
 """
@@ -53,6 +54,7 @@ def junk_shares(schema: Any, one_ways: dict[str, Any], n: int, real: dict[str, t
     from dpsynth.methods.marginal.domain import bin_values
     from dpsynth.methods.marginal.one_ways import released_measurements
     from dpsynth.methods.marginal.presets import MST_PRESETS
+    from dpsynth.methods.marginal.tails import end_tails, tail_positions
 
     preset = MST_PRESETS["small"]
     domain = schema_domain(schema, int(preset["bins"]), bool(preset["bound_bins"]))
@@ -68,7 +70,10 @@ def junk_shares(schema: Any, one_ways: dict[str, Any], n: int, real: dict[str, t
         if counts.sum() <= 0:
             continue
         codes = rng.choice(len(counts), size=SAMPLED, p=counts / counts.sum())
-        values = bin_values(codes, attribute, rng.random(SAMPLED))
+        tails = end_tails(attribute, counts)
+        values = bin_values(
+            codes, attribute, tail_positions(codes, rng.random(SAMPLED), attribute, tails)
+        )
         low, high = real[attribute.name]
         out[attribute.name] = round(float(np.mean((values < low) | (values > high))), 4)
     return out

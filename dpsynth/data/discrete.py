@@ -57,6 +57,7 @@ class Attribute:
     bound_bins: bool = False
     edges: tuple[float, ...] = ()
     flag_start: int = -1  # the missing flag's block in the encoded row (-1: none)
+    magnitude: bool = False  # a number whose distance from 0 means something (not a time)
 
     @property
     def missing(self) -> bool:
@@ -100,7 +101,10 @@ def _number_attribute(
     common = {"low": low, "high": high, "integer": integer, "flag_start": flag_start}
     if column.edges is not None and len(column.edges) >= 2 and high > low:
         size = len(column.edges) - 1 + extra
-        return Attribute(column.name, "edges", size, start, edges=column.edges, **common)
+        magnitude = column.type in ("numeric", "integer")
+        return Attribute(
+            column.name, "edges", size, start, edges=column.edges, magnitude=magnitude, **common
+        )
     values = math.floor(high) - math.ceil(low) + 1 if integer else math.inf
     if high == low:
         return Attribute(column.name, "bins", 1 + extra, start, **common)

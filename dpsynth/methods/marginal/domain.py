@@ -24,6 +24,7 @@ sampler's public generator, so that `TableCodec.decode` writes the original colu
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ from dpsynth.data.discrete import (
     number_codes,
     table_domain,
 )
+from dpsynth.methods.marginal.tails import EndTail, tail_positions
 
 __all__ = [
     "Attribute",
@@ -137,14 +139,18 @@ def _edge_values(codes: np.ndarray, attribute: Attribute, uniform: np.ndarray) -
 
 
 def scaled_numbers(
-    codes: np.ndarray, attribute: Attribute, uniform: np.ndarray
+    codes: np.ndarray,
+    attribute: Attribute,
+    uniform: np.ndarray,
+    tails: tuple[EndTail, ...] = (),
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """A numeric attribute's codes [b] as numbers on the encoding's scale, float32 as
-    an encoded row holds them (drawn inside their bins by `uniform`),
-    and the rows where the value is missing (None for a column without missing cells)."""
+    an encoded row holds them (drawn inside their bins by `uniform`, in its end bins by their
+    `tails`), and the rows where the value is missing (None for a column without missing
+    cells)."""
     absent = codes >= attribute.present_size if attribute.missing else None
     present = codes if absent is None else np.where(absent, 0, codes)
-    values = bin_values(present, attribute, uniform)
+    values = bin_values(present, attribute, tail_positions(present, uniform, attribute, tails))
     span = attribute.high - attribute.low
     scaled = np.zeros(len(codes)) if span == 0 else 2.0 * (values - attribute.low) / span - 1.0
     if absent is not None:
@@ -153,11 +159,15 @@ def scaled_numbers(
 
 
 def rows_from_codes(
-    codes: np.ndarray, domain: TableDomain, uniform: np.ndarray
+    codes: np.ndarray,
+    domain: TableDomain,
+    uniform: np.ndarray,
+    tails: Mapping[int, tuple[EndTail, ...]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Encoded rows float32 [b, D] and labels int64 [b] for codes [b, d].
 
-    `uniform` [b, d] holds public U(0, 1) draws for the positions inside numeric bins.
+    `uniform` [b, d] holds public U(0, 1) draws for the positions inside numeric bins;
+    `tails` (by attribute index) how the end bins of each attribute are drawn.
     """
     b = len(codes)
     rows = np.zeros((b, domain.width), dtype=np.float32)
@@ -168,7 +178,7 @@ def rows_from_codes(
         if attribute.kind == "categorical":
             rows[np.arange(b), attribute.start + column] = 1.0
             continue
-        scaled, absent = scaled_numbers(column, attribute, uniform[:, j])
+        scaled, absent = scaled_numbers(column, attribute, uniform[:, j], (tails or {}).get(j, ()))
         rows[:, attribute.start] = scaled
         if absent is not None:
             rows[np.arange(b), attribute.flag_start + absent.astype(np.int64)] = 1.0

@@ -16,7 +16,7 @@ interface instead (the same codes through `rows_from_codes`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +32,7 @@ from dpsynth.methods.marginal.domain import (
     table_domain,
 )
 from dpsynth.methods.marginal.state import unpack_cliques
+from dpsynth.methods.marginal.tails import EndTail, end_tails
 
 # Guide buckets per cell of a conditional table (a power of two ≥ this × its width): with B
 # buckets per row a draw steps past (width − 1) / (2B) cells on average. Four per cell up to
@@ -185,10 +186,15 @@ class TreeSampler:
 
 
 def coded_rows(
-    codes: np.ndarray, domain: TableDomain, uniform: np.ndarray, start: int = 0
+    codes: np.ndarray,
+    domain: TableDomain,
+    uniform: np.ndarray,
+    start: int = 0,
+    tails: Mapping[int, tuple[EndTail, ...]] | None = None,
 ) -> CodedRows:
     """`CodedRows` of codes [d, b]: level indices for categorical attributes, numbers for the
-    others from `uniform` [numeric attributes, b] (their positions inside the bins)."""
+    others from `uniform` [numeric attributes, b] (their positions inside the bins; `tails`,
+    by attribute index, how the end bins are drawn)."""
     levels, scaled, absent = {}, {}, {}
     k = 0
     for j, attribute in enumerate(domain.attributes):
@@ -197,7 +203,9 @@ def coded_rows(
         if attribute.kind == "categorical":
             levels[attribute.name] = codes[j]
             continue
-        scaled[attribute.name], missing = scaled_numbers(codes[j], attribute, uniform[k])
+        scaled[attribute.name], missing = scaled_numbers(
+            codes[j], attribute, uniform[k], (tails or {}).get(j, ())
+        )
         if missing is not None:
             absent[attribute.name] = missing
         k += 1
@@ -215,6 +223,12 @@ class MarginalGenerator(Generator):
         self.tree = tree
         self.sampler = TreeSampler(tree, domain.target)
         self.numbers = sum(a.kind not in ("categorical", "target") for a in domain.attributes)
+        # the end bins' tails under the model's own one-way marginals (post-processing)
+        self.tails = {
+            j: end_tails(a, tree.marginal(j)[: a.present_size])
+            for j, a in enumerate(domain.attributes)
+            if a.kind == "edges"
+        }
 
     @classmethod
     def from_state(cls, state: GeneratorState) -> MarginalGenerator:
@@ -235,7 +249,7 @@ class MarginalGenerator(Generator):
         labels = np.asarray(labels, dtype=np.intp)
         b = len(labels)
         codes = self.sampler.draw(labels, (rng.random(b) for _ in self.sampler.steps))
-        return coded_rows(codes, self.domain, rng.random((self.numbers, b)), start)
+        return coded_rows(codes, self.domain, rng.random((self.numbers, b)), start, self.tails)
 
     def sample(
         self, labels: torch.Tensor, batch_size: int, generator: torch.Generator
@@ -253,7 +267,7 @@ class MarginalGenerator(Generator):
             )  # fmt: skip
             steps = len(self.sampler.steps)
             codes = self.sampler.sample(chunk, uniform[:, :steps])
-            rows, _ = rows_from_codes(codes, self.domain, uniform[:, steps:])
+            rows, _ = rows_from_codes(codes, self.domain, uniform[:, steps:], self.tails)
             yield rows
 
     def class_proportions(self) -> np.ndarray:
