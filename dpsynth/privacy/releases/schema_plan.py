@@ -99,13 +99,18 @@ class SchemaReleasePlan:
     decimals_noise_std: float = 0.0
     # kind of histogram → (histograms of that kind, weight): the allocation, for config.json
     allocation: tuple[tuple[str, int, float], ...] = ()
+    # the numbers released (a bin alone clears a cut shared by their range histograms)
+    numbers: int = 1
 
     def range_cut(self, kind: str, alone: bool = False) -> float:
         """The noisy count a bin of a number's public range grid must clear (`kind`: the
         column's type; dates and times use the calendar grid) beside a neighbour that clears
         it too, or `alone` (see FALSE_ALARM). Not a privacy threshold (the grid is public)."""
         bins = len(range_grid(kind))
-        rate = FALSE_ALONE if alone else FALSE_ALARM
+        # a bin alone stretches a range by orders of magnitude: its false-alarm rate is shared
+        # by the release's numbers (at FALSE_ALONE a number, one release of nhefs' in three
+        # had a number so stretched: its marital codes, 2-8, were released as -6.1e9 … 19)
+        rate = FALSE_ALONE / max(self.numbers, 1) if alone else FALSE_ALARM
         return 1.0 + self.range_noise_std * float(norm.isf(rate / bins))
 
     def to_json(self) -> dict[str, Any]:
@@ -230,4 +235,5 @@ def plan_schema_release(
         boolean_noise_std=std(BOOLEAN_NEED),
         decimals_noise_std=std(DECIMALS_NEED),
         allocation=allocation,
+        numbers=len(numbers),
     )

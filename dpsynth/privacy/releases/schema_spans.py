@@ -14,7 +14,8 @@ from scipy.stats import norm
 # magnitude (latitudes released as 32 … 5.5e7). So a bin counts when it clears the cut of a
 # false alarm in FALSE_ALARM of the histograms and has a neighbour that does too (rows
 # spread over adjacent bins: amounts), or alone when it clears the cut of FALSE_ALONE (rows
-# in one bin: latitudes of a city). Noise alone then stretches about one range in a thousand.
+# in one bin: latitudes of a city). Noise alone then stretches about one range in a thousand
+# (round 1 shares FALSE_ALONE among a release's numbers: `SchemaReleasePlan.range_cut`).
 FALSE_ALARM = 0.05
 FALSE_ALONE = 1e-3
 
