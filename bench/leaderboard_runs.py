@@ -51,14 +51,19 @@ def table_methods() -> list[str]:
 
 
 def preset_for(method: str, info: Any, epsilon: str, wanted: str | None) -> str:
-    """`wanted` if given (`small` when the method lacks it), else the method's recommendation.
+    """`wanted` if given (`small` when the method lacks it; a tier, `auto` or `quality`, as
+    `train` resolves it, UsageError for a method without that tier), else the method's
+    recommendation.
 
     The recommendation comes from the backend (`Method.recommended_preset`), so a new
     backend or preset needs no edit here.
     """
+    from dpsynth.methods.recommend import TIERS, resolve_preset
     from dpsynth.methods.registry import get_method
 
     backend = get_method(method)
+    if wanted in TIERS:
+        return resolve_preset(backend, wanted, info, float(epsilon))
     if wanted:
         return wanted if wanted in backend.presets_for(info) else "small"
     return backend.recommended_preset(info, float(epsilon))

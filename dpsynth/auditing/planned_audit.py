@@ -43,7 +43,7 @@ from dpsynth.data.builtin import BUILTINS
 from dpsynth.data.images import DataInfo
 from dpsynth.data.limits import over_budget
 from dpsynth.errors import UsageError
-from dpsynth.methods.recommend import AUTO, recommend_method, resolve_preset
+from dpsynth.methods.recommend import AUTO, TIERS, recommend_method, resolve_preset
 from dpsynth.methods.registry import get_method
 from dpsynth.privacy.accounting.calibration import default_delta
 from dpsynth.privacy.accounting.events import DpEvent
@@ -195,7 +195,7 @@ def resolve_auto(
 ) -> tuple[str, str]:
     """(method, preset) with `auto` replaced by `train`'s choice for the built-in's public shape
     at ε (the choice reads no records)."""
-    if AUTO not in (method_name, preset):
+    if method_name != AUTO and preset not in TIERS:
         return method_name, preset
     info = describe(data, schema)
     if method_name == AUTO:

@@ -24,7 +24,8 @@ def audit(
     ],
     epsilon: Annotated[float, typer.Option(help="Target ε the backend plans for.")],
     preset: Annotated[
-        str, typer.Option(help="The backend's preset (tiny, small, ..., or auto).")
+        str,
+        typer.Option(help="The backend's preset (tiny, small, ..., or a tier: auto or quality)."),
     ] = "tiny",
     canaries: Annotated[
         int | None,

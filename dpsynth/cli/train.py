@@ -88,8 +88,9 @@ def train(
     preset: Annotated[
         str,
         typer.Option(
-            help="A preset of the method (see docs/methods/), or auto: the method's "
-            "recommendation for the data's public shape and size at the target ε."
+            help="A preset of the method (see docs/methods/), or a tier: auto, the method's "
+            "recommendation for the data's public shape and size at the target ε (minutes); "
+            "quality, its slower, better preset where it has one (within an hour on 2 cores)."
         ),
     ] = "auto",
     seed: Annotated[

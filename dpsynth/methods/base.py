@@ -281,6 +281,12 @@ class Method(ABC):
         """
         return "small"
 
+    def quality_preset(self, info: DataInfo, epsilon: float) -> str | None:
+        """The backend's quality tier (`--preset quality`) for this public shape at ε: its best
+        release within an hour on the project's 2-core CPU, slower than the recommended preset;
+        None where it has none (the default)."""
+        return None
+
     def estimated_train_seconds(self, info: DataInfo, epsilon: float) -> float | None:
         """`train`'s running time with the recommended preset on the project's 2-core CPU,
         estimated from public facts only (the shape, the schema, N and ε), for `--method

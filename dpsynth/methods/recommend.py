@@ -43,10 +43,15 @@ from __future__ import annotations
 
 from dpsynth.data.images import DataInfo
 from dpsynth.data.schema_file import parse_schema
+from dpsynth.errors import UsageError
 from dpsynth.methods.base import SMALL_EPSILON, Method
-from dpsynth.methods.registry import get_method
+from dpsynth.methods.registry import get_method, methods_for
 
 AUTO = "auto"
+# The slow tier: each backend's best release within an hour on the 2-core CPU, where it has one
+# (`Method.quality_preset`); `auto` is the fast tier (a quarter of an hour).
+QUALITY = "quality"
+TIERS = (AUTO, QUALITY)
 AIM_MAX_COLUMNS = 24
 # The most training seconds `auto` lets aim take (estimated; the 2-core CPU of docs/tables.md).
 AIM_TIME_BUDGET_S = 600.0
@@ -73,7 +78,29 @@ def recommend_method(info: DataInfo, epsilon: float) -> str:
     return "dpkernel"
 
 
+def quality_methods(info: DataInfo, epsilon: float) -> list[str]:
+    """The backends with a quality tier for this data's public shape at ε."""
+    return [
+        name
+        for name in methods_for(info.modality)
+        if get_method(name).quality_preset(info, epsilon) is not None
+    ]
+
+
 def resolve_preset(backend: Method, preset: str, info: DataInfo, epsilon: float) -> str:
-    """`preset`, or for `auto` the backend's recommendation for this data's public shape and
-    size at the target ε (no data is read: the choice spends no budget)."""
-    return backend.recommended_preset(info, epsilon) if preset == AUTO else preset
+    """`preset`, or a tier: for `auto` the backend's recommendation for this data's public
+    shape and size at the target ε, for `quality` its slower, better preset there (UsageError
+    where it has none). No data is read: the choice spends no budget."""
+    if preset == AUTO:
+        return backend.recommended_preset(info, epsilon)
+    if preset != QUALITY:
+        return preset
+    chosen = backend.quality_preset(info, epsilon)
+    if chosen is None:
+        others = quality_methods(info, epsilon)
+        where = f"--method {' or '.join(others)} has one" if others else "no method has one"
+        raise UsageError(
+            f"--preset quality: {backend.name} has no quality tier for this data ({where}); "
+            "--preset auto is its recommended preset"
+        )
+    return chosen

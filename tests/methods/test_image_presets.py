@@ -22,6 +22,7 @@ SPIKED = {
     ("pge", "mnist"), ("pge", "mnist-eps1"),
     ("psg", "mnist"), ("psg", "mnist-eps1"),
     ("dpkernel", "mnist"), ("dpkernel", "mnist-teacher"), ("dpkernel", "mnist-public"),
+    ("dpkernel", "mnist-quality"),
     ("rdpgan", "mnist"),
 }  # fmt: skip
 # `spiked-pooled`: the same with each class's bulk from the pooled within-class covariance.

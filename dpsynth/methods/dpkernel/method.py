@@ -87,6 +87,14 @@ class DPKernelMethod(StagedMethod):
             return "small-eps1"
         return "mnist-eps1" if epsilon <= SMALL_EPSILON else "mnist"
 
+    def quality_preset(self, info: DataInfo, epsilon: float) -> str | None:
+        """`mnist-quality` for 28×28-sized images above ε = 3 (docs/leaderboard.md, the
+        quality tier); no quality tier for smaller images, tables or ε ≤ 3, where no slower
+        preset was measured to beat the recommended one."""
+        if info.modality == "image" and is_large_image(info) and epsilon > SMALL_EPSILON:
+            return "mnist-quality"
+        return None
+
     def config(self, preset: str, overrides: Mapping[str, Any], info: DataInfo) -> dict[str, Any]:
         """Preset plus overrides, validated; `max_grad_norm` is derived from the kernel.
 
