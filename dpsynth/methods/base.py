@@ -273,18 +273,15 @@ class Method(ABC):
         return merged
 
     def recommended_preset(self, info: DataInfo, epsilon: float) -> str:
-        """The preset this backend recommends for data of this public shape and size at ε.
-
-        Only public facts go in (the record count, shape, label set and the target ε, which
-        may be inf), so the choice spends no budget. The leaderboard takes it when no
-        `--preset` is given; a backend with presets designed for other data overrides this.
-        """
+        """The preset this backend recommends (`--preset auto`) for data of this public shape
+        and size at ε. Only public facts go in (the record count, shape, label set and the
+        target ε, which may be inf), so the choice spends no budget. The leaderboard takes it
+        when no `--preset` is given; a backend with presets for other data overrides this."""
         return "small"
 
     def quality_preset(self, info: DataInfo, epsilon: float) -> str | None:
-        """The backend's quality tier (`--preset quality`) for this public shape at ε: its best
-        release within an hour on the project's 2-core CPU, slower than the recommended preset;
-        None where it has none (the default)."""
+        """Its slower tier (`--preset quality`, within an hour on the 2-core CPU) for the same
+        public facts, or None (the default: no quality tier)."""
         return None
 
     def estimated_train_seconds(self, info: DataInfo, epsilon: float) -> float | None:
