@@ -239,15 +239,20 @@ def test_the_cli_releases_a_drafted_schema_on_duckdb(folder: Path, one_worker: N
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     passes = [line for line in result.stderr.splitlines() if line.startswith("pass ")]
-    assert [p.split(":")[0] for p in passes] == [
+    names = [p.split(":")[0] for p in passes]
+    assert names[:3] == [
         "pass 1 (duckdb, check, schema release round 1)",  # round 1 counted by the check pass
         "pass 2 (duckdb, schema release round 2)",
         "pass 3 (duckdb, schema release round 3)",
-        passes[3].split(":")[0],
     ]
-    assert "marginals" in passes[3]
+    # The check pass is made again only when the release kept other columns than round 1
+    # said, which the release's noise decides (engine_release's docstring): then one more.
+    recheck = int(names[3] == "pass 4 (duckdb, check)")
+    assert len(passes) == 4 + recheck and "marginals" in passes[-1]
     assert "schema release:" in result.stdout and "(ledger seq 0;" in result.stdout
-    assert "passes over the data: 4 (duckdb): check, schema release round 1; " in result.stdout
+    assert f"passes over the data: {4 + recheck} (duckdb): check, schema release round 1; " in (
+        result.stdout
+    )
 
 
 def test_class_weights_release_is_refused_on_an_engine(folder: Path) -> None:
