@@ -90,7 +90,7 @@ def train(
         typer.Option(
             help="A preset of the method (see docs/methods/), or a tier: auto, the method's "
             "recommendation for the data's public shape and size at the target ε (minutes); "
-            "quality, its slower, better preset where it has one (within an hour on 2 cores)."
+            "quality, its slower preset where it has one (within an hour on 2 cores)."
         ),
     ] = "auto",
     seed: Annotated[

@@ -89,7 +89,7 @@ def quality_methods(info: DataInfo, epsilon: float) -> list[str]:
 
 def resolve_preset(backend: Method, preset: str, info: DataInfo, epsilon: float) -> str:
     """`preset`, or a tier: for `auto` the backend's recommendation for this data's public
-    shape and size at the target ε, for `quality` its slower, better preset there (UsageError
+    shape and size at the target ε, for `quality` its slower tier there (UsageError
     where it has none). No data is read: the choice spends no budget."""
     if preset == AUTO:
         return backend.recommended_preset(info, epsilon)
