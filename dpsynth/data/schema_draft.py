@@ -30,7 +30,8 @@ each of its rows: such a column looks like a privacy unit, and the draft says so
 rows per unit (`dpsynth.data.units`). The draft never lists a value held by a single row as a
 category unless the column has few values.
 `draft_table` also returns one remark per column it typed as an identifier (and one more when
-it repeats), free text, a shortened category list, a clock or an empty column, for the CLI to
+it repeats), free text, a shortened category list, a clock, a code list kept whole numbers
+(`code_list_remark`) or an empty column, for the CLI to
 print (the schema never holds them).
 """
 
@@ -61,6 +62,9 @@ LONG_LIST_DIVISOR = 20
 SHORT_LIST = 20
 # A shortened list keeps the values held by at least this many rows.
 RARE_ROWS = 10
+# Whole numbers look like a code list (`code_list_remark`) when they are at most CODE_VALUES
+# values on a common step of at least CODE_STEP, spread over CODE_SPREAD × their count or more.
+CODE_VALUES, CODE_STEP, CODE_SPREAD = 40, 5, 5.0
 # Text this long on average, or with spaces and mostly unique, is free text.
 FREE_TEXT_CHARS = 40
 _BOOLEANS = (("true", "false"), ("yes", "no"), ("t", "f"), ("y", "n"))
@@ -94,6 +98,25 @@ def _spanning(name: str, kind: str, values: np.ndarray, missing: bool, **more: A
         source=DATA_SOURCE,
         missing=missing,
         **more,
+    )
+
+
+def code_list_remark(name: str, numbers: np.ndarray) -> str | None:
+    """A remark on whole numbers that look like a code list (ames' `MS.SubClass`: 16 values
+    on a step of 5 over 20–190), which the draft keeps `integer`: a synthetic row may then
+    hold a number between two codes (37), which is no code. None for counts, years and
+    amounts: a run of side-by-side values, a step below CODE_STEP, or too many values."""
+    values = np.unique(numbers)
+    if not 3 <= len(values) <= CODE_VALUES:
+        return None
+    step = int(np.gcd.reduce((values[1:] - values[0]).astype(np.int64)))
+    span = float(values[-1] - values[0])
+    if step < CODE_STEP or span < CODE_SPREAD * len(values):
+        return None
+    return (
+        f"{name}: {len(values)} whole numbers on a step of {step} over "
+        f"{values[0]:g}–{values[-1]:g} → integer (a synthetic value may fall between them); "
+        "if they are codes, retype it categorical with the codes as its categories"
     )
 
 
@@ -201,7 +224,8 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
             return DraftedColumn(clock, remark)
         kind = "integer" if integral else "numeric"
         decimals = None if integral else _decimals(distinct)
-        return DraftedColumn(_spanning(name, kind, numbers, missing, decimals=decimals))
+        drafted = _spanning(name, kind, numbers, missing, decimals=decimals)
+        return DraftedColumn(drafted, code_list_remark(name, numbers) if integral else None)
     boolean = _boolean(name, distinct, missing)
     if boolean is not None:
         return DraftedColumn(boolean)

@@ -163,3 +163,22 @@ def test_a_survey_sequence_number_is_an_identifier() -> None:
     for name in ("seqn", "SEQN", "seqno", "sequence", "resp_seq"):
         assert _drafted(name, people).column.type == "id", name
     assert _drafted("weight", people).column.type == "integer"
+
+
+def test_a_code_list_kept_whole_numbers_is_remarked_and_counts_are_not() -> None:
+    """ames' MS.SubClass (dwelling-type codes 20, 30, …, 190) stays `integer` (numbers stay
+    numbers) with a remark naming the retype; counts, years, scores and amounts get none."""
+    rng = np.random.default_rng(0)
+    subclass = [20, 30, 40, 45, 50, 60, 70, 75, 80, 85, 90, 120, 150, 160, 180, 190]
+    drafted = _drafted("MS.SubClass", rng.choice(subclass, 2000))
+    assert drafted.column.type == "integer"
+    assert drafted.remark is not None
+    assert drafted.remark.startswith("MS.SubClass: 16 whole numbers on a step of 5 over 20–190")
+    assert "retype it categorical" in drafted.remark
+    for name, values in {
+        "Garage.Cars": rng.integers(0, 6, 2000),  # a count: side-by-side values
+        "Yr.Sold": rng.integers(2006, 2011, 2000),
+        "Overall.Qual": rng.integers(1, 11, 2000),  # a rating: a step of 1
+        "Misc.Val": np.concatenate([np.zeros(1900, int), rng.integers(1, 1600, 100) * 7]),
+    }.items():
+        assert _drafted(name, values).remark is None, name
