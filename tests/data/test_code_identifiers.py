@@ -167,7 +167,7 @@ def test_a_survey_sequence_number_is_an_identifier() -> None:
 
 def test_a_code_list_kept_whole_numbers_is_remarked_and_counts_are_not() -> None:
     """ames' MS.SubClass (dwelling-type codes 20, 30, …, 190) stays `integer` (numbers stay
-    numbers) with a remark naming the retype; counts, years, scores and amounts get none."""
+    numbers) with a remark naming the retype; counts, years, ratings and amounts get none."""
     rng = np.random.default_rng(0)
     subclass = [20, 30, 40, 45, 50, 60, 70, 75, 80, 85, 90, 120, 150, 160, 180, 190]
     drafted = _drafted("MS.SubClass", rng.choice(subclass, 2000))
