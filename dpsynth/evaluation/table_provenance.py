@@ -152,7 +152,8 @@ def schema_release_summary(manifest: Mapping[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {"column": name, "type": kind, "released": name in released}
         if name in released:
             clipped = (record.get("clipped") or {}).get(name)
-            row["what"] = describe_released(entry, target, warnings, clipped)
+            deviation = (record.get("clipped_deviation") or {}).get(name)
+            row["what"] = describe_released(entry, target, warnings, clipped, deviation)
             row["noise_std"] = _noise(entry, target, record)
         else:
             row["what"] = {

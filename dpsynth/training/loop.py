@@ -159,7 +159,12 @@ def run_loop(
     if run_config.get("schema_release"):
         release = run_config["schema_release"]
         schema = run_config["data"].get("schema") or {}
-        lines = release_lines(schema, release.get("warnings", ()), release.get("clipped"))
+        lines = release_lines(
+            schema,
+            release.get("warnings", ()),
+            release.get("clipped"),
+            release.get("clipped_deviation"),
+        )
         summary["schema_release"] = {**release, "columns": lines}
     return summary
 

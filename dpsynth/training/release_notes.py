@@ -21,11 +21,16 @@ def _listed(values: list[str]) -> str:
 
 
 def describe_released(
-    entry: Mapping[str, Any], target: str, warnings: list[str], clipped: float | None = None
+    entry: Mapping[str, Any],
+    target: str,
+    warnings: list[str],
+    clipped: float | None = None,
+    deviation: float | None = None,
 ) -> str:
     """What the DP schema release kept of one released column (its entry in the run's
     schema JSON; `warnings`: the release's, which say why a number was dropped; `clipped`:
-    the share of a number's values its range is estimated to clip, from the noisy counts)."""
+    the share of a number's values its range is estimated to clip, from the noisy counts,
+    and `deviation` that estimate's noise, in the same share)."""
     name, kind = str(entry.get("name")), entry.get("type")
     if kind == "ignored":
         prefix = f"column {name!r}: "
@@ -53,7 +58,8 @@ def describe_released(
     if entry.get("decimals") is not None:
         parts.append(f"{entry['decimals']} decimal(s)")
     if clipped is not None:
-        parts.append(f"about {clipped:.0%} of values beyond the range (noisy estimate)")
+        spread = f" (± {deviation:.0%})" if deviation is not None else ""
+        parts.append(f"about {clipped:.0%}{spread} of values beyond the range (noisy estimate)")
     return ", ".join(parts)
 
 
@@ -61,16 +67,18 @@ def release_lines(
     schema: Mapping[str, Any],
     warnings: Sequence[str] = (),
     clipped: Mapping[str, float] | None = None,
+    deviations: Mapping[str, float] | None = None,
 ) -> list[str]:
     """'COLUMN: what was released' for every column of the run's schema JSON that the DP
     release wrote (its `source` says so), in the schema's order (`clipped`: the release's
-    estimated clipped share per number)."""
+    estimated clipped share per number, `deviations` the noise of each estimate)."""
     target = str(schema.get("target"))
     lines = []
     for entry in schema.get("columns", []):
         if isinstance(entry, dict) and str(entry.get("source", "")).startswith(RELEASED_PREFIX):
             name = entry.get("name")
             share = (clipped or {}).get(str(name))
-            text = describe_released(entry, target, list(warnings), share)
+            deviation = (deviations or {}).get(str(name))
+            text = describe_released(entry, target, list(warnings), share, deviation)
             lines.append(f"{name}: {text}")
     return lines

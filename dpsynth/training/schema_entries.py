@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -192,6 +192,8 @@ class AppliedRelease:
     shapes: dict[str, ReleasedShape]
     category_counts: dict[str, tuple[list[str], list[float]]]
     category_noise: dict[str, float]
+    # the noise's deviation of each `clipped` estimate, in the same share
+    clipped_deviation: dict[str, float] = field(default_factory=dict)
 
 
 # The schema entries' release on some rows: (schema, columns, plan, generator, source) → the
@@ -292,10 +294,11 @@ def apply_release(
         for c in columns.categorical
     }
     clipped = {name: spans[name].clipped for name in found}
+    deviations = {name: spans[name].clipped_deviation for name in found}
     kept_counts = {
         name: (first.categories[name], first.category_counts[name]) for name in categories
     }
-    return AppliedRelease(schema, warnings, clipped, shapes, kept_counts, noise)
+    return AppliedRelease(schema, warnings, clipped, shapes, kept_counts, noise, deviations)
 
 
 def catch_all(kept: Sequence[str], counts: Sequence[float], plan: SchemaReleasePlan) -> str:

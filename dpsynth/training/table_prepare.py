@@ -298,6 +298,9 @@ def spend_release(
     }
     if applied is not None:
         record["clipped"] = {name: round(share, 4) for name, share in applied.clipped.items()}
+        record["clipped_deviation"] = {
+            name: round(deviation, 4) for name, deviation in applied.clipped_deviation.items()
+        }
         record["one_ways"] = one_way_record(applied)
     if weights_plan is not None:
         record["class_weights"] = {**weights_plan.to_json(), "weights": list(weights or ())}
