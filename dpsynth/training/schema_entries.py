@@ -28,7 +28,6 @@ from dpsynth.data.column_values import RELEASED_PREFIX
 from dpsynth.data.schema import MINUTES_PER_DAY, Column, Schema
 from dpsynth.errors import UsageError
 from dpsynth.privacy.releases.schema_counts import RangeCounts, ShapeCounts
-from dpsynth.privacy.releases.schema_edges import beyond_range, release_spans_from_counts
 from dpsynth.privacy.releases.schema_plan import (
     NumberSpec,
     SchemaReleasePlan,
@@ -36,12 +35,9 @@ from dpsynth.privacy.releases.schema_plan import (
 )
 from dpsynth.privacy.releases.schema_reach import epsilon_for_reach, release_reach
 from dpsynth.privacy.releases.schema_release import (
-    RangeRelease,
     ReleasedShape,
-    release_ranges_from_counts,
-    release_shapes_from_counts,
-    shape_grid,
 )
+from dpsynth.privacy.releases.schema_rounds import release_rounds
 
 OTHER = "(other)"
 # A released list keeps its `(other)` category when N less the kept categories' noisy counts
@@ -214,39 +210,24 @@ def apply_release(
     count_shapes: Callable[[Mapping[str, np.ndarray]], ShapeCounts],
     count_spans: Callable[[Mapping[str, np.ndarray]], ShapeCounts] | None = None,
 ) -> AppliedRelease:
-    """Run the release's three rounds on the counts the callables make (rounds 2 and 3 over
-    the grids the round before fixed: a pass each, in memory or on an engine; `count_spans`
-    counts round 2, `count_shapes` when not given)."""
+    """Run the release's three rounds (`release_rounds`) on the counts the callables make
+    (rounds 2 and 3 over the grids the round before fixed: a pass each, in memory or on an
+    engine; `count_spans` counts round 2, `count_shapes` when not given), and write what they
+    released into the schema."""
     assert source.startswith(RELEASED_PREFIX)
     target = schema.target if plan.target_noise_std is not None else None
     specs = {c.name: number_spec(c) for c in columns.numbers}
-    first = release_ranges_from_counts(count_ranges(), specs, plan, generator, target=target)
-    categories, ranges = first.categories, first.ranges
-    found = {name: r for name, r in ranges.items() if r is not None}
-    # round 2: each number's padded range on a finer grid, its empty padding trimmed
-    grids = {name: shape_grid(specs[name], span, plan) for name, span in found.items()}
-    outside = {
-        name: beyond_range(first.range_counts[name], specs[name].kind, span)
-        for name, span in found.items()
-    }
-    spans = release_spans_from_counts(
-        (count_spans or count_shapes)(grids),
-        {name: (specs[name], grids[name], outside[name], _core(first, name)) for name in found},
+    rounds = release_rounds(
+        specs,
         plan,
         generator,
+        count_ranges,
+        count_spans or count_shapes,
+        count_shapes,
+        target=target,
     )
-    # round 3: the shapes inside the trimmed spans (their own fine grids, whole numbers one a
-    # bin when few), the booleans and the decimals
-    grids = {
-        name: shape_grid(specs[name], spans[name].span, plan, spans[name].concentrated)
-        for name in found
-    }
-    shapes = release_shapes_from_counts(
-        count_shapes(grids),
-        {name: (specs[name], grids[name], False) for name in found},
-        plan,
-        generator,
-    )
+    first, found, shapes = rounds.first, rounds.ranges, rounds.shapes
+    categories = first.categories
     warnings: list[str] = []
     for column in columns.categorical:
         kept = categories[column.name]
@@ -293,12 +274,12 @@ def apply_release(
         )
         for c in columns.categorical
     }
-    clipped = {name: spans[name].clipped for name in found}
-    deviations = {name: spans[name].clipped_deviation for name in found}
     kept_counts = {
         name: (first.categories[name], first.category_counts[name]) for name in categories
     }
-    return AppliedRelease(schema, warnings, clipped, shapes, kept_counts, noise, deviations)
+    return AppliedRelease(
+        schema, warnings, rounds.clipped, shapes, kept_counts, noise, rounds.clipped_deviation
+    )
 
 
 def catch_all(kept: Sequence[str], counts: Sequence[float], plan: SchemaReleasePlan) -> str:
@@ -319,12 +300,6 @@ def catch_all(kept: Sequence[str], counts: Sequence[float], plan: SchemaReleaseP
     if left > OTHER_Z * plan.category_noise_std * math.sqrt(len(kept)):
         return other
     return kept[int(np.argmax(counts))]
-
-
-def _core(first: RangeRelease, name: str) -> tuple[float, float]:
-    core = first.cores[name]
-    assert core is not None  # a number with a range has its range before padding
-    return core
 
 
 def _released_number(

@@ -5,7 +5,8 @@ The release's noise and thresholds are public (N, the columns, ε, δ); which va
 depends on the rows. `data schema` reads the rows anyway (it drafts from them), so it can tell
 the owner, before anything is spent, that at `--epsilon E` a category list would keep none of
 its values (every cell '(other)'), a target would keep fewer than two labels (the run would
-stop), or a number's range would not clear (written empty), and the smallest `--schema-epsilon`
+stop), or a number's range would not clear (written empty, or over a crude range guessed
+from the noise where its present count clears), and the smallest `--schema-epsilon`
 at which the column's commonest value or fullest range bin would clear. These are counts of the
 private rows: they go to the terminal, never into the schema or any file.
 """
@@ -22,6 +23,7 @@ from dpsynth.data.schema import Schema
 from dpsynth.privacy.accounting.calibration import default_delta
 from dpsynth.privacy.mechanisms.histograms import category_counts, numeric_counts
 from dpsynth.privacy.releases.schema_grids import range_grid
+from dpsynth.privacy.releases.schema_ranges import LAST_RESORT_Z
 from dpsynth.privacy.releases.schema_reach import epsilon_for_reach
 from dpsynth.privacy.releases.schema_spans import FALSE_ALARM, coarse_span
 from dpsynth.training.schema_entries import number_spec, plan_release, release_columns
@@ -57,12 +59,18 @@ def losses_at(raw: RawTable, schema: Schema, epsilon: float) -> list[str]:
         counts = numeric_counts(present, range_grid(column.type))
         fullest = counts.max() if len(present) else 0.0
         # the release's own rules, read on the exact counts (an estimate, not the release):
-        # a bin over the cut, or the windows its last resort reads at the false-alarm rate
-        cut, std = plan.range_cut(column.type), plan.range_noise_std
+        # a bin over the cut, or the windows its last resort reads at the false-alarm rate,
+        # at the noise of round 2's second look (round 1's and its readings combined)
+        std = plan.second_look_noise_std
+        cut = plan.range_cut(column.type, std=std)
         if fullest > cut or coarse_span(counts, std, FALSE_ALARM):
             continue
         share = 1.0 - float(missing_mask(raw.column(column.name)).mean())
-        lost = f"its range may not clear (values in {share:.0%} of rows): written empty"
+        # the last resort: a range guessed from the noise where the present count clears
+        guessed = len(present) > LAST_RESORT_Z * std
+        fate = "its values drawn over a crude range guessed from the noise"
+        fate = fate if guessed else "written empty"
+        lost = f"its range may not clear (values in {share:.0%} of rows): {fate}"
         lines.append(_line(column.name, lost, _keeps(columns, schema, rows, delta, fullest)))
     return lines
 

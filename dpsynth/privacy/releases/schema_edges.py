@@ -234,69 +234,108 @@ def beyond_range(noisy_range: np.ndarray, kind: str, span: tuple[float, float]) 
     return Beyond(float(below.sum()), float(above.sum()), len(below), len(above))
 
 
+def kept_fine_bins(
+    fine: np.ndarray,
+    grid: np.ndarray,
+    spec: NumberSpec,
+    std: float,
+    total: float,
+    core: tuple[float, float] | None,
+) -> tuple[int, int, bool]:
+    """The first and last fine bins a padded range keeps (its empty padding trimmed), read off
+    its noisy fine histogram with the zeros in their bin (`zeros_in_place`; post-processing),
+    and whether its whole numbers were `concentrated` in a bin or two coarser than their unit.
+    `total`: N less the noisy missing count; `core`: the range before padding (kept whole only
+    when the noise leaves nothing; None: unknown, the ends may be trimmed to any bin)."""
+    present = float(max(fine.sum(), 1.0))
+    last_bin = len(grid) - 2
+    if core is None:
+        first, last = trim_ends(fine, std, present) or (0, last_bin)
+        if spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
+            held = concentrated_span(fine, std, total, (float(grid[0]), float(grid[-1])))
+            if held is not None:
+                return held[0], held[1], True
+        return first, last, False
+    keep = (
+        int(np.clip(np.searchsorted(grid, core[0], side="right") - 1, 0, last_bin)),
+        int(np.clip(np.searchsorted(grid, core[1], side="left") - 1, 0, last_bin)),
+    )
+    # inside round 1's range (√2 bins: too wide to keep whole for a year of 2013) only when
+    # the noise over it is below PRECISE_SHARE of the values and a thin tail can clear it;
+    # else the padding alone (the noise of a sparse column would trim its thin tails)
+    quiet = std * math.sqrt(keep[1] - keep[0] + 1) < PRECISE_SHARE * present
+    precise = quiet and TRIM_SHARE * present >= REACH_Z * std * math.sqrt(2)
+    if precise or spec.kind in ("datetime", "date"):  # a time rarely trails off thinly
+        first, last = significant_span(fine, std, present) or keep
+        return first, last, False
+    # read from the kept bins outward: ames' 4 bedrooms (15% of houses, one fine bin beside
+    # the 2 and 3 of round 1's core) were trimmed in one release of four by a sum read inward
+    # from the range's far end, whose noise over a dozen empty bins outweighed them
+    keep = grown_span(fine, keep, std, TRIM_Z, KEEP_WIDTHS)
+    first, last = trim_ends(fine, std, present, keep) or keep
+    # whole numbers binned coarser than their unit (years on a grid of 122): N less the noisy
+    # missing count has one cell's noise, the fine bins' sum all of theirs
+    if spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
+        held = concentrated_span(fine, std, total, core)
+        if held is not None:
+            return held[0], held[1], True
+    return first, last, False
+
+
+def released_bounds(
+    grid: np.ndarray, span: tuple[int, int], spec: NumberSpec, zeros: bool
+) -> tuple[float, float]:
+    """The range the fine bins `span` cover (whole numbers and days: a bin [a, b) ends at b
+    less one unit), with 0 inside when the noisy zero count is significant (`zeros`)."""
+    first, last = span
+    low, high = float(grid[first]), float(grid[last + 1])
+    unit = {"integer": 1.0, "date": 86400.0}.get(spec.kind)
+    if unit:
+        high = max(high - unit, low)
+    if zero_counted(spec.kind, grid) and zeros:
+        low, high = min(low, 0.0), max(high, 0.0)  # zeros stay inside the range
+    return low, high
+
+
 @dataclass(frozen=True)
 class ReleasedSpan:
     """Round 2's output for a number: its range with the empty padding trimmed, the share of
-    its values estimated beyond that range (rounds 1 and 2, noisy counts), and whether its
-    whole numbers were found in a bin or two coarser than their unit (`concentrated_span`:
-    round 3 counts them finer)."""
+    its values estimated beyond that range (rounds 1 and 2, noisy counts), whether its whole
+    numbers were found in a bin or two coarser than their unit (`concentrated_span`: round 3
+    counts them finer), and the histogram's noisy missing count."""
 
     span: tuple[float, float]
     clipped: float
     concentrated: bool = False
     clipped_deviation: float = 0.0
+    missing: float = 0.0
 
 
 def release_spans_from_counts(
     counts: ShapeCounts,
-    numbers: Mapping[str, tuple[NumberSpec, np.ndarray, Beyond, tuple[float, float]]],
+    numbers: Mapping[str, tuple[NumberSpec, np.ndarray, Beyond, tuple[float, float] | None]],
     plan: SchemaReleasePlan,
     generator: torch.Generator,
 ) -> dict[str, ReleasedSpan]:
     """Round 2 from its exact counts: per number (in this order) its spec, the grid over its
     padded range (`shape_grid`), round 1's estimate of its mass beyond that range and its
-    range before padding (kept whole only when the noise leaves nothing)."""
+    range before padding (`kept_fine_bins`)."""
     std = plan.span_noise_std
     out: dict[str, ReleasedSpan] = {}
     for name, (spec, grid, outside, core) in numbers.items():
         released = noisy(counts.numbers[name], std, generator)
         fine = zeros_in_place(released[2:], grid, float(released[1]), spec.kind)
-        present = float(max(fine.sum(), 1.0))
         total = plan.rows - float(released[0])  # N less the noisy missing count
-        last_bin = len(grid) - 2
-        keep = (
-            int(np.clip(np.searchsorted(grid, core[0], side="right") - 1, 0, last_bin)),
-            int(np.clip(np.searchsorted(grid, core[1], side="left") - 1, 0, last_bin)),
-        )
-        concentrated = False
-        # inside round 1's range (√2 bins: too wide to keep whole for a year of 2013) only when
-        # the noise over it is below PRECISE_SHARE of the values and a thin tail can clear it;
-        # else the padding alone (the noise of a sparse column would trim its thin tails)
-        quiet = std * math.sqrt(keep[1] - keep[0] + 1) < PRECISE_SHARE * present
-        precise = quiet and TRIM_SHARE * present >= REACH_Z * std * math.sqrt(2)
-        if precise or spec.kind in ("datetime", "date"):  # a time rarely trails off thinly
-            first, last = significant_span(fine, std, present) or keep
-        else:
-            # read from the kept bins outward: ames' 4 bedrooms (15% of houses, one fine bin
-            # beside the 2 and 3 of round 1's core) were trimmed in one release of four by a
-            # sum read inward from the range's far end, whose noise over a dozen empty bins
-            # outweighed them
-            keep = grown_span(fine, keep, std, TRIM_Z, KEEP_WIDTHS)
-            first, last = trim_ends(fine, std, present, keep) or keep
-            # whole numbers binned coarser than their unit (years on a grid of 122): N less
-            # the noisy missing count has one cell's noise, the fine bins' sum all of theirs
-            if spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
-                held = concentrated_span(fine, std, total, core)
-                first, last = held or (first, last)
-                concentrated = held is not None
-        low, high = float(grid[first]), float(grid[last + 1])
-        unit = {"integer": 1.0, "date": 86400.0}.get(spec.kind)
-        if unit:  # whole numbers and days: a bin [a, b) ends at b less one unit
-            high = max(high - unit, low)
-        if zero_counted(spec.kind, grid) and released[1] > SIGNIFICANCE * std:
-            low, high = min(low, 0.0), max(high, 0.0)  # zeros stay inside the range
+        first, last, concentrated = kept_fine_bins(fine, grid, spec, std, total, core)
+        zeros = bool(released[1] > SIGNIFICANCE * std)
         share, deviation = clipped_estimate(
             fine, (first, last), outside, total, std, plan.range_noise_std
         )
-        out[name] = ReleasedSpan((low, high), share, concentrated, deviation)
+        out[name] = ReleasedSpan(
+            released_bounds(grid, (first, last), spec, zeros),
+            share,
+            concentrated,
+            deviation,
+            float(released[0]),
+        )
     return out

@@ -102,16 +102,27 @@ class SchemaReleasePlan:
     # the numbers released (a bin alone clears a cut shared by their range histograms)
     numbers: int = 1
 
-    def range_cut(self, kind: str, alone: bool = False) -> float:
+    @property
+    def second_look_noise_std(self) -> float:
+        """The noise of a range grid read twice (round 1's histogram, and round 2's look at
+        a number round 1 found no range for, at the span histogram's noise), the two combined
+        by their variances."""
+        if self.span_noise_std <= 0.0:
+            return self.range_noise_std
+        return 1.0 / math.sqrt(self.range_noise_std**-2 + self.span_noise_std**-2)
+
+    def range_cut(self, kind: str, alone: bool = False, std: float | None = None) -> float:
         """The noisy count a bin of a number's public range grid must clear (`kind`: the
         column's type; dates and times use the calendar grid) beside a neighbour that clears
-        it too, or `alone` (see FALSE_ALARM). Not a privacy threshold (the grid is public)."""
+        it too, or `alone` (see FALSE_ALARM), at the range histogram's noise or `std`. Not a
+        privacy threshold (the grid is public)."""
+        std = self.range_noise_std if std is None else std
         bins = len(range_grid(kind))
         # a bin alone stretches a range by orders of magnitude: its false-alarm rate is shared
         # by the release's numbers (at FALSE_ALONE a number, one release of nhefs' in three
         # had a number so stretched: its marital codes, 2-8, were released as -6.1e9 … 19)
         rate = FALSE_ALONE / max(self.numbers, 1) if alone else FALSE_ALARM
-        return 1.0 + self.range_noise_std * float(norm.isf(rate / bins))
+        return 1.0 + std * float(norm.isf(rate / bins))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -62,13 +62,16 @@ UNSEEN_SHARE = 0.5
 @dataclass(frozen=True)
 class RangeRelease:
     """Round 1's output: kept categories with their noisy counts, each number's rough range
-    (None: nothing cleared) and its noisy range-grid counts (for the clipped-share estimate)."""
+    (None: nothing cleared), its noisy range-grid counts (for the clipped-share estimate and
+    round 2's second look), its range before padding and its noisy missing count."""
 
     categories: dict[str, list[str]]
     category_counts: dict[str, list[float]]
     ranges: dict[str, tuple[float, float] | None]
     range_counts: dict[str, np.ndarray]
     cores: dict[str, tuple[float, float] | None]
+    # each number's noisy missing count (the range histogram's first cell)
+    missing: dict[str, float] = field(default_factory=dict)
 
 
 def _extended(
@@ -160,23 +163,24 @@ def _weak_span(
     return _fullest_window(released)
 
 
-def _number_range(
-    counts: np.ndarray, spec: NumberSpec, plan: SchemaReleasePlan, generator: torch.Generator
-) -> tuple[tuple[float, float] | None, np.ndarray, tuple[float, float] | None]:
-    """One number's rough range from its exact counts ([missing, range-grid bins…], padded),
-    the noisy range-grid counts, and the range before the padding."""
+def range_from_noisy(
+    with_missing: np.ndarray, spec: NumberSpec, plan: SchemaReleasePlan, std: float
+) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """One number's rough range (padded; None: nothing cleared) and its range before the
+    padding, from its noisy [missing, range-grid bins…] counts of noise `std`
+    (post-processing: round 1's counts, or round 2's second look combined with them)."""
     edges = range_grid(spec.kind)
-    std = plan.range_noise_std
-    with_missing = noisy(counts, std, generator)
     released, present = with_missing[1:], plan.rows - with_missing[0]
     if spec.kind in ("datetime", "date"):
         # bounded grid (a false year stretches to 1900 or 2100 at worst; round 2 trims it)
         # over which a time's rows spread thin: wider windows of years widen the span
-        above = np.flatnonzero(released > plan.range_cut(spec.kind))
+        above = np.flatnonzero(released > plan.range_cut(spec.kind, std=std))
         coarse = coarse_span(released, std)
     else:
         above = supported_bins(
-            released, plan.range_cut(spec.kind), plan.range_cut(spec.kind, alone=True)
+            released,
+            plan.range_cut(spec.kind, std=std),
+            plan.range_cut(spec.kind, alone=True, std=std),
         )
         # rows spread too thin for one bin: wider windows at the strict rate of a bin alone
         # (a false range on the numbers' grid is orders of magnitude off); with a span found,
@@ -199,7 +203,7 @@ def _number_range(
     if span is None:
         span = _weak_span(released, std, present, number_zero)
     if span is None:
-        return None, released, None
+        return None, None
     if number_zero is not None:
         joined = _with_unseen_values(released, span, present, std, number_zero)
         if joined != span:  # values shown by the present count: round 2 keeps them
@@ -224,7 +228,7 @@ def _number_range(
         elif last < z:
             wide = -edges[last + 1] <= -edges[first] / WIDE_RANGE
             padded = (padded[0], z - 1 if wide else min(padded[1], z - 1))
-    return _bounds(edges, padded), released, _bounds(edges, (core_first, core_last))
+    return _bounds(edges, padded), _bounds(edges, (core_first, core_last))
 
 
 def _bounds(edges: np.ndarray, span: tuple[int, int]) -> tuple[float, float]:
@@ -261,11 +265,12 @@ def release_ranges_from_counts(
     ranges: dict[str, tuple[float, float] | None] = {}
     noisy_ranges: dict[str, np.ndarray] = {}
     cores: dict[str, tuple[float, float] | None] = {}
+    missing: dict[str, float] = {}
     for name, spec in numbers.items():
-        ranges[name], noisy_ranges[name], cores[name] = _number_range(
-            counts.numbers[name], spec, plan, generator
-        )
-    return RangeRelease(categories, kept_counts, ranges, noisy_ranges, cores)
+        with_missing = noisy(counts.numbers[name], plan.range_noise_std, generator)
+        ranges[name], cores[name] = range_from_noisy(with_missing, spec, plan, plan.range_noise_std)
+        noisy_ranges[name], missing[name] = with_missing[1:], float(with_missing[0])
+    return RangeRelease(categories, kept_counts, ranges, noisy_ranges, cores, missing)
 
 
 def release_ranges(

@@ -12,7 +12,8 @@ Three rounds of Gaussian noisy histograms, planned by `dpsynth.privacy.releases.
    calendar years 1900–2100), which errs wide, since every value beyond it is clipped.
 2. **Spans** (`schema_edges.release_spans_from_counts`): each padded range counted on a finer
    grid and trimmed where it is empty; the share of values beyond it estimated from the noisy
-   counts of rounds 1 and 2 (`clipped`, no new read).
+   counts of rounds 1 and 2 (`clipped`, no new read). A number round 1 found no range for
+   gets a second look instead (`schema_second_look`), and round 3 trims its padding.
 3. **Shapes** (`release_shapes_from_counts`), inside those spans, for each number or time: one
    histogram over [missing | exactly zero (numbers whose range holds 0) | fine bins], a public
    grid (linear, or geometric for a positive range spanning orders of magnitude; whole numbers
@@ -52,9 +53,12 @@ from dpsynth.privacy.releases.schema_counts import (
 )
 from dpsynth.privacy.releases.schema_edges import (
     SIGNIFICANCE,
+    Beyond,
+    clipped_estimate,
     concentrated_span,
     edges_from_counts,
-    trim_ends,
+    kept_fine_bins,
+    zeros_in_place,
 )
 from dpsynth.privacy.releases.schema_grids import (
     FINE_BINS,
@@ -73,12 +77,13 @@ from dpsynth.privacy.releases.schema_ranges import (
     release_ranges,
     release_ranges_from_counts,
 )
+from dpsynth.privacy.releases.schema_second_look import combined_reading
 from dpsynth.privacy.releases.schema_spans import FALSE_ALONE, supported_bins
 
 __all__ = ["MAX_DECIMALS", "NumberSpec", "ReleasedShape", "SchemaReleasePlan"]
 __all__ += ["plan_schema_release", "quantile_bins", "release_ranges", "release_shapes"]
 __all__ += ["RANGE_PAD", "RangeRelease", "release_ranges_from_counts", "supported_bins"]
-__all__ += ["shape_grid"]
+__all__ += ["ShapeRequest", "shape_grid"]
 
 # An exact zero is a point mass when its noisy count clears this many deviations (precision:
 # `released_decimals`); a missing bin when it clears MISSING_SIGNIFICANCE (a bin too many only
@@ -142,7 +147,8 @@ def released_decimals(noisy_digits: np.ndarray, std: float) -> int | None:
 class ReleasedShape:
     """What round 3 released for one column: its entries and its noisy histogram (numbers:
     [missing, zero, fine…] over `grid`; booleans: [false, true, missing]) with the noise's
-    std."""
+    std; for a number whose padding round 3 trimmed, the share of its values estimated
+    beyond the range and that estimate's deviation."""
 
     edges: tuple[float, ...] | None
     missing: bool
@@ -151,26 +157,63 @@ class ReleasedShape:
     counts: tuple[float, ...] = ()
     noise_std: float = 0.0
     empty: bool = False  # the values' noisy total is within the noise: nothing to write
+    clipped: float | None = None
+    clipped_deviation: float = 0.0
+
+
+@dataclass(frozen=True)
+class ShapeRequest:
+    """What round 3 counts for a number: its spec and fine grid (`shape_grid`); whether round
+    3 trims the grid's empty padding (`trim`: no span came from round 2) from its range
+    before padding (`core`), with round 1's (or the second look's) noisy mass beyond the range
+    (`beyond`, of noise `beyond_std`) for the clipped share; and the earlier readings of its
+    missing cell (value, std), combined with round 3's to tell whether it has values."""
+
+    spec: NumberSpec
+    grid: np.ndarray
+    trim: bool = False
+    core: tuple[float, float] | None = None
+    beyond: Beyond | None = None
+    beyond_std: float = 0.0
+    missing_readings: tuple[tuple[float, float], ...] = ()
+
+
+def _trimmed(
+    released: np.ndarray, request: ShapeRequest, plan: SchemaReleasePlan, std: float
+) -> tuple[tuple[int, int], float | None, float]:
+    """Round 3's own trim of a padded range (as round 2 trims, `kept_fine_bins`), and the
+    share of values estimated beyond it with its deviation (None without `beyond`)."""
+    spec, grid = request.spec, request.grid
+    fine = zeros_in_place(released[2:], grid, float(released[1]), spec.kind)
+    total = plan.rows - float(released[0])
+    first, last, _ = kept_fine_bins(fine, grid, spec, std, total, request.core)
+    if request.beyond is None:
+        return (first, last), None, 0.0
+    share, deviation = clipped_estimate(
+        fine, (first, last), request.beyond, total, std, request.beyond_std
+    )
+    return (first, last), share, deviation
 
 
 def release_shapes_from_counts(
     counts: ShapeCounts,
-    numbers: Mapping[str, tuple[NumberSpec, np.ndarray, bool]],
+    numbers: Mapping[str, ShapeRequest],
     plan: SchemaReleasePlan,
     generator: torch.Generator,
 ) -> dict[str, ReleasedShape]:
-    """Round 3 from its exact counts. `numbers`: per number (in this order) its spec, fine
-    grid (`shape_grid`) and whether its empty ends are trimmed here (false after round 2
-    trimmed them); then each boolean of `counts.booleans`, in order."""
+    """Round 3 from its exact counts: per number (in this order) its `ShapeRequest`; then
+    each boolean of `counts.booleans`, in order."""
     std = plan.shape_noise_std
     bins = quantile_bins(plan.rows)
     out: dict[str, ReleasedShape] = {}
-    for name, (spec, grid, trim) in numbers.items():
+    for name, request in numbers.items():
+        spec, grid = request.spec, request.grid
         released = noisy(counts.numbers[name], std, generator)
         fine = released[2:]
-        present = float(max(released[1] + fine.sum(), 1.0))
-        span = trim_ends(fine, std, present) if trim else None
-        if span is None and spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
+        span, clipped, deviation = None, None, 0.0
+        if request.trim:
+            span, clipped, deviation = _trimmed(released, request, plan, std)
+        elif spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
             # years binned coarser than their unit: the bins that hold them, as in round 2
             span = concentrated_span(fine, std, plan.rows - float(released[0]), (grid[0], grid[-1]))
         edges = edges_from_counts(fine, grid, bins, spec.kind, span)
@@ -189,10 +232,14 @@ def release_shapes_from_counts(
         if spec.decimals:
             noisy_digits = noisy(counts.decimals[name], plan.decimals_noise_std, generator)
             decimals = released_decimals(noisy_digits, plan.decimals_noise_std)
-        # N less the noisy missing count within the noise: too few values to write any (a
-        # column present in 12% of rows keeps its missing rate even where its values' total,
-        # summed over every fine bin's noise, is not above it)
-        empty = plan.rows - released[0] < PRESENT_SIGNIFICANCE * std
+        # N less the noisy missing count (every reading of it, by their variances) within the
+        # noise: too few values to write any (a column present in 12% of rows keeps its
+        # missing rate even where its values' total, summed over every fine bin's noise, is
+        # not above it)
+        missing, missing_std = combined_reading(
+            ((float(released[0]), std), *request.missing_readings)
+        )
+        empty = plan.rows - missing < PRESENT_SIGNIFICANCE * missing_std
         out[name] = ReleasedShape(
             edges,
             bool(released[0] > MISSING_SIGNIFICANCE * std),
@@ -201,6 +248,8 @@ def release_shapes_from_counts(
             tuple(float(c) for c in released),
             std,
             empty,
+            clipped,
+            deviation,
         )
     boolean_std = plan.boolean_noise_std
     for name, exact in counts.booleans.items():
@@ -234,5 +283,8 @@ def release_shapes(
         },
         {name: boolean_counts(codes) for name, codes in booleans.items()},
     )
-    specs = {name: (spec, grids[name], True) for name, (_, _, spec, _) in numbers.items()}
-    return release_shapes_from_counts(counts, specs, plan, generator)
+    requests = {
+        name: ShapeRequest(spec, grids[name], trim=True)
+        for name, (_, _, spec, _) in numbers.items()
+    }
+    return release_shapes_from_counts(counts, requests, plan, generator)

@@ -1,0 +1,125 @@
+"""The three rounds of the DP schema release, run on whatever counts the rows (an engine's
+passes, or the rows in memory).
+
+Each round's histograms are fixed by the round before's noisy output only, and their noise
+by the plan (`schema_plan`), before any row is read:
+
+1. round 1 (`release_ranges_from_counts`): the category lists and each number's rough range;
+2. round 2: each number with a range counted on a finer grid and its padding trimmed
+   (`release_spans_from_counts`); each number without one counted over the range grid again
+   (`release_second_looks`), at the same noise;
+3. round 3 (`release_shapes_from_counts`): the shapes inside the spans (a number found by the
+   second look is trimmed here), the booleans and the decimals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dpsynth.privacy.releases.schema_counts import RangeCounts, ShapeCounts
+from dpsynth.privacy.releases.schema_edges import beyond_range, release_spans_from_counts
+from dpsynth.privacy.releases.schema_plan import NumberSpec, SchemaReleasePlan
+from dpsynth.privacy.releases.schema_ranges import RangeRelease, release_ranges_from_counts
+from dpsynth.privacy.releases.schema_release import (
+    ReleasedShape,
+    ShapeRequest,
+    release_shapes_from_counts,
+    shape_grid,
+)
+from dpsynth.privacy.releases.schema_second_look import (
+    release_second_looks,
+    second_look_grid,
+)
+
+
+@dataclass(frozen=True)
+class ReleasedRounds:
+    """What the three rounds released: round 1's output; each number with a range (from round
+    1 or round 2's second look) and its shape; the share of its values estimated beyond its
+    range and that estimate's deviation; and the numbers the second look found."""
+
+    first: RangeRelease
+    ranges: dict[str, tuple[float, float]]
+    shapes: dict[str, ReleasedShape]
+    clipped: dict[str, float]
+    clipped_deviation: dict[str, float]
+    second_looks: tuple[str, ...] = ()
+
+
+def release_rounds(
+    specs: Mapping[str, NumberSpec],
+    plan: SchemaReleasePlan,
+    generator: torch.Generator,
+    count_ranges: Callable[[], RangeCounts],
+    count_spans: Callable[[Mapping[str, np.ndarray]], ShapeCounts],
+    count_shapes: Callable[[Mapping[str, np.ndarray]], ShapeCounts],
+    target: str | None = None,
+) -> ReleasedRounds:
+    """The release's three rounds (the module docstring) on the counts the callables make:
+    round 1's, then rounds 2 and 3 over the grids (per number) the round before fixed."""
+    first = release_ranges_from_counts(count_ranges(), specs, plan, generator, target=target)
+    found = {name: r for name, r in first.ranges.items() if r is not None}
+    unfound = {name: specs[name] for name, r in first.ranges.items() if r is None}
+    # round 2: each padded range on a finer grid; the range grid again where none was found
+    grids = {name: shape_grid(specs[name], span, plan) for name, span in found.items()}
+    grids.update({name: second_look_grid(spec) for name, spec in unfound.items()})
+    counted = count_spans(grids)
+    spans = release_spans_from_counts(
+        counted,
+        {
+            name: (
+                specs[name],
+                grids[name],
+                beyond_range(first.range_counts[name], specs[name].kind, span),
+                first.cores[name],
+            )
+            for name, span in found.items()
+        },
+        plan,
+        generator,
+    )
+    looks = release_second_looks(counted, unfound, first, plan, generator)
+    # round 3: the shapes inside the trimmed spans (their own fine grids, whole numbers one a
+    # bin when few), or inside the second look's padded range (trimmed here)
+    requests: dict[str, ShapeRequest] = {}
+    for name in specs:
+        spec = specs[name]
+        if name in found:
+            span = spans[name]
+            readings = ((first.missing[name], plan.range_noise_std),)
+            readings += ((span.missing, plan.span_noise_std),)
+            grid = shape_grid(spec, span.span, plan, span.concentrated)
+            requests[name] = ShapeRequest(spec, grid, missing_readings=readings)
+        elif (look := looks[name]).range is not None:
+            grid = shape_grid(spec, look.range, plan)
+            requests[name] = ShapeRequest(
+                spec,
+                grid,
+                trim=True,
+                core=look.core,
+                beyond=beyond_range(look.counts, spec.kind, look.range),
+                beyond_std=look.noise_std,
+                missing_readings=((look.missing, look.noise_std),),
+            )
+    shapes = release_shapes_from_counts(
+        count_shapes({name: request.grid for name, request in requests.items()}),
+        requests,
+        plan,
+        generator,
+    )
+    ranges = dict(found)
+    clipped = {name: spans[name].clipped for name in found}
+    deviation = {name: spans[name].clipped_deviation for name in found}
+    second: list[str] = []
+    for name in requests:
+        look_range = looks[name].range if name in looks else None
+        if look_range is not None:
+            ranges[name] = look_range
+            clipped[name] = shapes[name].clipped or 0.0
+            deviation[name] = shapes[name].clipped_deviation
+            second.append(name)
+    return ReleasedRounds(first, ranges, shapes, clipped, deviation, tuple(second))
