@@ -9,6 +9,14 @@ from typing import Any
 from dpsynth.data.column_values import RELEASED_PREFIX
 from dpsynth.data.schema_draft import OTHER
 
+# What the release says of a number whose range is the last resort's guess (a release
+# warning, `schema_entries.apply_release`; `describe_released` reads it back).
+GUESSED_RANGE = (
+    "no bin of its range grid cleared the noise at this ε and size, so its range is a guess "
+    "(where its present count says values lie) and its values may be drawn far from the real "
+    "ones"
+)
+
 _SHOWN = 6
 
 
@@ -60,6 +68,9 @@ def describe_released(
     if clipped is not None:
         spread = f" (± {deviation:.0%})" if deviation is not None else ""
         parts.append(f"about {clipped:.0%}{spread} of values beyond the range (noisy estimate)")
+    prefix = f"column {name!r}: "
+    if any(w.startswith(prefix) and GUESSED_RANGE in w for w in warnings):
+        parts.append("a crude range guessed from the noise (see its warning)")
     return ", ".join(parts)
 
 

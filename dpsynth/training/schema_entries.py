@@ -38,6 +38,7 @@ from dpsynth.privacy.releases.schema_release import (
     ReleasedShape,
 )
 from dpsynth.privacy.releases.schema_rounds import release_rounds
+from dpsynth.training.release_notes import GUESSED_RANGE
 
 OTHER = "(other)"
 # A released list keeps its `(other)` category when N less the kept categories' noisy counts
@@ -259,6 +260,11 @@ def apply_release(
             )
             schema = schema.replace_column(Column(column.name, "ignored", source=source))
             continue
+        if column.name in rounds.guessed:
+            warnings.append(
+                f"column {column.name!r}: {GUESSED_RANGE}: declare public bounds (min, max) to "
+                "place its values"
+            )
         schema = schema.replace_column(
             _released_number(column, found[column.name], shapes[column.name], source)
         )

@@ -134,3 +134,46 @@ def test_round_3_reads_every_reading_of_the_missing_cell() -> None:
         combined += empty(ShapeRequest(spec, grid, missing_readings=readings), seed)
     assert alone >= 50, alone
     assert combined <= 16, combined
+
+
+def test_a_range_guessed_from_the_noise_is_said_to_be_one() -> None:
+    """A year of death like nhefs' gets, in some releases, the last resort's range (no bin or
+    window cleared a cut): `train` says so in a warning and on the column's line. A column
+    whose rows fill a bin never gets the note."""
+    from dataclasses import replace
+
+    from dpsynth.data.csvtable import RawTable
+    from dpsynth.data.schema_draft import draft_table
+    from dpsynth.training.release_notes import GUESSED_RANGE, describe_released
+    from dpsynth.training.schema_counting import release_in_memory
+    from dpsynth.training.schema_entries import release_columns
+
+    plan = _wide_plan(ROWS, numbers=80)
+    rng = np.random.default_rng(0)
+    year = np.full(ROWS, np.nan)
+    year[:250] = rng.integers(83, 93, 250)
+    age = rng.integers(25, 75, ROWS).astype(float)
+    texts = [
+        np.array(["" if np.isnan(v) else f"{v:.0f}" for v in c], dtype=object) for c in (year, age)
+    ]
+    labels = np.array(["a", "b"] * (ROWS // 2) + ["a"], dtype=object)
+    raw = RawTable(("year", "age", "y"), (*texts, labels), "t")
+    schema, _ = draft_table(["year", "age", "y"], [*texts, labels], "y")
+    schema = schema.replace_column(replace(schema.target_column, source=None))
+    guessed = 0
+    for seed in range(12):
+        generator = torch.Generator().manual_seed(seed)
+        released = release_in_memory(
+            raw, schema, release_columns(schema), plan, generator, "released with DP (t)"
+        )
+        notes = [w for w in released.warnings if GUESSED_RANGE in w]
+        assert not any(w.startswith("column 'age'") for w in notes)
+        entry = next(c for c in released.schema.columns if c.name == "year")
+        line = describe_released(entry.to_json(), "y", released.warnings)
+        if notes:
+            guessed += 1
+            assert notes[0].startswith("column 'year'") and entry.type == "integer"
+            assert "a crude range guessed from the noise" in line, line
+        else:
+            assert "crude" not in line
+    assert guessed >= 2, guessed

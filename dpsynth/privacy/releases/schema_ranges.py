@@ -72,6 +72,8 @@ class RangeRelease:
     cores: dict[str, tuple[float, float] | None]
     # each number's noisy missing count (the range histogram's first cell)
     missing: dict[str, float] = field(default_factory=dict)
+    # the numbers whose range is the last resort's guess
+    guessed: frozenset[str] = frozenset()
 
 
 def _extended(
@@ -143,8 +145,9 @@ def _with_unseen_values(
 
 def _weak_span(
     released: np.ndarray, std: float, present: float, zero: int | None
-) -> tuple[int, int] | None:
-    """The span of a column no bin or strict window shows (post-processing). A sparse column
+) -> tuple[tuple[int, int] | None, bool]:
+    """The span of a column no bin or strict window shows (post-processing), and whether it is
+    a guess (the last resort below: no window cleared any cut). A sparse column
     (values in a tenth of the rows, spread thin) is not written empty for want of a strict
     cut: windows at the false-alarm rate of a time's range, then, when N less the noisy
     missing count says the column has values, the fullest window of _LAST_WIDTH bins (which
@@ -157,18 +160,19 @@ def _weak_span(
         released[:zero] = 0.0
     span = coarse_span(released, std, FALSE_ALARM)
     if span is not None:
-        return span
+        return span, False
     if present <= LAST_RESORT_Z * std:
-        return None
-    return _fullest_window(released)
+        return None, False
+    return _fullest_window(released), True
 
 
 def range_from_noisy(
     with_missing: np.ndarray, spec: NumberSpec, plan: SchemaReleasePlan, std: float
-) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
-    """One number's rough range (padded; None: nothing cleared) and its range before the
-    padding, from its noisy [missing, range-grid bins…] counts of noise `std`
-    (post-processing: round 1's counts, or round 2's second look combined with them)."""
+) -> tuple[tuple[float, float] | None, tuple[float, float] | None, bool]:
+    """One number's rough range (padded; None: nothing cleared), its range before the
+    padding, and whether the range is the last resort's guess (no bin or window cleared a
+    cut), from its noisy [missing, range-grid bins…] counts of noise `std` (post-processing:
+    round 1's counts, or round 2's second look combined with them)."""
     edges = range_grid(spec.kind)
     released, present = with_missing[1:], plan.rows - with_missing[0]
     if spec.kind in ("datetime", "date"):
@@ -200,10 +204,11 @@ def range_from_noisy(
     zero = np.flatnonzero(edges == 0.0)
     # a number's bin [0, …) (a time's grid has 1970 there, no boundary of its values)
     number_zero = int(zero[0]) if len(zero) and spec.kind not in ("datetime", "date") else None
+    guessed = False
     if span is None:
-        span = _weak_span(released, std, present, number_zero)
+        span, guessed = _weak_span(released, std, present, number_zero)
     if span is None:
-        return None, None
+        return None, None, False
     if number_zero is not None:
         joined = _with_unseen_values(released, span, present, std, number_zero)
         if joined != span:  # values shown by the present count: round 2 keeps them
@@ -228,7 +233,7 @@ def range_from_noisy(
         elif last < z:
             wide = -edges[last + 1] <= -edges[first] / WIDE_RANGE
             padded = (padded[0], z - 1 if wide else min(padded[1], z - 1))
-    return _bounds(edges, padded), _bounds(edges, (core_first, core_last))
+    return _bounds(edges, padded), _bounds(edges, (core_first, core_last)), guessed
 
 
 def _bounds(edges: np.ndarray, span: tuple[int, int]) -> tuple[float, float]:
@@ -266,11 +271,18 @@ def release_ranges_from_counts(
     noisy_ranges: dict[str, np.ndarray] = {}
     cores: dict[str, tuple[float, float] | None] = {}
     missing: dict[str, float] = {}
+    guessed: set[str] = set()
     for name, spec in numbers.items():
         with_missing = noisy(counts.numbers[name], plan.range_noise_std, generator)
-        ranges[name], cores[name] = range_from_noisy(with_missing, spec, plan, plan.range_noise_std)
+        ranges[name], cores[name], guess = range_from_noisy(
+            with_missing, spec, plan, plan.range_noise_std
+        )
         noisy_ranges[name], missing[name] = with_missing[1:], float(with_missing[0])
-    return RangeRelease(categories, kept_counts, ranges, noisy_ranges, cores, missing)
+        if guess:
+            guessed.add(name)
+    return RangeRelease(
+        categories, kept_counts, ranges, noisy_ranges, cores, missing, frozenset(guessed)
+    )
 
 
 def release_ranges(

@@ -40,7 +40,9 @@ from dpsynth.privacy.releases.schema_second_look import (
 class ReleasedRounds:
     """What the three rounds released: round 1's output; each number with a range (from round
     1 or round 2's second look) and its shape; the share of its values estimated beyond its
-    range and that estimate's deviation; and the numbers the second look found."""
+    range and that estimate's deviation; the numbers the second look found; and the numbers
+    whose range is the last resort's guess (no bin or window of the range grid cleared the
+    noise: their values may be drawn far from the real ones)."""
 
     first: RangeRelease
     ranges: dict[str, tuple[float, float]]
@@ -48,6 +50,7 @@ class ReleasedRounds:
     clipped: dict[str, float]
     clipped_deviation: dict[str, float]
     second_looks: tuple[str, ...] = ()
+    guessed: tuple[str, ...] = ()
 
 
 def release_rounds(
@@ -115,6 +118,7 @@ def release_rounds(
     clipped = {name: spans[name].clipped for name in found}
     deviation = {name: spans[name].clipped_deviation for name in found}
     second: list[str] = []
+    guessed = [name for name in requests if name in first.guessed]
     for name in requests:
         look_range = looks[name].range if name in looks else None
         if look_range is not None:
@@ -122,4 +126,6 @@ def release_rounds(
             clipped[name] = shapes[name].clipped or 0.0
             deviation[name] = shapes[name].clipped_deviation
             second.append(name)
-    return ReleasedRounds(first, ranges, shapes, clipped, deviation, tuple(second))
+            if looks[name].guessed:
+                guessed.append(name)
+    return ReleasedRounds(first, ranges, shapes, clipped, deviation, tuple(second), tuple(guessed))

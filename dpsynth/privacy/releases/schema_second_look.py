@@ -47,13 +47,15 @@ def combined_reading(readings: Sequence[tuple[float, float]]) -> tuple[float, fl
 class SecondLook:
     """A number's second look: its padded range and its range before padding (None: still
     nothing cleared), the combined noisy range-grid counts (without the missing cell), the
-    combined noisy missing count, and their noise std."""
+    combined noisy missing count, their noise std, and whether the range is the last
+    resort's guess."""
 
     range: tuple[float, float] | None
     core: tuple[float, float] | None
     counts: np.ndarray
     missing: float
     noise_std: float
+    guessed: bool = False
 
 
 def second_look_grid(spec: NumberSpec) -> np.ndarray:
@@ -86,6 +88,6 @@ def release_second_looks(
         weight_before, weight_again = plan.range_noise_std**-2, std**-2
         both = (before * weight_before + again * weight_again) / (weight_before + weight_again)
         combined_std = plan.second_look_noise_std
-        found, core = range_from_noisy(both, spec, plan, combined_std)
-        out[name] = SecondLook(found, core, both[1:], float(both[0]), combined_std)
+        found, core, guessed = range_from_noisy(both, spec, plan, combined_std)
+        out[name] = SecondLook(found, core, both[1:], float(both[0]), combined_std, guessed)
     return out
