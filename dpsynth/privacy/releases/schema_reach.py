@@ -1,7 +1,8 @@
 """What a planned DP schema release can resolve, from public facts only.
 
 A category value must hold about `category_threshold` rows to be kept, and a number's range
-needs about `range_cut` rows in one bin of its public grid (even odds at those counts; see
+needs about `range_cut` rows in one bin of its public grid at the noise of round 2's second
+look, the last chance a number round 1 missed gets (even odds at those counts; see
 `dpsynth.privacy.releases.schema_release`). `train` refuses a release whose needs exceed a
 share of the rows, and names the ε at which they would not (`epsilon_for_reach`).
 """
@@ -39,7 +40,13 @@ def release_reach(
     """The counts `plan` needs a category value and a range bin to hold (`ReleaseReach`)."""
     return ReleaseReach(
         plan.category_threshold if categorical else None,
-        max((plan.range_cut(spec.kind) for spec in numbers.values()), default=None),
+        max(
+            (
+                plan.range_cut(spec.kind, std=plan.second_look_noise_std)
+                for spec in numbers.values()
+            ),
+            default=None,
+        ),
     )
 
 
