@@ -23,7 +23,7 @@ from dpsynth.data.schema import Schema
 from dpsynth.privacy.accounting.calibration import default_delta
 from dpsynth.privacy.mechanisms.histograms import category_counts, numeric_counts
 from dpsynth.privacy.releases.schema_grids import range_grid
-from dpsynth.privacy.releases.schema_ranges import LAST_RESORT_Z
+from dpsynth.privacy.releases.schema_ranges import LAST_RESORT_SHARE, last_resort_rows
 from dpsynth.privacy.releases.schema_reach import epsilon_for_reach
 from dpsynth.privacy.releases.schema_spans import FALSE_ALARM, coarse_span
 from dpsynth.training.schema_entries import number_spec, plan_release, release_columns
@@ -63,11 +63,12 @@ def losses_at(raw: RawTable, schema: Schema, epsilon: float) -> list[str]:
         # at the noise of round 2's second look (round 1's and its readings combined)
         std = plan.second_look_noise_std
         cut = plan.range_cut(column.type, std=std)
-        if fullest > cut or coarse_span(counts, std, FALSE_ALARM):
+        weak = len(present) > LAST_RESORT_SHARE * rows  # what the weak spans need
+        if fullest > cut or (weak and coarse_span(counts, std, FALSE_ALARM)):
             continue
         share = 1.0 - float(missing_mask(raw.column(column.name)).mean())
         # the last resort: a range guessed from the noise where the present count clears
-        guessed = len(present) > LAST_RESORT_Z * std
+        guessed = len(present) > last_resort_rows(rows, std)
         fate = "its values drawn over a crude range guessed from the noise"
         fate = fate if guessed else "written empty"
         lost = f"its range may not clear (values in {share:.0%} of rows): {fate}"

@@ -48,9 +48,22 @@ WIDE_RANGE = 4.0
 _TAIL_WIDTHS = (2, 4, 8)
 # The last resort of a column no window shows: its noisy present count (N less the missing
 # cell) clears LAST_RESORT_Z deviations; the fullest window of _LAST_WIDTH bins is taken.
-# Round 3 checks the present count again under its own noise (PRESENT_SIGNIFICANCE), so an
-# empty column passes both about once in a million releases.
+# Round 3 checks the present count again (PRESENT_SIGNIFICANCE, every round's reading
+# combined).
 LAST_RESORT_Z, _LAST_WIDTH = 3.0, 16
+# Both the last resort and the looser windows before it need the present count to hold
+# LAST_RESORT_SHARE of the rows too (`last_resort_rows`): a weak span places few values well,
+# and a column of a dozen values in 2,000 rows (significant at a small table's noise, and read
+# again by round 2's second look) was drawn over 0–1e12 in half of the releases.
+LAST_RESORT_SHARE = 0.05
+
+
+def last_resort_rows(rows: int, std: float) -> float:
+    """The present count (N less the noisy missing count) above which a number that no bin or
+    strict window shows gets a weak span (`_weak_span`; public: N and the noise)."""
+    return max(LAST_RESORT_Z * std, LAST_RESORT_SHARE * rows)
+
+
 # A found span leaves values unseen when the noisy present count less the span's noisy mass
 # clears UNSEEN_Z deviations of its noise (a column of zeros whose amounts spread too thin
 # for any window: 40% of a column written 0): the window nearest to the span whose noisy sum
@@ -144,24 +157,27 @@ def _with_unseen_values(
 
 
 def _weak_span(
-    released: np.ndarray, std: float, present: float, zero: int | None
+    released: np.ndarray, std: float, present: float, zero: int | None, rows: int
 ) -> tuple[tuple[int, int] | None, bool]:
     """The span of a column no bin or strict window shows (post-processing), and whether it is
     a guess (the last resort below: no window cleared any cut). A sparse column
     (values in a tenth of the rows, spread thin) is not written empty for want of a strict
     cut: windows at the false-alarm rate of a time's range, then, when N less the noisy
-    missing count says the column has values, the fullest window of _LAST_WIDTH bins (which
+    missing count says the column has values (`last_resort_rows`), the fullest window of
+    _LAST_WIDTH bins (which
     padding and round 2 make a range). Numbers look among non-negative bins only (amounts
     and counts; with the negative ones too, a window of noise there wins as often as not: a
     column of positive sales released as −4.9e10 … 0). Negative values too sparse for the
     strict cuts are then not found; positive ones are far more common."""
+    if present <= LAST_RESORT_SHARE * rows:
+        return None, False
     if zero is not None:
         released = released.copy()
         released[:zero] = 0.0
     span = coarse_span(released, std, FALSE_ALARM)
     if span is not None:
         return span, False
-    if present <= LAST_RESORT_Z * std:
+    if present <= last_resort_rows(rows, std):
         return None, False
     return _fullest_window(released), True
 
@@ -206,7 +222,7 @@ def range_from_noisy(
     number_zero = int(zero[0]) if len(zero) and spec.kind not in ("datetime", "date") else None
     guessed = False
     if span is None:
-        span, guessed = _weak_span(released, std, present, number_zero)
+        span, guessed = _weak_span(released, std, present, number_zero, plan.rows)
     if span is None:
         return None, None, False
     if number_zero is not None:
