@@ -191,6 +191,8 @@ class AppliedRelease:
     category_noise: dict[str, float]
     # the noise's deviation of each `clipped` estimate, in the same share
     clipped_deviation: dict[str, float] = field(default_factory=dict)
+    # the numbers whose range round 2's second look found (round 1 found none)
+    second_looks: tuple[str, ...] = ()
 
 
 # The schema entries' release on some rows: (schema, columns, plan, generator, source) → the
@@ -284,7 +286,14 @@ def apply_release(
         name: (first.categories[name], first.category_counts[name]) for name in categories
     }
     return AppliedRelease(
-        schema, warnings, rounds.clipped, shapes, kept_counts, noise, rounds.clipped_deviation
+        schema,
+        warnings,
+        rounds.clipped,
+        shapes,
+        kept_counts,
+        noise,
+        rounds.clipped_deviation,
+        rounds.second_looks,
     )
 
 

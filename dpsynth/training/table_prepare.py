@@ -302,6 +302,8 @@ def spend_release(
             name: round(deviation, 4) for name, deviation in applied.clipped_deviation.items()
         }
         record["one_ways"] = one_way_record(applied)
+        if applied.second_looks:
+            record["second_looks"] = list(applied.second_looks)
     if weights_plan is not None:
         record["class_weights"] = {**weights_plan.to_json(), "weights": list(weights or ())}
     if table.unit is not None and table.unit_plan is not None:
