@@ -25,10 +25,10 @@ from dpsynth.privacy.releases.schema_counts import (
 from dpsynth.privacy.releases.schema_plan import NumberSpec, plan_schema_release
 from dpsynth.privacy.releases.schema_ranges import release_ranges_from_counts
 from dpsynth.privacy.releases.schema_second_look import (
-    combined_reading,
     release_second_looks,
     second_look_grid,
 )
+from dpsynth.privacy.releases.schema_spans import combined_reading
 from tests.privacy.test_schema_ranges import _released_entry, _wide_plan
 
 ROWS = 1303

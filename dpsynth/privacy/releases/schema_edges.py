@@ -18,7 +18,7 @@ from dpsynth.privacy.mechanisms.histograms import noisy
 from dpsynth.privacy.releases.schema_counts import ShapeCounts, zero_counted
 from dpsynth.privacy.releases.schema_grids import closed_last_bin, range_grid
 from dpsynth.privacy.releases.schema_plan import NumberSpec, SchemaReleasePlan
-from dpsynth.privacy.releases.schema_spans import grown_span, trimmed_span
+from dpsynth.privacy.releases.schema_spans import combined_reading, grown_span, trimmed_span
 
 # An exact zero is a point mass when its noisy count clears this many deviations (and is kept
 # inside a trimmed range).
@@ -209,9 +209,10 @@ def clipped_estimate(
     if trimmed_bins:
         far = float(fine[:first].sum()) + float(fine[last + 1 :].sum())
         near = total - float(fine[first : last + 1].sum())
-        weight_far, weight_near = 1.0 / trimmed_bins, 1.0 / (last - first + 2)
-        mass = (far * weight_far + near * weight_near) / (weight_far + weight_near)
-        variance = std**2 / (weight_far + weight_near)
+        mass, deviation = combined_reading(
+            ((far, std * math.sqrt(trimmed_bins)), (near, std * math.sqrt(last - first + 2)))
+        )
+        variance = deviation**2
     if first == 0:
         mass += beyond.below
         variance += beyond.below_bins * range_std**2
@@ -251,32 +252,30 @@ def kept_fine_bins(
     last_bin = len(grid) - 2
     if core is None:
         first, last = trim_ends(fine, std, present) or (0, last_bin)
-        if spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
-            held = concentrated_span(fine, std, total, (float(grid[0]), float(grid[-1])))
-            if held is not None:
-                return held[0], held[1], True
-        return first, last, False
-    keep = (
-        int(np.clip(np.searchsorted(grid, core[0], side="right") - 1, 0, last_bin)),
-        int(np.clip(np.searchsorted(grid, core[1], side="left") - 1, 0, last_bin)),
-    )
-    # inside round 1's range (√2 bins: too wide to keep whole for a year of 2013) only when
-    # the noise over it is below PRECISE_SHARE of the values and a thin tail can clear it;
-    # else the padding alone (the noise of a sparse column would trim its thin tails)
-    quiet = std * math.sqrt(keep[1] - keep[0] + 1) < PRECISE_SHARE * present
-    precise = quiet and TRIM_SHARE * present >= REACH_Z * std * math.sqrt(2)
-    if precise or spec.kind in ("datetime", "date"):  # a time rarely trails off thinly
-        first, last = significant_span(fine, std, present) or keep
-        return first, last, False
-    # read from the kept bins outward: ames' 4 bedrooms (15% of houses, one fine bin beside
-    # the 2 and 3 of round 1's core) were trimmed in one release of four by a sum read inward
-    # from the range's far end, whose noise over a dozen empty bins outweighed them
-    keep = grown_span(fine, keep, std, TRIM_Z, KEEP_WIDTHS)
-    first, last = trim_ends(fine, std, present, keep) or keep
+    else:
+        keep = (
+            int(np.clip(np.searchsorted(grid, core[0], side="right") - 1, 0, last_bin)),
+            int(np.clip(np.searchsorted(grid, core[1], side="left") - 1, 0, last_bin)),
+        )
+        # inside round 1's range (√2 bins: too wide to keep whole for a year of 2013) only
+        # when the noise over it is below PRECISE_SHARE of the values and a thin tail can
+        # clear it; else the padding alone (the noise of a sparse column would trim its thin
+        # tails)
+        quiet = std * math.sqrt(keep[1] - keep[0] + 1) < PRECISE_SHARE * present
+        precise = quiet and TRIM_SHARE * present >= REACH_Z * std * math.sqrt(2)
+        if precise or spec.kind in ("datetime", "date"):  # a time rarely trails off thinly
+            first, last = significant_span(fine, std, present) or keep
+            return first, last, False
+        # read from the kept bins outward: ames' 4 bedrooms (15% of houses, one fine bin
+        # beside the 2 and 3 of round 1's core) were trimmed in one release of four by a sum
+        # read inward from the range's far end, whose noise over a dozen empty bins
+        # outweighed them
+        keep = grown_span(fine, keep, std, TRIM_Z, KEEP_WIDTHS)
+        first, last = trim_ends(fine, std, present, keep) or keep
     # whole numbers binned coarser than their unit (years on a grid of 122): N less the noisy
     # missing count has one cell's noise, the fine bins' sum all of theirs
     if spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
-        held = concentrated_span(fine, std, total, core)
+        held = concentrated_span(fine, std, total, core or (float(grid[0]), float(grid[-1])))
         if held is not None:
             return held[0], held[1], True
     return first, last, False

@@ -77,8 +77,11 @@ from dpsynth.privacy.releases.schema_ranges import (
     release_ranges,
     release_ranges_from_counts,
 )
-from dpsynth.privacy.releases.schema_second_look import combined_reading
-from dpsynth.privacy.releases.schema_spans import FALSE_ALONE, supported_bins
+from dpsynth.privacy.releases.schema_spans import (
+    FALSE_ALONE,
+    combined_reading,
+    supported_bins,
+)
 
 __all__ = ["MAX_DECIMALS", "NumberSpec", "ReleasedShape", "SchemaReleasePlan"]
 __all__ += ["plan_schema_release", "quantile_bins", "release_ranges", "release_shapes"]

@@ -117,15 +117,16 @@ def release_rounds(
     ranges = dict(found)
     clipped = {name: spans[name].clipped for name in found}
     deviation = {name: spans[name].clipped_deviation for name in found}
-    second: list[str] = []
-    guessed = [name for name in requests if name in first.guessed]
-    for name in requests:
-        look_range = looks[name].range if name in looks else None
-        if look_range is not None:
-            ranges[name] = look_range
-            clipped[name] = shapes[name].clipped or 0.0
-            deviation[name] = shapes[name].clipped_deviation
-            second.append(name)
-            if looks[name].guessed:
-                guessed.append(name)
-    return ReleasedRounds(first, ranges, shapes, clipped, deviation, tuple(second), tuple(guessed))
+    second = tuple(name for name in requests if name not in found)
+    for name in second:
+        look_range = looks[name].range
+        assert look_range is not None  # requested because the second look found it
+        ranges[name] = look_range
+        clipped[name] = shapes[name].clipped or 0.0
+        deviation[name] = shapes[name].clipped_deviation
+    guessed = tuple(
+        name
+        for name in requests
+        if name in first.guessed or (name in second and looks[name].guessed)
+    )
+    return ReleasedRounds(first, ranges, shapes, clipped, deviation, second, guessed)

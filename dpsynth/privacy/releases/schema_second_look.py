@@ -21,26 +21,19 @@ composition of Gaussian mechanisms). Combining the readings is post-processing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from dpsynth.privacy.mechanisms.histograms import noisy
-from dpsynth.privacy.releases.schema_counts import ShapeCounts, zero_counted
+from dpsynth.privacy.releases.schema_counts import ShapeCounts
+from dpsynth.privacy.releases.schema_edges import zeros_in_place
 from dpsynth.privacy.releases.schema_grids import range_grid
 from dpsynth.privacy.releases.schema_plan import NumberSpec, SchemaReleasePlan
 from dpsynth.privacy.releases.schema_ranges import RangeRelease, range_from_noisy
-
-
-def combined_reading(readings: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """Independent noisy readings (value, noise std) of one count combined by their
-    variances: the weighted mean and its std (post-processing)."""
-    weights = [std**-2 for _, std in readings]
-    total = sum(weights)
-    value = sum(w * v for w, (v, _) in zip(weights, readings, strict=True)) / total
-    return float(value), float(total**-0.5)
+from dpsynth.privacy.releases.schema_spans import combined_reading
 
 
 @dataclass(frozen=True)
@@ -78,16 +71,13 @@ def release_second_looks(
     for name, spec in numbers.items():
         grid = second_look_grid(spec)
         released = noisy(counts.numbers[name], std, generator)
-        bins = released[2:].copy()
-        if zero_counted(spec.kind, grid):
-            # the zeros back in the bin [0, …) that round 1 counted them in (that bin reads
-            # two cells' noise: a slightly noisier reading, not a biased one)
-            bins[int(np.searchsorted(grid, 0.0, side="right")) - 1] += released[1]
+        # the zeros back in the bin [0, …) that round 1 counted them in (that bin reads two
+        # cells' noise: a slightly noisier reading, not a biased one)
+        bins = zeros_in_place(released[2:], grid, float(released[1]), spec.kind)
         again = np.concatenate([[released[0]], bins])
         before = np.concatenate([[first.missing[name]], first.range_counts[name]])
-        weight_before, weight_again = plan.range_noise_std**-2, std**-2
-        both = (before * weight_before + again * weight_again) / (weight_before + weight_again)
-        combined_std = plan.second_look_noise_std
+        both, _ = combined_reading(((before, plan.range_noise_std), (again, std)))
+        combined_std = plan.second_look_noise_std  # the same combination, as the plan states it
         found, core, guessed = range_from_noisy(both, spec, plan, combined_std)
         out[name] = SecondLook(found, core, both[1:], float(both[0]), combined_std, guessed)
     return out

@@ -5,6 +5,8 @@ covers, and, when rows spread too thin for any one bin, wider windows of the sam
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy.stats import norm
@@ -105,3 +107,14 @@ def coarse_span(
             first = start if first is None else min(first, start)
             last = end if last is None else max(last, end)
     return None if first is None or last is None else (first, last)
+
+
+def combined_reading(
+    readings: Sequence[tuple[Any, float]],
+) -> tuple[Any, float]:
+    """Independent noisy readings (value, noise std) of the same count (or of the same cells,
+    as arrays) combined by their variances: the weighted mean and its std (post-processing)."""
+    weights = [std**-2 for _, std in readings]
+    total = sum(weights)
+    value = sum(w * v for w, (v, _) in zip(weights, readings, strict=True)) / total
+    return value, float(total**-0.5)
