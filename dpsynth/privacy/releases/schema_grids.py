@@ -1,6 +1,7 @@
 """The public grids of the DP schema release: where a number's or a time's rough range is read
-(round 1) and the fine bins its shape is counted in (round 2). Public: they depend on the
-column's type and the released range only, never on the rows."""
+(round 1) and the fine bins its span and shape are counted in (rounds 2 and 3). Public: they
+depend on the column's type and the released range (and round 1's range before padding, a
+function of its noisy counts) only, never on the rows."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ import numpy as np
 from dpsynth.privacy.mechanisms.histograms import numeric_bin_edges
 
 FINE_BINS = 64
+# A float's fine bins go inside its range before padding when the padding is more than this
+# share of the range (`core_weighted`).
+PADDING_SHARE = 0.5
+# ... and steps over the padding on at most this many of the range grid's edges each side.
+PADDING_EDGES = 4
 
 
 def year_edges() -> np.ndarray:
@@ -42,8 +48,20 @@ def _skewed(low: float, high: float) -> bool:
     return low >= 0 and high > 0 and high / max(low, high * 1e-6) > 100
 
 
-def fine_grid(low: float, high: float, kind: str, bins: int = FINE_BINS) -> np.ndarray:
-    """The public edges of the shape histogram inside [low, high] (see the module docstring)."""
+def fine_grid(
+    low: float,
+    high: float,
+    kind: str,
+    bins: int = FINE_BINS,
+    core: tuple[float, float] | None = None,
+) -> np.ndarray:
+    """The public edges of the shape histogram inside [low, high] (see the module docstring);
+    for a float's linear grid with `core` (round 1's range before padding, public), its
+    bins where the values are (`core_weighted`)."""
+    if kind == "numeric" and core is not None and not _skewed(low, high):
+        weighted = core_weighted(low, high, core, bins)
+        if weighted is not None:
+            return weighted
     if kind == "integer" and _skewed(low, high) and high - low + 1 > bins:
         first, last = math.ceil(low), math.floor(high)
         geometric = np.round(np.geomspace(max(first, 1), last + 1, bins))
@@ -61,6 +79,31 @@ def fine_grid(low: float, high: float, kind: str, bins: int = FINE_BINS) -> np.n
         geometric = np.geomspace(floor, high, bins)
         return np.unique(np.concatenate([[low], geometric]))
     return np.linspace(low, high, bins + 1)
+
+
+def core_weighted(
+    low: float, high: float, core: tuple[float, float], bins: int
+) -> np.ndarray | None:
+    """Linear edges over [low, high] that put their bins inside `core` and step over the
+    padding beyond it on the range grid's own edges (a factor of √2 a bin), when the padding
+    is most of the range (None otherwise). Round 1 pads a range by a factor of 2–4 each side
+    where its noise can hide a tail, and round 2 keeps that padding where its noise outweighs
+    2% of the values: a log income of 8.8–11.1 kept as 7.4–43 was cut into bins of 1.5, and
+    the model drew its values over two of them (post-processing: `core` is a function of round
+    1's noisy counts)."""
+    first, last = max(core[0], low), min(core[1], high)
+    if not last > first or last - first > PADDING_SHARE * (high - low):
+        return None
+    grid = range_grid("numeric")
+    apart = 1e-9 * max(abs(low), abs(high))  # edges a rounding apart are one edge
+    # the range grid's edges nearest to the core (padding crossing 0 would add dozens)
+    below = grid[(grid > low + apart) & (grid < first - apart)][-PADDING_EDGES:]
+    above = grid[(grid > last + apart) & (grid < high - apart)][:PADDING_EDGES]
+    inner = max(bins - (len(below) + 1) * (first > low) - (len(above) + 1) * (high > last), 1)
+    edges = np.concatenate(
+        [[low], below, np.linspace(first, last, max(inner, bins // 2) + 1), above, [high]]
+    )
+    return np.unique(edges)
 
 
 def closed_last_bin(edges: np.ndarray, unit: float) -> np.ndarray:

@@ -17,7 +17,8 @@ Three rounds of Gaussian noisy histograms, planned by `dpsynth.privacy.releases.
 3. **Shapes** (`release_shapes_from_counts`), inside those spans, for each number or time: one
    histogram over [missing | exactly zero (numbers whose range holds 0) | fine bins], a public
    grid (linear, or geometric for a positive range spanning orders of magnitude; whole numbers
-   for integers and days for dates), and for a float column a second over its decimals. For a
+   for integers and days for dates; a float's linear bins inside round 1's range before
+   padding, `schema_grids.core_weighted`), and for a float column a second over its decimals. For a
    boolean one histogram over [false | true | missing]. From the noisy counts, post-processing:
    - `edges`: the quantiles 1/K, …, (K−1)/K of the noisy fine histogram, snapped to the fine
      grid's edges (so the model's 1-way marginal is a sum of these fine bins,
@@ -121,18 +122,21 @@ def shape_grid(
     span: tuple[float, float],
     plan: SchemaReleasePlan,
     concentrated: bool = False,
+    core: tuple[float, float] | None = None,
 ) -> np.ndarray:
     """The public fine grid of a number's shape histogram inside its released range: whole
     numbers one per bin when the range holds at most INTEGER_FINE_BINS of them (a count or a
     term of 36 or 60 months keeps its values exactly, whatever the padding), and in
     INTEGER_FINE_BINS bins when round 2 found them `concentrated` in a bin or two of its
-    coarser grid (years sold 2006–2010 in a span of 390 years: bins of 3 years, not 17)."""
+    coarser grid (years sold 2006–2010 in a span of 390 years: bins of 3 years, not 17); a
+    float's linear bins inside `core`, round 1's range before padding, where the padding is
+    most of the span (`core_weighted`)."""
     bins = fine_bins(plan.rows, plan.shape_noise_std)
     if spec.kind == "integer":
         values = math.floor(span[1]) - math.ceil(span[0]) + 1
         if values <= INTEGER_FINE_BINS or concentrated:
             bins = max(bins, min(values, INTEGER_FINE_BINS))
-    return fine_grid(span[0], span[1], spec.kind, bins)
+    return fine_grid(span[0], span[1], spec.kind, bins, core)
 
 
 def released_decimals(noisy_digits: np.ndarray, std: float) -> int | None:
