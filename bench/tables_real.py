@@ -191,6 +191,14 @@ def main(argv: list[str] | None = None) -> None:
             continue
         facts = describe_table(table, real)
         facts["schema"] = draft_schema(cli, table, real["train_path"], args.work / name)
+        # an identifier is written as fresh keys: scored, it reads as a column lost
+        scored = set(real["binner"].columns)
+        drafted = facts["schema"].get("types", {})
+        facts["scored_identifiers"] = sorted(
+            c for c, t in drafted.items() if t.startswith("id") and c in scored
+        )
+        if facts["scored_identifiers"]:
+            print(f"{name}: identifiers scored: {facts['scored_identifiers']}", file=sys.stderr)
         meta["tables"][name] = facts
         print(
             json.dumps(

@@ -97,4 +97,6 @@ def markdown(report: dict[str, Any]) -> str:
             f"- **{name}** ({facts['source']}; target `{facts['target']}`): "
             f"{facts['messy']}. Schema: {schema.get('error') or schema.get('types')}"
         )
+        if facts.get("scored_identifiers"):  # fresh keys scored as a lost column
+            lines.append(f"  - scored though drafted identifiers: {facts['scored_identifiers']}")
     return "\n".join(lines) + "\n"
