@@ -13,6 +13,9 @@ only this bench reads:
 - `clipped`: per number, the share of its present values beyond the released [min, max];
 - `over_2pct`: the numbers clipping more than 2% (the issue's target: none);
 - `empty`: the columns written empty (type `ignored`) that real rows fill in ≥ 10% of cells;
+- `false_missing_flags`: numbers and booleans with no empty cell released with a missing bin
+  (the model then writes some empty); `lost_missing_flags`: those over 2% empty released
+  without one (their empty cells are written as values);
 - `ranges`: per number, the real [min, max] beside the released one, and `junk`: the share of
   values drawn from the release's own 1-way histogram (its noisy counts summed into the model's
   bins, clipped at 0: what mst's 1-way marginal starts from) and placed in their bins as
@@ -40,6 +43,7 @@ from bench.tables_real_cells import draft_schema
 from dpsynth.errors import DpsynthError
 
 PRESENT_SHARE = 0.10  # a column written empty counts when real rows fill this share of cells
+LOST_FLAG_SHARE = 0.02  # a number or boolean this share empty released without a missing bin
 DRAFT_MINUTES = 10.0  # wall limit of `data schema`
 
 
@@ -112,6 +116,8 @@ def release_checks(train: Path, schema: Path, epsilon: float, seed: int) -> dict
     ranges: dict[str, list[float]] = {}
     real: dict[str, tuple[float, float]] = {}
     empty: list[str] = []
+    false_flags: list[str] = []
+    lost_flags: dict[str, float] = {}
     for column in data.schema.columns:
         if column.name not in table.raw.header:
             continue
@@ -119,6 +125,11 @@ def release_checks(train: Path, schema: Path, epsilon: float, seed: int) -> dict
         filled = float(np.mean(np.char.strip(cells) != ""))
         if column.type == "ignored" and filled >= PRESENT_SHARE:
             empty.append(f"{column.name} ({filled:.0%} filled)")
+        if column.is_numeric or column.type == "boolean":
+            if column.missing and filled == 1.0:
+                false_flags.append(column.name)
+            elif not column.missing and filled < 1.0 - LOST_FLAG_SHARE:
+                lost_flags[column.name] = round(1.0 - filled, 4)
         if column.is_numeric and column.min is not None and column.max is not None:
             values = column_numbers(table.raw, column, lenient=True)
             values = values[np.isfinite(values)]
@@ -140,6 +151,8 @@ def release_checks(train: Path, schema: Path, epsilon: float, seed: int) -> dict
         "median_junk": float(np.median(list(junk.values()))) if junk else 0.0,
         "junk_over_5pct": {name: share for name, share in junk.items() if share > 0.05},
         "ranges": ranges,
+        "false_missing_flags": false_flags,
+        "lost_missing_flags": lost_flags,
     }
 
 
@@ -187,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name} seed {run['seed']}: {len(run['over_2pct'])}/{run['numbers']} numbers "
                 f"clip > 2% (median {run['median_clipped']:.2%}); written empty: {run['empty']}; "
                 f"{len(run['junk_over_5pct'])}/{len(run['junk'])} draw > 5% outside the real "
-                f"range (median {run['median_junk']:.2%}); worst: {_worst(run['junk'])}",
+                f"range (median {run['median_junk']:.2%}); worst: {_worst(run['junk'])}; "
+                f"missing flags false: {run['false_missing_flags']}, lost: "
+                f"{run['lost_missing_flags']}",
                 file=sys.stderr,
             )
     text = json.dumps(report, indent=1)

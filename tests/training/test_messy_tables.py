@@ -180,7 +180,8 @@ def test_release_keeps_missing_rates_formats_and_no_real_identifier(messy: dict)
     real, synthetic = messy["frame"], messy["synthetic"]
     assert list(synthetic.columns) == list(real.columns)
     # admitted has no empty cell, but the DP schema release may still flag it missing (its
-    # noisy count clears MISSING_SIGNIFICANCE about 7% of the time): its rate is held too.
+    # combined noisy count clears MISSING_SIGNIFICANCE about 2% of the time): its rate is
+    # held too.
     for name in ("age", "bmi", "smoker", "born", "admitted"):
         assert abs((synthetic[name] == "").mean() - (real[name] == "").mean()) <= 0.03, name
     assert not set(synthetic["patient_id"]) & set(real["patient_id"])
