@@ -96,7 +96,7 @@ __all__ += ["ShapeRequest", "shape_grid"]
 # bin too many makes the model write empty cells where the rows have none, one too few
 # encodes the missing cells at mid-range. On round 3's count alone at 1.5 deviations, eight
 # wide tables had 12.5 false flags a release (caravan, no empty cell, 4.2) and 12.8 lost ones
-# (columns over 2% empty); combined at 2 deviations, 3.2 and 13.2.
+# (columns over 2% empty); combined at 2 deviations, 3.8 and 13.2.
 MISSING_SIGNIFICANCE = 2.0
 # A boolean's missing bin when it clears BOOLEAN_MISSING_SIGNIFICANCE: the flag is chosen on
 # the noisy count the model then measures it by, so a false flag carries at least 1.5
