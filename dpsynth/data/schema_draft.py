@@ -31,7 +31,7 @@ rows per unit (`dpsynth.data.units`). The draft never lists a value held by a si
 category unless the column has few values.
 `draft_table` also returns one remark per column it typed as an identifier (and one more when
 it repeats), free text, a shortened category list, a clock, a code list kept whole numbers
-(`code_list_remark`) or an empty column, for the CLI to
+(`code_list_remark`), a share in [0, 1] (`share_remark`) or an empty column, for the CLI to
 print (the schema never holds them).
 """
 
@@ -65,6 +65,8 @@ RARE_ROWS = 10
 # Whole numbers look like a code list (`code_list_remark`) when they are at most CODE_VALUES
 # values on a common step of at least CODE_STEP, spread over CODE_SPREAD × their count or more.
 CODE_VALUES, CODE_STEP, CODE_SPREAD = 40, 5, 5.0
+# Floats in [0, 1] spread over at least SHARE_SPREAD of it look like a share (`share_remark`).
+SHARE_SPREAD = 0.5
 # Text this long on average, or with spaces and mostly unique, is free text.
 FREE_TEXT_CHARS = 40
 _BOOLEANS = (("true", "false"), ("yes", "no"), ("t", "f"), ("y", "n"))
@@ -117,6 +119,21 @@ def code_list_remark(name: str, numbers: np.ndarray) -> str | None:
         f"{name}: {len(values)} whole numbers on a step of {step} over "
         f"{values[0]:g}–{values[-1]:g} → integer (a synthetic value may fall between them); "
         "if they are codes, retype it categorical with the codes as its categories"
+    )
+
+
+def share_remark(name: str, numbers: np.ndarray) -> str | None:
+    """A remark on a float column whose values all lie in [0, 1], spread over most of it
+    (labor-market's `frac_black`): if it is a share by definition, bounds declared public
+    cost the DP release nothing and clip nothing, where a range read from the noise errs wide
+    (0.0–0.99 released as −2 … 843 at ε = 1). None for anything else."""
+    low, high = float(numbers.min()), float(numbers.max())
+    if low < 0.0 or high > 1.0 or high - low < SHARE_SPREAD:
+        return None
+    return (
+        f"{name}: every value lies in [0, 1] (here {low:g}–{high:g}) → numeric; if it is a "
+        "share by definition, write min 0 and max 1 (and missing as you know it) and delete "
+        "its 'source' mark: the DP release then spends nothing on it and clips none of it"
     )
 
 
@@ -225,7 +242,8 @@ def draft_column(name: str, values: np.ndarray, rows: int) -> DraftedColumn:
         kind = "integer" if integral else "numeric"
         decimals = None if integral else _decimals(distinct)
         drafted = _spanning(name, kind, numbers, missing, decimals=decimals)
-        return DraftedColumn(drafted, code_list_remark(name, numbers) if integral else None)
+        remark = code_list_remark(name, numbers) if integral else share_remark(name, numbers)
+        return DraftedColumn(drafted, remark)
     boolean = _boolean(name, distinct, missing)
     if boolean is not None:
         return DraftedColumn(boolean)

@@ -182,3 +182,20 @@ def test_a_code_list_kept_whole_numbers_is_remarked_and_counts_are_not() -> None
         "Misc.Val": np.concatenate([np.zeros(1900, int), rng.integers(1, 1600, 100) * 7]),
     }.items():
         assert _drafted(name, values).remark is None, name
+
+
+def test_a_share_in_zero_to_one_is_remarked_with_its_public_bounds() -> None:
+    """labor-market's `frac_black` (floats over 0–0.99) gets a remark naming min 0 and max 1
+    as the public bounds to declare; floats beyond [0, 1], over a narrow part of it, and
+    whole numbers get none."""
+    rng = np.random.default_rng(1)
+    drafted = _drafted("frac_black", rng.beta(0.5, 2.0, 2000).round(4))
+    assert drafted.column.type == "numeric" and drafted.column.data_derived
+    assert drafted.remark is not None and drafted.remark.startswith("frac_black: every value lies")
+    assert "write min 0 and max 1" in drafted.remark
+    for name, values in {
+        "l_med_hh_inc": rng.normal(10.0, 0.4, 2000).round(3),  # beyond 1
+        "frac_dropout": rng.uniform(0.0, 0.36, 2000).round(3),  # a narrow part of [0, 1]
+        "changed": rng.normal(0.0, 0.3, 2000).round(3),  # below 0
+    }.items():
+        assert _drafted(name, values).remark is None, name
