@@ -1,4 +1,4 @@
-"""Round 3 of the DP schema release puts a float's fine bins where round 1 found its values: a
+"""Round 3 of the DP schema release puts a number's fine bins where round 1 found its values: a
 range kept wide by its padding (where the noise can hide a tail) is not cut into even bins
 over the padding. labor-market's log incomes, 8.8–11.1, kept as 7.4–43, were drawn over two
 model bins of 1.5 (mst at ε = 1, three secret seeds: one-way TVD on the held-out rows 0.32
@@ -21,15 +21,24 @@ def test_a_floats_fine_bins_go_inside_its_range_before_padding() -> None:
     # the padding steps on the range grid's own edges
     padding = grid[(grid > core[1] + 1e-9) & (grid < 43.45)]
     assert set(padding.tolist()) <= set(range_grid("numeric").tolist())
-    # an even grid where the core is most of the range, for whole numbers, and geometric
-    # bins for a range over orders of magnitude, as before
+    # an even grid where the core is most of the range, and geometric bins for a range over
+    # orders of magnitude, as before
     assert np.allclose(fine_grid(0.5, 1.5, "numeric", 8, (0.6, 1.4)), np.linspace(0.5, 1.5, 9))
-    assert np.array_equal(
-        fine_grid(10, 200, "integer", 16, (20, 40)), fine_grid(10, 200, "integer", 16)
-    )
     assert np.array_equal(
         fine_grid(0, 1e6, "numeric", 32, (1, 100)), fine_grid(0, 1e6, "numeric", 32)
     )
+
+
+def test_whole_numbers_kept_wide_get_their_bins_inside_the_core() -> None:
+    """Alcohol codes 0–5 released as −12–1027 (nhefs, ε = 1) were cut into bins of 65 and
+    drawn up to 40; inside round 1's range before padding, [0, 6), they keep a bin a value.
+    Whole numbers that fit one a bin keep that grid."""
+    grid = fine_grid(-12, 1027, "integer", 16, (0.0, 6.0))
+    assert np.all(grid == np.round(grid)) and grid[0] == -12 and grid[-1] == 1028
+    assert set(range(7)) <= set(grid.tolist()), grid  # 0, 1, …, 6: a bin a value
+    assert np.array_equal(fine_grid(0, 12, "integer", 16, (0, 6)), fine_grid(0, 12, "integer", 16))
+    ages = fine_grid(8, 254, "integer", 16, (23.0, 91.0))  # nhefs' ages, 25–74, kept as 8–254
+    assert np.sum((ages[:-1] >= 23) & (ages[1:] <= 91)) >= 8, ages
 
 
 def test_a_log_income_kept_wide_by_its_padding_gets_model_bins_over_its_values() -> None:

@@ -13,8 +13,8 @@ import numpy as np
 from dpsynth.privacy.mechanisms.histograms import numeric_bin_edges
 
 FINE_BINS = 64
-# A float's fine bins go inside its range before padding when the padding is more than this
-# share of the range (`core_weighted`).
+# A number's linear fine bins go inside its range before padding when the padding is more
+# than this share of the range (`core_weighted`).
 PADDING_SHARE = 0.5
 # ... and steps over the padding on at most this many of the range grid's edges each side.
 PADDING_EDGES = 4
@@ -56,10 +56,10 @@ def fine_grid(
     core: tuple[float, float] | None = None,
 ) -> np.ndarray:
     """The public edges of the shape histogram inside [low, high] (see the module docstring);
-    for a float's linear grid with `core` (round 1's range before padding, public), its
-    bins where the values are (`core_weighted`)."""
-    if kind == "numeric" and core is not None and not _skewed(low, high):
-        weighted = core_weighted(low, high, core, bins)
+    for a linear grid with `core` (round 1's range before padding, public), its bins where
+    the values are (`core_weighted`)."""
+    if kind in ("numeric", "integer") and core is not None and not _skewed(low, high):
+        weighted = core_weighted(low, high, core, bins, kind)
         if weighted is not None:
             return weighted
     if kind == "integer" and _skewed(low, high) and high - low + 1 > bins:
@@ -82,28 +82,33 @@ def fine_grid(
 
 
 def core_weighted(
-    low: float, high: float, core: tuple[float, float], bins: int
+    low: float, high: float, core: tuple[float, float], bins: int, kind: str = "numeric"
 ) -> np.ndarray | None:
     """Linear edges over [low, high] that put their bins inside `core` and step over the
     padding beyond it on the range grid's own edges (a factor of √2 a bin), when the padding
-    is most of the range (None otherwise). Round 1 pads a range by a factor of 2–4 each side
-    where its noise can hide a tail, and round 2 keeps that padding where its noise outweighs
-    2% of the values: a log income of 8.8–11.1 kept as 7.4–43 was cut into bins of 1.5, and
-    the model drew its values over two of them (post-processing: `core` is a function of round
-    1's noisy counts)."""
+    is most of the range (None otherwise; whole numbers: also when they fit one a bin). Round
+    1 pads a range by a factor of 2–4 each side where its noise can hide a tail, and round 2
+    keeps that padding where its noise outweighs 2% of the values: a log income of 8.8–11.1
+    kept as 7.4–43 was cut into bins of 1.5, and the model drew its values over two of them;
+    alcohol codes 0–5 kept as −12–1027 were drawn up to 40 (post-processing: `core` is a
+    function of round 1's noisy counts)."""
+    if kind == "integer":  # whole-number edges, the last one past the last value
+        low, high = math.ceil(low), math.floor(high) + 1
+        if high - low <= bins:
+            return None
     first, last = max(core[0], low), min(core[1], high)
     if not last > first or last - first > PADDING_SHARE * (high - low):
         return None
-    grid = range_grid("numeric")
+    grid = range_grid(kind)
     apart = 1e-9 * max(abs(low), abs(high))  # edges a rounding apart are one edge
     # the range grid's edges nearest to the core (padding crossing 0 would add dozens)
     below = grid[(grid > low + apart) & (grid < first - apart)][-PADDING_EDGES:]
     above = grid[(grid > last + apart) & (grid < high - apart)][:PADDING_EDGES]
     inner = max(bins - (len(below) + 1) * (first > low) - (len(above) + 1) * (high > last), 1)
-    edges = np.concatenate(
-        [[low], below, np.linspace(first, last, max(inner, bins // 2) + 1), above, [high]]
-    )
-    return np.unique(edges)
+    inside = np.linspace(first, last, max(inner, bins // 2) + 1)
+    if kind == "integer":
+        inside = np.round(inside)
+    return np.unique(np.concatenate([[low], below, inside, above, [high]])).astype(np.float64)
 
 
 def closed_last_bin(edges: np.ndarray, unit: float) -> np.ndarray:

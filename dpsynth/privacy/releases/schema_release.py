@@ -17,7 +17,7 @@ Three rounds of Gaussian noisy histograms, planned by `dpsynth.privacy.releases.
 3. **Shapes** (`release_shapes_from_counts`), inside those spans, for each number or time: one
    histogram over [missing | exactly zero (numbers whose range holds 0) | fine bins], a public
    grid (linear, or geometric for a positive range spanning orders of magnitude; whole numbers
-   for integers and days for dates; a float's linear bins inside round 1's range before
+   for integers and days for dates; a linear grid's bins inside round 1's range before
    padding, `schema_grids.core_weighted`), and for a float column a second over its decimals. For a
    boolean one histogram over [false | true | missing]. From the noisy counts, post-processing:
    - `edges`: the quantiles 1/K, …, (K−1)/K of the noisy fine histogram, snapped to the fine
@@ -133,7 +133,7 @@ def shape_grid(
     term of 36 or 60 months keeps its values exactly, whatever the padding), and in
     INTEGER_FINE_BINS bins when round 2 found them `concentrated` in a bin or two of its
     coarser grid (years sold 2006–2010 in a span of 390 years: bins of 3 years, not 17); a
-    float's linear bins inside `core`, round 1's range before padding, where the padding is
+    linear grid's bins inside `core`, round 1's range before padding, where the padding is
     most of the span (`core_weighted`)."""
     bins = fine_bins(plan.rows, plan.shape_noise_std)
     if spec.kind == "integer":

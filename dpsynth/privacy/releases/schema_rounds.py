@@ -87,7 +87,7 @@ def release_rounds(
     )
     looks = release_second_looks(counted, unfound, first, plan, generator)
     # round 3: the shapes inside the trimmed spans (their own fine grids, whole numbers one a
-    # bin when few, a float's bins inside its range before padding), or inside the second
+    # bin when few, a linear grid's bins inside its range before padding), or inside the second
     # look's padded range (trimmed here). Round 2 keeps its even grid: its trims read the
     # padding in fine bins (on the range grid's coarse ones they clipped more: loanapp's
     # ranges clipping > 2% went from 11.0 to 12.3 a release)
