@@ -203,6 +203,7 @@ def score(
         "id_matches": rm.id_matches(synthetic, train, kinds),
         "text_matches": rm.id_matches(synthetic, train, kinds, "text"),
         "other": rm.other_share(synthetic, train, kinds, document),
+        "outside_range": rm.outside_range(synthetic, train, kinds),
     }
     out |= rm.tvd(real["binner"], synthetic, real["holdout_codes"])
     out["classifiers"] = rm.classifiers(

@@ -30,6 +30,15 @@ def gap_text(gap: dict[str, Any] | None) -> str:
     return f"{gap['column']}: {gap['gap']:.2f}" if gap and gap["gap"] > 0 else "0"
 
 
+def outside_text(metrics: dict[str, Any]) -> str:
+    """The mean share of synthetic numbers outside the real range, and the worst column."""
+    outside = metrics.get("outside_range")  # absent from cells scored before it existed
+    if not outside or outside["mean"] is None:
+        return "–"
+    worst = outside["worst"]
+    return f"{outside['mean']:.3f} ({worst['column']}: {worst['share']:.2f})"
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report: the machine, the commands, the tables, one line per cell under its floor."""
     host = report["machine"]
@@ -49,19 +58,21 @@ def markdown(report: dict[str, Any]) -> str:
         "and free text left out). Missing gap: the largest |real train − synthetic| missing "
         "rate of a scored column. Id (text) matches: synthetic identifier (free-text) values "
         "equal to a real training value. (other): the largest synthetic share of a column's "
-        "other category, beside that real column's most common value share.",
+        "other category, beside that real column's most common value share. Outside range: "
+        "the mean share of synthetic numbers and dates outside the real training rows' "
+        "[min, max] (the TVD's end bins are open), and the worst column.",
         "",
         "| data | method | ε | schema flags | 1-way TVD | 2-way TVD | logreg AUC | GBM AUC "
-        "| missing gap | id (text) matches | (other) vs real top | train s | sample s | load "
-        "| status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| missing gap | id (text) matches | (other) vs real top | outside range | train s "
+        "| sample s | load | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, facts in sorted(report["tables"].items()):
         floor, base = facts["floor"], facts["real_train_classifiers"]
         lines.append(
             f"| {name} | real train rows (floor) | – | – | {_f(floor['tvd_one_way'])} | "
             f"{_f(floor['tvd_two_way'])} | {_auc(base, 'logreg')} | {_auc(base, 'gbm')} | 0 | – "
-            f"| – | – | – | – | {facts['train_rows']:,} train / {facts['holdout_rows']:,} "
+            f"| – | – | – | – | – | {facts['train_rows']:,} train / {facts['holdout_rows']:,} "
             f"held out, {facts['columns']} columns |"
         )
         for cell in (c for c in report["cells"] if c["data"] == name):
@@ -73,7 +84,7 @@ def markdown(report: dict[str, Any]) -> str:
             )
             if cell.get("error"):
                 text = " ".join(cell["error"].split())[:300].replace("|", "/")
-                lines.append(f"{head} | | | | | | | {times} | {load} | {text} |")
+                lines.append(f"{head} | | | | | | | | {times} | {load} | {text} |")
                 continue
             m = cell["metrics"]
             gap = m["missing_rate_worst"]
@@ -88,7 +99,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{head} {_f(m['tvd_one_way'])} | {_f(m['tvd_two_way'])} | "
                 f"{_auc(m['classifiers'], 'logreg')} | {_auc(m['classifiers'], 'gbm')} | "
                 f"{gap_text(gap)} | {matches_text(m)} | "
-                f"{other_text} | {times} | {load} | ok |"
+                f"{other_text} | {outside_text(m)} | {times} | {load} | ok |"
             )
     lines += ["", "## Tables", ""]
     for name, facts in sorted(report["tables"].items()):
