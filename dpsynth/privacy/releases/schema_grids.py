@@ -104,8 +104,8 @@ def core_weighted(
     # the range grid's edges nearest to the core (padding crossing 0 would add dozens)
     below = grid[(grid > low + apart) & (grid < first - apart)][-PADDING_EDGES:]
     above = grid[(grid > last + apart) & (grid < high - apart)][:PADDING_EDGES]
-    inner = max(bins - (len(below) + 1) * (first > low) - (len(above) + 1) * (high > last), 1)
-    inside = np.linspace(first, last, max(inner, bins // 2) + 1)
+    padding = (len(below) + 1) * (first > low) + (len(above) + 1) * (high > last)
+    inside = np.linspace(first, last, max(bins - padding, bins // 2) + 1)
     if kind == "integer":
         inside = np.round(inside)
     return np.unique(np.concatenate([[low], below, inside, above, [high]])).astype(np.float64)
