@@ -85,7 +85,10 @@ def _tail(
         neighbour = abs(math.log(abs(n_high) / abs(n_low))) if shares_sign else 0.0
     if width <= 0 or neighbour <= 0 or mass[end] <= 0 or mass[inner] <= 0:
         return None
-    ratio = (mass[inner] / neighbour) * width / mass[end]
+    with np.errstate(over="ignore"):
+        ratio = float((mass[inner] / neighbour) * width / mass[end])
+    if not math.isfinite(ratio):  # an end bin of next to no mass: drawn too rarely to shape
+        return None
     rate = decay_rate(ratio)
     return EndTail(end, rate, outer_is_high, log) if rate > 0 else None
 

@@ -78,6 +78,17 @@ def test_no_tail_where_the_end_bins_are_as_dense_as_their_neighbours() -> None:
     assert end_tails(plain, np.ones(8)) == ()
 
 
+def test_an_end_bin_of_next_to_no_mass_has_no_tail_and_warns_nothing() -> None:
+    """A denormal end-bin mass beside a full neighbour overflowed the density ratio, and a
+    `sample` printed numpy's overflow warnings."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tails = end_tails(_ages((0.0, 1.0, 2.0, 3.0), False), np.array([1e-320, 5.0, 3.0]))
+    assert [tail.code for tail in tails] == [2]  # the last bin's own tail only
+
+
 def test_an_amount_tail_falls_in_its_logarithm_and_a_time_in_its_value() -> None:
     edges = (100.0, 200.0, 300.0, 1e6)  # incomes: the last bin spans four magnitudes
     amounts = _ages(edges)
