@@ -9,25 +9,31 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from sklearn.isotonic import isotonic_regression
 
 from dpsynth.privacy.mechanisms.histograms import noisy
+from dpsynth.privacy.releases.schema_concentration import concentrated_span, fine_concentration
 from dpsynth.privacy.releases.schema_counts import ShapeCounts, zero_counted
 from dpsynth.privacy.releases.schema_grids import closed_last_bin, range_grid
 from dpsynth.privacy.releases.schema_plan import NumberSpec, SchemaReleasePlan
-from dpsynth.privacy.releases.schema_spans import combined_reading, grown_span, trimmed_span
+from dpsynth.privacy.releases.schema_spans import (
+    REACH_Z,
+    SIGNIFICANCE,
+    TRIM_SHARE,
+    TRIM_Z,
+    combined_reading,
+    grown_span,
+    significant_span,
+)
 
-# An exact zero is a point mass when its noisy count clears this many deviations (and is kept
-# inside a trimmed range).
-SIGNIFICANCE = 3.0
 # Round 2 trims an end's fine bins while their noisy mass is below TRIM_Z deviations of its
 # noise and TRIM_SHARE of the column's present rows, never into the bins round 1's range holds
 # grown outward over the fine bins beside it whose noisy mass (one, two or KEEP_WIDTHS[-1]
 # bins together) clears TRIM_Z deviations.
-TRIM_Z, TRIM_SHARE = 2.0, 0.02
 KEEP_WIDTHS = (1, 2, 4)
 # Round 2 trims inside round 1's range only when the noise over it is below this share of the
 # values (a year of 2013 on 20,000 rows: yes; a column 20% present on 8,000: no), and a thin
@@ -36,12 +42,6 @@ KEEP_WIDTHS = (1, 2, 4)
 # 40-number table at ε = 1, its counts and amounts lost 2–11% of their values in most releases;
 # flights' 20,000 rows of 19 columns pass).
 PRECISE_SHARE = 0.05
-REACH_Z = 3.0
-# A range round 1 found within this factor of one magnitude (one or two bins of its grid) may
-# be trimmed inside to the fine bins that hold its values (`concentrated_span`).
-NARROW_CORE = 2.0
-# ... when its values clear the noise in at most this many fine bins (a year, a code).
-POINT_BINS = 2
 # Round 1's bins read for the clipped-share estimate beyond each end of a range.
 BEYOND_BINS = 8
 
@@ -133,49 +133,6 @@ def edges_from_counts(
     return tuple(float(e) for e in edges)
 
 
-def significant_span(fine: np.ndarray, std: float, present: float) -> tuple[int, int] | None:
-    """The bins from the outermost that clear the noise (`trimmed_span`), widened to where the
-    noisy mass beyond them is still significant (over REACH_Z deviations of its noise and
-    TRIM_SHARE of the values: a thin tail), post-processing. None: no bin clears."""
-    span = trimmed_span(fine, std)
-    if span is None:
-        return None
-    first, last = span
-    floor = TRIM_SHARE * present
-
-    def reach(tail: np.ndarray) -> int:
-        mass = np.cumsum(tail)
-        k = np.arange(1, len(tail) + 1)
-        significant = np.flatnonzero((mass > REACH_Z * std * np.sqrt(k)) & (mass > floor))
-        return int(significant[-1]) + 1 if len(significant) else 0
-
-    return first - reach(fine[:first][::-1]), last + reach(fine[last + 1 :])
-
-
-def concentrated_span(
-    fine: np.ndarray, std: float, present: float, core: tuple[float, float]
-) -> tuple[int, int] | None:
-    """The fine bins that clear the noise (`significant_span`) when round 1 found every value
-    within a factor NARROW_CORE of one magnitude away from 0, at most POINT_BINS of them clear
-    it, and they hold all the present values up to TRIM_Z deviations of the difference's
-    noise (post-processing). Years sold in 2006–2010 lie in the range grid's bin [1449,
-    2048), which round 1 pads to [363, 8194] at a wide table's noise; inside it the fine bins
-    show where the rows are, and the values drawn no longer spread over 1,449–2,047 (99% of
-    them outside 2006–2010). None: not such a column, or values are left unaccounted for."""
-    if not core[0] > 0 or core[1] > NARROW_CORE * core[0]:
-        return None
-    span = significant_span(fine, std, present)
-    if span is None:
-        return None
-    first, last = span
-    if last - first + 1 > POINT_BINS:  # spread over the range: its tails may be real
-        return None
-    unaccounted = present - float(fine[first : last + 1].sum())
-    if unaccounted > TRIM_Z * std * math.sqrt(last - first + 2):
-        return None
-    return span
-
-
 @dataclass(frozen=True)
 class Beyond:
     """Round 1's noisy mass in the grid bins beyond each end of a padded range, and how many
@@ -242,12 +199,16 @@ def kept_fine_bins(
     std: float,
     total: float,
     core: tuple[float, float] | None,
-) -> tuple[int, int, bool]:
+    fine_core: bool = False,
+) -> tuple[int, int, bool, bool]:
     """The first and last fine bins a padded range keeps (its empty padding trimmed), read off
     its noisy fine histogram with the zeros in their bin (`zeros_in_place`; post-processing),
-    and whether its whole numbers were `concentrated` in a bin or two coarser than their unit.
+    whether its whole numbers were `concentrated` in a bin or two coarser than their unit,
+    and whether they are `few` there (round 3 counts them finely; with `fine_core`, a spread
+    of decades is not few: `fine_concentration`).
     `total`: N less the noisy missing count; `core`: the range before padding (kept whole only
-    when the noise leaves nothing; None: unknown, the ends may be trimmed to any bin)."""
+    when the noise leaves nothing; None: unknown, the ends may be trimmed to any bin);
+    `fine_core`: `grid` is round 2's FINE_CORE_BINS even bins (`fine_concentration`)."""
     present = float(max(fine.sum(), 1.0))
     last_bin = len(grid) - 2
     if core is None:
@@ -265,7 +226,7 @@ def kept_fine_bins(
         precise = quiet and TRIM_SHARE * present >= REACH_Z * std * math.sqrt(2)
         if precise or spec.kind in ("datetime", "date"):  # a time rarely trails off thinly
             first, last = significant_span(fine, std, present) or keep
-            return first, last, False
+            return first, last, False, False
         # read from the kept bins outward: ames' 4 bedrooms (15% of houses, one fine bin
         # beside the 2 and 3 of round 1's core) were trimmed in one release of four by a sum
         # read inward from the range's far end, whose noise over a dozen empty bins
@@ -275,10 +236,15 @@ def kept_fine_bins(
     # whole numbers binned coarser than their unit (years on a grid of 122): N less the noisy
     # missing count has one cell's noise, the fine bins' sum all of theirs
     if spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
-        held = concentrated_span(fine, std, total, core or (float(grid[0]), float(grid[-1])))
-        if held is not None:
-            return held[0], held[1], True
-    return first, last, False
+        if fine_core:
+            found = fine_concentration(fine, grid, std, total, core or (grid[0], grid[-1]))
+            if found is not None:
+                return found[0], found[1], True, found[2]
+        else:
+            held = concentrated_span(fine, std, total, core or (float(grid[0]), float(grid[-1])))
+            if held is not None:
+                return held[0], held[1], True, True
+    return first, last, False, False
 
 
 def released_bounds(
@@ -308,24 +274,41 @@ class ReleasedSpan:
     concentrated: bool = False
     clipped_deviation: float = 0.0
     missing: float = 0.0
+    # its concentrated whole numbers are few (`kept_fine_bins`): round 3 counts them finely
+    few: bool = True
+
+
+class SpanRequest(NamedTuple):
+    """What round 2 counts for a number: its spec, the grid over its padded range
+    (`shape_grid`), round 1's estimate of its mass beyond that range, its range before
+    padding (`kept_fine_bins`), and whether the grid is FINE_CORE_BINS even bins
+    (`fine_concentration`)."""
+
+    spec: NumberSpec
+    grid: np.ndarray
+    beyond: Beyond
+    core: tuple[float, float] | None
+    fine_core: bool = False
 
 
 def release_spans_from_counts(
     counts: ShapeCounts,
-    numbers: Mapping[str, tuple[NumberSpec, np.ndarray, Beyond, tuple[float, float] | None]],
+    numbers: Mapping[str, tuple],
     plan: SchemaReleasePlan,
     generator: torch.Generator,
 ) -> dict[str, ReleasedSpan]:
-    """Round 2 from its exact counts: per number (in this order) its spec, the grid over its
-    padded range (`shape_grid`), round 1's estimate of its mass beyond that range and its
-    range before padding (`kept_fine_bins`)."""
+    """Round 2 from its exact counts: per number (in this order) its `SpanRequest` (or the
+    same fields as a tuple)."""
     std = plan.span_noise_std
     out: dict[str, ReleasedSpan] = {}
-    for name, (spec, grid, outside, core) in numbers.items():
+    for name, request in numbers.items():
+        spec, grid, outside, core, fine_core = SpanRequest(*request)
         released = noisy(counts.numbers[name], std, generator)
         fine = zeros_in_place(released[2:], grid, float(released[1]), spec.kind)
         total = plan.rows - float(released[0])  # N less the noisy missing count
-        first, last, concentrated = kept_fine_bins(fine, grid, spec, std, total, core)
+        first, last, concentrated, few = kept_fine_bins(
+            fine, grid, spec, std, total, core, fine_core
+        )
         zeros = bool(released[1] > SIGNIFICANCE * std)
         share, deviation = clipped_estimate(
             fine, (first, last), outside, total, std, plan.range_noise_std
@@ -336,5 +319,6 @@ def release_spans_from_counts(
             concentrated,
             deviation,
             float(released[0]),
+            few,
         )
     return out

@@ -45,6 +45,7 @@ import torch
 from scipy.stats import norm
 
 from dpsynth.privacy.mechanisms.histograms import noisy
+from dpsynth.privacy.releases.schema_concentration import concentrated_span, few_values_span
 from dpsynth.privacy.releases.schema_counts import (
     MAX_DECIMALS,
     ShapeCounts,
@@ -57,7 +58,6 @@ from dpsynth.privacy.releases.schema_edges import (
     SIGNIFICANCE,
     Beyond,
     clipped_estimate,
-    concentrated_span,
     edges_from_counts,
     kept_fine_bins,
     zeros_in_place,
@@ -187,6 +187,8 @@ class ShapeRequest:
     beyond: Beyond | None = None
     beyond_std: float = 0.0
     missing_readings: tuple[tuple[float, float], ...] = ()
+    # round 2 found its whole numbers in a bin or two of its coarser grid (`concentrated_span`)
+    concentrated: bool = False
 
 
 def _trimmed(
@@ -197,7 +199,7 @@ def _trimmed(
     spec, grid = request.spec, request.grid
     fine = zeros_in_place(released[2:], grid, float(released[1]), spec.kind)
     total = plan.rows - float(released[0])
-    first, last, _ = kept_fine_bins(fine, grid, spec, std, total, request.core)
+    first, last, _, _ = kept_fine_bins(fine, grid, spec, std, total, request.core)
     if request.beyond is None:
         return (first, last), None, 0.0
     share, deviation = clipped_estimate(
@@ -227,6 +229,12 @@ def release_shapes_from_counts(
         elif spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
             # years binned coarser than their unit: the bins that hold them, as in round 2
             span = concentrated_span(fine, std, plan.rows - float(released[0]), (grid[0], grid[-1]))
+        elif request.concentrated:  # counted one a bin: the few values and their slack
+            missing, missing_std = combined_reading(
+                ((float(released[0]), std), *request.missing_readings)
+            )
+            with_zeros = zeros_in_place(fine, grid, float(released[1]), spec.kind)
+            span = few_values_span(with_zeros, std, plan.rows - missing, missing_std)
         edges = edges_from_counts(fine, grid, bins, spec.kind, span)
         zero_share = released[1] / max(np.clip(released, 0.0, None).sum(), 1.0)
         zero_bin = zero_counted(spec.kind, grid)

@@ -20,6 +20,17 @@ from scipy.stats import norm
 # (round 1 shares FALSE_ALONE among a release's numbers: `SchemaReleasePlan.range_cut`).
 FALSE_ALARM = 0.05
 FALSE_ALONE = 1e-3
+# An exact zero is a point mass when its noisy count clears this many deviations (and is kept
+# inside a trimmed range); a bin clearly holds values at this many.
+SIGNIFICANCE = 3.0
+# Round 2 trims an end's fine bins while their noisy mass is below TRIM_Z deviations of its
+# noise and TRIM_SHARE of the column's present rows (`schema_edges.trim_ends`), never into the
+# bins round 1's range holds grown outward over the fine bins beside it whose noisy mass
+# clears TRIM_Z deviations.
+TRIM_Z, TRIM_SHARE = 2.0, 0.02
+# A thin tail beyond the bins that clear the noise is kept where its mass clears REACH_Z
+# deviations of its noise and TRIM_SHARE of the values (`significant_span`).
+REACH_Z = 3.0
 
 
 def supported_bins(counts: np.ndarray, cut: float, alone_cut: float) -> np.ndarray:
@@ -118,3 +129,22 @@ def combined_reading(
     total = sum(weights)
     value = sum(w * v for w, (v, _) in zip(weights, readings, strict=True)) / total
     return value, float(total**-0.5)
+
+
+def significant_span(fine: np.ndarray, std: float, present: float) -> tuple[int, int] | None:
+    """The bins from the outermost that clear the noise (`trimmed_span`), widened to where the
+    noisy mass beyond them is still significant (over REACH_Z deviations of its noise and
+    TRIM_SHARE of the values: a thin tail), post-processing. None: no bin clears."""
+    span = trimmed_span(fine, std)
+    if span is None:
+        return None
+    first, last = span
+    floor = TRIM_SHARE * present
+
+    def reach(tail: np.ndarray) -> int:
+        mass = np.cumsum(tail)
+        k = np.arange(1, len(tail) + 1)
+        significant = np.flatnonzero((mass > REACH_Z * std * np.sqrt(k)) & (mass > floor))
+        return int(significant[-1]) + 1 if len(significant) else 0
+
+    return first - reach(fine[:first][::-1]), last + reach(fine[last + 1 :])
