@@ -100,7 +100,7 @@ def test_years_at_a_loud_noise_keep_the_coarse_round_two_grid() -> None:
     """Round 2's fine bins (and the few-values span) only where its noise is below 3% of the
     rows: at a wide small table's (2,344 rows, 80 numbers) a sentinel year far off (10% of
     the rows at 1900, the rest 1975–2010) hides in the noise, and a span of a few fine bins
-    clipped it (9% of the values in four releases of six); the coarse bins hold it."""
+    clipped it (9% of the values in three releases of six); the coarse bins hold it."""
     rows = 2344
     plan = _wide_plan(rows, numbers=80)
     rng = np.random.default_rng(6)
