@@ -13,6 +13,7 @@ import torch
 from dpsynth.privacy.releases.schema_counts import ShapeCounts
 from dpsynth.privacy.releases.schema_edges import (
     Beyond,
+    SpanRequest,
     clipped_estimate,
     release_spans_from_counts,
 )
@@ -38,7 +39,7 @@ def test_a_heavy_value_beside_the_core_is_not_trimmed_by_the_noise_of_empty_bins
     for seed in range(200):
         spans = release_spans_from_counts(
             ShapeCounts({"x": exact}),
-            {"x": (spec, grid, Beyond(0.0, 0.0, 0, 0), (2.0, 4.0))},
+            {"x": SpanRequest(spec, grid, Beyond(0.0, 0.0, 0, 0), (2.0, 4.0))},
             plan,
             torch.Generator().manual_seed(seed),
         )

@@ -26,15 +26,19 @@ NARROW_CORE = 2.0
 POINT_BINS = 2
 # Where round 2's noise is below QUIET_SHARE of the rows, such whole numbers over at least
 # FINE_CORE_VALUES values (years in [1449, 2048)) are counted on FINE_CORE_BINS even bins
-# instead (`schema_rounds`), found concentrated when the bins that clear the noise and one
-# more each side span at most FINE_SPAN_VALUES values (`fine_concentration`), and, where at
-# most POINT_BINS clear it, counted one value a bin in round 3: kept to at most FEW_VALUES
-# values that clear it there, with
-# SLACK_VALUES more at an end where they do not stop sharply by SHARP_Z deviations
-# (`few_values_span`).
+# instead (`schema_rounds`), found concentrated when the bins that clear the noise and
+# WIDEN_VALUES more each side span at most FINE_SPAN_VALUES values (`fine_concentration`),
+# and, where at most POINT_BINS clear it, counted one value a bin in round 3: kept to at most
+# FEW_VALUES values that clear it there, with SLACK_VALUES more at an end where they do not
+# stop sharply by SHARP_Z deviations (`few_values_span`).
 QUIET_SHARE = 0.03
 FINE_CORE_VALUES, FINE_CORE_BINS, FINE_SPAN_VALUES, WIDEN_VALUES = 64, 512, 128, 16
 FEW_VALUES, SLACK_VALUES, SHARP_Z = 8, 2, 3.0
+
+
+def _unaccounted(fine: np.ndarray, span: tuple[int, int], present: float) -> float:
+    """The present values the fine bins `span` do not hold, from noisy counts."""
+    return present - float(fine[span[0] : span[1] + 1].sum())
 
 
 def narrow_core(core: tuple[float, float] | None) -> bool:
@@ -75,7 +79,7 @@ def fine_concentration(
         int(np.searchsorted(grid, grid[span[1] + 1] + WIDEN_VALUES, side="left")) - 1, span[1] + 1
     )
     first, last = max(first, 0), min(last, len(fine) - 1)
-    if present - float(fine[first : last + 1].sum()) > TRIM_Z * std * math.sqrt(last - first + 2):
+    if _unaccounted(fine, (first, last), present) > TRIM_Z * std * math.sqrt(last - first + 2):
         return None
     return (first, last, few) if grid[last + 1] - grid[first] <= FINE_SPAN_VALUES else None
 
@@ -107,7 +111,7 @@ def few_values_span(
         return None
     # (round 2 found every value inside this span: the bar is REACH_Z, not TRIM_Z)
     deviation = math.sqrt((last - first + 1) * std**2 + present_std**2)
-    if present - float(fine[first : last + 1].sum()) > REACH_Z * deviation:
+    if _unaccounted(fine, span, present) > REACH_Z * deviation:
         return None
     end = len(fine) - 1
     if first > 0 and not _stops_sharply(fine[first], fine[first - 1], std):
@@ -135,7 +139,6 @@ def concentrated_span(
     first, last = span
     if last - first + 1 > POINT_BINS:  # spread over the range: its tails may be real
         return None
-    unaccounted = present - float(fine[first : last + 1].sum())
-    if unaccounted > TRIM_Z * std * math.sqrt(last - first + 2):
+    if _unaccounted(fine, span, present) > TRIM_Z * std * math.sqrt(last - first + 2):
         return None
     return span

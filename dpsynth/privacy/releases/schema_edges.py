@@ -18,7 +18,7 @@ from sklearn.isotonic import isotonic_regression
 from dpsynth.privacy.mechanisms.histograms import noisy
 from dpsynth.privacy.releases.schema_concentration import concentrated_span, fine_concentration
 from dpsynth.privacy.releases.schema_counts import ShapeCounts, zero_counted
-from dpsynth.privacy.releases.schema_grids import closed_last_bin, range_grid
+from dpsynth.privacy.releases.schema_grids import closed_last_bin, coarser_than_unit, range_grid
 from dpsynth.privacy.releases.schema_plan import NumberSpec, SchemaReleasePlan
 from dpsynth.privacy.releases.schema_spans import (
     REACH_Z,
@@ -235,7 +235,7 @@ def kept_fine_bins(
         first, last = trim_ends(fine, std, present, keep) or keep
     # whole numbers binned coarser than their unit (years on a grid of 122): N less the noisy
     # missing count has one cell's noise, the fine bins' sum all of theirs
-    if spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
+    if spec.kind == "integer" and coarser_than_unit(grid):
         if fine_core:
             found = fine_concentration(fine, grid, std, total, core or (grid[0], grid[-1]))
             if found is not None:
@@ -293,16 +293,14 @@ class SpanRequest(NamedTuple):
 
 def release_spans_from_counts(
     counts: ShapeCounts,
-    numbers: Mapping[str, tuple],
+    numbers: Mapping[str, SpanRequest],
     plan: SchemaReleasePlan,
     generator: torch.Generator,
 ) -> dict[str, ReleasedSpan]:
-    """Round 2 from its exact counts: per number (in this order) its `SpanRequest` (or the
-    same fields as a tuple)."""
+    """Round 2 from its exact counts: per number (in this order) its `SpanRequest`."""
     std = plan.span_noise_std
     out: dict[str, ReleasedSpan] = {}
-    for name, request in numbers.items():
-        spec, grid, outside, core, fine_core = SpanRequest(*request)
+    for name, (spec, grid, outside, core, fine_core) in numbers.items():
         released = noisy(counts.numbers[name], std, generator)
         fine = zeros_in_place(released[2:], grid, float(released[1]), spec.kind)
         total = plan.rows - float(released[0])  # N less the noisy missing count

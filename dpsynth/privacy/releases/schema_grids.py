@@ -111,6 +111,12 @@ def core_weighted(
     return np.unique(np.concatenate([[low], below, inside, above, [high]])).astype(np.float64)
 
 
+def coarser_than_unit(grid: np.ndarray) -> bool:
+    """Whether a whole number's even fine grid bins several of its values together (years
+    on a grid of 327: round 2 then looks for the bins that hold them)."""
+    return float(np.min(np.diff(grid))) > 1.0
+
+
 def closed_last_bin(edges: np.ndarray, unit: float) -> np.ndarray:
     """Whole-number edges whose last bin is closed, as the schema reads them.
 

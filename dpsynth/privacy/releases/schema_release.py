@@ -64,6 +64,7 @@ from dpsynth.privacy.releases.schema_edges import (
 )
 from dpsynth.privacy.releases.schema_grids import (
     FINE_BINS,
+    coarser_than_unit,
     fine_grid,
     with_atom,
 )
@@ -224,15 +225,16 @@ def release_shapes_from_counts(
         released = noisy(counts.numbers[name], std, generator)
         fine = released[2:]
         span, clipped, deviation = None, None, 0.0
+        # the missing cell, every reading of it combined by their variances
+        missing, missing_std = combined_reading(
+            ((float(released[0]), std), *request.missing_readings)
+        )
         if request.trim:
             span, clipped, deviation = _trimmed(released, request, plan, std)
-        elif spec.kind == "integer" and float(np.min(np.diff(grid))) > 1.0:
+        elif spec.kind == "integer" and coarser_than_unit(grid):
             # years binned coarser than their unit: the bins that hold them, as in round 2
             span = concentrated_span(fine, std, plan.rows - float(released[0]), (grid[0], grid[-1]))
         elif request.concentrated:  # counted one a bin: the few values and their slack
-            missing, missing_std = combined_reading(
-                ((float(released[0]), std), *request.missing_readings)
-            )
             with_zeros = zeros_in_place(fine, grid, float(released[1]), spec.kind)
             span = few_values_span(with_zeros, std, plan.rows - missing, missing_std)
         edges = edges_from_counts(fine, grid, bins, spec.kind, span)
@@ -251,13 +253,9 @@ def release_shapes_from_counts(
         if spec.decimals:
             noisy_digits = noisy(counts.decimals[name], plan.decimals_noise_std, generator)
             decimals = released_decimals(noisy_digits, plan.decimals_noise_std)
-        # N less the noisy missing count (every reading of it, by their variances) within the
-        # noise: too few values to write any (a column present in 12% of rows keeps its
-        # missing rate even where its values' total, summed over every fine bin's noise, is
-        # not above it)
-        missing, missing_std = combined_reading(
-            ((float(released[0]), std), *request.missing_readings)
-        )
+        # N less that missing count within the noise: too few values to write any (a column
+        # present in 12% of rows keeps its missing rate even where its values' total, summed
+        # over every fine bin's noise, is not above it)
         empty = plan.rows - missing < PRESENT_SIGNIFICANCE * missing_std
         out[name] = ReleasedShape(
             edges,

@@ -32,7 +32,7 @@ from dpsynth.privacy.releases.schema_edges import (
     beyond_range,
     release_spans_from_counts,
 )
-from dpsynth.privacy.releases.schema_grids import fine_grid
+from dpsynth.privacy.releases.schema_grids import coarser_than_unit, fine_grid
 from dpsynth.privacy.releases.schema_plan import NumberSpec, SchemaReleasePlan
 from dpsynth.privacy.releases.schema_ranges import RangeRelease, release_ranges_from_counts
 from dpsynth.privacy.releases.schema_release import (
@@ -82,8 +82,7 @@ def _round_two_grid(
     fine bins would clip it (coarse bins hold it)."""
     grid = shape_grid(spec, span, plan)
     quiet = plan.span_noise_std <= QUIET_SHARE * plan.rows
-    coarse = float(np.min(np.diff(grid))) > 1.0
-    if spec.kind != "integer" or not quiet or not coarse or not narrow_core(core):
+    if spec.kind != "integer" or not quiet or not coarser_than_unit(grid) or not narrow_core(core):
         return grid, False
     assert core is not None
     if core[1] - core[0] < FINE_CORE_VALUES:  # ages 32–64 keep their bins of two
