@@ -227,6 +227,9 @@ class Method(ABC):
     # A warning `train` gives on a table when another table method is better (None: none).
     table_advice: ClassVar[str | None] = None
     reuses_one_ways: ClassVar[bool] = False  # the schema release's 1-ways (marginal.one_ways)
+    # `sample` draws a number's end bins by tails (marginal.tails): the DP schema release then
+    # stretches them to the padded range (`schema_release.reached_edges`)
+    draws_end_tails: ClassVar[bool] = False
     # A warning `train` gives for a preset whose measured release fails the rule the others
     # are held to (e.g. worse FID than the frequency model alone), by preset name.
     preset_advice: ClassVar[Mapping[str, str]] = {}

@@ -164,7 +164,9 @@ def _open_table(
         prior = (*ledger.events_for(info.dataset_id, info.fingerprint or None), *pending.events)
         assert pending.delta is not None
         plan_training(backend, request, info, pending.delta, prior, in_memory=table.in_memory)
-        records, release = table.spend(ledger, backend.name, run_id, randomness)
+        records, release = table.spend(
+            ledger, backend.name, run_id, randomness, reach_ends=backend.draws_end_tails
+        )
         return records, release, backend
     except BaseException:
         table.close()

@@ -98,14 +98,24 @@ class PreparedTable:
         return self.engine.rows_in_memory
 
     def spend(
-        self, ledger: Ledger, method: str, run_id: str, randomness: PrivateRandomness
+        self,
+        ledger: Ledger,
+        method: str,
+        run_id: str,
+        randomness: PrivateRandomness,
+        reach_ends: bool = True,
     ) -> tuple[Records, dict[str, Any] | None]:
         """Spend the planned release (one ledger entry) and return the records under the
-        released schema with the release's record (None: nothing was released)."""
+        released schema with the release's record (None: nothing was released).
+        `reach_ends`: the method draws a number's end bins by tails (`Method.draws_end_tails`)."""
         if self.pending is None:
             assert self.records is not None
             return self.records, None
-        table = self.engine.for_release(self.pending, randomness)
+        pending = self.pending
+        if pending.release is not None and not reach_ends:
+            columns, plan = pending.release
+            pending = replace(pending, release=(columns, replace(plan, reach_ends=False)))
+        table = self.engine.for_release(pending, randomness)
         run = self.engine.release_run(table)
         schema, record = spend_release(table, ledger, method, run_id, randomness, run)
         if not table.schema_epsilon_given and table.schema_epsilon is not None:

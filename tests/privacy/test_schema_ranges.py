@@ -119,9 +119,10 @@ def _wide_plan(rows: int, kind: str = "integer", numbers: int = 40):
     return plan_schema_release(1.0, 1e-6, rows, 0, specs, 0)
 
 
-def _released_entry(values: np.ndarray, kind: str, plan, seed: int):
+def _released_entry(values: np.ndarray, kind: str, plan, seed: int, whole: bool = False):
     """Rounds 1–3 as `train` runs them (`apply_release`) on one drafted column, the target
-    declared public, under the noise of `plan` (a wide table's share of the release)."""
+    declared public, under the noise of `plan` (a wide table's share of the release); with
+    `whole`, the whole `AppliedRelease` (its clipped shares) instead of the column."""
     from dataclasses import replace
 
     from dpsynth.data.csvtable import RawTable
@@ -138,7 +139,7 @@ def _released_entry(values: np.ndarray, kind: str, plan, seed: int):
     generator = torch.Generator().manual_seed(seed)
     columns = release_columns(schema)
     released = release_in_memory(raw, schema, columns, plan, generator, "released with DP (t)")
-    return released.schema.columns[0]
+    return released if whole else released.schema.columns[0]
 
 
 def test_whole_numbers_have_no_bins_between_them_on_the_range_grid() -> None:

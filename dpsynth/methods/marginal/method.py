@@ -44,6 +44,7 @@ class MarginalMethod(Method):
     """A table-only backend that measures noisy marginals and fits a graphical model."""
 
     reuses_one_ways = True
+    draws_end_tails = True
 
     modalities = ("table",)
     audit_mechanism: ClassVar[str] = "marginal"

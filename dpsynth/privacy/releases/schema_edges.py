@@ -180,6 +180,30 @@ def clipped_estimate(
     return float(min(max(mass, 0.0) / rows, 1.0)), float(math.sqrt(variance) / rows)
 
 
+@dataclass(frozen=True, eq=False)
+class ClipReading:
+    """The noisy counts a number's clipped share is read from (`clipped_estimate`): its padded
+    range's fine histogram over `grid` (zeros in their bin), round 1's mass beyond that range,
+    N less the noisy missing count, and the noises (post-processing only)."""
+
+    fine: np.ndarray
+    grid: np.ndarray
+    beyond: Beyond
+    total: float
+    std: float
+    range_std: float
+    unit: float = 0.0  # whole numbers and days: a range's last value ends its bin one unit on
+
+    def share(self, low: float, high: float) -> tuple[float, float]:
+        """The share of present values estimated beyond [low, high] and its deviation (a
+        fine bin that [low, high] reaches into counts as kept)."""
+        last_bin = len(self.grid) - 2
+        first = int(np.clip(np.searchsorted(self.grid, low, side="right") - 1, 0, last_bin))
+        last = np.searchsorted(self.grid, high + self.unit, side="left") - 1
+        span = (first, int(np.clip(last, first, last_bin)))
+        return clipped_estimate(self.fine, span, self.beyond, self.total, self.std, self.range_std)
+
+
 def beyond_range(noisy_range: np.ndarray, kind: str, span: tuple[float, float]) -> Beyond:
     """Round 1's noisy mass in the BEYOND_BINS grid bins beyond each end of `span` (an
     estimate of the values clipped there: far bins are noise only)."""
@@ -276,6 +300,8 @@ class ReleasedSpan:
     missing: float = 0.0
     # its concentrated whole numbers are few (`kept_fine_bins`): round 3 counts them finely
     few: bool = True
+    # the counts its clipped share is read from, for a range round 3 reaches past the span
+    reading: ClipReading | None = None
 
 
 class SpanRequest(NamedTuple):
@@ -318,5 +344,14 @@ def release_spans_from_counts(
             deviation,
             float(released[0]),
             few,
+            ClipReading(
+                fine,
+                grid,
+                outside,
+                total,
+                std,
+                plan.range_noise_std,
+                {"integer": 1.0, "date": 86400.0}.get(spec.kind, 0.0),
+            ),
         )
     return out

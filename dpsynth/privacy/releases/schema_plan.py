@@ -101,6 +101,10 @@ class SchemaReleasePlan:
     allocation: tuple[tuple[str, int, float], ...] = ()
     # the numbers released (a bin alone clears a cut shared by their range histograms)
     numbers: int = 1
+    # a trimmed number's end bins reach back to its padded range (`reached_edges`): for
+    # methods that draw end bins by tails; one that scales a number by its range loses
+    # resolution over a wide one
+    reach_ends: bool = True
 
     @property
     def second_look_noise_std(self) -> float:
@@ -158,6 +162,7 @@ class SchemaReleasePlan:
             ],
             "threshold_delta": self.threshold_delta,
             "quantile_bins": quantile_bins(self.rows),
+            "end_bins_reach_padded_range": self.reach_ends,
             **({"sensitivity_rows": self.unit_rows} if self.unit_rows > 1 else {}),
             "epsilon": self.epsilon,
             "delta": self.delta,

@@ -57,7 +57,7 @@ from dpsynth.privacy.releases.schema_counts import (
 from dpsynth.privacy.releases.schema_edges import (
     SIGNIFICANCE,
     Beyond,
-    clipped_estimate,
+    ClipReading,
     edges_from_counts,
     kept_fine_bins,
     zeros_in_place,
@@ -112,6 +112,7 @@ PRESENT_SIGNIFICANCE = 3.0
 # FINE_BIN_DEVIATIONS noise deviations of rows in a bin on average, within [8, FINE_BINS].
 FINE_BIN_DEVIATIONS = 8.0
 INTEGER_FINE_BINS = 128
+CODE_VALUES = 32
 
 
 def fine_bins(rows: int, noise_std: float) -> int:
@@ -190,23 +191,47 @@ class ShapeRequest:
     missing_readings: tuple[tuple[float, float], ...] = ()
     # round 2 found its whole numbers in a bin or two of its coarser grid (`concentrated_span`)
     concentrated: bool = False
+    # the padded range the model's end bins reach to (`reached_edges`); None: the span's own
+    reach: tuple[float, float] | None = None
 
 
 def _trimmed(
     released: np.ndarray, request: ShapeRequest, plan: SchemaReleasePlan, std: float
-) -> tuple[tuple[int, int], float | None, float]:
+) -> tuple[tuple[int, int], ClipReading | None]:
     """Round 3's own trim of a padded range (as round 2 trims, `kept_fine_bins`), and the
-    share of values estimated beyond it with its deviation (None without `beyond`)."""
+    counts the share of values beyond a range is read from (None without `beyond`)."""
     spec, grid = request.spec, request.grid
     fine = zeros_in_place(released[2:], grid, float(released[1]), spec.kind)
     total = plan.rows - float(released[0])
     first, last, _, _ = kept_fine_bins(fine, grid, spec, std, total, request.core)
     if request.beyond is None:
-        return (first, last), None, 0.0
-    share, deviation = clipped_estimate(
-        fine, (first, last), request.beyond, total, std, request.beyond_std
-    )
-    return (first, last), share, deviation
+        return (first, last), None
+    unit = {"integer": 1.0, "date": 86400.0}.get(spec.kind, 0.0)
+    reading = ClipReading(fine, grid, request.beyond, total, std, request.beyond_std, unit)
+    return (first, last), reading
+
+
+def reached_edges(
+    edges: tuple[float, ...], reach: tuple[float, float], kind: str
+) -> tuple[float, ...]:
+    """`edges` whose first and last bins stretch to `reach` (round 1's padded range, public):
+    the values trimmed off a range are counted in its end bins anyway, and `sample` draws an
+    end bin by a tail falling away from its neighbour, so a wide end bin draws them near the
+    rows where a trimmed one piled them on its edge (post-processing). Not across 0, not for a
+    point mass, not for times, and not where no other bin has a width (the tail follows the
+    density of the nearest bin that has one: without it the wide bin is drawn evenly)."""
+    widths = np.diff(np.asarray(edges, dtype=np.float64))
+    if kind not in ("numeric", "integer") or int(np.sum(widths > 0)) < 2:
+        return edges
+    low, high = reach
+    if kind == "integer":
+        low, high = math.ceil(low), math.floor(high)
+    out = list(edges)
+    if out[1] > out[0] and low < out[0]:
+        out[0] = max(low, 0.0) if out[0] >= 0 else low
+    if out[-2] < out[-1] and high > out[-1]:
+        out[-1] = min(high, 0.0) if out[-1] <= 0 else high
+    return tuple(float(e) for e in out)
 
 
 def release_shapes_from_counts(
@@ -229,8 +254,9 @@ def release_shapes_from_counts(
         missing, missing_std = combined_reading(
             ((float(released[0]), std), *request.missing_readings)
         )
+        reading = None
         if request.trim:
-            span, clipped, deviation = _trimmed(released, request, plan, std)
+            span, reading = _trimmed(released, request, plan, std)
         elif spec.kind == "integer" and coarser_than_unit(grid):
             # years binned coarser than their unit: the bins that hold them, as in round 2
             span = concentrated_span(fine, std, plan.rows - float(released[0]), (grid[0], grid[-1]))
@@ -249,6 +275,14 @@ def release_shapes_from_counts(
                 edges = (0.0, *edges[1:]) if len(edges) > 2 else (0.0, edges[-1])
             elif edges[-1] < 0.0:
                 edges = (*edges[:-1], 0.0) if len(edges) > 2 else (edges[0], 0.0)
+        # a few whole numbers held in bins of their own (years, codes) keep their ends
+        held = (not request.trim and span is not None) or (
+            spec.kind == "integer" and not coarser_than_unit(grid) and len(grid) <= CODE_VALUES + 1
+        )
+        if edges is not None and request.reach is not None and not held:
+            edges = reached_edges(edges, request.reach, spec.kind)
+        if edges is not None and reading is not None:
+            clipped, deviation = reading.share(edges[0], edges[-1])
         decimals = None
         if spec.decimals:
             noisy_digits = noisy(counts.decimals[name], plan.decimals_noise_std, generator)

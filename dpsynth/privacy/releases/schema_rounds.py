@@ -144,7 +144,13 @@ def release_rounds(
                 grid = fine_grid(span.span[0], span.span[1], spec.kind, bins)
             else:
                 grid = shape_grid(spec, span.span, plan, span.concentrated, first.cores[name])
-            requests[name] = ShapeRequest(spec, grid, missing_readings=readings, concentrated=few)
+            requests[name] = ShapeRequest(
+                spec,
+                grid,
+                missing_readings=readings,
+                concentrated=few,
+                reach=found[name] if plan.reach_ends else None,
+            )
         elif (look := looks[name]).range is not None:
             grid = shape_grid(spec, look.range, plan, core=look.core)
             requests[name] = ShapeRequest(
@@ -155,6 +161,7 @@ def release_rounds(
                 beyond=beyond_range(look.counts, spec.kind, look.range),
                 beyond_std=look.noise_std,
                 missing_readings=((look.missing, look.noise_std),),
+                reach=look.range if plan.reach_ends else None,
             )
     shapes = release_shapes_from_counts(
         count_shapes({name: request.grid for name, request in requests.items()}),
@@ -165,6 +172,11 @@ def release_rounds(
     ranges = dict(found)
     clipped = {name: spans[name].clipped for name in found}
     deviation = {name: spans[name].clipped_deviation for name in found}
+    for name in found:  # a range whose end bins reach past round 2's span clips less
+        edges, reading = shapes[name].edges, spans[name].reading
+        low, high = spans[name].span
+        if edges is not None and reading is not None and (edges[0] < low or edges[-1] > high):
+            clipped[name], deviation[name] = reading.share(edges[0], edges[-1])
     second = tuple(name for name in requests if name not in found)
     for name in second:
         look_range = looks[name].range
