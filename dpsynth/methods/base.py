@@ -224,12 +224,9 @@ class Method(ABC):
     # Presets for tables, where they differ from the image ones (a backend that supports tables
     # usually needs other networks and kernels); `presets_for` picks the set for the data.
     table_presets: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
-    # A warning `train` gives on a table when another table method is better (None: none).
-    table_advice: ClassVar[str | None] = None
+    table_advice: ClassVar[str | None] = None  # `train`'s warning: a better table method
     reuses_one_ways: ClassVar[bool] = False  # the schema release's 1-ways (marginal.one_ways)
-    # `sample` draws a number's end bins by tails (marginal.tails): the DP schema release then
-    # stretches them to the padded range (`schema_release.reached_edges`)
-    draws_end_tails: ClassVar[bool] = False
+    draws_end_tails: ClassVar[bool] = False  # end bins drawn by tails: the release widens them
     # A warning `train` gives for a preset whose measured release fails the rule the others
     # are held to (e.g. worse FID than the frequency model alone), by preset name.
     preset_advice: ClassVar[Mapping[str, str]] = {}
