@@ -173,6 +173,7 @@ def test_safe_default_spends_a_share_and_releases_every_entry(messy: dict) -> No
     # 70% of ε = 3 for mst and aim (their 1-way marginals are the release's histograms)
     assert release["epsilon"] == pytest.approx(2.1, rel=0.02)
     assert release["default_share"] == 0.7
+    assert release["end_bins_reach_padded_range"] is True  # mst draws end bins by tails
     assert messy["train"]["dataset_total_epsilon"] <= 3.0
 
 
