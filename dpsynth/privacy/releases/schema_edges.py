@@ -18,7 +18,12 @@ from sklearn.isotonic import isotonic_regression
 from dpsynth.privacy.mechanisms.histograms import noisy
 from dpsynth.privacy.releases.schema_concentration import concentrated_span, fine_concentration
 from dpsynth.privacy.releases.schema_counts import ShapeCounts, zero_counted
-from dpsynth.privacy.releases.schema_grids import closed_last_bin, coarser_than_unit, range_grid
+from dpsynth.privacy.releases.schema_grids import (
+    closed_last_bin,
+    coarser_than_unit,
+    range_grid,
+    value_unit,
+)
 from dpsynth.privacy.releases.schema_plan import NumberSpec, SchemaReleasePlan
 from dpsynth.privacy.releases.schema_spans import (
     REACH_Z,
@@ -278,7 +283,7 @@ def released_bounds(
     less one unit), with 0 inside when the noisy zero count is significant (`zeros`)."""
     first, last = span
     low, high = float(grid[first]), float(grid[last + 1])
-    unit = {"integer": 1.0, "date": 86400.0}.get(spec.kind)
+    unit = value_unit(spec.kind)
     if unit:
         high = max(high - unit, low)
     if zero_counted(spec.kind, grid) and zeros:
@@ -351,7 +356,7 @@ def release_spans_from_counts(
                 total,
                 std,
                 plan.range_noise_std,
-                {"integer": 1.0, "date": 86400.0}.get(spec.kind, 0.0),
+                value_unit(spec.kind),
             ),
         )
     return out

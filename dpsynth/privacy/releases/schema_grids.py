@@ -81,6 +81,24 @@ def fine_grid(
     return np.linspace(low, high, bins + 1)
 
 
+def _padding_edges(
+    low: float, high: float, first: float, last: float, kind: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The range grid's edges in the padding [low, first) and (last, high], at most
+    PADDING_EDGES a side, those nearest to the core (padding crossing 0 would add dozens)."""
+    grid = range_grid(kind)
+    apart = 1e-9 * max(abs(low), abs(high))  # edges a rounding apart are one edge
+    below = grid[(grid > low + apart) & (grid < first - apart)][-PADDING_EDGES:]
+    above = grid[(grid > last + apart) & (grid < high - apart)][:PADDING_EDGES]
+    return below, above
+
+
+def value_unit(kind: str) -> float:
+    """The step between a column's values: 1 for whole numbers, a day for dates, 0 (none)
+    for floats and times."""
+    return {"integer": 1.0, "date": 86400.0}.get(kind, 0.0)
+
+
 def core_weighted(
     low: float, high: float, core: tuple[float, float], bins: int, kind: str = "numeric"
 ) -> np.ndarray | None:
@@ -99,11 +117,7 @@ def core_weighted(
     first, last = max(core[0], low), min(core[1], high)
     if not last > first or last - first > PADDING_SHARE * (high - low):
         return None
-    grid = range_grid(kind)
-    apart = 1e-9 * max(abs(low), abs(high))  # edges a rounding apart are one edge
-    # the range grid's edges nearest to the core (padding crossing 0 would add dozens)
-    below = grid[(grid > low + apart) & (grid < first - apart)][-PADDING_EDGES:]
-    above = grid[(grid > last + apart) & (grid < high - apart)][:PADDING_EDGES]
+    below, above = _padding_edges(low, high, first, last, kind)
     padding = (len(below) + 1) * (first > low) + (len(above) + 1) * (high > last)
     inside = np.linspace(first, last, max(bins - padding, bins // 2) + 1)
     if kind == "integer":
@@ -121,9 +135,7 @@ def whole_core_grid(low: float, high: float, core: tuple[float, float]) -> np.nd
     first, last = max(math.floor(core[0]), low), min(math.ceil(core[1]), high)
     if not last > first or last - first > PADDING_SHARE * (high - low):
         return None
-    grid = range_grid("integer")
-    below = grid[(grid > low) & (grid < first)][-PADDING_EDGES:]
-    above = grid[(grid > last) & (grid < high)][:PADDING_EDGES]
+    below, above = _padding_edges(low, high, first, last, "integer")
     inside = np.arange(first, last + 1, dtype=np.float64)
     return np.unique(np.concatenate([[low], below, inside, above, [high]])).astype(np.float64)
 

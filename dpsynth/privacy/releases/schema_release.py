@@ -66,6 +66,7 @@ from dpsynth.privacy.releases.schema_grids import (
     FINE_BINS,
     coarser_than_unit,
     fine_grid,
+    value_unit,
     whole_core_grid,
     with_atom,
 )
@@ -213,8 +214,9 @@ def _trimmed(
     first, last, _, _ = kept_fine_bins(fine, grid, spec, std, total, request.core)
     if request.beyond is None:
         return (first, last), None
-    unit = {"integer": 1.0, "date": 86400.0}.get(spec.kind, 0.0)
-    reading = ClipReading(fine, grid, request.beyond, total, std, request.beyond_std, unit)
+    reading = ClipReading(
+        fine, grid, request.beyond, total, std, request.beyond_std, value_unit(spec.kind)
+    )
     return (first, last), reading
 
 
